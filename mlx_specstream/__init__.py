@@ -1,0 +1,26 @@
+"""mlx-specstream: Speculative Streaming (single-model speculative decoding) for MLX."""
+
+from __future__ import annotations
+
+__version__ = "0.1.0"
+
+_API = {
+    "load": "mlx_specstream.api",
+    "generate": "mlx_specstream.api",
+    "stream_generate": "mlx_specstream.api",
+    "new_adapter": "mlx_specstream.adapter",
+    "load_adapter": "mlx_specstream.adapter",
+    "train": "mlx_specstream.train",
+}
+
+
+def __getattr__(name: str):
+    """Import the public API lazily, so ``import mlx_specstream`` stays cheap."""
+    if name in _API:
+        import importlib
+
+        return getattr(importlib.import_module(_API[name]), name)
+    raise AttributeError(f"module 'mlx_specstream' has no attribute {name!r}")
+
+
+__all__ = list(_API)

@@ -1,0 +1,30 @@
+"""Architectures: ``model_type`` -> model class. Each model exposes ``embed``, ``layers``, ``head``."""
+
+from __future__ import annotations
+
+from . import llama, opt, phi
+from .base import CausalLM, UnsupportedModelError
+
+ARCHITECTURES = {
+    "llama": llama.Model,
+    "mistral": llama.Model,
+    "qwen2": llama.Model,
+    "phi3": llama.Model,
+    "opt": opt.Model,
+    "phi": phi.Model,
+}
+
+
+def build_model(config: dict) -> CausalLM:
+    """Instantiate the (uninitialised) model a HF-style config describes."""
+    model_type = config.get("model_type")
+    if not model_type:
+        raise UnsupportedModelError("config.json has no 'model_type'")
+    if model_type not in ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"unknown model_type '{model_type}' (supported: {', '.join(sorted(ARCHITECTURES))})"
+        )
+    return ARCHITECTURES[model_type](config)
+
+
+__all__ = ["ARCHITECTURES", "CausalLM", "UnsupportedModelError", "build_model"]

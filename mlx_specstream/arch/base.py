@@ -1,0 +1,192 @@
+"""Pieces shared by every architecture: rotary embeddings at explicit positions, attention over
+a KV cache plus uncached rows, and the default causal mask.
+
+Every block takes ``positions`` (one position per row) and an optional ``n_main``: rows
+``[0, n_main)`` are main-stream rows whose keys/values go to the cache; rows after them are
+speculative-stream rows that attend like everything else but are never cached.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from ..lora import project
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint's architecture or one of its options is not supported."""
+
+
+@dataclass
+class Rope:
+    """Rotary embedding of the first ``dims`` features of each head (HF "rotate_half" layout)."""
+
+    dims: int
+    inv_freq: mx.array
+    attention_factor: float = 1.0
+
+    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
+        # x: (B, H, T, D); positions: (T,) int
+        ang = positions.astype(mx.float32)[:, None] * self.inv_freq[None, :]
+        cos = (mx.cos(ang) * self.attention_factor).astype(x.dtype)
+        sin = (mx.sin(ang) * self.attention_factor).astype(x.dtype)
+        rot, rest = x[..., : self.dims], x[..., self.dims :]
+        half = self.dims // 2
+        x1, x2 = rot[..., :half], rot[..., half:]
+        cos = mx.concatenate([cos, cos], axis=-1)
+        sin = mx.concatenate([sin, sin], axis=-1)
+        rotated = rot * cos + mx.concatenate([-x2, x1], axis=-1) * sin
+        return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
+
+
+def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
+    """Build the rotary embedding of a config, with the static scaling variants HF configs use.
+
+    Reads both the transformers<5 keys (``rope_theta``, ``rope_scaling``,
+    ``partial_rotary_factor``) and the transformers>=5 ``rope_parameters`` dict.
+    """
+    params = dict(cfg.get("rope_parameters") or {})
+    scaling = cfg.get("rope_scaling") or params
+    base = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
+    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
+    dims = int(head_dim * partial)
+    max_positions = cfg.get("max_position_embeddings", 4096)
+    inv = 1.0 / (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    if kind == "default":
+        return Rope(dims, inv)
+    if kind == "linear":
+        return Rope(dims, inv / float(scaling["factor"]))
+    if kind == "llama3":
+        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / factor + smooth * inv
+        out = mx.where(wavelen > old / lo, inv / factor, inv)
+        is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
+        return Rope(dims, mx.where(is_mid, mid, out))
+    if kind == "yarn":
+        factor = scaling["factor"]
+        old = scaling.get("original_max_position_embeddings", max_positions)
+        beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
+
+        def corr(rot):
+            return dims * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(corr(beta_fast)), 0)
+        high = min(math.ceil(corr(beta_slow)), dims - 1)
+        ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / max(high - low, 1e-3), 0, 1)
+        extrapolation = 1 - ramp
+        inv_y = (inv / factor) * (1 - extrapolation) + inv * extrapolation
+        mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
+        return Rope(dims, inv_y, float(mscale))
+    raise UnsupportedModelError(
+        f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
+    )
+
+
+def causal_mask(n_rows: int, offset: int) -> mx.array:
+    """Boolean (n_rows, offset + n_rows) mask: row i sees keys 0..offset+i."""
+    rows = mx.arange(n_rows)[:, None] + offset
+    return mx.arange(offset + n_rows)[None, :] <= rows
+
+
+def attention(
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    cache,
+    mask: mx.array | None,
+    n_main: int | None,
+    scale: float,
+) -> mx.array:
+    """Attention of all rows; the first ``n_main`` rows' keys/values are appended to ``cache``.
+
+    q, k, v: (B, H, T, D). ``mask`` is boolean or additive with shape (T, S) where S counts the
+    cache (after appending) followed by the uncached rows; None means "see every key".
+    """
+    n_cached = k.shape[2] if n_main is None else n_main
+    if cache is not None:
+        keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])
+        if n_cached < k.shape[2]:
+            keys = mx.concatenate([keys, k[:, :, n_cached:]], axis=2)
+            values = mx.concatenate([values, v[:, :, n_cached:]], axis=2)
+    else:
+        keys, values = k, v
+    if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
+        mask = mask.astype(q.dtype)
+    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head (GQA) self-attention with q/k/v/o projections and rotary positions."""
+
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, out_bias, rope, out_name="o_proj"):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
+        self.scale = head_dim**-0.5
+        self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
+        setattr(self, out_name, nn.Linear(n_heads * head_dim, dim, bias=out_bias))
+        self._out = out_name
+        self.rope = rope
+
+    def __call__(self, x, positions, mask=None, cache=None, n_main=None):
+        B, T, _ = x.shape
+        q = project(self.q_proj, x, n_main).reshape(B, T, self.n_heads, -1).transpose(0, 2, 1, 3)
+        k = project(self.k_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        v = project(self.v_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if self.rope is not None:
+            q, k = self.rope(q, positions), self.rope(k, positions)
+        o = attention(q, k, v, cache, mask, n_main, self.scale)
+        o = o.transpose(0, 2, 1, 3).reshape(B, T, -1)
+        return project(getattr(self, self._out), o, n_main)
+
+
+ACTIVATIONS = {
+    "silu": nn.silu,
+    "swish": nn.silu,
+    "relu": nn.relu,
+    "gelu": nn.gelu,
+    "gelu_new": nn.gelu_approx,
+    "gelu_pytorch_tanh": nn.gelu_approx,
+    "gelu_fast": nn.gelu_fast_approx,
+}
+
+
+def activation(name: str):
+    if name not in ACTIVATIONS:
+        raise UnsupportedModelError(f"activation '{name}' is not supported")
+    return ACTIVATIONS[name]
+
+
+class CausalLM(nn.Module):
+    """The interface the engine relies on; each architecture fills in embed/layers/head."""
+
+    layers: list
+
+    def embed(self, tokens: mx.array, positions: mx.array) -> mx.array:
+        raise NotImplementedError
+
+    def head(self, h: mx.array) -> mx.array:
+        """Final norm and LM head: hidden states -> logits."""
+        raise NotImplementedError
+
+    def __call__(self, tokens: mx.array, cache=None, mask=None, positions=None) -> mx.array:
+        """Logits (B, T, vocab). Default positions continue the cache; default mask is causal."""
+        T = tokens.shape[1]
+        offset = cache[0].offset if cache is not None else 0
+        if positions is None:
+            positions = mx.arange(offset, offset + T)
+        if mask is None and T > 1:
+            mask = causal_mask(T, offset)
+        h = self.embed(tokens, positions)
+        for i, layer in enumerate(self.layers):
+            h = layer(h, positions, mask, cache[i] if cache is not None else None)
+        return self.head(h)

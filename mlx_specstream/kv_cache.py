@@ -1,0 +1,63 @@
+"""Pre-allocated KV cache built for speculation.
+
+Rows are appended n at a time (a whole flattened tree), then :meth:`KVCache.commit` keeps a
+chosen subset of the rows written since a given offset (the accepted path) and moves them to
+contiguous slots; everything after them is dropped. Storage grows in steps so a step's append
+never copies the whole cache.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+STEP = 256
+
+
+class KVCache:
+    def __init__(self, step: int = STEP):
+        self.keys: mx.array | None = None
+        self.values: mx.array | None = None
+        self.offset = 0
+        self.step = step
+
+    def append(self, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+        """Write k, v (B, H, n, D) at the current offset; return all valid keys and values."""
+        n = k.shape[2]
+        need = self.offset + n
+        if self.keys is None or need > self.keys.shape[2]:
+            cap = ((need + self.step - 1) // self.step) * self.step
+            shape = (*k.shape[:2], cap, k.shape[3])
+            nk, nv = mx.zeros(shape, k.dtype), mx.zeros((*shape[:3], v.shape[3]), v.dtype)
+            if self.keys is not None and self.offset:
+                nk[:, :, : self.offset] = self.keys[:, :, : self.offset]
+                nv[:, :, : self.offset] = self.values[:, :, : self.offset]
+            self.keys, self.values = nk, nv
+        self.keys[:, :, self.offset : need] = k
+        self.values[:, :, self.offset : need] = v
+        self.offset = need
+        return self.keys[:, :, :need], self.values[:, :, :need]
+
+    def commit(self, start: int, keep: list[int] | mx.array) -> None:
+        """Keep rows ``start + keep[i]`` as rows ``start + i``; drop every row after them."""
+        keep = mx.array(keep, dtype=mx.int32) if not isinstance(keep, mx.array) else keep
+        n = keep.size
+        if n:
+            idx = keep + start
+            self.keys[:, :, start : start + n] = mx.take(self.keys, idx, axis=2)
+            self.values[:, :, start : start + n] = mx.take(self.values, idx, axis=2)
+        self.offset = start + n
+
+    def trim(self, n: int) -> int:
+        """Drop the last ``n`` rows; returns how many were dropped."""
+        n = min(n, self.offset)
+        self.offset -= n
+        return n
+
+    @property
+    def state(self) -> tuple[mx.array, mx.array]:
+        return self.keys[:, :, : self.offset], self.values[:, :, : self.offset]
+
+
+def make_cache(model) -> list[KVCache]:
+    """One cache per layer of ``model``."""
+    return [KVCache() for _ in model.layers]

@@ -1,0 +1,161 @@
+"""Load and save models in our MLX format (also reads mlx-lm directories of supported types).
+
+A model directory holds ``config.json`` (the HF config, plus ``quantization`` when quantized),
+``model.safetensors`` or shards ``model-*.safetensors``, and the tokenizer files.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .arch import CausalLM, build_model
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
+
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+
+
+def read_config(path: Path) -> dict:
+    cfg_file = Path(path) / "config.json"
+    if not cfg_file.is_file():
+        raise CheckpointError(f"{path}: no config.json")
+    try:
+        return json.loads(cfg_file.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+
+
+def read_safetensors(files: list[str]) -> dict[str, mx.array]:
+    weights: dict[str, mx.array] = {}
+    for f in files:
+        try:
+            weights.update(mx.load(f))
+        except Exception as e:  # mlx raises RuntimeError/ValueError on malformed files
+            raise CheckpointError(f"{f}: corrupt safetensors file ({e})") from None
+    return weights
+
+
+def quantize_predicate(group_size: int):
+    """Which layers are quantized: every Linear/Embedding whose input dim divides into groups."""
+
+    def pred(path: str, module: nn.Module) -> bool:
+        return hasattr(module, "to_quantized") and module.weight.shape[-1] % group_size == 0
+
+    return pred
+
+
+def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
+    if bits not in (4, 8):
+        raise ValueError(f"--q-bits must be 4 or 8, not {bits}")
+    if group_size not in (32, 64, 128):
+        raise ValueError(f"--q-group-size must be 32, 64 or 128, not {group_size}")
+    nn.quantize(model, group_size=group_size, bits=bits,
+                class_predicate=quantize_predicate(group_size))
+
+
+def apply_weights(model: CausalLM, weights: dict[str, mx.array], dtype=None) -> None:
+    """Load sanitized weights, checking names and shapes against the architecture."""
+    weights = model.sanitize(weights)
+    expected = dict(_flatten(model.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        more = f" (+{len(missing) - 3} more)" if len(missing) > 3 else ""
+        raise CheckpointError(f"missing weight tensors: {', '.join(missing[:3])}{more}")
+    unexpected = sorted(set(weights) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"unexpected weight tensors: {', '.join(unexpected[:3])}")
+    for name, w in weights.items():
+        if tuple(w.shape) != tuple(expected[name].shape):
+            raise CheckpointError(
+                f"shape mismatch for {name}: checkpoint {tuple(w.shape)}, "
+                f"config implies {tuple(expected[name].shape)}"
+            )
+    if dtype is not None:
+        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+                   for k, v in weights.items()}
+    model.load_weights(list(weights.items()))
+    mx.eval(model.parameters())
+
+
+def _flatten(tree, prefix=""):
+    if isinstance(tree, dict):
+        for k, v in tree.items():
+            yield from _flatten(v, f"{prefix}{k}.")
+    elif isinstance(tree, list):
+        for i, v in enumerate(tree):
+            yield from _flatten(v, f"{prefix}{i}.")
+    else:
+        yield prefix[:-1], tree
+
+
+def load_model(path: str | Path, dtype: str | None = None) -> CausalLM:
+    """The MLX model stored in ``path`` (ours or mlx-lm's), quantized if its config says so."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{path}: no such model directory")
+    cfg = read_config(path)
+    files = sorted(glob.glob(str(path / "*.safetensors")))
+    if not files:
+        raise CheckpointError(f"{path}: no *.safetensors weights")
+    model = build_model(cfg)
+    q = cfg.get("quantization")
+    if q:
+        quantize_model(model, q["bits"], q["group_size"])
+    apply_weights(model, read_safetensors(files), DTYPES[dtype] if dtype else None)
+    model.eval()
+    return model
+
+
+def model_fingerprint(model: CausalLM) -> str:
+    """A short, stable identity of a base model: its config and a digest of some weights."""
+    import hashlib
+
+    cfg = {k: v for k, v in model.config.items() if not k.startswith("_")}
+    h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
+    emb = model.layers[0]
+    for _, w in sorted(_flatten(emb.parameters()))[:4]:
+        h.update(memoryview(w.astype(mx.float32).reshape(-1)[:64]))
+    return h.hexdigest()[:16]
+
+
+@contextmanager
+def atomic_dir(dest: str | Path, overwrite: bool = False):
+    """Yield a temporary directory next to ``dest`` and rename it to ``dest`` on success.
+
+    On any error the temporary directory is removed and ``dest`` is untouched.
+    """
+    dest = Path(dest)
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{dest} already exists")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    except OSError as e:
+        raise PermissionError(f"cannot write to {dest.parent}: {e.strerror}") from None
+    try:
+        yield tmp
+        if dest.exists():
+            shutil.rmtree(dest)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def save_model(model: CausalLM, config: dict, dest: Path) -> None:
+    """Write config + weights into an existing directory ``dest`` (use inside atomic_dir)."""
+    weights = dict(_flatten(model.parameters()))
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -1,0 +1,47 @@
+"""Low-rank adapters on linear layers.
+
+A :class:`LoRALinear` wraps any linear layer (float or quantized). With ``streams_only`` it
+changes only speculative-stream rows (rows at and after ``n_main``): the lossless mode's stream
+adapters, which leave every main-stream computation exactly the base model's.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Module, rank: int, alpha: float = 16.0, streams_only: bool = False,
+                 key: mx.array | None = None):
+        super().__init__()
+        self.base = base
+        out_dims, in_dims = _dims(base)
+        bound = 1.0 / math.sqrt(in_dims)
+        self.lora_a = mx.random.uniform(-bound, bound, (in_dims, rank), key=key)
+        self.lora_b = mx.zeros((rank, out_dims))
+        self.scale = alpha / rank
+        self.streams_only = streams_only
+
+    def __call__(self, x: mx.array, n_main: int | None = None) -> mx.array:
+        y = self.base(x)
+        if self.streams_only:
+            if n_main is None or n_main >= x.shape[1]:
+                return y
+            s = x[:, n_main:]
+            delta = ((s @ self.lora_a) @ self.lora_b) * self.scale
+            return mx.concatenate([y[:, :n_main], y[:, n_main:] + delta.astype(y.dtype)], axis=1)
+        return y + (((x @ self.lora_a) @ self.lora_b) * self.scale).astype(y.dtype)
+
+
+def _dims(layer: nn.Module) -> tuple[int, int]:
+    if isinstance(layer, nn.QuantizedLinear):
+        return layer.weight.shape[0], layer.weight.shape[1] * 32 // layer.bits
+    return layer.weight.shape
+
+
+def project(layer: nn.Module, x: mx.array, n_main: int | None) -> mx.array:
+    """Apply a (possibly adapted) linear layer, telling adapters where stream rows start."""
+    return layer(x, n_main) if isinstance(layer, LoRALinear) else layer(x)
