@@ -1,0 +1,202 @@
+"""Speculative adapters: configuration, attaching to a base model, saving and loading.
+
+An adapter directory holds ``adapter_config.json`` and ``adapter.safetensors``. The config
+records the base model's fingerprint; loading onto another base is an error. Adapters can be
+swapped on a loaded base (``attach`` detaches the previous one first).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .errors import AdapterError
+from .lora import LoRALinear
+from .streams import StreamAdapter
+
+CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+
+
+@dataclass
+class AdapterConfig:
+    mode: str = "lossless"  # "lossless" | "shared"
+    gamma: int = 4
+    msa_layers: int = 4
+    rank: int = 8
+    lora_alpha: float = 16.0
+    stream_init_rank: int = 0  # 0: f = identity
+    prune_rank: int = 8
+    prune_layer: int | None = None  # None: N - N_s (right before stream insertion)
+    prune_threshold: float = 0.0
+    branch: int = 3
+    tree_budget: int = 32
+    base_fingerprint: str = ""
+    name: str = ""
+
+    def validate(self, n_layers: int) -> None:
+        if self.mode not in ("lossless", "shared"):
+            raise AdapterError(f"adapter mode must be 'lossless' or 'shared', not '{self.mode}'")
+        if not 1 <= self.msa_layers <= n_layers:
+            raise AdapterError(f"msa_layers must be in 1..{n_layers}, not {self.msa_layers}")
+        if self.gamma < 1 or self.rank < 1:
+            raise AdapterError("gamma and rank must be >= 1")
+        if not 0 <= self.prune_layer <= n_layers - self.msa_layers:
+            raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
+
+
+def fingerprint(model) -> str:
+    """Identity of a base model: its config and what its embedding and head compute."""
+    import hashlib
+
+    if getattr(model, "_fingerprint", None):
+        return model._fingerprint
+    cfg = {k: v for k, v in model.config.items() if k != "quantization" and not k.startswith("_")}
+    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
+    ids = mx.arange(min(8, cfg.get("vocab_size", 8)))[None]
+    h = model.embed(ids, mx.arange(ids.shape[1]))
+    out = mx.round(model.head(h).astype(mx.float32) * 100)
+    digest.update(memoryview(mx.round(h.astype(mx.float32) * 1000)))
+    digest.update(memoryview(out))
+    model._fingerprint = digest.hexdigest()[:16]
+    return model._fingerprint
+
+
+def _linears(block: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of every linear layer inside a block."""
+    found = []
+    for name, child in block.children().items():
+        if isinstance(child, (nn.Linear, nn.QuantizedLinear)):
+            found.append((block, name))
+        elif isinstance(child, nn.Module):
+            found.extend(_linears(child))
+    return found
+
+
+def detach(model) -> None:
+    """Remove the attached adapter (if any), restoring the base layers."""
+    if getattr(model, "adapter", None) is None:
+        return
+    for block in model.layers:
+        _unwrap(block)
+    model.pop("adapter")
+    model.adapter_config = None
+
+
+def _unwrap(module: nn.Module) -> None:
+    for name, child in list(module.children().items()):
+        if isinstance(child, LoRALinear):
+            setattr(module, name, child.base)
+        elif isinstance(child, nn.Module):
+            _unwrap(child)
+
+
+def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0) -> StreamAdapter:
+    """Attach a freshly initialised adapter described by ``config`` (replacing any other)."""
+    detach(model)
+    n = len(model.layers)
+    if config.prune_layer is None:
+        config.prune_layer = n - config.msa_layers
+    config.validate(n)
+    config.base_fingerprint = fingerprint(model)
+    key = mx.random.key(seed)
+    key, sub = mx.random.split(key)
+    hidden = model.config["hidden_size"]
+    adapter = StreamAdapter(hidden, config.gamma, config.stream_init_rank, config.prune_rank, sub)
+    shared = config.mode == "shared"
+    first = 0 if shared else n - config.msa_layers
+    for block in model.layers[first:]:
+        for parent, name in _linears(block):
+            key, sub = mx.random.split(key)
+            lora = LoRALinear(getattr(parent, name), config.rank, config.lora_alpha,
+                              streams_only=not shared, key=sub)
+            if lora_scale:
+                key, sub = mx.random.split(key)
+                lora.lora_b = mx.random.normal(lora.lora_b.shape, key=sub) * lora_scale
+            setattr(parent, name, lora)
+    model.adapter = adapter
+    model.adapter_config = config
+    return adapter
+
+
+def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int = 2, rank: int = 8,
+                seed: int = 0, **options) -> AdapterConfig:
+    """Attach a new, seeded, untrained (but non-zero) adapter to ``model``; returns its config.
+
+    Every adapter parameter is random, so lossless tests exercise real stream computations.
+    """
+    cfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, **options)
+    attach(model, cfg, seed=seed, lora_scale=0.02)
+    return cfg
+
+
+def adapter_weights(model) -> dict[str, mx.array]:
+    """The adapter's own parameters (stream adapter + LoRA matrices), flat names."""
+    from mlx.utils import tree_flatten
+
+    flat = tree_flatten(model.parameters())
+    return {k: v for k, v in flat if k.startswith("adapter.") or ".lora_" in k}
+
+
+def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
+    """Write the attached adapter to directory ``dest`` atomically."""
+    from .loader import atomic_dir
+
+    if getattr(model, "adapter", None) is None:
+        raise AdapterError("no adapter is attached to this model")
+    with atomic_dir(dest, overwrite=True) as tmp:
+        mx.save_safetensors(str(tmp / WEIGHTS_FILE), adapter_weights(model))
+        config = asdict(model.adapter_config)
+        (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
+    return Path(dest)
+
+
+def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:
+    """An adapter path as given, or a name under the model's ``adapters/`` folder."""
+    p = Path(name_or_path)
+    if (p / CONFIG_FILE).is_file():
+        return p
+    if model_path is not None:
+        q = Path(model_path) / "adapters" / str(name_or_path)
+        if (q / CONFIG_FILE).is_file():
+            return q
+    where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
+    raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where})")
+
+
+def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None) -> AdapterConfig:
+    """Load an adapter from disk onto ``model`` (replacing the attached one)."""
+    path = resolve_adapter(model_path, name_or_path)
+    try:
+        raw = json.loads((path / CONFIG_FILE).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ({e})") from None
+    known = {f.name for f in fields(AdapterConfig)}
+    cfg = AdapterConfig(**{k: v for k, v in raw.items() if k in known})
+    expected = fingerprint(model)
+    if cfg.base_fingerprint and cfg.base_fingerprint != expected:
+        raise AdapterError(
+            f"adapter '{path.name}' was made for another base model "
+            f"(fingerprint {cfg.base_fingerprint}, this model {expected})"
+        )
+    try:
+        weights = mx.load(str(path / WEIGHTS_FILE))
+    except Exception as e:
+        raise AdapterError(f"{path / WEIGHTS_FILE}: corrupt or missing adapter weights ({e})") from None
+    attach(model, cfg)
+    current = adapter_weights(model)
+    if set(weights) != set(current):
+        detach(model)
+        missing = sorted(set(current) - set(weights))[:3]
+        raise AdapterError(f"adapter '{path.name}' does not match its config (missing {missing})")
+    for k, v in weights.items():
+        if v.shape != current[k].shape:
+            detach(model)
+            raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
+    model.load_weights(list(weights.items()), strict=False)
+    mx.eval(model.parameters())
+    model.adapter_config.name = cfg.name or path.name
+    return model.adapter_config

@@ -1,0 +1,111 @@
+"""Python API: ``load``, ``generate``, ``stream_generate`` (mlx-lm-like, notebook friendly)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .adapter import load_adapter
+from .engine import DecodeOptions, Decoder, Stats
+from .loader import load_model
+
+DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
+
+
+def load(path: str | Path | None = None, adapter: str | Path | None = None,
+         dtype: str | None = None):
+    """``(model, tokenizer)`` from an MLX model directory (default: the shipped tiny model).
+
+    ``adapter`` is a path or a name under ``PATH/adapters/``. The tokenizer is None when the
+    directory has no tokenizer files.
+    """
+    from .tokenizer import load_tokenizer
+
+    path = Path(path) if path is not None else DEFAULT_MODEL
+    model = load_model(path, dtype=dtype)
+    model.path = path
+    if adapter is not None:
+        load_adapter(model, adapter, model_path=path)
+    return model, load_tokenizer(path)
+
+
+@dataclass
+class StreamResponse:
+    """One forward pass: the tokens it emitted and their text."""
+
+    tokens: list[int]
+    text: str
+    accepted: list[int]
+    rejected: list[int]
+    finish_reason: str | None = None
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    tokens: list[int]
+    stats: Stats
+    finish_reason: str | None = None
+    steps: list[StreamResponse] = field(default_factory=list, repr=False)
+
+
+def _prompt_ids(tokenizer, prompt) -> list[int]:
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
+        return tokenizer.encode(prompt)
+    return [int(t) for t in prompt]
+
+
+def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
+             branch: int | None = None, tree_budget: int | None = None,
+             prune_threshold: float | None = None) -> Decoder:
+    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
+    opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                         mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+                         prune_threshold=prune_threshold, eos_token_ids=eos)
+    return Decoder(model, _prompt_ids(tokenizer, prompt), opts)
+
+
+def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[StreamResponse]:
+    detok = tokenizer.detokenizer() if tokenizer is not None else None
+    text = ""
+    for step in decoder.steps():
+        piece = "".join(detok.add_token(t) for t in step.tokens) if detok else ""
+        if detok and step.finished:
+            piece += detok.finalize()
+        finished = step.finished
+        if stop and detok:
+            text += piece
+            hit = min((text.find(s) for s in stop if s in text), default=-1)
+            if hit >= 0:
+                piece = piece[: len(piece) - (len(text) - hit)]
+                finished = "stop"
+        yield StreamResponse(step.tokens, piece, step.accepted, step.rejected, finished)
+        if finished:
+            return
+
+
+def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
+                    **options) -> Iterator[StreamResponse]:
+    """Yield, per forward pass, the tokens accepted and their text.
+
+    ``prompt`` is text or token ids. Options: ``max_tokens`` (256), ``temperature`` (0:
+    greedy), ``top_p``, ``seed``, ``mode`` ("ss", or "ar": token by token through the same
+    code path, the lossless reference), and the overrides ``gamma`` (streams used), ``branch``
+    (k), ``tree_budget`` (nodes per tree), ``prune_threshold``. Decoding stops at EOS, at
+    ``max_tokens`` or at a ``stop`` string (whose text is not emitted).
+    """
+    yield from _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, stop)
+
+
+def generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
+             **options) -> GenerationResult:
+    """Generate a whole completion; options as for :func:`stream_generate`."""
+    decoder = _decoder(model, tokenizer, prompt, **options)
+    steps = list(_responses(decoder, tokenizer, stop))
+    tokens = [t for s in steps for t in s.tokens]
+    return GenerationResult("".join(s.text for s in steps), tokens, decoder.stats,
+                            steps[-1].finish_reason if steps else None, steps)

@@ -1,0 +1,232 @@
+"""The Speculative Streaming decode loop (DESIGN.md §3), and plain autoregressive decoding
+through the same code path (``mode="ar"``) as its reference.
+
+Each step: build the draft tree under the root from the last accepted node's streams, run it
+(tree attention, pruning, streams), verify, commit the accepted path's K/V in every layer, and
+take the next root and the next draft from the last accepted node.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from .kv_cache import make_cache
+from .streams import ForwardOut, forward
+from .tree import Tree, build_tree, chain
+from .verify import probabilities, sample, verify_greedy, verify_sampling
+
+
+@dataclass
+class DecodeOptions:
+    max_tokens: int = 256
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    mode: str = "ss"  # "ss" | "ar"
+    gamma: int | None = None  # streams used for drafting (<= the adapter's)
+    branch: int | None = None  # k: candidates per stream
+    tree_budget: int | None = None  # max nodes per tree (root included)
+    prune_threshold: float | None = None
+    eos_token_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    calls: int = 0  # forward passes after prefill
+    prefill_time: float = 0.0
+    decode_time: float = 0.0
+    model_time: float = 0.0  # decode time spent inside the forward passes
+    tree_nodes: int = 0  # summed over calls, before pruning
+    kept_nodes: int = 0  # summed over calls, after pruning
+    accepted_lengths: Counter = field(default_factory=Counter)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens advanced per decode forward pass (1.0 for autoregressive decoding)."""
+        n = sum(self.accepted_lengths.values())
+        return sum(k * c for k, c in self.accepted_lengths.items()) / n if n else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.decode_time if self.decode_time else 0.0
+
+    @property
+    def bookkeeping_share(self) -> float:
+        """Share of decode time spent outside the model's forward passes."""
+        return 1.0 - self.model_time / self.decode_time if self.decode_time else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "generated_tokens": self.generated_tokens,
+            "calls": self.calls,
+            "mean_accepted_tokens": round(self.mean_accepted_tokens, 4),
+            "accepted_length_histogram": dict(sorted(self.accepted_lengths.items())),
+            "prefill_time_s": round(self.prefill_time, 6),
+            "decode_time_s": round(self.decode_time, 6),
+            "tokens_per_second": round(self.tokens_per_second, 3),
+            "bookkeeping_share": round(self.bookkeeping_share, 4),
+            "mean_tree_nodes": round(self.tree_nodes / self.calls, 3) if self.calls else 0.0,
+            "mean_kept_nodes": round(self.kept_nodes / self.calls, 3) if self.calls else 0.0,
+        }
+
+
+@dataclass
+class Step:
+    """What one forward pass produced."""
+
+    tokens: list[int]  # emitted tokens (accepted drafts, then the next root)
+    accepted: list[int]  # draft tokens accepted this pass
+    rejected: list[int]  # the best draft continuation that was not accepted
+    finished: str | None = None  # "stop" (EOS) or "length"
+
+
+@dataclass
+class _Draft:
+    levels: list[list[int]]  # unique candidate tokens per level
+    scores: list[list[float]]  # their log-probabilities
+    draws: list[list[int]]  # sampling: the i.i.d. draws per level, in order
+    q: list[np.ndarray]  # sampling: the stream distributions
+
+
+class Decoder:
+    """Runs one generation; iterate :meth:`steps` to get tokens pass by pass."""
+
+    def __init__(self, model, prompt: list[int], opts: DecodeOptions):
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if opts.mode not in ("ss", "ar"):
+            raise ValueError(f"mode must be 'ss' or 'ar', not '{opts.mode}'")
+        if opts.temperature < 0 or not 0 < opts.top_p <= 1:
+            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+        self.model, self.prompt, self.opts = model, list(prompt), opts
+        self.cfg = getattr(model, "adapter_config", None)
+        if opts.mode == "ss" and self.cfg is None:
+            raise ValueError("speculative decoding needs an adapter: load one or use mode='ar'")
+        cfg = self.cfg
+        self.shared = cfg is not None and cfg.mode == "shared"
+        self.gamma = 0
+        if opts.mode == "ss" or self.shared:
+            self.gamma = min(opts.gamma or cfg.gamma, cfg.gamma)
+            if self.shared and self.gamma != cfg.gamma:
+                raise ValueError(f"a shared-mode adapter runs with all its {cfg.gamma} streams")
+        self.branch = opts.branch or (cfg.branch if cfg else 1)
+        self.budget = opts.tree_budget or (cfg.tree_budget if cfg else 1)
+        self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
+            cfg.prune_threshold if cfg else 0.0)
+        if self.branch < 1 or self.budget < 1 or self.gamma < 0:
+            raise ValueError("branch and tree_budget must be >= 1")
+        self.rng = np.random.default_rng(opts.seed)
+        self.stats = Stats(prompt_tokens=len(prompt))
+
+    # -- one forward pass --------------------------------------------------------------------
+    def _run(self, tree: Tree, stream_nodes: str, prune: bool) -> ForwardOut:
+        out = forward(self.model, tree, self.caches, self.n, gamma=self.gamma,
+                      stream_nodes=stream_nodes, prune_threshold=self.threshold if prune else 0.0)
+        mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
+        return out
+
+    def _commit(self, out: ForwardOut, path: list[int]) -> None:
+        """Keep the accepted nodes' K/V in contiguous slots, in every layer (step 7)."""
+        upper = np.asarray(path)
+        lower = out.kept[upper]
+        for i, cache in enumerate(self.caches):
+            cache.commit(self.n, lower if i < out.prune_layer else upper)
+        self.n += len(path)
+
+    def _target(self, logits: mx.array) -> np.ndarray:
+        """Greedy: argmax per row. Sampling: the sampling distribution per row."""
+        if self.opts.temperature == 0:
+            return np.array(mx.argmax(logits, axis=-1))
+        return probabilities(np.array(logits.astype(mx.float32)), self.opts.temperature,
+                             self.opts.top_p)
+
+    def _draft(self, out: ForwardOut, node: int) -> _Draft:
+        """Candidates for each level from the streams of ``node`` (an index into out.tree)."""
+        if out.stream_logits is None or self.opts.mode == "ar":
+            return _Draft([], [], [], [])
+        s = int(np.nonzero(out.stream_nodes == node)[0][0])
+        logits = out.stream_logits[s, : self.gamma].astype(mx.float32)
+        k = self.branch
+        if self.opts.temperature == 0:
+            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k] if k > 1 else mx.argmax(
+                logp, axis=-1, keepdims=True)
+            vals = mx.take_along_axis(logp, top, axis=-1)
+            top, vals = np.array(top), np.array(vals)
+            order = np.argsort(-vals, axis=-1, kind="stable")
+            top, vals = np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
+            return _Draft(top.tolist(), vals.tolist(), [], [])
+        q = probabilities(np.array(logits), self.opts.temperature, self.opts.top_p)
+        levels, scores, draws = [], [], []
+        for j in range(self.gamma):
+            d = [sample(q[j], self.rng) for _ in range(k)]
+            uniq = list(dict.fromkeys(d))
+            levels.append(uniq)
+            scores.append([float(np.log(q[j][t])) for t in uniq])
+            draws.append(d)
+        return _Draft(levels, scores, draws, list(q))
+
+    # -- the loop -------------------------------------------------------------------------
+    def steps(self) -> Iterator[Step]:
+        opts, stats = self.opts, self.stats
+        self.caches, self.n = make_cache(self.model), 0
+        t0 = time.perf_counter()
+        out = self._run(chain(self.prompt), stream_nodes="last", prune=False)
+        self._commit(out, list(range(len(self.prompt))))
+        target = self._target(out.main_logits[-1:])
+        root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
+        draft = self._draft(out, len(self.prompt) - 1)
+        stats.prefill_time = time.perf_counter() - t0
+
+        t_step = time.perf_counter()
+        step = self._emit([root], [], [], 0)
+        emitted = len(step.tokens)
+        stats.decode_time += time.perf_counter() - t_step
+        yield step
+        while step.finished is None:
+            t_step = time.perf_counter()
+            tree = build_tree(root, draft.levels, draft.scores, self.budget)
+            t_model = time.perf_counter()
+            out = self._run(tree, stream_nodes="all", prune=opts.mode == "ss")
+            target = self._target(out.main_logits)
+            stats.model_time += time.perf_counter() - t_model
+            if opts.temperature == 0:
+                path, root = verify_greedy(out.tree, target)
+            else:
+                path, root = verify_sampling(out.tree, target, draft.draws, draft.q, self.rng)
+            stats.calls += 1
+            stats.tree_nodes += len(tree)
+            stats.kept_nodes += len(out.tree)
+            stats.accepted_lengths[len(path)] += 1
+            accepted = out.tree.tokens[path[1:]].tolist()
+            rejected = [lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels else []
+            self._commit(out, path)
+            draft = self._draft(out, path[-1])
+            step = self._emit(accepted + [root], accepted, rejected[: self.gamma], emitted)
+            emitted += len(step.tokens)
+            stats.decode_time += time.perf_counter() - t_step
+            yield step
+
+    def _emit(self, tokens: list[int], accepted: list[int], rejected: list[int],
+              emitted: int) -> Step:
+        """Cut ``tokens`` at EOS or the token limit and update the statistics."""
+        finished = None
+        for i, t in enumerate(tokens):
+            if t in self.opts.eos_token_ids:
+                tokens, finished = tokens[:i], "stop"
+                break
+        room = self.opts.max_tokens - emitted
+        if len(tokens) >= room and finished is None:
+            finished = "length"
+        tokens = tokens[: max(room, 0)]
+        self.stats.generated_tokens += len(tokens)
+        return Step(tokens, accepted, rejected, finished)

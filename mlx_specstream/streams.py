@@ -1,0 +1,131 @@
+"""Speculative streams: stream-identifier embeddings, stream initialisation, the early-exit
+pruning adapter, and the forward pass of a draft tree through tree-masked and multi-stream
+attention layers (DESIGN.md §3 steps 1-5).
+
+Lossless mode: main rows never see stream rows and the stream adapters touch stream rows only,
+so the main stream computes exactly the base model. Shared mode: a LoRA adapts every row of
+every layer and main rows also see their own node's streams.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+from .tree import Tree, positions, reorder, stream_mask, tree_mask
+
+
+class StreamAdapter(nn.Module):
+    """P (gamma x h), optional low-rank stream init f_eta, and the pruning adapter o_theta."""
+
+    def __init__(self, hidden: int, gamma: int, init_rank: int, prune_rank: int,
+                 key: mx.array | None = None, scale: float = 0.02):
+        super().__init__()
+        k1, k2, k3, k4 = mx.random.split(key if key is not None else mx.random.key(0), 4)
+        self.stream_embed = mx.random.normal((gamma, hidden), key=k1) * scale
+        if init_rank:
+            self.init_a = mx.random.normal((hidden, init_rank), key=k2) * hidden**-0.5
+            self.init_b = mx.zeros((init_rank, hidden))
+        self.prune_a = mx.random.normal((hidden, prune_rank), key=k3) * hidden**-0.5
+        self.prune_b = mx.random.normal((prune_rank, hidden), key=k4) * (scale / prune_rank)
+
+    @property
+    def gamma(self) -> int:
+        return self.stream_embed.shape[0]
+
+    def init_streams(self, h: mx.array, gamma: int) -> mx.array:
+        """Stream rows ``f(M_t) + P_j`` for j = 1..gamma, node-major: (B, K, h) -> (B, K*gamma, h)."""
+        if "init_a" in self:
+            h = h + (h @ self.init_a) @ self.init_b
+        s = h[:, :, None, :] + self.stream_embed[None, None, :gamma].astype(h.dtype)
+        return s.reshape(h.shape[0], -1, h.shape[-1])
+
+    def early_exit(self, h: mx.array) -> mx.array:
+        """o_theta: a low-rank residual map before the LM head gives early-exit logits."""
+        return h + (h @ self.prune_a) @ self.prune_b
+
+
+@dataclass
+class ForwardOut:
+    tree: Tree  # the nodes that survived pruning (re-indexed)
+    kept: np.ndarray  # their indices in the tree that was passed in
+    main_logits: mx.array  # (M1, V): next-token logits per surviving node
+    stream_logits: mx.array | None  # (K, gamma, V) for the stream nodes, or None
+    stream_nodes: np.ndarray  # indices (into the surviving tree) of the nodes with streams
+    prune_layer: int  # layers below hold all input nodes in their cache, the rest `kept`
+
+
+def transition_probs(model, adapter: StreamAdapter, h: mx.array, tree: Tree) -> np.ndarray:
+    """Early-exit probability of each node's token given its parent (1.0 for the root)."""
+    logits = model.head(adapter.early_exit(h[0]))
+    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    parents = np.maximum(tree.parents, 0)
+    picked = logp[mx.array(parents), mx.array(tree.tokens)]
+    out = np.exp(np.array(picked.astype(mx.float32)))
+    out[tree.parents < 0] = 1.0
+    return out
+
+
+def prune(tree: Tree, trans: np.ndarray, threshold: float) -> np.ndarray:
+    """Indices of the nodes kept: a node goes when its transition probability is below
+    ``threshold`` or its parent went. The root always stays."""
+    keep = np.ones(len(tree), bool)
+    for v in range(1, len(tree)):
+        keep[v] = keep[tree.parents[v]] and trans[v] >= threshold
+    return np.nonzero(keep)[0]
+
+
+def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
+            stream_nodes: str = "all", prune_threshold: float = 0.0) -> ForwardOut:
+    """Run a draft tree through the model, appending main-stream K/V to ``caches``.
+
+    ``gamma`` streams are inserted at layer N - N_s on ``stream_nodes`` ("all" surviving
+    nodes or only the "last" one, as in a lossless prefill); gamma 0 runs the base model.
+    Pruning happens at the adapter's pruning layer when ``prune_threshold > 0``.
+    """
+    adapter = getattr(model, "adapter", None)
+    cfg = getattr(model, "adapter_config", None)
+    layers = model.layers
+    n_layers = len(layers)
+    shared = adapter is not None and cfg.mode == "shared"
+    if shared:
+        gamma, stream_nodes = cfg.gamma, "all"
+    msa_start = n_layers - cfg.msa_layers if adapter is not None else n_layers
+    prune_at = cfg.prune_layer if adapter is not None else n_layers
+    use_streams = adapter is not None and gamma > 0
+
+    tokens = mx.array(tree.tokens[None].astype(np.int32))
+    pos = positions(tree.depths, n_prefix)
+    h = model.embed(tokens, pos)
+    mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
+    kept = np.arange(len(tree))
+    stop_plain = msa_start if use_streams else n_layers
+    for i in range(stop_plain + 1):
+        if i == prune_at and prune_threshold > 0 and len(tree) > 1:
+            trans = transition_probs(model, adapter, h, tree)
+            kept = prune(tree, trans, prune_threshold)
+            if len(kept) < len(tree):
+                tree = reorder(tree, kept)
+                h = h[:, mx.array(kept.astype(np.int32))]
+                pos = positions(tree.depths, n_prefix)
+                mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
+        if i < stop_plain:
+            h = layers[i](h, pos, mask, caches[i] if caches else None)
+    if not use_streams:
+        return ForwardOut(tree, kept, model.head(h[0]), None, np.zeros(0, np.int64),
+                          min(prune_at, n_layers))
+
+    snodes = np.arange(len(tree)) if stream_nodes == "all" else np.array([len(tree) - 1])
+    streams = adapter.init_streams(h[:, mx.array(snodes.astype(np.int32))], gamma)
+    h = mx.concatenate([h, streams], axis=1)
+    pos = positions(tree.depths, n_prefix, snodes, gamma)
+    mask = stream_mask(tree.parents, n_prefix, snodes, gamma, shared)
+    m = len(tree)
+    for i in range(msa_start, n_layers):
+        h = layers[i](h, pos, mask, caches[i] if caches else None, n_main=m)
+    logits = model.head(h[0])
+    return ForwardOut(tree, kept, logits[:m], logits[m:].reshape(len(snodes), gamma, -1), snodes,
+                      min(prune_at, n_layers))

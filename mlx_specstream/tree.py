@@ -1,0 +1,145 @@
+"""Draft trees as flat arrays, and the masks and positions that run them in one forward pass.
+
+A tree is flattened breadth-first (parents before children); node 0 is the root. Node ``v`` at
+depth ``d`` sits at position ``n + d`` after ``n`` cached tokens and sees the cache, its
+ancestors and itself. All functions here are pure (numpy in, numpy/mx out).
+
+Rows of a multi-stream pass are ordered ``[main rows of the M nodes | stream rows]`` with the
+stream rows node-major: stream ``j`` (1-based) of stream-node ``s`` is row ``M + s*gamma + j-1``.
+Stream ``j`` of a node at position ``t`` is given rotary position ``t + j``: it stands for the token
+``j`` places ahead (it predicts position ``t + j + 1``). The papers leave this choice open.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import mlx.core as mx
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Tree:
+    tokens: np.ndarray  # (M,) token ids, tokens[0] is the root
+    parents: np.ndarray  # (M,) parent index, -1 for the root
+    depths: np.ndarray  # (M,)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def children(self, v: int) -> np.ndarray:
+        return np.nonzero(self.parents == v)[0]
+
+
+def chain(tokens) -> Tree:
+    """A path: every token is the child of the previous one (a prompt, or a chain draft)."""
+    n = len(tokens)
+    return Tree(np.asarray(tokens, np.int64), np.arange(-1, n - 1), np.arange(n))
+
+
+def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], budget: int) -> Tree:
+    """Tree of drafts under ``root``: every node at depth j-1 gets ``levels[j-1]`` as children.
+
+    ``scores[j-1][i]`` is the log-probability of ``levels[j-1][i]``. With more nodes than
+    ``budget`` the best nodes by path score (sum of log-probabilities from the root, as in
+    EAGLE-2's re-ranking) are kept; scores only decrease along a path, so the kept set always
+    contains each kept node's parent. Ties go to the earlier-expanded node.
+    """
+    if budget < 1:
+        raise ValueError("tree budget must be >= 1")
+    tokens, parents, depths = [root], [-1], [0]
+    heap: list[tuple[float, int, int, int, int]] = []  # (-score, seq, parent, depth, cand)
+    seq = 0
+
+    def push_children(parent: int, depth: int, score: float) -> None:
+        nonlocal seq
+        if depth < len(levels):
+            for i, s in enumerate(scores[depth]):
+                heapq.heappush(heap, (-(score + s), seq, parent, depth + 1, i))
+                seq += 1
+
+    push_children(0, 0, 0.0)
+    path_score = [0.0]
+    while heap and len(tokens) < budget:
+        neg, _, parent, depth, i = heapq.heappop(heap)
+        tokens.append(levels[depth - 1][i])
+        parents.append(parent)
+        depths.append(depth)
+        path_score.append(-neg)
+        push_children(len(tokens) - 1, depth, -neg)
+    order = sorted(range(len(tokens)), key=lambda v: (depths[v], v))
+    return reorder(Tree(np.array(tokens), np.array(parents), np.array(depths)), order)
+
+
+def reorder(tree: Tree, order) -> Tree:
+    """The sub-tree of the nodes in ``order`` (which must contain each node's parent first)."""
+    order = np.asarray(order, np.int64)
+    new_index = np.full(len(tree), -1, np.int64)
+    new_index[order] = np.arange(len(order))
+    parents = tree.parents[order]
+    new_parents = np.where(parents < 0, -1, new_index[np.maximum(parents, 0)])
+    if np.any((parents >= 0) & (new_parents < 0)) or np.any(new_parents >= np.arange(len(order))):
+        raise ValueError("a kept node's parent is missing or comes after it")
+    return Tree(tree.tokens[order], new_parents, tree.depths[order])
+
+
+def ancestors(parents: np.ndarray) -> np.ndarray:
+    """Boolean (M, M): ``a[i, j]`` iff node j is node i or one of its ancestors."""
+    m = len(parents)
+    a = np.eye(m, dtype=bool)
+    for i in range(m):
+        p = parents[i]
+        if p >= 0:
+            a[i] |= a[p]
+    return a
+
+
+def ancestor_bits(parents: np.ndarray) -> np.ndarray:
+    """The ancestor matrix packed as uint32 words per node (bit j%32 of word j//32)."""
+    a = ancestors(parents)
+    m = len(parents)
+    words = (m + 31) // 32
+    padded = np.zeros((m, words * 32), dtype=bool)
+    padded[:, :m] = a
+    bits = padded.reshape(m, words, 32).astype(np.uint64) << np.arange(32, dtype=np.uint64)
+    return bits.sum(-1).astype(np.uint32)
+
+
+def tree_mask(parents: np.ndarray, n_prefix: int) -> mx.array:
+    """Boolean (M, n_prefix + M): every node sees the cache prefix, its ancestors and itself."""
+    a = ancestors(parents)
+    return mx.array(np.concatenate([np.ones((len(parents), n_prefix), bool), a], axis=1))
+
+
+def stream_mask(parents: np.ndarray, n_prefix: int, stream_nodes: np.ndarray, gamma: int,
+                shared: bool) -> mx.array:
+    """Boolean mask of a multi-stream pass (rows and columns ordered as in the module doc).
+
+    Main row v: cache, ancestors of v and v; in shared mode also every stream of v.
+    Stream row (s, j): cache, ancestors of s and s, and streams (s, 1..j).
+    """
+    m, k = len(parents), len(stream_nodes)
+    a = ancestors(parents)
+    rows = m + k * gamma
+    mask = np.zeros((rows, n_prefix + rows), dtype=bool)
+    mask[:, :n_prefix] = True
+    mask[:m, n_prefix : n_prefix + m] = a
+    mask[m:, n_prefix : n_prefix + m] = np.repeat(a[stream_nodes], gamma, axis=0)
+    tri = np.tril(np.ones((gamma, gamma), dtype=bool))
+    for s in range(k):
+        lo = n_prefix + m + s * gamma
+        mask[m + s * gamma : m + (s + 1) * gamma, lo : lo + gamma] = tri
+        if shared:
+            mask[stream_nodes[s], lo : lo + gamma] = True
+    return mx.array(mask)
+
+
+def positions(depths: np.ndarray, n_prefix: int, stream_nodes: np.ndarray | None = None,
+              gamma: int = 0) -> mx.array:
+    """Rotary positions of the main rows (n + depth) then of the stream rows (t + j)."""
+    pos = n_prefix + np.asarray(depths)
+    if stream_nodes is not None and gamma:
+        streams = (pos[stream_nodes][:, None] + np.arange(1, gamma + 1)[None, :]).reshape(-1)
+        pos = np.concatenate([pos, streams])
+    return mx.array(pos.astype(np.int32))

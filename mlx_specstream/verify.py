@@ -1,0 +1,88 @@
+"""Verification of a draft tree against the main stream (DESIGN.md §3 step 6).
+
+Greedy: walk from the root while some child carries the main stream's argmax at its parent.
+Sampling: at each node, try the drafts of the next level in the order they were drawn, with
+multi-candidate speculative sampling (Stratos' notes §2, SpecInfer): accept draft x with
+probability min(1, p(x)/q(x)), otherwise p <- norm(max(p - q, 0)) and try the next draft; if
+every draft is rejected, sample the residual. The drafts of one level are i.i.d. draws from the
+stream distribution q, so the emitted tokens are distributed exactly as the base model's p.
+An accepted draft that has no node (pruned, or cut by the budget) ends the path: it becomes the
+next root, unverified beyond itself.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .tree import Tree
+
+
+def verify_greedy(tree: Tree, argmax: np.ndarray) -> tuple[list[int], int]:
+    """(accepted path of node indices starting at the root, the next root token)."""
+    v, path = 0, [0]
+    while True:
+        target = int(argmax[v])
+        kids = tree.children(v)
+        match = kids[tree.tokens[kids] == target]
+        if len(match) == 0:
+            return path, target
+        v = int(match[0])
+        path.append(v)
+
+
+def verify_sampling(tree: Tree, p: np.ndarray, draws: list[list[int]], q: list[np.ndarray],
+                    rng: np.random.Generator) -> tuple[list[int], int]:
+    """Multi-candidate rejection sampling over the tree; ``p`` is (M, V) target probabilities,
+    ``draws[d]`` the draws of level d+1 from ``q[d]``."""
+    v, path = 0, [0]
+    while True:
+        d = int(tree.depths[v])
+        if d >= len(draws):
+            return path, sample(p[v], rng)
+        accepted, residual = residual_accept(p[v], draws[d], q[d], rng)
+        if accepted is None:
+            return path, sample(residual, rng)
+        kids = tree.children(v)
+        match = kids[tree.tokens[kids] == accepted]
+        if len(match) == 0:
+            return path, accepted
+        v = int(match[0])
+        path.append(v)
+
+
+def residual_accept(p: np.ndarray, draws: list[int], q: np.ndarray, rng: np.random.Generator):
+    """Try ``draws`` (i.i.d. from q) in order; return (accepted token or None, residual p)."""
+    p = p.astype(np.float64)
+    for x in draws:
+        if rng.random() * q[x] < p[x]:  # accept with probability min(1, p/q)
+            return int(x), p
+        p = np.maximum(p - q, 0.0)
+        total = p.sum()
+        if total <= 0.0:  # p <= q everywhere means p == q: the residual is never needed
+            return int(x), p
+        p = p / total
+    return None, p
+
+
+def sample(p: np.ndarray, rng: np.random.Generator) -> int:
+    """One draw from a probability vector (inverse CDF, robust to rounding)."""
+    c = np.cumsum(p, dtype=np.float64)
+    return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
+
+
+def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
+    """Sampling distribution of logits (..., V) at a temperature, truncated to nucleus top_p."""
+    z = logits.astype(np.float64) / temperature
+    z -= z.max(-1, keepdims=True)
+    p = np.exp(z)
+    p /= p.sum(-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-p, axis=-1, kind="stable")
+        sorted_p = np.take_along_axis(p, order, -1)
+        before = np.cumsum(sorted_p, -1) - sorted_p
+        keep_sorted = before < top_p  # always keeps the most likely token
+        keep = np.zeros_like(keep_sorted)
+        np.put_along_axis(keep, order, keep_sorted, -1)
+        p = np.where(keep, p, 0.0)
+        p /= p.sum(-1, keepdims=True)
+    return p
