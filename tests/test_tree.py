@@ -1,0 +1,108 @@
+import numpy as np
+import pytest
+
+from mlx_specstream.tree import (
+    ancestor_bits,
+    ancestors,
+    build_tree,
+    chain,
+    positions,
+    reorder,
+    stream_mask,
+    tree_mask,
+)
+
+
+def test_full_tree_size_and_bfs_order():
+    levels = [[10, 11, 12], [20, 21, 22], [30, 31, 32]]
+    scores = [[-0.1, -1.0, -2.0]] * 3
+    t = build_tree(5, levels, scores, budget=1000)
+    assert len(t) == 1 + 3 + 9 + 27
+    assert t.tokens[0] == 5 and t.parents[0] == -1
+    assert np.all(np.diff(t.depths) >= 0)  # breadth-first
+    assert np.all(t.parents[1:] < np.arange(1, len(t)))  # parents first
+    for v in range(1, len(t)):
+        assert t.tokens[v] in levels[t.depths[v] - 1]
+        assert t.depths[v] == t.depths[t.parents[v]] + 1
+
+
+def test_budget_keeps_best_paths_and_is_ancestor_closed():
+    levels = [[1, 2], [3, 4], [5, 6]]
+    scores = [[-0.1, -3.0], [-0.2, -0.3], [-0.1, -5.0]]
+    t = build_tree(0, levels, scores, budget=5)
+    assert len(t) == 5
+    # best path scores: 1 (-0.1), 1-3 (-0.3), 1-4 (-0.4), 1-3-5 (-0.4)
+    paths = set()
+    for v in range(len(t)):
+        p, toks = v, []
+        while p >= 0:
+            toks.append(int(t.tokens[p]))
+            p = t.parents[p]
+        paths.add(tuple(reversed(toks)))
+    assert paths == {(0,), (0, 1), (0, 1, 3), (0, 1, 4), (0, 1, 3, 5)}
+
+
+def test_chain_mode_is_a_path():
+    t = build_tree(7, [[1], [2], [3]], [[-1.0]] * 3, budget=32)
+    assert t.tokens.tolist() == [7, 1, 2, 3] and t.parents.tolist() == [-1, 0, 1, 2]
+
+
+def test_budget_one_is_root_only():
+    t = build_tree(7, [[1, 2]], [[-1.0, -2.0]], budget=1)
+    assert len(t) == 1
+    with pytest.raises(ValueError):
+        build_tree(7, [], [], budget=0)
+
+
+def test_ancestors_and_bits():
+    parents = np.array([-1, 0, 0, 1, 1, 2])
+    a = ancestors(parents)
+    assert a[3].tolist() == [True, True, False, True, False, False]
+    assert a[5].tolist() == [True, False, True, False, False, True]
+    bits = ancestor_bits(parents)
+    assert bits.shape == (6, 1)
+    for i in range(6):
+        assert [(int(bits[i, 0]) >> j) & 1 for j in range(6)] == a[i].astype(int).tolist()
+    big = chain(list(range(40)))
+    b = ancestor_bits(big.parents)
+    assert b.shape == (40, 2) and int(b[39, 1]) == (1 << 8) - 1 and int(b[39, 0]) == 0xFFFFFFFF
+
+
+def test_tree_mask_and_positions():
+    parents = np.array([-1, 0, 0, 1])
+    m = np.array(tree_mask(parents, 3))
+    assert m.shape == (4, 7) and m[:, :3].all()
+    assert m[3, 3:].tolist() == [True, True, False, True]
+    assert np.array(positions(np.array([0, 1, 1, 2]), 10)).tolist() == [10, 11, 11, 12]
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_stream_mask_rules(shared):
+    parents, gamma, n = np.array([-1, 0, 0]), 2, 2
+    snodes = np.array([0, 1, 2])
+    m = np.array(stream_mask(parents, n, snodes, gamma, shared))
+    M = 3
+    assert m.shape == (M + 3 * gamma, n + M + 3 * gamma)
+    main_sees_streams = m[:M, n + M:]
+    if shared:
+        for v in range(M):
+            row = main_sees_streams[v]
+            assert row.tolist() == [v == s for s in range(M) for _ in range(gamma)]
+    else:
+        assert not main_sees_streams.any()
+    # stream (node 1, j=1) sees cache, ancestors {0, 1}, and stream (1, 1) only
+    r = M + 1 * gamma + 0
+    assert m[r, :n].all() and m[r, n:n + M].tolist() == [True, True, False]
+    assert m[r, n + M:].tolist() == [False, False, True, False, False, False]
+    r2 = M + 1 * gamma + 1  # (node 1, j=2) also sees (1, 1)
+    assert m[r2, n + M:].tolist() == [False, False, True, True, False, False]
+    pos = np.array(positions(np.array([0, 1, 1]), n, snodes, gamma)).tolist()
+    assert pos == [2, 3, 3, 3, 4, 4, 5, 4, 5]
+
+
+def test_reorder_requires_parents():
+    t = build_tree(0, [[1, 2], [3]], [[-1.0, -2.0], [-1.0]], budget=10)
+    sub = reorder(t, [0, 2, 4])
+    assert sub.parents.tolist()[0] == -1
+    with pytest.raises(ValueError):
+        reorder(t, [0, 3])  # node 3's parent is missing
