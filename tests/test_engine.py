@@ -1,0 +1,152 @@
+"""Lossless greedy decoding: Speculative Streaming output == autoregressive output."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import tiny_model
+
+from mlx_specstream.adapter import detach, new_adapter
+from mlx_specstream.api import generate
+from mlx_specstream.engine import DecodeOptions, Decoder
+from mlx_specstream.kv_cache import make_cache
+
+
+def divergence(model, prompt, a, b):
+    """Where two outputs first differ and the base model's top-2 logit margin there."""
+    i = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    logits = model(mx.array([list(prompt) + list(a[:i])]))[0, -1]
+    top = np.sort(np.array(logits))[-2:]
+    return f"first difference at token {i}: {a[i:i + 3]} vs {b[i:i + 3]}, margin {top[1] - top[0]:.2e}"
+
+
+def check_lossless(model, prompt, n=200, **kw):
+    ar = generate(model, None, prompt, max_tokens=n, mode="ar")
+    ss = generate(model, None, prompt, max_tokens=n, **kw)
+    assert ss.tokens == ar.tokens, divergence(model, prompt, ar.tokens, ss.tokens)
+    assert len(ss.tokens) == n
+    return ss
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", seed=3, scale=2.0)
+
+
+GRID = list(itertools.product([1, 2, 4], [1, 3], [0.0, 0.2], [6, 32]))
+
+
+@pytest.mark.parametrize("gamma,branch,threshold,budget", GRID)
+def test_lossless_greedy_llama(llama, gamma, branch, threshold, budget):
+    new_adapter(llama, gamma=4, msa_layers=2, seed=gamma * 7 + branch)
+    ss = check_lossless(llama, [5, 9, 2, 7], gamma=gamma, branch=branch, prune_threshold=threshold,
+                        tree_budget=budget)
+    expected_nodes = min(budget, 1 + sum(branch**g for g in range(1, gamma + 1)))
+    assert ss.stats.tree_nodes == expected_nodes * ss.stats.calls
+    if threshold == 0:
+        assert ss.stats.kept_nodes == ss.stats.tree_nodes
+
+
+def test_grid_exercises_multi_token_acceptance(llama):
+    new_adapter(llama, gamma=4, msa_layers=2, seed=0)
+    longest = 0
+    for prompt in ([1], [3, 3], [8, 1, 2]):
+        ss = check_lossless(llama, prompt, n=150, branch=3)
+        longest = max(longest, max(ss.stats.accepted_lengths))
+    assert longest >= 3, "random streams never got a draft accepted: the test would be vacuous"
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "opt", "phi"])
+def test_lossless_greedy_other_architectures(arch):
+    model = tiny_model(arch, seed=1, scale=2.0)
+    new_adapter(model, gamma=3, msa_layers=2, seed=4)
+    check_lossless(model, [4, 1, 6], branch=3, prune_threshold=0.1)
+    check_lossless(model, [4], n=100, branch=1)
+
+
+def test_one_token_prompt_and_msa_layers(llama):
+    for msa in (1, 4):
+        new_adapter(llama, gamma=2, msa_layers=msa, seed=msa)
+        check_lossless(llama, [0], branch=2)
+
+
+def test_stream_init_and_pruning_layer_options(llama):
+    new_adapter(llama, gamma=3, msa_layers=2, seed=5, stream_init_rank=4, prune_layer=1)
+    check_lossless(llama, [2, 2], branch=3, prune_threshold=0.3)
+
+
+def test_eos_inside_an_accepted_draft(llama):
+    new_adapter(llama, gamma=4, msa_layers=2, seed=0)
+    found = None
+    for prompt in ([1], [3, 3], [8, 1, 2], [5]):
+        ss = generate(llama, None, prompt, max_tokens=150, branch=3)
+        seen = set()
+        for step in ss.steps:
+            for i, t in enumerate(step.accepted[:-1] if len(step.accepted) > 1 else []):
+                if t not in seen and t not in prompt and all(t != x for x in step.accepted[:i]):
+                    found = (prompt, t)
+                    break
+            seen.update(step.tokens)
+            if found:
+                break
+        if found:
+            break
+    assert found, "no multi-token accepted draft to put an EOS in"
+    prompt, eos = found
+
+    class Tok:
+        eos_token_ids = {eos}
+
+        def detokenizer(self):
+            return None
+
+    ar = generate(llama, Tok(), prompt, max_tokens=150, mode="ar")
+    ss = generate(llama, Tok(), prompt, max_tokens=150, branch=3)
+    assert ss.tokens == ar.tokens and ss.finish_reason == ar.finish_reason == "stop"
+    assert eos not in ss.tokens
+
+
+def test_max_tokens_is_exact(llama):
+    new_adapter(llama, gamma=4, msa_layers=2, seed=0)
+    for n in (1, 2, 5, 17):
+        out = generate(llama, None, [1, 2], max_tokens=n, branch=3)
+        assert len(out.tokens) == n and out.finish_reason == "length"
+
+
+def test_kv_commit_equals_recomputed_cache(llama):
+    new_adapter(llama, gamma=3, msa_layers=2, seed=2)
+    prompt = [3, 1, 4, 1, 5]
+    dec = Decoder(llama, prompt, DecodeOptions(max_tokens=60, branch=3, prune_threshold=0.1))
+    emitted = []
+    for step in dec.steps():
+        emitted += step.tokens
+    # the cache holds the prompt and every emitted token except the last root
+    seq = prompt + emitted[:-1]
+    assert dec.n == len(seq)
+    fresh = make_cache(llama)
+    detach_cfg = llama.adapter_config
+    llama(mx.array([seq]), cache=fresh)
+    assert detach_cfg is llama.adapter_config
+    for c_ss, c_ref in zip(dec.caches, fresh):
+        k1, v1 = c_ss.state
+        k2, v2 = c_ref.state
+        np.testing.assert_allclose(np.array(k1), np.array(k2), atol=1e-5)
+        np.testing.assert_allclose(np.array(v1), np.array(v2), atol=1e-5)
+
+
+def test_ss_without_adapter_is_a_clear_error():
+    model = tiny_model("llama")
+    with pytest.raises(ValueError, match="adapter"):
+        generate(model, None, [1], max_tokens=3)
+    assert len(generate(model, None, [1], max_tokens=3, mode="ar").tokens) == 3
+    with pytest.raises(ValueError, match="empty"):
+        generate(model, None, [], max_tokens=3, mode="ar")
+
+
+def test_ar_with_lossless_adapter_equals_base(llama):
+    detach(llama)
+    base = generate(llama, None, [7, 7], max_tokens=50, mode="ar").tokens
+    new_adapter(llama, gamma=2, msa_layers=2, seed=9)
+    assert generate(llama, None, [7, 7], max_tokens=50, mode="ar").tokens == base
+    assert generate(llama, None, [7, 7], max_tokens=50, branch=2).tokens == base

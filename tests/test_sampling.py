@@ -1,0 +1,146 @@
+"""Lossless sampling: the distribution of SS samples is exactly the base model's.
+
+On a tiny-vocabulary model the exact probability of every 3-token continuation is computed
+from the base model; thousands of SS samples (temperature 1, tree drafts from random streams)
+must fit it (chi-square), while two classic wrong verifiers must not.
+"""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import tiny_model
+
+import mlx_specstream.verify as verify
+from mlx_specstream.adapter import new_adapter
+from mlx_specstream.api import generate
+
+V, N_TOKENS, N_SAMPLES, PROMPT = 5, 3, 2500, [1, 3]
+
+
+def exact_distribution(model, temperature=1.0, top_p=1.0):
+    probs = {}
+    for seq in itertools.product(range(V), repeat=N_TOKENS):
+        logits = np.array(model(mx.array([PROMPT + list(seq[:-1])]))[0, len(PROMPT) - 1:])
+        p = verify.probabilities(logits, temperature, top_p)
+        probs[seq] = float(np.prod([p[i, t] for i, t in enumerate(seq)]))
+    return probs
+
+
+def chi2_pvalue(counts, probs, n):
+    """Chi-square goodness of fit, pooling cells with expected count < 5 into one."""
+    from math import exp, lgamma, log
+
+    obs, exp_ = [], []
+    pool_o = pool_e = 0.0
+    for k, p in probs.items():
+        e = p * n
+        if e < 5:
+            pool_o += counts.get(k, 0)
+            pool_e += e
+        else:
+            obs.append(counts.get(k, 0))
+            exp_.append(e)
+    if pool_e > 0:
+        obs.append(pool_o)
+        exp_.append(pool_e)
+    stat = sum((o - e) ** 2 / e for o, e in zip(obs, exp_))
+    dof = len(obs) - 1
+    # regularized upper incomplete gamma Q(dof/2, stat/2) by series/continued fraction
+    a, x = dof / 2, stat / 2
+    if x < a + 1:
+        term = total = 1.0 / a
+        for i in range(1, 500):
+            term *= x / (a + i)
+            total += term
+        return 1.0 - total * exp(-x + a * log(x) - lgamma(a))
+    b, c, d = x + 1 - a, 1e300, 1.0 / (x + 1 - a)
+    h = d
+    for i in range(1, 500):
+        an = -i * (i - a)
+        b += 2
+        d = 1.0 / (an * d + b)
+        c = b + an / c
+        h *= d * c
+    return h * exp(-x + a * log(x) - lgamma(a))
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = tiny_model("llama", seed=11, vocab_size=V, scale=1.5)
+    new_adapter(m, gamma=3, msa_layers=2, seed=3)
+    m.adapter.stream_embed = m.adapter.stream_embed * 20  # streams far from the target p
+    mx.eval(m.parameters())
+    return m
+
+
+def sample_counts(model, **kw):
+    counts = {}
+    for seed in range(N_SAMPLES):
+        out = generate(model, None, PROMPT, max_tokens=N_TOKENS, temperature=1.0, seed=seed, **kw)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    return counts
+
+
+@pytest.fixture(scope="module")
+def exact(model):
+    return exact_distribution(model)
+
+
+def test_ss_sampling_matches_exact_distribution(model, exact):
+    counts = sample_counts(model, branch=2, tree_budget=16)
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def test_ar_sampling_matches_exact_distribution(model, exact):
+    counts = sample_counts(model, mode="ar")
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def test_top_p_sampling_matches(model):
+    exact = exact_distribution(model, top_p=0.8)
+    counts = {}
+    for seed in range(N_SAMPLES):
+        out = generate(model, None, PROMPT, max_tokens=N_TOKENS, temperature=1.0, top_p=0.8,
+                       seed=seed, branch=2)
+        counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
+    assert all(exact[k] > 0 for k in counts), "a token outside the nucleus was emitted"
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def wrong_no_residual(p, draws, q, rng):
+    """Bug: after a rejection, resample from p instead of the residual max(p - q, 0)."""
+    for x in draws:
+        if rng.random() * q[x] < p[x]:
+            return int(x), p
+    return None, p
+
+
+def wrong_accept_if_likely(p, draws, q, rng):
+    """Bug: accept a draft whenever it is at least as likely under p as under q."""
+    for x in draws:
+        if p[x] >= q[x]:
+            return int(x), p
+    return None, p
+
+
+@pytest.mark.parametrize("bug", [wrong_no_residual, wrong_accept_if_likely])
+def test_wrong_verifiers_are_detected(model, exact, monkeypatch, bug):
+    monkeypatch.setattr(verify, "residual_accept", bug)
+    counts = sample_counts(model, branch=2, tree_budget=16)
+    assert chi2_pvalue(counts, exact, N_SAMPLES) < 1e-3
+
+
+def test_residual_accept_is_exact_in_distribution():
+    """Single-node check with many draws per level: emitted token ~ p exactly."""
+    rng = np.random.default_rng(0)
+    p = np.array([0.5, 0.3, 0.15, 0.05])
+    q = np.array([0.05, 0.15, 0.3, 0.5])
+    counts = np.zeros(4)
+    n = 40000
+    for _ in range(n):
+        draws = [verify.sample(q, rng) for _ in range(2)]
+        tok, resid = verify.residual_accept(p, draws, q, rng)
+        counts[tok if tok is not None else verify.sample(resid, rng)] += 1
+    assert np.abs(counts / n - p).max() < 0.01
