@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -22,6 +23,75 @@ def blas() -> None:
 
     typer.echo(f"active BLAS: {active_blas()}")
     typer.echo(f"optimized BLAS found: {find_blas() or 'none'}")
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise ValueError("give either --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        return prompt_file.read_text()
+    if prompt is not None:
+        return prompt
+    if not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
+
+
+def _show_stats(stats) -> None:
+    d = stats.as_dict()
+    typer.echo("", err=True)
+    for key in ("prompt_tokens", "generated_tokens", "calls", "mean_accepted_tokens",
+                "accepted_length_histogram", "prefill_time_s", "decode_time_s", "tokens_per_second",
+                "bookkeeping_share", "mean_tree_nodes", "mean_kept_nodes"):
+        typer.echo(f"{key:>26}: {d[key]}", err=True)
+
+
+@app.command()
+def generate(
+    model: Path | None = typer.Option(None, "--model", "-m",
+                                         help="MLX model dir or .mlpackage (default: shipped model)"),
+    adapter: str | None = typer.Option(None, help="adapter name (under MODEL/adapters) or path"),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text"),
+    prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
+    temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0),
+    mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token"),
+    gamma: int | None = typer.Option(None, help="streams used for drafting"),
+    branch: int | None = typer.Option(None, help="candidates per stream (k)"),
+    tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
+    prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="colour accepted (green) and rejected (red) drafts; stats"),
+) -> None:
+    """Generate text with Speculative Streaming, streaming it as it is accepted."""
+    from mlx_specstream.api import load, stream_generate
+
+    text = _read_prompt(prompt, prompt_file)
+    m, tok = load(model, adapter=adapter)
+    if tok is None:
+        raise ValueError(f"{model}: the model has no tokenizer files")
+    gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                          seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+                          prune_threshold=prune_threshold)
+    decoder_stats = None
+    for step in gen:
+        decoder_stats = step.stats
+        if verbose and (step.accepted or step.rejected):
+            accepted = tok.decode(step.accepted)
+            out = typer.style(accepted, fg=typer.colors.GREEN) if accepted else ""
+            rest = step.text[len(accepted):] if step.text.startswith(accepted) else step.text
+            out += rest
+            if step.rejected:
+                out += typer.style("[" + tok.decode(step.rejected) + "]", fg=typer.colors.RED,
+                                   dim=True)
+            typer.echo(out, nl=False)
+        else:
+            typer.echo(step.text, nl=False)
+    typer.echo("")
+    if verbose and decoder_stats is not None:
+        _show_stats(decoder_stats)
 
 
 def main() -> None:

@@ -39,6 +39,7 @@ class StreamResponse:
     accepted: list[int]
     rejected: list[int]
     finish_reason: str | None = None
+    stats: Stats | None = field(default=None, repr=False)  # running statistics
 
 
 @dataclass
@@ -83,7 +84,8 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[
             if hit >= 0:
                 piece = piece[: len(piece) - (len(text) - hit)]
                 finished = "stop"
-        yield StreamResponse(step.tokens, piece, step.accepted, step.rejected, finished)
+        yield StreamResponse(step.tokens, piece, step.accepted, step.rejected, finished,
+                             decoder.stats)
         if finished:
             return
 

@@ -93,6 +93,8 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     shared = adapter is not None and cfg.mode == "shared"
     if shared:
         gamma, stream_nodes = cfg.gamma, "all"
+    if adapter is not None and gamma > adapter.gamma:
+        raise ValueError(f"the adapter has {adapter.gamma} streams, {gamma} were asked for")
     msa_start = n_layers - cfg.msa_layers if adapter is not None else n_layers
     prune_at = cfg.prune_layer if adapter is not None else n_layers
     use_streams = adapter is not None and gamma > 0

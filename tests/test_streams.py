@@ -1,0 +1,126 @@
+"""Multi-stream attention properties and adapters on disk."""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from helpers import tiny_model
+
+from mlx_specstream.adapter import (
+    detach,
+    fingerprint,
+    load_adapter,
+    new_adapter,
+    save_adapter,
+)
+from mlx_specstream.api import generate
+from mlx_specstream.errors import AdapterError
+from mlx_specstream.streams import forward
+from mlx_specstream.tree import build_tree, chain
+
+PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
+
+
+def run(model, tree=None, gamma=3):
+    out = forward(model, tree or chain(PROMPT), None, 0, gamma=gamma, stream_nodes="all")
+    mx.eval(out.main_logits)
+    return out
+
+
+def test_zero_streams_equals_base_forward():
+    model = tiny_model("llama", seed=1)
+    base = np.array(model(mx.array([PROMPT]))[0])
+    new_adapter(model, gamma=3, msa_layers=2, seed=0)
+    np.testing.assert_allclose(np.array(run(model, gamma=0).main_logits), base, atol=1e-5)
+
+
+def test_lossless_main_rows_ignore_streams():
+    model = tiny_model("llama", seed=1)
+    base = np.array(model(mx.array([PROMPT]))[0])
+    new_adapter(model, gamma=3, msa_layers=2, seed=0)
+    a = run(model)
+    new_adapter(model, gamma=3, msa_layers=2, seed=1)
+    b = run(model)
+    assert not np.allclose(np.array(a.stream_logits), np.array(b.stream_logits), atol=1e-3)
+    np.testing.assert_array_equal(np.array(a.main_logits), np.array(b.main_logits))
+    np.testing.assert_allclose(np.array(a.main_logits), base, atol=1e-5)
+
+
+def test_shared_main_rows_depend_on_streams():
+    model = tiny_model("llama", seed=1)
+    new_adapter(model, mode="shared", gamma=3, msa_layers=2, seed=0)
+    a = np.array(run(model).main_logits)
+    model.adapter.stream_embed = model.adapter.stream_embed * 3
+    b = np.array(run(model).main_logits)
+    assert np.abs(a - b).max() > 1e-3
+
+
+def test_stream_rows_are_causal_over_streams_and_tokens():
+    """Stream (t, j) depends on tokens <= t and streams (t, 1..j) only."""
+    model = tiny_model("llama", seed=2)
+    new_adapter(model, gamma=3, msa_layers=2, seed=0)
+    ref = np.array(run(model).stream_logits)
+    changed = list(PROMPT)
+    changed[5] = 0
+    out = np.array(run(model, chain(changed)).stream_logits)
+    np.testing.assert_allclose(out[:5], ref[:5], atol=1e-5)
+    assert np.abs(out[5:] - ref[5:]).max() > 1e-4
+    two = np.array(run(model, gamma=2).stream_logits)  # dropping stream 3 changes nothing before it
+    np.testing.assert_allclose(two, ref[:, :2], atol=1e-5)
+
+
+def test_tree_nodes_match_their_paths():
+    """Main logits of a tree node equal a plain forward of its root-to-node path."""
+    model = tiny_model("llama", seed=4)
+    new_adapter(model, gamma=2, msa_layers=2, seed=0)
+    tree = build_tree(7, [[1, 2], [3, 4]], [[-0.1, -0.2], [-0.3, -0.4]], budget=7)
+    out = run(model, tree, gamma=2)
+    for v in range(len(tree)):
+        path, p = [], v
+        while p >= 0:
+            path.append(int(tree.tokens[p]))
+            p = tree.parents[p]
+        ref = np.array(model(mx.array([path[::-1]]))[0, -1])
+        np.testing.assert_allclose(np.array(out.main_logits[v]), ref, atol=1e-5)
+
+
+def test_adapter_save_load_roundtrip_and_swap(tmp_path):
+    model = tiny_model("llama", seed=1)
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=2, seed=5)
+    ref = generate(model, None, [1, 2], max_tokens=30, branch=3)
+    save_adapter(model, tmp_path / "adapters" / "a")
+    new_adapter(model, mode="shared", gamma=2, msa_layers=1, seed=6)
+    save_adapter(model, tmp_path / "adapters" / "b")
+    shared_out = generate(model, None, [1, 2], max_tokens=30, branch=3).tokens
+    detach(model)
+    assert getattr(model, "adapter", None) is None
+    load_adapter(model, "a", model_path=tmp_path)
+    again = generate(model, None, [1, 2], max_tokens=30, branch=3)
+    assert again.tokens == ref.tokens and again.stats.calls == ref.stats.calls
+    load_adapter(model, tmp_path / "adapters" / "b")  # swap without reloading the base
+    assert model.adapter_config.mode == "shared"
+    assert generate(model, None, [1, 2], max_tokens=30, branch=3).tokens == shared_out
+
+
+def test_adapter_errors(tmp_path):
+    model = tiny_model("llama", seed=1)
+    new_adapter(model, gamma=2, msa_layers=2, seed=0)
+    save_adapter(model, tmp_path / "ok")
+    other = tiny_model("llama", seed=2)
+    with pytest.raises(AdapterError, match="another base model"):
+        load_adapter(other, tmp_path / "ok")
+    with pytest.raises(AdapterError, match="not found"):
+        load_adapter(model, "missing", model_path=tmp_path)
+    (tmp_path / "ok" / "adapter.safetensors").write_bytes(b"garbage")
+    with pytest.raises(AdapterError, match="corrupt"):
+        load_adapter(model, tmp_path / "ok")
+    save_adapter(model, tmp_path / "bad")
+    cfg = json.loads((tmp_path / "bad" / "adapter_config.json").read_text())
+    cfg["gamma"] = 5
+    (tmp_path / "bad" / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError, match="does not match|shape"):
+        load_adapter(model, tmp_path / "bad")
+    with pytest.raises(AdapterError):
+        new_adapter(model, mode="other")
+    assert fingerprint(model) == fingerprint(tiny_model("llama", seed=1))
