@@ -17,7 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from .kv_cache import make_cache
-from .streams import ForwardOut, forward
+from .streams import ForwardOut, forward, stream_pass
 from .tree import Tree, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
@@ -34,6 +34,10 @@ class DecodeOptions:
     tree_budget: int | None = None  # max nodes per tree (root included)
     prune_threshold: float | None = None
     eos_token_ids: frozenset[int] = frozenset()
+    # "tree": streams on every tree node in the same pass (the papers); "deferred" (lossless
+    # only): streams of just the last accepted node, in a small pass after verification;
+    # "auto": deferred where extra rows cost compute (CPU), tree on Metal.
+    streams: str = "auto"
 
 
 @dataclass
@@ -124,15 +128,30 @@ class Decoder:
             cfg.prune_threshold if cfg else 0.0)
         if self.branch < 1 or self.budget < 1 or self.gamma < 0:
             raise ValueError("branch and tree_budget must be >= 1")
+        if opts.streams not in ("auto", "tree", "deferred"):
+            raise ValueError("streams must be 'auto', 'tree' or 'deferred'")
+        self.deferred = opts.mode == "ss" and not self.shared and (
+            opts.streams == "deferred" or (opts.streams == "auto" and not mx.metal.is_available()))
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
     # -- one forward pass --------------------------------------------------------------------
     def _run(self, tree: Tree, stream_nodes: str, prune: bool) -> ForwardOut:
-        out = forward(self.model, tree, self.caches, self.n, gamma=self.gamma,
+        out = forward(self.model, tree, self.caches, self.n, gamma=0 if self.deferred else self.gamma,
                       stream_nodes=stream_nodes, prune_threshold=self.threshold if prune else 0.0)
         mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
         return out
+
+    def _stream_logits(self, out: ForwardOut, node: int) -> mx.array:
+        """(gamma, V) stream logits of ``node`` (index into out.tree), after the commit."""
+        if self.deferred:
+            t = time.perf_counter()
+            logits = stream_pass(self.model, out.msa_input[node], self.caches, self.n, self.gamma)
+            mx.eval(logits)
+            self.stats.model_time += time.perf_counter() - t
+            return logits
+        s = int(np.nonzero(out.stream_nodes == node)[0][0])
+        return out.stream_logits[s, : self.gamma]
 
     def _commit(self, out: ForwardOut, path: list[int]) -> None:
         """Keep the accepted nodes' K/V in contiguous slots, in every layer (step 7)."""
@@ -151,10 +170,9 @@ class Decoder:
 
     def _draft(self, out: ForwardOut, node: int) -> _Draft:
         """Candidates for each level from the streams of ``node`` (an index into out.tree)."""
-        if out.stream_logits is None or self.opts.mode == "ar":
+        if self.opts.mode == "ar":
             return _Draft([], [], [], [])
-        s = int(np.nonzero(out.stream_nodes == node)[0][0])
-        logits = out.stream_logits[s, : self.gamma].astype(mx.float32)
+        logits = self._stream_logits(out, node).astype(mx.float32)
         k = self.branch
         if self.opts.temperature == 0:
             logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
@@ -186,6 +204,7 @@ class Decoder:
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         draft = self._draft(out, len(self.prompt) - 1)
         stats.prefill_time = time.perf_counter() - t0
+        stats.model_time = 0.0
 
         t_step = time.perf_counter()
         step = self._emit([root], [], [], 0)

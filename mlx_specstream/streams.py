@@ -56,6 +56,7 @@ class ForwardOut:
     stream_logits: mx.array | None  # (K, gamma, V) for the stream nodes, or None
     stream_nodes: np.ndarray  # indices (into the surviving tree) of the nodes with streams
     prune_layer: int  # layers below hold all input nodes in their cache, the rest `kept`
+    msa_input: mx.array | None = None  # (M1, h) main hidden states entering layer N - N_s
 
 
 def transition_probs(model, adapter: StreamAdapter, h: mx.array, tree: Tree) -> np.ndarray:
@@ -105,6 +106,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
     kept = np.arange(len(tree))
     stop_plain = msa_start if use_streams else n_layers
+    msa_input = None
     for i in range(stop_plain + 1):
         if i == prune_at and prune_threshold > 0 and len(tree) > 1:
             trans = transition_probs(model, adapter, h, tree)
@@ -114,11 +116,13 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
                 h = h[:, mx.array(kept.astype(np.int32))]
                 pos = positions(tree.depths, n_prefix)
                 mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
+        if i == msa_start:
+            msa_input = h[0]
         if i < stop_plain:
             h = layers[i](h, pos, mask, caches[i] if caches else None)
     if not use_streams:
         return ForwardOut(tree, kept, model.head(h[0]), None, np.zeros(0, np.int64),
-                          min(prune_at, n_layers))
+                          min(prune_at, n_layers), msa_input)
 
     snodes = np.arange(len(tree)) if stream_nodes == "all" else np.array([len(tree) - 1])
     streams = adapter.init_streams(h[:, mx.array(snodes.astype(np.int32))], gamma)
@@ -131,3 +135,21 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     logits = model.head(h[0])
     return ForwardOut(tree, kept, logits[:m], logits[m:].reshape(len(snodes), gamma, -1), snodes,
                       min(prune_at, n_layers))
+
+
+def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array:
+    """Stream logits (gamma, V) of one node whose main stream is already cached at n - 1.
+
+    ``h_node`` (h,) is the node's main hidden state entering layer N - N_s. Lossless mode only:
+    there the main stream never sees streams, so streams of just the last accepted node can be
+    computed after verification (deferred streams) instead of for every tree node.
+    """
+    adapter, cfg = model.adapter, model.adapter_config
+    layers = model.layers
+    h = adapter.init_streams(h_node[None, None], gamma)
+    pos = mx.arange(n, n + gamma)  # stream j of the node at n - 1 sits at n - 1 + j
+    mask = mx.concatenate([mx.ones((gamma, n), dtype=mx.bool_),
+                           mx.tril(mx.ones((gamma, gamma), dtype=mx.bool_))], axis=1)
+    for i in range(len(layers) - cfg.msa_layers, len(layers)):
+        h = layers[i](h, pos, mask, caches[i], n_main=0)
+    return model.head(h[0])

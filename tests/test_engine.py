@@ -34,14 +34,14 @@ def llama():
     return tiny_model("llama", seed=3, scale=2.0)
 
 
-GRID = list(itertools.product([1, 2, 4], [1, 3], [0.0, 0.2], [6, 32]))
+GRID = list(itertools.product([1, 2, 4], [1, 3], [0.0, 0.2], [6, 32], ["tree", "deferred"]))
 
 
-@pytest.mark.parametrize("gamma,branch,threshold,budget", GRID)
-def test_lossless_greedy_llama(llama, gamma, branch, threshold, budget):
+@pytest.mark.parametrize("gamma,branch,threshold,budget,streams", GRID)
+def test_lossless_greedy_llama(llama, gamma, branch, threshold, budget, streams):
     new_adapter(llama, gamma=4, msa_layers=2, seed=gamma * 7 + branch)
     ss = check_lossless(llama, [5, 9, 2, 7], gamma=gamma, branch=branch, prune_threshold=threshold,
-                        tree_budget=budget)
+                        tree_budget=budget, streams=streams)
     expected_nodes = min(budget, 1 + sum(branch**g for g in range(1, gamma + 1)))
     assert ss.stats.tree_nodes == expected_nodes * ss.stats.calls
     if threshold == 0:
@@ -61,14 +61,23 @@ def test_grid_exercises_multi_token_acceptance(llama):
 def test_lossless_greedy_other_architectures(arch):
     model = tiny_model(arch, seed=1, scale=2.0)
     new_adapter(model, gamma=3, msa_layers=2, seed=4)
-    check_lossless(model, [4, 1, 6], branch=3, prune_threshold=0.1)
+    check_lossless(model, [4, 1, 6], branch=3, prune_threshold=0.1, streams="tree")
+    check_lossless(model, [4, 1, 6], branch=3, prune_threshold=0.1, streams="deferred")
     check_lossless(model, [4], n=100, branch=1)
+
+
+def test_deferred_and_tree_streams_draft_the_same(llama):
+    new_adapter(llama, gamma=3, msa_layers=2, seed=8)
+    a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree")
+    b = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="deferred")
+    assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
 
 
 def test_one_token_prompt_and_msa_layers(llama):
     for msa in (1, 4):
         new_adapter(llama, gamma=2, msa_layers=msa, seed=msa)
-        check_lossless(llama, [0], branch=2)
+        check_lossless(llama, [0], branch=2, streams="tree")
+        check_lossless(llama, [0], branch=2, streams="deferred")
 
 
 def test_stream_init_and_pruning_layer_options(llama):
@@ -117,7 +126,8 @@ def test_max_tokens_is_exact(llama):
 def test_kv_commit_equals_recomputed_cache(llama):
     new_adapter(llama, gamma=3, msa_layers=2, seed=2)
     prompt = [3, 1, 4, 1, 5]
-    dec = Decoder(llama, prompt, DecodeOptions(max_tokens=60, branch=3, prune_threshold=0.1))
+    dec = Decoder(llama, prompt, DecodeOptions(max_tokens=60, branch=3, prune_threshold=0.1,
+                                               streams="tree"))
     emitted = []
     for step in dec.steps():
         emitted += step.tokens

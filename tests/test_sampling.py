@@ -103,7 +103,7 @@ def test_top_p_sampling_matches(model):
     counts = {}
     for seed in range(N_SAMPLES):
         out = generate(model, None, PROMPT, max_tokens=N_TOKENS, temperature=1.0, top_p=0.8,
-                       seed=seed, branch=2)
+                       seed=seed, branch=2, streams="tree")
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
     assert all(exact[k] > 0 for k in counts), "a token outside the nucleus was emitted"
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
