@@ -17,6 +17,7 @@ import mlx.core as mx
 import numpy as np
 
 from .kv_cache import make_cache
+from .lookup import prompt_lookup
 from .streams import ForwardOut, forward, stream_pass
 from .tree import Tree, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
@@ -28,7 +29,7 @@ class DecodeOptions:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int = 0
-    mode: str = "ss"  # "ss" | "ar"
+    mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
     gamma: int | None = None  # streams used for drafting (<= the adapter's)
     branch: int | None = None  # k: candidates per stream
     tree_budget: int | None = None  # max nodes per tree (root included)
@@ -107,8 +108,8 @@ class Decoder:
     def __init__(self, model, prompt: list[int], opts: DecodeOptions):
         if not prompt:
             raise ValueError("the prompt is empty")
-        if opts.mode not in ("ss", "ar"):
-            raise ValueError(f"mode must be 'ss' or 'ar', not '{opts.mode}'")
+        if opts.mode not in ("ss", "ar", "lookup"):
+            raise ValueError(f"mode must be 'ss', 'ar' or 'lookup', not '{opts.mode}'")
         if opts.temperature < 0 or not 0 < opts.top_p <= 1:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         self.model, self.prompt, self.opts = model, list(prompt), opts
@@ -123,7 +124,8 @@ class Decoder:
             if self.shared and self.gamma != cfg.gamma:
                 raise ValueError(f"a shared-mode adapter runs with all its {cfg.gamma} streams")
         self.branch = opts.branch or (cfg.branch if cfg else 1)
-        self.budget = opts.tree_budget or (cfg.tree_budget if cfg else 1)
+        default_budget = 11 if opts.mode == "lookup" else (cfg.tree_budget if cfg else 1)
+        self.budget = opts.tree_budget or default_budget
         self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
             cfg.prune_threshold if cfg else 0.0)
         if self.branch < 1 or self.budget < 1 or self.gamma < 0:
@@ -172,6 +174,11 @@ class Decoder:
         """Candidates for each level from the streams of ``node`` (an index into out.tree)."""
         if self.opts.mode == "ar":
             return _Draft([], [], [], [])
+        if self.opts.mode == "lookup":
+            toks = prompt_lookup(self.history, num_draft=self.budget - 1)
+            vocab = out.main_logits.shape[-1]
+            return _Draft([[t] for t in toks], [[0.0]] * len(toks), [[t] for t in toks],
+                          [np.eye(1, vocab, t)[0] for t in toks])
         logits = self._stream_logits(out, node).astype(mx.float32)
         k = self.branch
         if self.opts.temperature == 0:
@@ -202,6 +209,7 @@ class Decoder:
         self._commit(out, list(range(len(self.prompt))))
         target = self._target(out.main_logits[-1:])
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
+        self.history = self.prompt + [root]
         draft = self._draft(out, len(self.prompt) - 1)
         stats.prefill_time = time.perf_counter() - t0
         stats.model_time = 0.0
@@ -229,8 +237,9 @@ class Decoder:
             accepted = out.tree.tokens[path[1:]].tolist()
             rejected = [lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels else []
             self._commit(out, path)
+            self.history += accepted + [root]
             draft = self._draft(out, path[-1])
-            step = self._emit(accepted + [root], accepted, rejected[: self.gamma], emitted)
+            step = self._emit(accepted + [root], accepted, rejected, emitted)
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step
             yield step

@@ -160,3 +160,15 @@ def test_ar_with_lossless_adapter_equals_base(llama):
     new_adapter(llama, gamma=2, msa_layers=2, seed=9)
     assert generate(llama, None, [7, 7], max_tokens=50, mode="ar").tokens == base
     assert generate(llama, None, [7, 7], max_tokens=50, branch=2).tokens == base
+
+
+def test_prompt_lookup_is_lossless_and_drafts_from_history():
+    from mlx_specstream.lookup import prompt_lookup
+
+    assert prompt_lookup([1, 2, 3, 9, 1, 2], num_draft=2) == [3, 9]
+    assert prompt_lookup([5, 6, 7], num_draft=3) == []
+    model = tiny_model("llama", seed=3, scale=2.0)
+    ar = generate(model, None, [1, 2, 3, 1, 2], max_tokens=120, mode="ar")
+    pl = generate(model, None, [1, 2, 3, 1, 2], max_tokens=120, mode="lookup")
+    assert pl.tokens == ar.tokens
+    assert pl.stats.calls < ar.stats.calls  # repetitive random-model output is easy to look up
