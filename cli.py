@@ -94,6 +94,31 @@ def generate(
         _show_stats(decoder_stats)
 
 
+@app.command()
+def bench(
+    task: str = typer.Option("sql", help="sql or code"),
+    n: int = typer.Option(50, "--n", help="test prompts"),
+    out: Path = typer.Option(Path("bench-results"), help="output directory"),
+    model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
+    draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
+) -> None:
+    """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.bench import markdown_table, run_bench
+
+    if task not in ("sql", "code"):
+        raise ValueError("--task must be sql or code")
+    if quick:
+        n, max_tokens = min(n, 8), min(max_tokens, 64)
+    model = model or DEFAULT_MODEL
+    draft = draft_model or model / "draft"
+    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv))
+    typer.echo(markdown_table(res["meta"], res["results"]))
+    typer.echo(f"wrote {out}/results.json, results.md, results.png")
+
+
 def main() -> None:
     """Console entry point: optimized BLAS, then the command; known errors as one line."""
     from mlx_specstream.blas import ensure_fast_blas

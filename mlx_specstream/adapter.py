@@ -23,7 +23,7 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 
 @dataclass
 class AdapterConfig:
-    mode: str = "lossless"  # "lossless" | "shared"
+    mode: str = "lossless"  # "lossless" | "shared" | "lora" (next-token LoRA baseline, no streams)
     gamma: int = 4
     msa_layers: int = 4
     rank: int = 8
@@ -38,11 +38,13 @@ class AdapterConfig:
     name: str = ""
 
     def validate(self, n_layers: int) -> None:
-        if self.mode not in ("lossless", "shared"):
-            raise AdapterError(f"adapter mode must be 'lossless' or 'shared', not '{self.mode}'")
+        if self.mode not in ("lossless", "shared", "lora"):
+            raise AdapterError(f"adapter mode must be 'lossless', 'shared' or 'lora', not '{self.mode}'")
+        if self.mode == "lora":
+            self.gamma = 0
         if not 1 <= self.msa_layers <= n_layers:
             raise AdapterError(f"msa_layers must be in 1..{n_layers}, not {self.msa_layers}")
-        if self.gamma < 1 or self.rank < 1:
+        if (self.gamma < 1 and self.mode != "lora") or self.rank < 1:
             raise AdapterError("gamma and rank must be >= 1")
         if not 0 <= self.prune_layer <= n_layers - self.msa_layers:
             raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
@@ -106,7 +108,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0)
     key, sub = mx.random.split(key)
     hidden = model.config["hidden_size"]
     adapter = StreamAdapter(hidden, config.gamma, config.stream_init_rank, config.prune_rank, sub)
-    shared = config.mode == "shared"
+    shared = config.mode in ("shared", "lora")  # LoRA on every row of every layer
     first = 0 if shared else n - config.msa_layers
     for block in model.layers[first:]:
         for parent, name in _linears(block):

@@ -114,8 +114,8 @@ class Decoder:
             raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
         self.model, self.prompt, self.opts = model, list(prompt), opts
         self.cfg = getattr(model, "adapter_config", None)
-        if opts.mode == "ss" and self.cfg is None:
-            raise ValueError("speculative decoding needs an adapter: load one or use mode='ar'")
+        if opts.mode == "ss" and (self.cfg is None or self.cfg.gamma == 0):
+            raise ValueError("speculative decoding needs an adapter with streams: load one or use mode='ar'")
         cfg = self.cfg
         self.shared = cfg is not None and cfg.mode == "shared"
         self.gamma = 0

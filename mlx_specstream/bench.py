@@ -1,0 +1,236 @@
+"""``specstream-mlx bench``: Speculative Streaming against the decoders a user would pick instead,
+on the same prompts, in one process, interleaved prompt by prompt (so machine noise hits every
+method alike). Speed is reported as a ratio to our own autoregressive decoding in the same run.
+
+Methods (each skipped, with the reason recorded, when its model or adapter is missing):
+``ar`` (ours), ``mlx-lm ar``, ``mlx-lm draft`` (mlx-lm's speculative decoding with the draft
+model), ``lookup`` (prompt lookup), ``ss-lossless chain|tree|tree+prune`` (the lossless
+adapter), ``ss-shared`` (the shared adapter), ``lora-ar`` (the next-token LoRA baseline).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .adapter import adapter_weights
+from .api import generate, load
+from .blas import active_blas
+
+
+@dataclass
+class Method:
+    name: str
+    run: Callable[[list[int], int], tuple[list[int], int]]  # (prompt ids, max) -> (tokens, calls)
+    extra_params: int = 0
+    lossless: bool = False  # output must equal our AR output
+    task_model: str = "base"  # which model's outputs the task metric measures
+    records: list = field(default_factory=list)
+
+
+def _ours(model, tokenizer, **opts):
+    def run(ids, max_tokens):
+        out = generate(model, tokenizer, ids, max_tokens=max_tokens, **opts)
+        return out.tokens, out.stats.calls + 1
+
+    return run
+
+
+def _mlx_lm(path: Path, draft: Path | None, eos: set[int], num_draft: int = 3):
+    from mlx_lm.generate import generate_step, speculative_generate_step
+    from mlx_lm.utils import load as lm_load
+
+    model, _ = lm_load(str(path))
+    draft_model = lm_load(str(draft))[0] if draft else None
+
+    def run(ids, max_tokens):
+        prompt = mx.array(ids)
+        if draft_model is None:
+            steps = generate_step(prompt, model, max_tokens=max_tokens)
+        else:
+            steps = speculative_generate_step(prompt, model, draft_model, max_tokens=max_tokens,
+                                              num_draft_tokens=num_draft)
+        tokens, calls = [], 0
+        for item in steps:
+            tok = int(item[0])
+            from_draft = bool(item[2]) if draft_model is not None else False
+            calls += 0 if from_draft else 1
+            if tok in eos:
+                break
+            tokens.append(tok)
+        return tokens, calls
+
+    n = sum(v.size for _, v in tree_flatten(draft_model.parameters())) if draft_model else 0
+    return run, n
+
+
+def _normalize_sql(s: str) -> str:
+    return " ".join(s.strip().rstrip(";").split()).lower()
+
+
+def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
+    """SQL: exact match (whitespace/case/semicolon-normalised). Code: exact match and edit
+    similarity (difflib ratio), both on the stripped text."""
+    if task == "sql":
+        em = sum(_normalize_sql(o) == _normalize_sql(r) for o, r in zip(outputs, refs)) / len(refs)
+        return {"exact_match": round(em, 4)}
+    em = sum(o.strip() == r.strip() for o, r in zip(outputs, refs)) / len(refs)
+    sim = sum(difflib.SequenceMatcher(None, o, r).ratio() for o, r in zip(outputs, refs)) / len(refs)
+    return {"exact_match": round(em, 4), "edit_similarity": round(sim, 4)}
+
+
+def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple[list[Method], dict]:
+    """The methods that can run with what exists, and the reasons the others are skipped."""
+    base, tok = load(model_path)
+    eos = set(tok.eos_token_ids)
+    methods = [Method("ar", _ours(base, tok, mode="ar"))]
+    skipped = {}
+    try:
+        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos)[0], lossless=True))
+        if draft_path and draft_path.exists():
+            run, n = _mlx_lm(model_path, draft_path, eos)
+            methods.append(Method("mlx-lm draft", run, n, lossless=True))
+        else:
+            skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
+    except Exception as e:  # mlx-lm cannot read this model
+        skipped["mlx-lm ar"] = f"mlx-lm failed to load the model: {e}"
+    methods.append(Method("lookup", _ours(base, tok, mode="lookup"), lossless=True))
+
+    adapters = model_path / "adapters"
+    lossless_name, shared_name = f"{task}-lossless", task
+    if task == "code":
+        lossless_name, shared_name = "code", "code-shared"
+    if (adapters / lossless_name).exists():
+        m, _ = load(model_path, adapter=lossless_name)
+        n = sum(v.size for v in adapter_weights(m).values())
+        for label, opts in (("chain", dict(branch=1)), ("tree", dict(branch=3, prune_threshold=0.0)),
+                            ("tree+prune", dict(branch=3))):
+            methods.append(Method(f"ss-lossless {label}", _ours(m, tok, **opts), n, lossless=True))
+    else:
+        skipped["ss-lossless"] = f"no adapter {adapters / lossless_name}"
+    if (adapters / shared_name).exists():
+        m, _ = load(model_path, adapter=shared_name)
+        n = sum(v.size for v in adapter_weights(m).values())
+        methods.append(Method("ss-shared", _ours(m, tok, branch=3), n, task_model="shared"))
+        shared_ar = load(model_path, adapter=shared_name)[0]
+        methods.append(Method("ss-shared ar", _ours(shared_ar, tok, mode="ar"), n, task_model="shared"))
+    else:
+        skipped["ss-shared"] = f"no adapter {adapters / shared_name}"
+    if (adapters / f"{task}-lora").exists():
+        m, _ = load(model_path, adapter=f"{task}-lora")
+        n = sum(v.size for v in adapter_weights(m).values())
+        methods.append(Method("lora-ar", _ours(m, tok, mode="ar"), n, task_model="lora"))
+    else:
+        skipped["lora-ar"] = f"no adapter {adapters / f'{task}-lora'}"
+    return methods, {"tokenizer": tok, "skipped": skipped}
+
+
+def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
+              draft_path: Path | None = None, data_dir: Path | None = None,
+              command: str = "") -> dict:
+    """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG."""
+    from tqdm import tqdm
+
+    data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
+    test = data_dir / "test.jsonl"
+    if not test.is_file():
+        raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
+    rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
+    methods, info = build_methods(model_path, task, draft_path)
+    tok = info["tokenizer"]
+    prompts = [tok.encode(r["prompt"]) for r in rows]
+    for m in methods:  # warm up (compilation, allocation) outside the timings
+        m.run(prompts[0], 4)
+    for ids in tqdm(prompts, desc=f"bench {task}", unit="prompt"):
+        for m in methods:
+            mx.reset_peak_memory()
+            t = time.perf_counter()
+            tokens, calls = m.run(ids, max_tokens)
+            dt = time.perf_counter() - t
+            m.records.append({"tokens": tokens, "calls": calls, "time": dt,
+                              "peak": mx.get_peak_memory()})
+    ar = methods[0]
+    ar_tps = sum(len(r["tokens"]) for r in ar.records) / sum(r["time"] for r in ar.records)
+    refs = [r["completion"] for r in rows]
+    results = []
+    for m in methods:
+        ntok = sum(len(r["tokens"]) for r in m.records)
+        secs = sum(r["time"] for r in m.records)
+        texts = [tok.decode(r["tokens"]) for r in m.records]
+        rec = {
+            "method": m.name,
+            "mean_accepted_tokens": round(ntok / max(sum(r["calls"] for r in m.records), 1), 3),
+            "tokens_per_s": round(ntok / secs, 2),
+            "speedup_vs_ar": round(ntok / secs / ar_tps, 3),
+            **task_metrics(task, texts, refs),
+            "extra_params": m.extra_params,
+            "peak_memory_mb": round(max(r["peak"] for r in m.records) / 2**20, 1),
+            "generated_tokens": ntok,
+        }
+        if m.lossless:
+            same = [a["tokens"] == b["tokens"] for a, b in zip(m.records, ar.records)]
+            rec["identical_to_ar"] = all(same)
+            rec["identical_prompts"] = f"{sum(same)}/{len(same)}"
+        results.append(rec)
+    meta = {
+        "command": command or " ".join(sys.argv), "date": str(date.today()),
+        "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
+        "model": str(model_path), "task": task, "prompts": len(rows), "max_tokens": max_tokens,
+        "skipped": info["skipped"],
+    }
+    write_results(out_dir, meta, results)
+    return {"meta": meta, "results": results}
+
+
+def markdown_table(meta: dict, results: list[dict]) -> str:
+    keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup_vs_ar", "exact_match"]
+    if any("edit_similarity" in r for r in results):
+        keys.append("edit_similarity")
+    keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
+    lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
+             f"BLAS {meta['blas']}, {meta['prompts']} prompts, max {meta['max_tokens']} tokens", "",
+             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    for r in results:
+        lines.append("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
+    for name, why in meta["skipped"].items():
+        lines.append(f"\nSkipped {name}: {why}")
+    return "\n".join(lines) + "\n"
+
+
+def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tmp = out_dir / "results.json.tmp"
+    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+    tmp.replace(out_dir / "results.json")
+    (out_dir / "results.md").write_text(markdown_table(meta, results))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    names = [r["method"] for r in results]
+    axes[0].barh(names, [r["speedup_vs_ar"] for r in results], color="tab:blue")
+    axes[0].axvline(1.0, color="gray", lw=1)
+    axes[0].set_xlabel("speed-up vs our AR (same run)")
+    axes[1].barh(names, [r["mean_accepted_tokens"] for r in results], color="tab:green")
+    axes[1].set_xlabel("mean tokens per forward pass")
+    for ax in axes:
+        ax.invert_yaxis()
+    fig.suptitle(f"{meta['task']}: {meta['prompts']} prompts, {meta['date']}, BLAS {meta['blas']}")
+    fig.tight_layout()
+    fig.savefig(out_dir / "results.png", dpi=120)
+    plt.close(fig)
