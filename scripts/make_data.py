@@ -14,9 +14,10 @@ Writes, as JSON lines ``{"prompt": ..., "completion": ..., "meta": {...}}``:
   a docstring need two statements or more); completion = the rest of the body.
   Split by top-level module (a package counts as one module); valid/test modules never appear in
   train. The result depends on the Python version whose stdlib is read (recorded in the manifest).
-* ``data/pretrain.jsonl`` -- ``{"text": ...}`` documents for the base model and its tokenizer:
-  every sql and code train example (prompt + completion) and the source files of the train-split
-  stdlib modules, cut into chunks at blank lines between top-level statements.
+* ``data/pretrain.jsonl.gz`` -- ``{"text": ..., "src": ...}`` documents for the base model and
+  its tokenizer: every sql and code train example (prompt + completion), the source files of the
+  train-split stdlib modules and of the stdlib's test suite (``Lib/test``, leaving out the files
+  named after a valid/test module), cut into chunks at top-level statement boundaries.
 * ``data/manifest.json`` -- counts, seeds, Python version, sha256 of every file.
 
 Prompt formats (the ``prompt`` field is exactly what the model is given; the ``completion``
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import gzip
 import hashlib
 import json
 import random
@@ -42,6 +44,7 @@ import sqlite3
 import sys
 import sysconfig
 import textwrap
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -899,10 +902,12 @@ def module_name(path: Path) -> str:
 
 
 def functions_of(path: Path) -> list[dict]:
-    src = path.read_text(encoding="utf-8")
     try:
-        tree = ast.parse(src)
-    except SyntaxError:
+        src = path.read_text(encoding="utf-8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(src)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
     lines = src.splitlines(keepends=True)
     mod = module_name(path)
@@ -969,10 +974,12 @@ def make_code(split: str, limit: int | None, seed: int) -> list[dict]:
 
 def source_chunks(path: Path, max_chars: int = 2400) -> list[str]:
     """A module's source cut at top-level statement boundaries into chunks of <= max_chars."""
-    src = path.read_text(encoding="utf-8")
     try:
-        tree = ast.parse(src)
-    except SyntaxError:
+        src = path.read_text(encoding="utf-8")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            tree = ast.parse(src)
+    except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
     lines = src.splitlines(keepends=True)
     starts = sorted({min([n.lineno] + [d.lineno for d in getattr(n, "decorator_list", [])]) - 1
@@ -996,23 +1003,52 @@ def source_chunks(path: Path, max_chars: int = 2400) -> list[str]:
     return [c for c in chunks if c.strip() and "\t" not in c]
 
 
+def stdlib_test_files(held_out: list[str]) -> list[Path]:
+    """Python files of the stdlib's own test suite (Lib/test), except those about held-out modules."""
+    root = stdlib_dir() / "test"
+    if not root.is_dir():
+        return []
+    out = []
+    for f in sorted(root.rglob("*.py")):
+        parts = [p.lower() for p in f.relative_to(root).with_suffix("").parts]
+        words = {w for p in parts for w in re.split(r"[_.]", p)} | set(parts)
+        if any(m.lower().lstrip("_") in words or f"test_{m.lower()}" in parts for m in held_out):
+            continue
+        out.append(f)
+    return out
+
+
 def make_pretrain(sql_train: list[dict], code_train: list[dict], seed: int) -> list[dict]:
     docs = [{"text": e["prompt"] + e["completion"], "src": "sql"} for e in sql_train]
     docs += [{"text": e["prompt"] + e["completion"], "src": "code"} for e in code_train]
     mods = stdlib_modules()
-    for name in code_splits()["train"]:
+    splits = code_splits()
+    for name in splits["train"]:
         for path in mods[name]:
             docs += [{"text": c, "src": "stdlib"} for c in source_chunks(path)]
+    for path in stdlib_test_files(splits["valid"] + splits["test"]):
+        docs += [{"text": c, "src": "stdlib_tests"} for c in source_chunks(path)]
     random.Random(f"pretrain-{seed}").shuffle(docs)
     return docs
 
 
 # --------------------------------------------------------------------------------------------
 def write_jsonl(path: Path, rows: list[dict]) -> str:
+    """Write JSON lines (gzip, with a fixed header, when the name ends in .gz); sha256 of the text."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
-    path.write_text(data, encoding="utf-8")
-    return hashlib.sha256(data.encode()).hexdigest()
+    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+    if path.suffix == ".gz":
+        with open(path, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as g:
+            g.write(data)
+    else:
+        path.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
 
 
 def main(argv=None) -> dict:
@@ -1023,7 +1059,7 @@ def main(argv=None) -> dict:
     ap.add_argument("--code-train", type=int, default=None, help="cap (default: all)")
     ap.add_argument("--code-eval", type=int, default=500, help="valid and test cap (each)")
     ap.add_argument("--seed", type=int, default=SEED)
-    ap.add_argument("--no-pretrain", action="store_true", help="skip data/pretrain.jsonl")
+    ap.add_argument("--no-pretrain", action="store_true", help="skip data/pretrain.jsonl.gz")
     args = ap.parse_args(argv)
     out: Path = args.out
     manifest = {"seed": args.seed, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
@@ -1041,9 +1077,9 @@ def main(argv=None) -> dict:
         manifest["files"][rel] = {"n": len(rows), "sha256": write_jsonl(out / rel, rows)}
     if not args.no_pretrain:
         docs = make_pretrain(sets[("sql", "train")], sets[("code", "train")], args.seed)
-        manifest["files"]["pretrain.jsonl"] = {
+        manifest["files"]["pretrain.jsonl.gz"] = {
             "n": len(docs), "chars": sum(len(d["text"]) for d in docs),
-            "sha256": write_jsonl(out / "pretrain.jsonl", docs)}
+            "sha256": write_jsonl(out / "pretrain.jsonl.gz", docs)}
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     for rel, info in manifest["files"].items():
         print(f"{rel}: {info['n']} rows" + (f", {info['chars']} chars" if "chars" in info else ""))

@@ -50,7 +50,7 @@ def test_sizes(made):
     f = manifest["files"]
     assert f["sql/train.jsonl"]["n"] == 400 and f["sql/valid.jsonl"]["n"] == 60
     assert f["code/train.jsonl"]["n"] == 300 and f["code/test.jsonl"]["n"] == 60
-    assert f["pretrain.jsonl"]["n"] > 700
+    assert f["pretrain.jsonl.gz"]["n"] > 700
 
 
 def test_sql_domains_held_out(made):
@@ -129,8 +129,8 @@ def test_code_parses(made):
 
 def test_pretrain_has_no_held_out_text(made):
     out, _ = made
-    docs = _rows(out / "pretrain.jsonl")
-    assert {d["src"] for d in docs} == {"sql", "code", "stdlib"}
+    docs = md.read_jsonl(out / "pretrain.jsonl.gz")
+    assert {d["src"] for d in docs} == {"sql", "code", "stdlib", "stdlib_tests"}
     held = {r["prompt"] for s in ("valid", "test") for r in _rows(out / "sql" / f"{s}.jsonl")}
     held |= {r["prompt"] + r["completion"] for s in ("valid", "test")
              for r in _rows(out / "code" / f"{s}.jsonl")}

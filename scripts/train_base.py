@@ -1,0 +1,574 @@
+"""Train the project's tokenizer and small base model from scratch (no downloads).
+
+    python scripts/train_base.py tokenizer            # SentencePiece BPE on data/pretrain.jsonl
+    python scripts/train_base.py train [--max-minutes 8] [--resume]
+    python scripts/train_base.py eval --split test     # greedy SQL exact match, code similarity
+    python scripts/train_base.py export --from DIR     # re-save an HF checkpoint as one file
+
+The tokenizer is SentencePiece BPE (vocab 4096, byte fallback, digits split, identity
+normalization, no dummy prefix, whitespace-only pieces allowed, so code indentation survives and
+a newline is always its own byte token <0x0A>); ids: <unk> 0, <s> 1, </s> 2. Files written next
+to the model: tokenizer.model, tokenizer.json / tokenizer_config.json (transformers' conversion,
+checked token-for-token against SentencePiece), special_tokens_map.json.
+
+The model is a ``transformers`` ``LlamaForCausalLM`` trained on documents ``<s> text </s>``:
+the train splits of both tasks (prompt + completion), the source of the train-split stdlib
+modules, and ``--extra-sql`` more SQL examples drawn from the train domains by the same
+generator (scripts/make_data.py, its own seed). Batches are random windows of ``--ctx`` tokens
+taken with probability ``--sql-frac`` from the SQL stream, else from the code stream; the batch at
+step s depends only on (seed, s), so ``--resume`` continues the same run. The LR schedule is
+linear warm-up then cosine to ``--min-lr-frac``; with ``--max-minutes`` the number of steps is
+fixed after 30 timed steps so that the run (start-up, final evaluation and saving included) ends
+within the budget, and it is recorded in the log so the run can be repeated with ``--steps``.
+
+Outputs: ``--out`` (default models/specstream-tiny/hf): config.json, model.safetensors (fp16),
+generation_config.json, tokenizer files, train_log.json (losses, tokens, time, device, exact
+match); ``--work`` (default runs/base): ckpt.pt (for --resume) and log.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import math
+import os
+import platform
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+import numpy as np
+
+T0 = time.time()
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "data"
+OUT = ROOT / "models" / "specstream-tiny" / "hf"
+WORK = ROOT / "runs" / "base"
+UNK, BOS, EOS = 0, 1, 2
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def make_data_module():
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import make_data
+
+    return make_data
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizer
+# --------------------------------------------------------------------------------------------
+def train_tokenizer(data: Path, out: Path, vocab: int = 4096, threads: int = 2) -> None:
+    import sentencepiece as spm
+
+    docs = read_jsonl(data / "pretrain.jsonl.gz")
+    lines = [ln for d in docs for ln in d["text"].split("\n") if ln.strip()]
+    out.mkdir(parents=True, exist_ok=True)
+    prefix = out / "tokenizer"
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(lines), model_prefix=str(prefix), model_type="bpe", vocab_size=vocab,
+        character_coverage=0.9999, byte_fallback=True, split_digits=True,
+        normalization_rule_name="identity", remove_extra_whitespaces=False, add_dummy_prefix=False,
+        allow_whitespace_only_pieces=True, max_sentencepiece_length=16,
+        unk_id=UNK, bos_id=BOS, eos_id=EOS, pad_id=-1, input_sentence_size=2_000_000,
+        shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000, num_threads=threads,
+        minloglevel=2)
+    (out / "tokenizer.vocab").unlink(missing_ok=True)
+    write_hf_tokenizer(out)
+    check_tokenizer(out, docs[:200])
+
+
+def write_hf_tokenizer(out: Path) -> None:
+    """tokenizer.json + tokenizer_config.json + special_tokens_map.json beside tokenizer.model."""
+    from transformers import LlamaTokenizer
+
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (out / name).unlink(missing_ok=True)
+    # transformers converts tokenizer.model (SentencePiece BPE, byte fallback) to a tokenizers BPE
+    tok = LlamaTokenizer.from_pretrained(str(out), legacy=False, add_prefix_space=False,
+                                         add_bos_token=True, add_eos_token=False)
+    tok.save_pretrained(str(out))
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for k in ("is_local", "local_files_only", "extra_special_tokens"):
+        cfg.pop(k, None)
+    cfg.update(add_bos_token=True, add_eos_token=False, legacy=False, add_prefix_space=False,
+               bos_token="<s>", eos_token="</s>", unk_token="<unk>", clean_up_tokenization_spaces=False,
+               model_max_length=2048)
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    (out / "special_tokens_map.json").write_text(json.dumps(
+        {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}, indent=2) + "\n")
+
+
+def check_tokenizer(out: Path, docs: list[dict]) -> None:
+    """The HF tokenizer must give SentencePiece's ids (plus BOS) and decode back to the text."""
+    import sentencepiece as spm
+    from transformers import AutoTokenizer
+
+    sp = spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
+    hf = AutoTokenizer.from_pretrained(str(out))
+    bad = 0
+    for d in docs:
+        t = d["text"]
+        ids = sp.encode(t)
+        if hf.encode(t) != [BOS] + ids or hf.decode(ids) != t or sp.decode(ids) != t:
+            bad += 1
+    if bad:
+        raise SystemExit(f"tokenizer check: {bad}/{len(docs)} documents differ between HF and SentencePiece")
+    print(f"tokenizer: {sp.get_piece_size()} pieces; HF and SentencePiece agree on {len(docs)} documents")
+
+
+# --------------------------------------------------------------------------------------------
+# data streams
+# --------------------------------------------------------------------------------------------
+def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
+    ids = sp.encode(texts, num_threads=threads) if texts else []
+    n = sum(len(x) + 2 for x in ids)
+    arr = np.empty(n, dtype=np.uint16)
+    i = 0
+    for x in ids:
+        arr[i] = BOS
+        arr[i + 1:i + 1 + len(x)] = x
+        arr[i + 1 + len(x)] = EOS
+        i += len(x) + 2
+    return arr
+
+
+def build_streams(args, sp) -> dict[str, np.ndarray]:
+    t = time.time()
+    docs = read_jsonl(args.data / "pretrain.jsonl.gz")
+    sql = [d["text"] for d in docs if d["src"] == "sql"]
+    code = [d["text"] for d in docs if d["src"] != "sql"]
+    if args.extra_sql:
+        md = make_data_module()
+        rows = md.make_sql("train", args.extra_sql, seed=md.SEED + 1)
+        extra = [e["prompt"] + e["completion"] for e in rows]
+        args.extra_sql_sha256 = hashlib.sha256("\n".join(extra).encode()).hexdigest()
+        sql += extra
+    valid = {task: [r["prompt"] + r["completion"] for r in read_jsonl(args.data / task / "valid.jsonl")]
+             for task in ("sql", "code")}
+    streams = {"sql": encode_docs(sp, sql, args.threads), "code": encode_docs(sp, code, args.threads),
+               "valid_sql": encode_docs(sp, valid["sql"], args.threads),
+               "valid_code": encode_docs(sp, valid["code"], args.threads)}
+    sizes = {k: int(v.size) for k, v in streams.items()}
+    print(f"data: {sizes} tokens ({len(sql)} sql docs, {len(code)} code docs) in {time.time() - t:.1f}s",
+          flush=True)
+    return streams
+
+
+def batch(streams, keys_p, ctx: int, bsz: int, rng: np.random.Generator):
+    """bsz random windows of ctx+1 tokens; stream chosen per row with the given probabilities."""
+    keys, p = zip(*keys_p)
+    which = rng.choice(len(keys), size=bsz, p=np.array(p) / sum(p))
+    rows = []
+    for k in which:
+        s = streams[keys[k]]
+        o = int(rng.integers(0, s.size - ctx - 1))
+        rows.append(s[o:o + ctx + 1])
+    return np.stack(rows).astype(np.int64)
+
+
+def fixed_windows(stream: np.ndarray, ctx: int, n: int) -> np.ndarray:
+    """n evenly spaced, non-overlapping windows (deterministic), for evaluation."""
+    n = max(1, min(n, (stream.size - 1) // (ctx + 1)))
+    starts = np.linspace(0, stream.size - ctx - 2, n).astype(np.int64)
+    return np.stack([stream[o:o + ctx + 1] for o in starts]).astype(np.int64)
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+def llama_config(args, vocab: int):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+        num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+        max_position_embeddings=args.max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
+        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=None,
+        attention_bias=False, mlp_bias=False, hidden_act="silu", initializer_range=0.02)
+
+
+def lr_at(step: int, total: int, args) -> float:
+    if step < args.warmup:
+        return args.lr * (step + 1) / args.warmup
+    frac = min(1.0, (step - args.warmup) / max(1, total - args.warmup))
+    return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def evaluate_loss(model, windows: np.ndarray, device, amp, bsz: int = 32) -> float:
+    import torch
+
+    model.eval()
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(windows), bsz):
+            w = torch.from_numpy(windows[i:i + bsz]).to(device)
+            with amp():
+                logits = model(input_ids=w[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                     w[:, 1:].reshape(-1), reduction="sum")
+            tot += loss.item()
+            n += w[:, 1:].numel()
+    model.train()
+    return tot / n
+
+
+def cmd_train(args) -> None:
+    import sentencepiece as spm
+    import torch
+
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+    def amp():
+        if device.type == "cuda":
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return torch.autocast("cpu", enabled=False)
+
+    sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer / "tokenizer.model"))
+    streams = build_streams(args, sp)
+    valid = {k: fixed_windows(streams[f"valid_{k}"], args.ctx, args.eval_windows) for k in ("sql", "code")}
+    train_eval = {k: fixed_windows(streams[k], args.ctx, args.eval_windows) for k in ("sql", "code")}
+    mix = [("sql", args.sql_frac), ("code", 1 - args.sql_frac)]
+
+    from transformers import LlamaForCausalLM
+
+    config = llama_config(args, sp.get_piece_size())
+    model = LlamaForCausalLM(config).to(device)
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"model: {n_params / 1e6:.2f}M parameters on {device}", flush=True)
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
+    args.work.mkdir(parents=True, exist_ok=True)
+    ckpt_path = args.work / "ckpt.pt"
+    step, total, elapsed_before, tokens = 0, args.steps, 0.0, 0
+    history = []
+    if args.resume and ckpt_path.exists():
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        step, total, elapsed_before, tokens = ck["step"], ck["total"], ck["elapsed"], ck["tokens"]
+        history = ck.get("history", [])
+        print(f"resumed at step {step}/{total}", flush=True)
+    fwd = torch.compile(model) if args.compile else model
+
+    def save_ckpt():
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
+                    "elapsed": elapsed_before + time.time() - t_start, "tokens": tokens,
+                    "history": history, "args": vars_json(args)}, ckpt_path)
+
+    model.train()
+    t_start = time.time()
+    budget_fixed = args.max_minutes is None or args.resume and step > 0
+    timing_from = None
+    ema = None
+    logf = open(args.work / "log.jsonl", "a")
+    while step < total:
+        if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - args.reserve_s:
+            print(f"time budget reached at step {step}", flush=True)
+            total = step
+            break
+        rng = np.random.default_rng([args.seed, step])
+        xb = torch.from_numpy(batch(streams, mix, args.ctx, args.batch, rng)).to(device, non_blocking=True)
+        lr = lr_at(step, total, args)
+        for g in opt.param_groups:
+            g["lr"] = lr
+        with amp():
+            logits = fwd(input_ids=xb[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)),
+                                                 xb[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        tokens += xb[:, 1:].numel()
+        if step % 10 == 0 or step == 1:
+            lv = loss.item()
+            ema = lv if ema is None else 0.9 * ema + 0.1 * lv
+        if not budget_fixed:
+            if step == 10:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                timing_from = time.time()
+            elif step == 40:
+                if device.type == "cuda":
+                    torch.cuda.synchronize()
+                per_step = (time.time() - timing_from) / 30
+                left = args.max_minutes * 60 - args.reserve_s - (time.time() - T0)
+                # evaluations cost about eval_cost steps each
+                n_evals = 1 + max(0, args.steps - step) // args.eval_every
+                fit = int(left / per_step) - n_evals * 5
+                total = max(step + 1, min(args.steps, step + fit))
+                budget_fixed = True
+                print(f"timing: {per_step * 1000:.1f} ms/step; planned steps {total}", flush=True)
+        if step % args.log_every == 0:
+            el = elapsed_before + time.time() - t_start
+            print(f"step {step}/{total} loss {ema:.4f} lr {lr:.2e} tokens {tokens / 1e6:.1f}M "
+                  f"{tokens / max(el, 1e-9) / 1e3:.0f}k tok/s {el:.0f}s", flush=True)
+        if step % args.eval_every == 0 or step == total:
+            rec = {"step": step, "tokens": tokens, "loss_ema": ema, "lr": lr,
+                   "elapsed_s": round(elapsed_before + time.time() - t_start, 1)}
+            for k in ("sql", "code"):
+                rec[f"valid_{k}"] = evaluate_loss(model, valid[k], device, amp)
+            print("eval " + json.dumps(rec), flush=True)
+            history.append(rec)
+            logf.write(json.dumps(rec) + "\n")
+            logf.flush()
+            save_ckpt()
+    logf.close()
+    train_s = elapsed_before + time.time() - t_start
+    final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
+    final_train = {k: evaluate_loss(model, train_eval[k], device, amp) for k in ("sql", "code")}
+    save_ckpt()
+    log = {
+        "date": date.today().isoformat(), "device": device_name(device), "torch": torch.__version__,
+        "python": platform.python_version(), "params": n_params, "config": config.to_dict(),
+        "args": vars_json(args), "steps": step, "tokens_seen": tokens, "train_seconds": round(train_s, 1),
+        "train_loss": final_train, "valid_loss": final, "history": history,
+        "stream_tokens": {k: int(v.size) for k, v in streams.items()},
+        "command": "python scripts/train_base.py " + " ".join(sys.argv[1:]),
+    }
+    save_hf(model, args.out, args.max_shard_size)
+    copy_tokenizer(args.tokenizer, args.out)
+    if args.eval_n:
+        log["eval"] = run_eval(model, sp, args.data, "valid", args.eval_n, device, args.eval_batch)
+    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
+    print(f"done: {step} steps, {tokens / 1e6:.1f}M tokens, {train_s:.0f}s; valid {final}; "
+          f"train {final_train}; total {time.time() - T0:.0f}s", flush=True)
+
+
+def device_name(device) -> str:
+    import torch
+
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return f"cpu ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def vars_json(args) -> dict:
+    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+
+
+TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    import shutil
+
+    if src.resolve() != dst.resolve():
+        for name in TOKENIZER_FILES:
+            shutil.copy2(src / name, dst / name)
+
+
+def save_hf(model, out: Path, max_shard_size: str) -> None:
+    import torch
+
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("model*.safetensors*"):
+        old.unlink()
+    half = type(model)(model.config).to(torch.float16)
+    half.load_state_dict({k: v.detach().to("cpu", torch.float16) for k, v in model.state_dict().items()})
+    half.config.dtype = torch.float16
+    half.generation_config.bos_token_id = BOS
+    half.generation_config.eos_token_id = EOS
+    half.save_pretrained(str(out), safe_serialization=True, max_shard_size=max_shard_size)
+    for f in out.glob("model*.safetensors*"):
+        f.chmod(0o644)
+    # readers that predate transformers 5's rope_parameters (mlx-lm, transformers 4) look for these
+    cfg_path = out / "config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.setdefault("rope_theta", cfg.get("rope_parameters", {}).get("rope_theta", 10000.0))
+    cfg.setdefault("rope_scaling", None)
+    cfg.setdefault("torch_dtype", "float16")
+    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+# --------------------------------------------------------------------------------------------
+# evaluation: greedy decoding, batched with left padding
+# --------------------------------------------------------------------------------------------
+def norm_sql(s: str) -> str:
+    return " ".join(s.strip().rstrip(";").split())
+
+
+def greedy(model, sp, prompts: list[str], max_new: int, device, bsz: int) -> list[str]:
+    import torch
+
+    outs = []
+    model.eval()
+    for i in range(0, len(prompts), bsz):
+        enc = [[BOS] + sp.encode(p) for p in prompts[i:i + bsz]]
+        width = max(map(len, enc))
+        ids = torch.tensor([[EOS] * (width - len(e)) + e for e in enc], device=device)
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in enc], device=device)
+        with torch.no_grad():
+            gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
+                                 eos_token_id=EOS, pad_token_id=EOS)
+        for row in gen[:, width:].tolist():
+            if EOS in row:
+                row = row[:row.index(EOS)]
+            outs.append(sp.decode(row))
+    return outs
+
+
+def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dict:
+    import difflib
+    import sqlite3
+
+    t = time.time()
+    res = {"split": split}
+    rows = read_jsonl(data / "sql" / f"{split}.jsonl")[:n]
+    preds = greedy(model, sp, [r["prompt"] for r in rows], 96, device, bsz)
+    em = [norm_sql(p) == norm_sql(r["completion"]) for p, r in zip(preds, rows)]
+    runs = 0
+    for p, r in zip(preds, rows):
+        ctx = r["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+        con = sqlite3.connect(":memory:")
+        try:
+            con.executescript(ctx)
+            con.execute(p).fetchall()
+            runs += 1
+        except sqlite3.Error:
+            pass
+        finally:
+            con.close()
+    by_form = {}
+    for ok, r in zip(em, rows):
+        by_form.setdefault(r["meta"]["form"], []).append(ok)
+    res["sql"] = {"n": len(rows), "exact_match": sum(em) / len(rows), "valid_sql": runs / len(rows),
+                  "by_form": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_form.items())},
+                  "examples": [{"prompt": r["prompt"], "ref": r["completion"], "pred": p}
+                               for p, r in list(zip(preds, rows))[:5]]}
+    rows = read_jsonl(data / "code" / f"{split}.jsonl")[:n]
+    preds = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
+    em = [p.strip() == r["completion"].strip() for p, r in zip(preds, rows)]
+    sim = [difflib.SequenceMatcher(None, p, r["completion"]).ratio() for p, r in zip(preds, rows)]
+    res["code"] = {"n": len(rows), "exact_match": sum(em) / len(rows),
+                   "edit_similarity": sum(sim) / len(rows),
+                   "examples": [{"prompt": r["prompt"], "ref": r["completion"], "pred": p}
+                                for p, r in list(zip(preds, rows))[:3]]}
+    res["seconds"] = round(time.time() - t, 1)
+    print(f"eval {split}: sql exact match {res['sql']['exact_match']:.3f} "
+          f"(valid sql {res['sql']['valid_sql']:.3f}, n={res['sql']['n']}); "
+          f"code exact match {res['code']['exact_match']:.3f}, edit similarity "
+          f"{res['code']['edit_similarity']:.3f} (n={res['code']['n']}); {res['seconds']}s", flush=True)
+    return res
+
+
+def cmd_eval(args) -> None:
+    import sentencepiece as spm
+    import torch
+    from transformers import LlamaForCausalLM
+
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    if device.type == "cpu":
+        torch.set_num_threads(args.threads)
+    model = LlamaForCausalLM.from_pretrained(str(args.model), dtype=torch.float32).to(device)
+    sp = spm.SentencePieceProcessor(model_file=str(args.model / "tokenizer.model"))
+    res = run_eval(model, sp, args.data, args.split, args.n, device, args.eval_batch)
+    res.update(date=date.today().isoformat(), device=device_name(device), model=str(args.model),
+               command="python scripts/train_base.py " + " ".join(sys.argv[1:]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(res, indent=1) + "\n")
+
+
+def cmd_export(args) -> None:
+    """Re-save an HF checkpoint (e.g. shards that came back from another machine) as one fp16 file."""
+    import shutil
+
+    import torch
+    from transformers import LlamaForCausalLM
+
+    src = args.src
+    model = LlamaForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    if src.resolve() != args.out.resolve():
+        args.out.mkdir(parents=True, exist_ok=True)
+        for f in src.iterdir():
+            if f.is_file() and not f.name.startswith("model") and f.name != "config.json":
+                shutil.copy2(f, args.out / f.name)
+    save_hf(model, args.out, "2GB")
+    print(f"exported {src} -> {args.out}")
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data", type=Path, default=DATA)
+    common.add_argument("--threads", type=int, default=min(2, os.cpu_count() or 1),
+                        help="CPU threads (torch on CPU, SentencePiece)")
+    common.add_argument("--device", default=None)
+    common.add_argument("--eval-batch", type=int, default=64)
+
+    t = sub.add_parser("tokenizer", parents=[common])
+    t.add_argument("--out", type=Path, default=OUT)
+    t.add_argument("--vocab", type=int, default=4096)
+    t.set_defaults(func=lambda a: train_tokenizer(a.data, a.out, a.vocab, a.threads))
+
+    r = sub.add_parser("train", parents=[common])
+    r.add_argument("--out", type=Path, default=OUT)
+    r.add_argument("--work", type=Path, default=WORK)
+    r.add_argument("--tokenizer", type=Path, default=OUT, help="folder with tokenizer.model (and HF files)")
+    r.add_argument("--hidden", type=int, default=384)
+    r.add_argument("--layers", type=int, default=8)
+    r.add_argument("--heads", type=int, default=6)
+    r.add_argument("--kv-heads", type=int, default=2)
+    r.add_argument("--intermediate", type=int, default=1024)
+    r.add_argument("--max-positions", type=int, default=2048)
+    r.add_argument("--ctx", type=int, default=512)
+    r.add_argument("--batch", type=int, default=64)
+    r.add_argument("--lr", type=float, default=2e-3)
+    r.add_argument("--min-lr-frac", type=float, default=0.05)
+    r.add_argument("--warmup", type=int, default=300)
+    r.add_argument("--wd", type=float, default=0.1)
+    r.add_argument("--steps", type=int, default=20000, help="most steps (fewer under --max-minutes)")
+    r.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget, start-up included")
+    r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for final eval and saving")
+    r.add_argument("--extra-sql", type=int, default=300000)
+    r.add_argument("--sql-frac", type=float, default=0.5)
+    r.add_argument("--eval-every", type=int, default=500)
+    r.add_argument("--eval-windows", type=int, default=64)
+    r.add_argument("--eval-n", type=int, default=200, help="greedy-decoded valid prompts per task at the end")
+    r.add_argument("--log-every", type=int, default=100)
+    r.add_argument("--seed", type=int, default=0)
+    r.add_argument("--compile", action="store_true")
+    r.add_argument("--resume", action="store_true")
+    r.add_argument("--max-shard-size", default="2GB")
+    r.set_defaults(func=cmd_train)
+
+    e = sub.add_parser("eval", parents=[common])
+    e.add_argument("--model", type=Path, default=OUT)
+    e.add_argument("--split", default="test", choices=["valid", "test"])
+    e.add_argument("--n", type=int, default=500)
+    e.add_argument("--json", type=Path, default=None)
+    e.set_defaults(func=cmd_eval)
+
+    x = sub.add_parser("export")
+    x.add_argument("--from", dest="src", type=Path, required=True)
+    x.add_argument("--out", type=Path, default=OUT)
+    x.set_defaults(func=cmd_export)
+
+    args = ap.parse_args(argv)
+    args.func(args)
+
+
+if __name__ == "__main__":
+    main()
