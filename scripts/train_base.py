@@ -443,8 +443,9 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
         con = sqlite3.connect(":memory:")
         try:
             con.executescript(ctx)
-            con.execute(p).fetchall()
-            runs += 1
+            if p.strip():
+                con.execute(p).fetchall()
+                runs += 1
         except sqlite3.Error:
             pass
         finally:
