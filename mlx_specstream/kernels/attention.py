@@ -1,0 +1,353 @@
+"""Tree attention and multi-stream attention of the decode step: custom Metal kernels
+(``metal/tree_attention.metal``, ``metal/attention_combine.metal``) with their pure-MLX references.
+
+Backends (``backend=`` on each function, or the global :func:`set_backend` that
+``planned_attention(..., backend=None)`` follows):
+
+- ``"mlx"``: the dense path: a boolean mask built with :mod:`mlx_specstream.tree` and
+  ``mx.fast.scaled_dot_product_attention`` (stream keys concatenated after the cache);
+- ``"metal"``: the kernels through ``mx.fast.metal_kernel`` (Apple silicon);
+- ``"emulator"``: the same kernel sources run by the CPU emulator of Metal (slow; for tests);
+- ``"auto"``: ``"metal"`` on a Metal device, once the kernel has passed a quick self-check
+  against the dense path there (else it warns and stays on ``"mlx"``); ``"mlx"`` everywhere else.
+
+Shapes: q (B, H, R, D); k, v (B, Hkv, n_prefix + M, D): the cache prefix followed by the M tree
+nodes (the cache after appending the nodes' keys); k_streams, v_streams (B, Hkv, K * gamma, D):
+the stream rows, never written to the cache. Rows of q are ordered as in :mod:`mlx_specstream.tree`
+(main rows of the M nodes, then stream rows node-major). H must be a multiple of Hkv (GQA).
+Supported: float32, float16, bfloat16; any head dim up to 128 (tested: 16, 64, 80, 96, 128);
+any cache length.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from .. import tree as tree_mod
+from . import metal_available, metal_kernel, read_metal
+from .emulator import to_mx
+
+BACKENDS = ("auto", "mlx", "metal", "emulator")
+THREADS = 128  # 4 simdgroups
+ROWS_PER_GROUP = 16  # 4 simdgroups x 4 rows
+
+_backend = os.environ.get("MLX_SPECSTREAM_ATTENTION", "auto")
+calls: Counter = Counter()  # kernel launches by backend, for tests and benchmarks
+
+
+def set_backend(backend: str) -> str:
+    """Set the backend ``planned_attention`` uses by default; returns the previous one."""
+    global _backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    old, _backend = _backend, backend
+    return old
+
+
+def get_backend() -> str:
+    return _backend
+
+
+# ---- visibility ------------------------------------------------------------------------------
+
+def parents_from_bits(anc_bits: np.ndarray, m: int) -> np.ndarray:
+    """Parents of a breadth-first tree from its ancestor bits: the closest (highest-index)
+    proper ancestor of each node, -1 for roots."""
+    a = unpack_bits(anc_bits, m)
+    parents = np.full(m, -1, np.int64)
+    for i in range(m):
+        prior = np.nonzero(a[i, :i])[0]
+        if len(prior):
+            parents[i] = prior[-1]
+    return parents
+
+
+def unpack_bits(anc_bits: np.ndarray, m: int) -> np.ndarray:
+    """Boolean (M, M) ancestor matrix from ``tree.ancestor_bits``' packing."""
+    bits = np.asarray(anc_bits, np.uint32).reshape(m, -1) if m else np.zeros((0, 1), np.uint32)
+    shifts = np.arange(32, dtype=np.uint32)
+    a = ((bits[:, :, None] >> shifts) & 1).astype(bool).reshape(m, -1)
+    return a[:, :m]
+
+
+def row_table(m: int, stream_nodes, gamma: int, shared: bool) -> np.ndarray:
+    """(R, 3) int32 per query row: the node whose ancestors it sees, and the range
+    [lo, lo + count) of stream keys it sees."""
+    k = 0 if stream_nodes is None else len(stream_nodes)
+    rows = np.zeros((m + k * gamma, 3), np.int32)
+    rows[:m, 0] = np.arange(m)
+    for s in range(k):
+        node = int(stream_nodes[s])
+        if shared and 0 <= node < m:
+            rows[node, 1:] = (s * gamma, gamma)
+        for j in range(1, gamma + 1):
+            rows[m + s * gamma + j - 1] = (max(node, 0), s * gamma, j)
+    return rows
+
+
+def dense_mask(parents: np.ndarray, n_prefix: int, stream_nodes=None, gamma: int = 0,
+               shared: bool = False) -> mx.array:
+    """The boolean mask of the dense path, from tree.py (M = 0: streams of the last cached token)."""
+    m = len(parents)
+    if stream_nodes is None or gamma == 0:
+        return tree_mod.tree_mask(parents, n_prefix)
+    if m == 0:
+        if len(stream_nodes) != 1:
+            raise ValueError("with no tree nodes, streams belong to one cached token")
+        tri = np.tril(np.ones((gamma, gamma), bool))
+        return mx.array(np.concatenate([np.ones((gamma, n_prefix), bool), tri], axis=1))
+    return tree_mod.stream_mask(parents, n_prefix, np.asarray(stream_nodes), gamma, shared)
+
+
+@dataclass(eq=False)
+class AttentionPlan:
+    """Everything the attention of one tree pass needs besides q, k, v; shared by all layers.
+
+    ``anc_bits``: (M, ceil(M/32)) uint32 from ``tree.ancestor_bits``. ``stream_nodes``: the nodes
+    carrying ``gamma`` streams (None: plain tree rows); M = 0 with one stream node (-1) stands
+    for the streams of the last cached token (deferred streams). ``shared``: main rows also see
+    their node's streams. The dense mask, the row table and the device copies are built lazily,
+    once per plan.
+    """
+
+    n_prefix: int
+    anc_bits: np.ndarray
+    stream_nodes: np.ndarray | None = None
+    gamma: int = 0
+    shared: bool = False
+    parents: np.ndarray | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def for_tree(cls, parents, n_prefix: int) -> AttentionPlan:
+        parents = np.asarray(parents, np.int64)
+        return cls(n_prefix, tree_mod.ancestor_bits(parents), parents=parents)
+
+    @classmethod
+    def for_streams(cls, parents, n_prefix: int, stream_nodes, gamma: int, shared: bool) -> AttentionPlan:
+        parents = np.asarray(parents, np.int64)
+        return cls(n_prefix, tree_mod.ancestor_bits(parents), np.asarray(stream_nodes, np.int64), gamma,
+                   shared, parents=parents)
+
+    @classmethod
+    def deferred(cls, n_prefix: int, gamma: int) -> AttentionPlan:
+        """The gamma streams of the token at position n_prefix - 1 (already in the cache)."""
+        return cls(n_prefix, np.zeros((0, 1), np.uint32), np.array([-1]), gamma, False,
+                   parents=np.zeros(0, np.int64))
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.anc_bits.shape[0])
+
+    @property
+    def has_streams(self) -> bool:
+        return self.stream_nodes is not None and self.gamma > 0
+
+    @property
+    def n_stream_rows(self) -> int:
+        return len(self.stream_nodes) * self.gamma if self.has_streams else 0
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_nodes + self.n_stream_rows
+
+    def _get(self, key, build):
+        if key not in self._cache:
+            self._cache[key] = build()
+        return self._cache[key]
+
+    @property
+    def tree_parents(self) -> np.ndarray:
+        if self.parents is None:
+            self.parents = parents_from_bits(self.anc_bits, self.n_nodes)
+        return self.parents
+
+    @property
+    def mask(self) -> mx.array:
+        """The dense boolean mask (rows, n_prefix + M [+ K*gamma]) of the pure-MLX path."""
+        return self._get("mask", lambda: dense_mask(self.tree_parents, self.n_prefix,
+                                                    self.stream_nodes if self.has_streams else None,
+                                                    self.gamma, self.shared))
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._get("rows", lambda: row_table(self.n_nodes, self.stream_nodes if self.has_streams
+                                                   else None, self.gamma, self.shared))
+
+    def kernel_inputs(self, on_device: bool):
+        """(anc, rows) as the kernel takes them (mx arrays, made once, for Metal)."""
+        def build():
+            anc = np.ascontiguousarray(self.anc_bits, np.uint32)
+            if anc.size == 0:
+                anc = np.zeros((1, 1), np.uint32)
+            rows = np.ascontiguousarray(self.rows)
+            return (mx.array(anc), mx.array(rows)) if on_device else (anc, rows)
+        return self._get(("inputs", on_device), build)
+
+
+# ---- the kernels -----------------------------------------------------------------------------
+
+_kernels: dict = {}
+
+
+def _get_kernels(backend: str):
+    if backend not in _kernels:
+        attn = metal_kernel(
+            name="specstream_tree_attention",
+            input_names=["q", "k", "v", "ks", "vs", "anc", "rows", "params", "scale"],
+            output_names=["out", "ml"], source=read_metal("tree_attention.metal"),
+            ensure_row_contiguous=False, backend=backend)
+        combine = metal_kernel(
+            name="specstream_attention_combine", input_names=["part", "ml", "cparams"],
+            output_names=["out"], source=read_metal("attention_combine.metal"), backend=backend)
+        _kernels[backend] = (attn, combine)
+    return _kernels[backend]
+
+
+def choose_splits(n_keys: int, n_groups: int) -> int:
+    """Key splits (flash-decoding): enough threadgroups to fill a GPU when the rows alone don't,
+    keeping >= 256 keys per split. Untuned: measure on the Mac with scripts/bench_kernels.py."""
+    if n_keys < 512:
+        return 1
+    want = max(1, math.ceil(128 / max(1, n_groups)))
+    return int(max(1, min(want, n_keys // 256, 32)))
+
+
+def _run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, scale, splits):
+    B, H, R, D = q.shape
+    Hkv, N = k.shape[1], k.shape[2]
+    if H % Hkv:
+        raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
+    if D > 128 or D < 1:
+        raise ValueError(f"head dim {D} is not supported by the kernels (1..128)")
+    if q.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+        raise TypeError(f"unsupported dtype {q.dtype}")
+    if N != n_prefix + m:
+        raise ValueError(f"k has {N} rows, expected n_prefix + M = {n_prefix + m}")
+    G = H // Hkv
+    n_blocks = math.ceil(G * R / ROWS_PER_GROUP)
+    n_splits = splits or choose_splits(N, n_blocks * B * Hkv)
+    chunk = max(32, math.ceil(math.ceil(max(N, 1) / n_splits) / 32) * 32)
+    n_splits = max(1, math.ceil(N / chunk))
+    W = anc.shape[-1]
+    params = np.array([n_prefix, m, N, n_stream_keys, R, G, W, H, Hkv, n_splits, chunk, B], np.int32)
+    on_device = backend == "metal"
+    if ks is None:
+        ks = vs = mx.zeros((1, 1, 1, D), q.dtype)
+    attn, combine = _get_kernels(backend)
+    split = n_splits > 1
+    out_dtype = mx.float32 if split else q.dtype
+    shapes = ([(n_splits, B, H, R, D), (n_splits, B, H, R, 2)] if split else [(B, H, R, D), (1, 2)])
+    calls[backend] += 1
+    outs = attn(
+        inputs=[q, k, v, ks, vs, anc, rows, mx.array(params) if on_device else params, float(scale)],
+        template=[("T", q.dtype), ("OT", out_dtype), ("D", D), ("SPLIT", split)],
+        grid=(THREADS * n_blocks, B * Hkv, n_splits), threadgroup=(THREADS, 1, 1),
+        output_shapes=shapes, output_dtypes=[out_dtype, mx.float32])
+    if split:
+        cparams = np.array([n_splits, B * H * R, D], np.int32)
+        outs = combine(
+            inputs=[outs[0], outs[1], mx.array(cparams) if on_device else cparams],
+            template=[("T", q.dtype)], grid=(D, B * H * R, 1), threadgroup=(min(D, 128), 1, 1),
+            output_shapes=[(B, H, R, D)], output_dtypes=[q.dtype])
+    out = outs[0]
+    return out if on_device else to_mx(out, q.dtype)
+
+
+# ---- backends --------------------------------------------------------------------------------
+
+_self_check: dict = {}
+
+
+def _metal_passes_self_check() -> bool:
+    """Run the kernel once on this Metal device against the dense path (cached)."""
+    if "ok" not in _self_check:
+        try:
+            rng = np.random.default_rng(0)
+            parents = np.array([-1, 0, 0, 1, 1, 2, 3])
+            plan = AttentionPlan.for_streams(parents, 37, np.arange(7), 2, True)
+            q = mx.array(rng.normal(size=(1, 4, plan.n_rows, 64)).astype(np.float32))
+            k, v = (mx.array(rng.normal(size=(1, 2, 37 + 7, 64)).astype(np.float32)) for _ in range(2))
+            ks, vs = (mx.array(rng.normal(size=(1, 2, 14, 64)).astype(np.float32)) for _ in range(2))
+            a = planned_attention(q, k, v, ks, vs, plan, 0.125, backend="metal")
+            b = planned_attention(q, k, v, ks, vs, plan, 0.125, backend="mlx")
+            err = float(mx.abs(a - b).max())
+            _self_check["ok"] = err < 1e-3
+            if not _self_check["ok"]:
+                warnings.warn(f"the tree-attention Metal kernel differs from the dense path by {err:.2e} "
+                              "on this device; using the dense path", stacklevel=3)
+        except Exception as e:  # compile or launch failure: keep decoding on the dense path
+            warnings.warn(f"the tree-attention Metal kernel failed on this device ({e}); using the "
+                          "dense path", stacklevel=3)
+            _self_check["ok"] = False
+    return _self_check["ok"]
+
+
+def resolve(backend: str | None) -> str:
+    """The backend that will run: "mlx", "metal" or "emulator"."""
+    backend = _backend if backend is None else backend
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    if backend == "auto":
+        return "metal" if metal_available() and _metal_passes_self_check() else "mlx"
+    if backend == "metal" and not metal_available():
+        raise RuntimeError("backend='metal' needs MLX on a Metal device")
+    return backend
+
+
+def _sdpa(q, k, v, mask, scale):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+def tree_attention(q, k, v, n_prefix: int, anc_bits, scale: float, backend: str = "auto",
+                   splits: int | None = None) -> mx.array:
+    """Attention of the M tree nodes: node i sees the cache prefix and its ancestors and itself
+    (bit j of ``anc_bits[i]``). q (B, H, M, D); k, v (B, Hkv, n_prefix + M, D)."""
+    anc_bits = np.asarray(anc_bits, np.uint32)
+    m = q.shape[2]
+    if anc_bits.shape[0] != m:
+        raise ValueError(f"anc_bits has {anc_bits.shape[0]} rows for {m} query rows")
+    plan = AttentionPlan(n_prefix, anc_bits)
+    return planned_attention(q, k, v, None, None, plan, scale, backend, splits)
+
+
+def multistream_attention(q, k, v, k_streams, v_streams, n_prefix: int, anc_bits, stream_nodes,
+                          gamma: int, shared: bool, scale: float, backend: str = "auto",
+                          splits: int | None = None) -> mx.array:
+    """Attention of a multi-stream pass, visibility exactly ``tree.stream_mask``'s.
+    q (B, H, M + K*gamma, D); k, v (B, Hkv, n_prefix + M, D); k_streams, v_streams
+    (B, Hkv, K*gamma, D)."""
+    plan = AttentionPlan(n_prefix, np.asarray(anc_bits, np.uint32), np.asarray(stream_nodes, np.int64),
+                         gamma, shared)
+    return planned_attention(q, k, v, k_streams, v_streams, plan, scale, backend, splits)
+
+
+def planned_attention(q, k, v, k_streams, v_streams, plan: AttentionPlan, scale: float,
+                      backend: str | None = None, splits: int | None = None) -> mx.array:
+    """Attention of one pass described by ``plan`` (plain tree rows when ``k_streams`` is None).
+
+    ``backend`` None follows :func:`set_backend`. Returns (B, H, rows, D) in q's dtype.
+    """
+    if q.shape[2] != plan.n_rows:
+        raise ValueError(f"q has {q.shape[2]} rows, the plan {plan.n_rows}")
+    if plan.has_streams != (k_streams is not None):
+        raise ValueError("stream keys must be given exactly when the plan has streams")
+    if k_streams is not None and k_streams.shape[2] != plan.n_stream_rows:
+        raise ValueError(f"k_streams has {k_streams.shape[2]} rows, the plan {plan.n_stream_rows}")
+    which = resolve(backend)
+    if which == "mlx":
+        calls["mlx"] += 1
+        if k_streams is not None:
+            k = mx.concatenate([k, k_streams], axis=2)
+            v = mx.concatenate([v, v_streams], axis=2)
+        return _sdpa(q, k, v, plan.mask, scale)
+    anc, rows = plan.kernel_inputs(on_device=which == "metal")
+    return _run_kernel(which, q, k, v, k_streams, v_streams, anc, rows, plan.n_prefix, plan.n_nodes,
+                       plan.n_stream_rows, scale, splits)
