@@ -405,7 +405,8 @@ def compiler() -> str:
 def compile_flags() -> list[str]:
     opt = os.environ.get("MLX_SPECSTREAM_EMU_OPT", "-O2")
     return ["-std=c++20", opt, "-fPIC", "-shared", "-pthread", "-w", "-fsingle-precision-constant",
-            "-fno-strict-aliasing", "-I", str(INCLUDE_DIR)]
+            "-fno-strict-aliasing", "-ffp-contract=off", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
+            "-fno-gnu-unique", "-I", str(INCLUDE_DIR)]
 
 
 _header_digest: str | None = None

@@ -702,7 +702,10 @@ struct SimdState {
 
 using Invoker = void (*)(void* fn, const ThreadAttrs& attrs);
 
+inline std::atomic<uint64_t> worker_ids{1};
+
 struct Worker {
+  uint64_t id = worker_ids.fetch_add(1);
   void* sched_sp = nullptr;
 #if !defined(__x86_64__)
   ucontext_t sched_ctx;
@@ -841,13 +844,15 @@ inline void prepare_fiber(Worker* w, Fiber* f, char* stack) {
 // `threadgroup T name[N];` in a kernel becomes `auto& name = tg_storage<T[N], id>();`: one
 // instance per OS worker thread, and a worker runs one threadgroup at a time, so every thread of
 // a group sees the same storage and different groups never share it.
+// (Builds use hidden visibility and -fno-gnu-unique, so that these statics are not merged across
+// the kernel libraries loaded in one process.)
 template <class T, int ID>
 inline T& tg_storage() {
   alignas(64) static thread_local unsigned char buf[sizeof(T)];
-  static thread_local bool registered = false;
-  if (!registered) {
-    registered = true;
-    Worker* w = tl_worker;
+  static thread_local uint64_t registered_with = 0;  // id of the worker (launch) it belongs to
+  Worker* w = tl_worker;
+  if (w == nullptr || registered_with != w->id) {
+    registered_with = w ? w->id : 0;
     std::memset(buf, 0xff, sizeof(T));
     if (w) {
       w->tg_regions.emplace_back(buf, sizeof(T));
