@@ -220,14 +220,24 @@ def choose_splits(n_keys: int, n_groups: int) -> int:
     return int(max(1, min(want, n_keys // 256, 32)))
 
 
-def _run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, scale, splits):
+_NP_DTYPES = {np.dtype(np.float32): mx.float32, np.dtype(np.float16): mx.float16}
+
+
+def run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, scale, splits=None):
+    """Launch the attention kernel (and the combine kernel when the keys are split).
+
+    q, k, v, ks, vs are mx arrays, or for the emulator also numpy arrays of any strides (that is
+    how the tests exercise the strided indexing Metal sees on cache slices). ks, vs None: no
+    stream keys. anc (M, W) uint32 and rows (R, 3) int32 as in :class:`AttentionPlan`.
+    """
     B, H, R, D = q.shape
     Hkv, N = k.shape[1], k.shape[2]
+    dtype = q.dtype if isinstance(q, mx.array) else _NP_DTYPES.get(np.dtype(q.dtype))
     if H % Hkv:
         raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
     if D > 128 or D < 1:
         raise ValueError(f"head dim {D} is not supported by the kernels (1..128)")
-    if q.dtype not in (mx.float32, mx.float16, mx.bfloat16):
+    if dtype not in (mx.float32, mx.float16, mx.bfloat16):
         raise TypeError(f"unsupported dtype {q.dtype}")
     if N != n_prefix + m:
         raise ValueError(f"k has {N} rows, expected n_prefix + M = {n_prefix + m}")
@@ -240,25 +250,25 @@ def _run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys,
     params = np.array([n_prefix, m, N, n_stream_keys, R, G, W, H, Hkv, n_splits, chunk, B], np.int32)
     on_device = backend == "metal"
     if ks is None:
-        ks = vs = mx.zeros((1, 1, 1, D), q.dtype)
+        ks = vs = mx.zeros((1, 1, 1, D), dtype)
     attn, combine = _get_kernels(backend)
     split = n_splits > 1
-    out_dtype = mx.float32 if split else q.dtype
+    out_dtype = mx.float32 if split else dtype
     shapes = ([(n_splits, B, H, R, D), (n_splits, B, H, R, 2)] if split else [(B, H, R, D), (1, 2)])
     calls[backend] += 1
     outs = attn(
         inputs=[q, k, v, ks, vs, anc, rows, mx.array(params) if on_device else params, float(scale)],
-        template=[("T", q.dtype), ("OT", out_dtype), ("D", D), ("SPLIT", split)],
+        template=[("T", dtype), ("OT", out_dtype), ("D", D), ("SPLIT", split)],
         grid=(THREADS * n_blocks, B * Hkv, n_splits), threadgroup=(THREADS, 1, 1),
         output_shapes=shapes, output_dtypes=[out_dtype, mx.float32])
     if split:
         cparams = np.array([n_splits, B * H * R, D], np.int32)
         outs = combine(
             inputs=[outs[0], outs[1], mx.array(cparams) if on_device else cparams],
-            template=[("T", q.dtype)], grid=(D, B * H * R, 1), threadgroup=(min(D, 128), 1, 1),
-            output_shapes=[(B, H, R, D)], output_dtypes=[q.dtype])
+            template=[("T", dtype)], grid=(D, B * H * R, 1), threadgroup=(min(D, 128), 1, 1),
+            output_shapes=[(B, H, R, D)], output_dtypes=[dtype])
     out = outs[0]
-    return out if on_device else to_mx(out, q.dtype)
+    return out if on_device else to_mx(out, dtype)
 
 
 # ---- backends --------------------------------------------------------------------------------
@@ -349,5 +359,24 @@ def planned_attention(q, k, v, k_streams, v_streams, plan: AttentionPlan, scale:
             v = mx.concatenate([v, v_streams], axis=2)
         return _sdpa(q, k, v, plan.mask, scale)
     anc, rows = plan.kernel_inputs(on_device=which == "metal")
-    return _run_kernel(which, q, k, v, k_streams, v_streams, anc, rows, plan.n_prefix, plan.n_nodes,
-                       plan.n_stream_rows, scale, splits)
+    return run_kernel(which, q, k, v, k_streams, v_streams, anc, rows, plan.n_prefix, plan.n_nodes,
+                      plan.n_stream_rows, scale, splits)
+
+
+def attend_with_cache(q, k, v, cache, plan: AttentionPlan, n_main: int | None, scale: float,
+                      backend: str | None = None) -> mx.array:
+    """What ``arch.base.attention`` does for a pass described by ``plan`` (its ``mask``).
+
+    q, k, v (B, H, T, D) of this pass; the first ``n_main`` rows (all when None) are main rows:
+    their keys/values are appended to ``cache`` (prefix + nodes); the rest are stream rows,
+    passed to the kernel as separate stream keys, never cached nor concatenated.
+    """
+    n_cached = k.shape[2] if n_main is None else n_main
+    if cache is not None:
+        keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])
+    else:
+        keys, values = k[:, :, :n_cached], v[:, :, :n_cached]
+    ks = vs = None
+    if n_cached < k.shape[2]:
+        ks, vs = k[:, :, n_cached:], v[:, :, n_cached:]
+    return planned_attention(q, keys, values, ks, vs, plan, scale, backend)
