@@ -8,27 +8,27 @@
 // [rows[i, 1], rows[i, 1] + rows[i, 2]). That covers tree attention (no stream keys) and both
 // multi-stream visibility rules (see tree.stream_mask).
 //
-// One threadgroup = 4 simdgroups x 4 query rows = 16 rows of one (batch, kv head): row rr of the
-// GQA group is (node i = rr / G, head hk * G + rr % G), so the G heads of a node sit together and
-// share the key tiles. Keys go by tiles of 32 (one per lane) staged in threadgroup memory;
+// One threadgroup = NSG simdgroups x 4 query rows = 4 * NSG rows of one (batch, kv head): row rr
+// of the GQA group is (node i = rr / G, head hk * G + rr % G), so the G heads of a node sit
+// together and share the key tiles. Keys go by tiles of 32 (one per lane) staged in threadgroup
+// memory (in T, rows padded so that the lanes of a simdgroup read different banks);
 // softmax is online (one pass over the keys), in base 2, in float32. With SPLIT the keys
 // [0, N) are cut into `chunk`-key pieces over grid.z and each piece writes its unnormalized
 // output and (max, sum) for attention_combine.metal; the stream keys go with the last piece.
 //
-// Template: T (q/k/v type), OT (out type: T, or float with SPLIT), D (head dim, <= 128 for
-// float32: the tiles must fit in 32 KB), SPLIT.
+// Template: T (q/k/v type), OT (out type: T, or float with SPLIT), D (head dim <= 128), NSG (4 or
+// 8 simdgroups; the wrapper picks 8 when the tiles fit in 32 KB), SPLIT.
 // params: n_prefix, M, N, S, R, G, W (anc words per node), H, Hkv, n_splits, chunk, B.
-// Grid (threads): (128 * row blocks, B * Hkv, n_splits); threadgroup (128, 1, 1).
+// Grid (threads): (32 * NSG * row blocks, B * Hkv, n_splits); threadgroup (32 * NSG, 1, 1).
 
-constexpr int NSG = 4;             // simdgroups per threadgroup
 constexpr int RS = 4;              // query rows per simdgroup (the lanes of a float4)
 constexpr int QB = NSG * RS;       // query rows per threadgroup
 constexpr int BK = 32;             // keys per tile: one per lane
 constexpr int DT = (D + 31) / 32;  // head-dim elements per lane (d = lane + 32 t)
-constexpr int KP = D + 1;          // padded key-tile row: lanes read different banks
+constexpr int KP = D + (sizeof(T) == 4 ? 1 : 2);  // padded key-tile row, an odd number of words
 
 threadgroup float4 q_tile[NSG * D];   // [sg * D + d][r]: pre-scaled query rows of simdgroup sg
-threadgroup float k_tile[BK * KP];    // [c * KP + d]: key c of the tile
+threadgroup T k_tile[BK * KP];        // [c * KP + d]: key c of the tile
 threadgroup float4 p_tile[NSG * BK];  // [sg * BK + c][r]: probability of key c for row r
 
 const int n_prefix = params[0];
@@ -134,10 +134,10 @@ for (int tile = 0; tile < n_tiles_a + n_tiles_b; ++tile) {
     const int c = e / D;
     const int d = e % D;
     const int j = start + c;
-    float val = 0.0f;
+    T val = static_cast<T>(0.0f);
     if (j < end) {
-      val = j < N ? float(k[k_base + int64_t(j) * k_strides[2] + int64_t(d) * k_strides[3]])
-                  : float(ks[ks_base + int64_t(j - N) * ks_strides[2] + int64_t(d) * ks_strides[3]]);
+      val = j < N ? k[k_base + int64_t(j) * k_strides[2] + int64_t(d) * k_strides[3]]
+                  : ks[ks_base + int64_t(j - N) * ks_strides[2] + int64_t(d) * ks_strides[3]];
     }
     k_tile[c * KP + d] = val;
   }
@@ -147,7 +147,7 @@ for (int tile = 0; tile < n_tiles_a + n_tiles_b; ++tile) {
   const int j = start + lane;
   float4 s = float4(0.0f);
   for (int d = 0; d < D; ++d) {
-    s += q_tile[sg * D + d] * k_tile[lane * KP + d];
+    s += q_tile[sg * D + d] * float(k_tile[lane * KP + d]);
   }
   for (int r = 0; r < RS; ++r) {
     bool vis = row_ok[r] && j < end;

@@ -35,8 +35,8 @@ from . import metal_available, metal_kernel, read_metal
 from .emulator import to_mx
 
 BACKENDS = ("auto", "mlx", "metal", "emulator")
-THREADS = 128  # 4 simdgroups
-ROWS_PER_GROUP = 16  # 4 simdgroups x 4 rows
+ROWS_PER_SIMDGROUP = 4
+THREADGROUP_MEMORY = 32768
 
 _backend = os.environ.get("MLX_SPECSTREAM_ATTENTION", "auto")
 calls: Counter = Counter()  # kernel launches by backend, for tests and benchmarks
@@ -211,6 +211,21 @@ def _get_kernels(backend: str):
     return _kernels[backend]
 
 
+def threadgroup_bytes(dim: int, dtype, nsg: int) -> int:
+    """Threadgroup memory of tree_attention.metal: q tile, key tile (padded rows), probabilities."""
+    size = 4 if dtype == mx.float32 else 2
+    kp = dim + (1 if size == 4 else 2)
+    return nsg * dim * 16 + 32 * kp * size + nsg * 32 * 16
+
+
+def simdgroups(dim: int, dtype, rows: int) -> int:
+    """8 simdgroups (32 rows per threadgroup, half the key/value reads of 4) when there are more
+    than 16 rows and the tiles fit in threadgroup memory; else 4."""
+    if rows > 16 and threadgroup_bytes(dim, dtype, 8) <= THREADGROUP_MEMORY:
+        return 8
+    return 4
+
+
 def choose_splits(n_keys: int, n_groups: int) -> int:
     """Key splits (flash-decoding): enough threadgroups to fill a GPU when the rows alone don't,
     keeping >= 256 keys per split. Untuned: measure on the Mac with scripts/bench_kernels.py."""
@@ -242,7 +257,8 @@ def run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, 
     if N != n_prefix + m:
         raise ValueError(f"k has {N} rows, expected n_prefix + M = {n_prefix + m}")
     G = H // Hkv
-    n_blocks = math.ceil(G * R / ROWS_PER_GROUP)
+    nsg = simdgroups(D, dtype, G * R)
+    n_blocks = math.ceil(G * R / (ROWS_PER_SIMDGROUP * nsg))
     n_splits = splits or choose_splits(N, n_blocks * B * Hkv)
     chunk = max(32, math.ceil(math.ceil(max(N, 1) / n_splits) / 32) * 32)
     n_splits = max(1, math.ceil(N / chunk))
@@ -258,8 +274,8 @@ def run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, 
     calls[backend] += 1
     outs = attn(
         inputs=[q, k, v, ks, vs, anc, rows, mx.array(params) if on_device else params, float(scale)],
-        template=[("T", dtype), ("OT", out_dtype), ("D", D), ("SPLIT", split)],
-        grid=(THREADS * n_blocks, B * Hkv, n_splits), threadgroup=(THREADS, 1, 1),
+        template=[("T", dtype), ("OT", out_dtype), ("D", D), ("NSG", nsg), ("SPLIT", split)],
+        grid=(32 * nsg * n_blocks, B * Hkv, n_splits), threadgroup=(32 * nsg, 1, 1),
         output_shapes=shapes, output_dtypes=[out_dtype, mx.float32])
     if split:
         cparams = np.array([n_splits, B * H * R, D], np.int32)
