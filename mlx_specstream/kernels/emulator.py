@@ -403,10 +403,14 @@ def compiler() -> str:
 
 
 def compile_flags() -> list[str]:
+    """g++ flags; $MLX_SPECSTREAM_EMU_OPT replaces -O2, $MLX_SPECSTREAM_EMU_CXXFLAGS adds flags."""
     opt = os.environ.get("MLX_SPECSTREAM_EMU_OPT", "-O2")
-    return ["-std=c++20", opt, "-fPIC", "-shared", "-pthread", "-w", "-fsingle-precision-constant",
-            "-fno-strict-aliasing", "-ffp-contract=off", "-fvisibility=hidden", "-fvisibility-inlines-hidden",
-            "-fno-gnu-unique", "-I", str(INCLUDE_DIR)]
+    flags = ["-std=c++20", opt, "-fPIC", "-shared", "-pthread", "-w", "-fsingle-precision-constant",
+             "-fno-strict-aliasing", "-ffp-contract=off", "-fvisibility=hidden",
+             "-fvisibility-inlines-hidden", "-I", str(INCLUDE_DIR)]
+    if "clang" not in _compiler_version():
+        flags.append("-fno-gnu-unique")  # GCC would merge per-group storage across kernel libraries
+    return flags + os.environ.get("MLX_SPECSTREAM_EMU_CXXFLAGS", "").split()
 
 
 _header_digest: str | None = None
@@ -415,20 +419,25 @@ _libs: dict[str, ctypes.CDLL] = {}
 _lock = threading.Lock()
 
 
-def _digest_inputs() -> str:
-    global _header_digest, _compiler_id
-    if _header_digest is None:
-        h = hashlib.sha256()
-        for p in sorted(INCLUDE_DIR.iterdir()):
-            h.update(p.name.encode() + p.read_bytes())
-        _header_digest = h.hexdigest()
+def _compiler_version() -> str:
+    global _compiler_id
     if _compiler_id is None:
         try:
             _compiler_id = subprocess.run([compiler(), "--version"], capture_output=True, text=True,
                                           check=True).stdout.splitlines()[0]
         except (OSError, subprocess.CalledProcessError) as e:
             raise RuntimeError(f"the Metal emulator needs a C++20 compiler ({compiler()}): {e}") from e
-    return _header_digest + _compiler_id
+    return _compiler_id
+
+
+def _digest_inputs() -> str:
+    global _header_digest
+    if _header_digest is None:
+        h = hashlib.sha256()
+        for p in sorted(INCLUDE_DIR.iterdir()):
+            h.update(p.name.encode() + p.read_bytes())
+        _header_digest = h.hexdigest()
+    return _header_digest + _compiler_version()
 
 
 def _readable_errors(output: str, name: str) -> str:
@@ -583,6 +592,8 @@ class EmulatedKernel:
             raw, arr, t = _output_buffer(tuple(int(s) for s in shape), dtype, init_value)
             outs.append((raw, arr, t))
             ptrs.append(raw.ctypes.data)
+        if len(grid) != 3 or len(threadgroup) != 3:
+            raise ValueError("grid and threadgroup must have 3 entries")
         sched = schedule if schedule is not None else _defaults["schedule"]
         if sched not in SCHEDULES:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}")
@@ -590,8 +601,6 @@ class EmulatedKernel:
             *[int(g) for g in grid], *[int(t) for t in threadgroup],
             int(workers or _defaults["workers"]), SCHEDULES[sched],
             int(_defaults["seed"] if seed is None else seed), int(_defaults["stack_kb"]))
-        if len(grid) != 3 or len(threadgroup) != 3:
-            raise ValueError("grid and threadgroup must have 3 entries")
         bufs = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         err = ctypes.create_string_buffer(4096)
         rc = lib.mtlemu_run(bufs, cfg, err, len(err))

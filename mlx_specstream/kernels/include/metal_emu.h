@@ -13,6 +13,16 @@
 // byte 0xFF: NaN for floats, -1 for integers) when each threadgroup starts.
 #pragma once
 
+// Fibers switch stacks with a few lines of x86-64 assembly; elsewhere (or with
+// -DMTLEMU_USE_UCONTEXT) with ucontext.
+#if defined(MTLEMU_ASM_FIBERS) && !defined(MTLEMU_USE_UCONTEXT)
+#define MTLEMU_ASM_FIBERS 1
+#endif
+#if defined(__APPLE__) && !defined(_XOPEN_SOURCE)
+#define _XOPEN_SOURCE 700
+#define _DARWIN_C_SOURCE 1
+#endif
+
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
@@ -34,7 +44,7 @@
 
 #include <sys/mman.h>
 #include <unistd.h>
-#if !defined(__x86_64__)
+#if !defined(MTLEMU_ASM_FIBERS)
 #include <ucontext.h>
 #endif
 
@@ -689,7 +699,7 @@ struct Fiber {
   int bank = 0;
   ThreadAttrs attrs{};
   Worker* worker = nullptr;
-#if !defined(__x86_64__)
+#if !defined(MTLEMU_ASM_FIBERS)
   ucontext_t ctx;
 #endif
 };
@@ -707,7 +717,7 @@ inline std::atomic<uint64_t> worker_ids{1};
 struct Worker {
   uint64_t id = worker_ids.fetch_add(1);
   void* sched_sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(MTLEMU_ASM_FIBERS)
   ucontext_t sched_ctx;
 #endif
   std::vector<Fiber> fibers;
@@ -740,7 +750,7 @@ inline Fiber* current_fiber() {
 
 extern "C" void mtlemu_fiber_entry(mtlemu::Fiber* f) __attribute__((visibility("hidden")));
 
-#if defined(__x86_64__)
+#if defined(MTLEMU_ASM_FIBERS)
 // Switch stacks: save the callee-saved registers, MXCSR and the x87 control word on the current
 // stack, store the stack pointer in *save, load `to` and restore the same from there.
 extern "C" void mtlemu_swap(void** save, void* to) __attribute__((visibility("hidden")));
@@ -788,7 +798,7 @@ __asm__(
 namespace mtlemu {
 
 inline void to_scheduler(Fiber* f) {
-#if defined(__x86_64__)
+#if defined(MTLEMU_ASM_FIBERS)
   mtlemu_swap(&f->sp, f->worker->sched_sp);
 #else
   swapcontext(&f->ctx, &f->worker->sched_ctx);
@@ -797,7 +807,7 @@ inline void to_scheduler(Fiber* f) {
 
 inline void resume(Worker* w, Fiber* f) {
   w->cur = f;
-#if defined(__x86_64__)
+#if defined(MTLEMU_ASM_FIBERS)
   mtlemu_swap(&w->sched_sp, f->sp);
 #else
   swapcontext(&w->sched_ctx, &f->ctx);
@@ -805,7 +815,7 @@ inline void resume(Worker* w, Fiber* f) {
   w->cur = nullptr;
 }
 
-#if !defined(__x86_64__)
+#if !defined(MTLEMU_ASM_FIBERS)
 inline void ucontext_entry(unsigned hi, unsigned lo) {
   uintptr_t p = (uintptr_t(hi) << 32) | uintptr_t(lo);
   mtlemu_fiber_entry(reinterpret_cast<Fiber*>(p));
@@ -814,7 +824,7 @@ inline void ucontext_entry(unsigned hi, unsigned lo) {
 
 inline void prepare_fiber(Worker* w, Fiber* f, char* stack) {
   f->worker = w;
-#if defined(__x86_64__)
+#if defined(MTLEMU_ASM_FIBERS)
   uintptr_t top = (uintptr_t(stack) + w->stack_size) & ~uintptr_t(15);
   uint64_t* sp = reinterpret_cast<uint64_t*>(top - 64);
   uint32_t mxcsr = 0x1f80;
