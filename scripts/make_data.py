@@ -6,8 +6,11 @@ Writes, as JSON lines ``{"prompt": ..., "completion": ..., "meta": {...}}``:
 
 * ``data/sql/{train,valid,test}.jsonl`` -- synthetic text-to-SQL in the shape of
   sql-create-context: a ``CREATE TABLE`` context (one table, two for joins) and a question give
-  one SQLite query. 60 schema domains (``data/sql_domains.py``); the valid and test domains never
-  appear in train (held-out schemas). Every query runs on the context's tables in sqlite3.
+  one SQLite query. 60 hand-written schema domains (``data/sql_domains.py``); the valid and test
+  domains never appear in train (held-out schemas). 60% of the train examples use procedural
+  schemas instead (random tables from an entity and attribute vocabulary, domain "proc"), so a
+  model has to copy table and column names from the context. Every query runs on the context's
+  tables in sqlite3.
 * ``data/code/{train,valid,test}.jsonl`` -- functions of the CPython standard library installed
   on this machine (``sysconfig.get_paths()['stdlib']``): prompt = a ``# module: qualname``
   comment, the decorators, the signature and the docstring (when there is one; functions without
@@ -833,13 +836,64 @@ def sql_example(rng: random.Random, tables: list[Table]) -> dict | None:
             "meta": {"domain": tables[0].domain, "form": form}}
 
 
+PROC_FRAC = 0.6  # share of train examples on procedural schemas
+
+
+def held_out_tables() -> set[str]:
+    domains = load_domains()
+    splits = sql_splits()
+    return {t.name for d in splits["valid"] + splits["test"] for t in domains[d]}
+
+
+def proc_table(rng: random.Random, entity: str, parent: Table | None = None) -> Table:
+    """A random table for an entity ("singular/plural") from the attribute vocabulary."""
+    sing, plur = entity.split("/")
+    es, ep = sing.replace("_", " "), plur.replace("_", " ")
+    t = Table(sing if rng.random() < 0.75 else plur, es, ep, domain="proc")
+    t.columns.append(Column(f"{sing}_id" if rng.random() < 0.8 else "id", "INTEGER", "key", "id", t))
+    if parent is not None:
+        psing = parent.ent.replace(" ", "_")
+        fk = parent.key.name if parent.key.name != "id" else f"{psing}_id"
+        t.columns.append(Column(fk, "INTEGER", f"fk:{parent.name}", fk.replace("_", " "), t))
+    while True:
+        specs = rng.sample(sql_domains.PROC_ATTRS, rng.randint(3, 7))
+        cols = []
+        for spec in specs:
+            cname, ctype, gen, phrase = COL_RE.match(spec).groups()
+            phrase = phrase or cname.replace("_", " ")
+            if rng.random() < 0.2 and ctype == "TEXT" and not cname.startswith(sing):
+                cname, phrase = f"{sing}_{cname}", f"{es} {phrase}"
+            cols.append(Column(cname, ctype, gen, phrase, t))
+        names = [c.name for c in cols] + [c.name for c in t.columns]
+        phrases = [c.phrase for c in cols]
+        if (len(set(names)) == len(names) and len(set(phrases)) == len(phrases)
+                and any(c.textual for c in cols) and any(c.numeric for c in cols)):
+            break
+    t.columns += cols
+    return t
+
+
+def proc_domain(rng: random.Random, banned: set[str]) -> list[Table]:
+    """Parent and child tables on two random entities (never a held-out table name)."""
+    ents = [e for e in sql_domains.PROC_ENTITIES if not set(e.split("/")) & banned]
+    pe, ce = rng.sample(ents, 2)
+    parent = proc_table(rng, pe)
+    return [parent, proc_table(rng, ce, parent)]
+
+
 def make_sql(split: str, n: int, seed: int) -> list[dict]:
+    """n distinct examples; train mixes the train domains with procedural schemas (PROC_FRAC)."""
     domains = load_domains()
     names = sql_splits()[split]
+    banned = held_out_tables()
     rng = random.Random(f"sql-{split}-{seed}")
     out, seen = [], set()
     while len(out) < n:
-        ex = sql_example(rng, domains[rng.choice(names)])
+        if split == "train" and rng.random() < PROC_FRAC:
+            tables = proc_domain(rng, banned)
+        else:
+            tables = domains[rng.choice(names)]
+        ex = sql_example(rng, tables)
         if ex is None or ex["prompt"] in seen:
             continue
         seen.add(ex["prompt"])

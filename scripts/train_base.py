@@ -17,9 +17,12 @@ modules, and ``--extra-sql`` more SQL examples drawn from the train domains by t
 generator (scripts/make_data.py, its own seed). Batches are random windows of ``--ctx`` tokens
 taken with probability ``--sql-frac`` from the SQL stream, else from the code stream; the batch at
 step s depends only on (seed, s), so ``--resume`` continues the same run. The LR schedule is
-linear warm-up then cosine to ``--min-lr-frac``; with ``--max-minutes`` the number of steps is
-fixed after 30 timed steps so that the run (start-up, final evaluation and saving included) ends
-within the budget, and it is recorded in the log so the run can be repeated with ``--steps``.
+linear warm-up then cosine to ``--min-lr-frac``. The saved weights are those of the evaluation
+(every ``--eval-every`` steps) with the lowest valid loss, sql + code (code, a small data set
+seen many times, overfits first); ``--no-keep-best`` saves the last. With ``--max-minutes`` the
+number of steps is fixed after 30 timed steps so that the run (start-up, final evaluation and
+saving included) ends within the budget, and it is recorded in the log so the run can be
+repeated with ``--steps``.
 
 Outputs: ``--out`` (default models/specstream-tiny/hf): config.json, model.safetensors (fp16),
 generation_config.json, tokenizer files, train_log.json (losses, tokens, time, device, exact
@@ -260,19 +263,21 @@ def cmd_train(args) -> None:
     ckpt_path = args.work / "ckpt.pt"
     step, total, elapsed_before, tokens = 0, args.steps, 0.0, 0
     history = []
+    best = {"score": float("inf"), "step": None, "state": None}
     if args.resume and ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
         model.load_state_dict(ck["model"])
         opt.load_state_dict(ck["opt"])
         step, total, elapsed_before, tokens = ck["step"], ck["total"], ck["elapsed"], ck["tokens"]
         history = ck.get("history", [])
+        best = ck.get("best", best)
         print(f"resumed at step {step}/{total}", flush=True)
     fwd = torch.compile(model) if args.compile else model
 
     def save_ckpt():
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
                     "elapsed": elapsed_before + time.time() - t_start, "tokens": tokens,
-                    "history": history, "args": vars_json(args)}, ckpt_path)
+                    "history": history, "best": best, "args": vars_json(args)}, ckpt_path)
 
     model.train()
     t_start = time.time()
@@ -328,6 +333,10 @@ def cmd_train(args) -> None:
                    "elapsed_s": round(elapsed_before + time.time() - t_start, 1)}
             for k in ("sql", "code"):
                 rec[f"valid_{k}"] = evaluate_loss(model, valid[k], device, amp)
+            score = rec["valid_sql"] + rec["valid_code"]
+            if args.keep_best and score < best["score"]:
+                best = {"score": score, "step": step,
+                        "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
             print("eval " + json.dumps(rec), flush=True)
             history.append(rec)
             logf.write(json.dumps(rec) + "\n")
@@ -335,6 +344,12 @@ def cmd_train(args) -> None:
             save_ckpt()
     logf.close()
     train_s = elapsed_before + time.time() - t_start
+    last = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
+    if args.keep_best and best["state"] is not None and best["score"] < sum(last.values()):
+        model.load_state_dict(best["state"])
+        print(f"keeping the weights of step {best['step']} (lowest valid sql + code loss)", flush=True)
+    else:
+        best["step"] = step
     final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
     final_train = {k: evaluate_loss(model, train_eval[k], device, amp) for k in ("sql", "code")}
     save_ckpt()
@@ -342,7 +357,8 @@ def cmd_train(args) -> None:
         "date": date.today().isoformat(), "device": device_name(device), "torch": torch.__version__,
         "python": platform.python_version(), "params": n_params, "config": config.to_dict(),
         "args": vars_json(args), "steps": step, "tokens_seen": tokens, "train_seconds": round(train_s, 1),
-        "train_loss": final_train, "valid_loss": final, "history": history,
+        "train_loss": final_train, "valid_loss": final, "saved_step": best["step"],
+        "last_step_valid_loss": last, "history": history,
         "stream_tokens": {k: int(v.size) for k, v in streams.items()},
         "command": "python scripts/train_base.py " + " ".join(sys.argv[1:]),
     }
@@ -535,16 +551,18 @@ def main(argv=None) -> None:
     r.add_argument("--intermediate", type=int, default=1024)
     r.add_argument("--max-positions", type=int, default=2048)
     r.add_argument("--ctx", type=int, default=512)
-    r.add_argument("--batch", type=int, default=64)
+    r.add_argument("--batch", type=int, default=96)
     r.add_argument("--lr", type=float, default=2e-3)
     r.add_argument("--min-lr-frac", type=float, default=0.05)
     r.add_argument("--warmup", type=int, default=300)
     r.add_argument("--wd", type=float, default=0.1)
-    r.add_argument("--steps", type=int, default=20000, help="most steps (fewer under --max-minutes)")
+    r.add_argument("--steps", type=int, default=8000, help="most steps (fewer under --max-minutes)")
     r.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget, start-up included")
     r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for final eval and saving")
-    r.add_argument("--extra-sql", type=int, default=300000)
-    r.add_argument("--sql-frac", type=float, default=0.5)
+    r.add_argument("--extra-sql", type=int, default=500000)
+    r.add_argument("--sql-frac", type=float, default=0.75)
+    r.add_argument("--no-keep-best", dest="keep_best", action="store_false",
+                   help="save the last weights, not those with the lowest valid loss (sql + code)")
     r.add_argument("--eval-every", type=int, default=500)
     r.add_argument("--eval-windows", type=int, default=64)
     r.add_argument("--eval-n", type=int, default=200, help="greedy-decoded valid prompts per task at the end")
