@@ -1,0 +1,345 @@
+"""Tokenizers from local files: Hugging Face ``tokenizer.json`` or SentencePiece ``tokenizer.model``.
+
+:func:`load_tokenizer` reads a model directory (never the network). The :class:`Tokenizer` it
+returns is what the engine uses: ``encode``, ``decode``, ``eos_token_ids``, ``bos_token_id``,
+``vocab_size``, ``apply_chat_template`` and a :class:`StreamingDetokenizer` for text that is
+printed while tokens arrive.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+class TokenizerError(ValueError):
+    """Tokenizer files are corrupt, or lack something that was asked for."""
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise TokenizerError(f"{path}: invalid JSON ({e})") from None
+    return data if isinstance(data, dict) else {}
+
+
+def _token_text(tok) -> str | None:
+    """A special token as tokenizer_config.json writes it: a string or an AddedToken dict."""
+    if isinstance(tok, dict):
+        return tok.get("content")
+    return tok if isinstance(tok, str) else None
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, int):
+        return [value]
+    return [int(v) for v in value if isinstance(v, int)]
+
+
+class _HFBackend:
+    """A ``tokenizers.Tokenizer`` (tokenizer.json, or vocab.json + merges.txt for GPT-2 BPE)."""
+
+    kind = "tokenizers"
+
+    def __init__(self, tk):
+        self.tk = tk
+        # tokenizers' ByteFallback decodes a run of byte pieces as a whole: if the run is not
+        # valid UTF-8, every byte of it becomes U+FFFD (even ASCII ones before the bad byte).
+        try:
+            self.whole_byte_runs = tk.decoder is not None and b"ByteFallback" in tk.decoder.__getstate__()
+        except Exception:  # an unexpected decoder: be safe
+            self.whole_byte_runs = True
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        return self.tk.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self.tk.token_to_id(token)
+
+    def is_byte(self, i: int) -> bool:
+        """A byte-fallback piece (``<0xNN>``)."""
+        t = self.tk.id_to_token(i)
+        return t is not None and len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tk.get_vocab_size(with_added_tokens=True)
+
+
+class _SPBackend:
+    """A SentencePiece model (tokenizer.model)."""
+
+    kind = "sentencepiece"
+    whole_byte_runs = False  # bytes decode one by one: complete characters can go out at once
+
+    def __init__(self, sp):
+        self.sp = sp
+
+    def encode(self, text: str, add_special_tokens: bool) -> list[int]:
+        ids = self.sp.encode(text)
+        if add_special_tokens and self.sp.bos_id() >= 0:
+            ids = [self.sp.bos_id(), *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        # SentencePiece never prints control symbols (<s>, </s>) and always decodes byte pieces.
+        return self.sp.decode(ids)
+
+    def token_to_id(self, token: str) -> int | None:
+        i = self.sp.piece_to_id(token)
+        return i if self.sp.id_to_piece(i) == token else None
+
+    def is_byte(self, i: int) -> bool:
+        return 0 <= i < self.sp.get_piece_size() and self.sp.is_byte(i)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.sp.get_piece_size()
+
+
+class StreamingDetokenizer:
+    """Turn tokens into text as they arrive.
+
+    Each :meth:`add_token` returns the text that became final with that token. Text is held back
+    while it ends in an incomplete UTF-8 sequence; with ``tokenizers``' ByteFallback decoder, a
+    run of byte pieces is held until the next non-byte piece (that decoder turns a whole run
+    into U+FFFD when any of it is invalid, so earlier characters of the run are not final). New
+    tokens are always decoded together with the tokens just before them, so SentencePiece's
+    word-start spaces and other context-dependent decoding come out as in a full decode:
+    ``"".join(pieces) + finalize()`` equals ``tokenizer.decode(all_ids)``.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):
+        self._tokenizer = tokenizer
+        self._skip = skip_special_tokens
+        self._byte_runs = tokenizer._backend.whole_byte_runs
+        self.reset()
+
+    def reset(self) -> None:
+        self.tokens: list[int] = []
+        self._prefix = 0  # tokens[_prefix:_read]: context decoded together with new tokens
+        self._read = 0  # the text of tokens before _read has been emitted
+        self.text = ""  # everything emitted so far
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
+
+    def _pending(self) -> str:
+        before = self._decode(self.tokens[self._prefix : self._read])
+        now = self._decode(self.tokens[self._prefix :])
+        if now.startswith(before):
+            return now[len(before) :]
+        common = 0  # the context decodes differently now: emit from where they part
+        while common < min(len(before), len(now)) and before[common] == now[common]:
+            common += 1
+        return now[common:]
+
+    def add_token(self, token: int) -> str:
+        """Add one token; return the text that became final (possibly "")."""
+        self.tokens.append(int(token))
+        if self._byte_runs and self._tokenizer.is_byte_token(token):
+            return ""
+        piece = self._pending()
+        if not piece or piece.endswith("\ufffd"):
+            return ""
+        self._prefix, self._read = self._read, len(self.tokens)
+        self.text += piece
+        return piece
+
+    def finalize(self) -> str:
+        """The text still held back (an incomplete character at the very end)."""
+        piece = self._pending() if self._read < len(self.tokens) else ""
+        self._prefix = self._read = len(self.tokens)
+        self.text += piece
+        return piece
+
+
+class Tokenizer:
+    """A tokenizer read from local files; see :func:`load_tokenizer`."""
+
+    def __init__(self, backend, path: Path, special: dict[str, str | None], bos_token_id: int | None,
+                 eos_token_ids: set[int], add_bos_token: bool | None, chat_template: str | None):
+        self._backend = backend
+        self.kind = backend.kind  # "tokenizers" or "sentencepiece"
+        self.path = path
+        self.special_tokens = special
+        self.bos_token = special.get("bos_token")
+        self.bos_token_id = bos_token_id
+        self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_id = min(eos_token_ids) if eos_token_ids else None
+        self.add_bos_token = add_bos_token
+        self.chat_template = chat_template
+
+    def __repr__(self) -> str:
+        return (f"Tokenizer({self.kind}, vocab_size={self.vocab_size}, bos={self.bos_token_id}, "
+                f"eos={sorted(self.eos_token_ids)}, path={str(self.path)!r})")
+
+    @property
+    def vocab_size(self) -> int:
+        return self._backend.vocab_size
+
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text``, with the BOS token first when ``add_bos`` and the model uses one.
+
+        A text that already starts with the BOS token's string (e.g. from a chat template)
+        does not get a second one.
+        """
+        bos, bos_id = self.bos_token, self.bos_token_id
+        if add_bos and bos and bos_id is not None and text.startswith(bos):
+            if self.kind == "sentencepiece":  # SentencePiece does not parse special tokens
+                return [bos_id, *self._backend.encode(text[len(bos):], add_special_tokens=False)]
+            return self._backend.encode(text, add_special_tokens=False)
+        if self.add_bos_token is None:
+            # No explicit setting: the tokenizer's own post-processor decides (tokenizer.json).
+            return self._backend.encode(text, add_special_tokens=add_bos)
+        ids = self._backend.encode(text, add_special_tokens=False)
+        if add_bos and self.add_bos_token and bos_id is not None:
+            ids = [bos_id, *ids]
+        return ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        """The text of ``ids`` (SentencePiece never prints its control tokens)."""
+        return self._backend.decode([int(i) for i in ids], skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._backend.token_to_id(token)
+
+    def is_byte_token(self, i: int) -> bool:
+        """Whether ``i`` is a byte-fallback piece (``<0xNN>``)."""
+        return self._backend.is_byte(int(i))
+
+    def detokenizer(self, skip_special_tokens: bool = False) -> StreamingDetokenizer:
+        return StreamingDetokenizer(self, skip_special_tokens)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **kwargs) -> str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's chat template.
+
+        The template (jinja2, run sandboxed) sees ``messages``, ``add_generation_prompt``, the
+        special tokens (``bos_token``, ``eos_token``, ...) and ``kwargs``.
+        """
+        if not self.chat_template:
+            raise TokenizerError(
+                f"{self.path}: the tokenizer has no chat template (no 'chat_template' in "
+                "tokenizer_config.json, no chat_template.jinja); pass the prompt as plain text"
+            )
+        import jinja2
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        def raise_exception(message):
+            raise TokenizerError(f"chat template: {message}")
+
+        def strftime_now(fmt):
+            from datetime import datetime
+
+            return datetime.now().strftime(fmt)
+
+        def tojson(x, indent=None, ensure_ascii=False, **_):
+            return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent)
+
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = tojson
+        env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
+        try:
+            template = env.from_string(self.chat_template)
+            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                                   **{**self.special_tokens, **kwargs})
+        except jinja2.TemplateError as e:
+            raise TokenizerError(f"chat template: {e}") from None
+
+
+def _chat_template(path: Path, cfg: dict) -> str | None:
+    template = cfg.get("chat_template")
+    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default") or next(iter(named.values()), None)
+    if not template and (path / "chat_template.jinja").is_file():
+        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
+    if not template:
+        template = _read_json(path / "chat_template.json").get("chat_template")
+    return template or None
+
+
+def _gpt2_bpe(path: Path):
+    """A byte-level BPE tokenizer from GPT-2-style vocab.json + merges.txt."""
+    from tokenizers import Tokenizer as HFTokenizer
+    from tokenizers import decoders, models, pre_tokenizers
+
+    tk = HFTokenizer(models.BPE.from_file(str(path / "vocab.json"), str(path / "merges.txt")))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    return tk
+
+
+def _backend(path: Path):
+    if (path / "tokenizer.json").is_file():
+        from tokenizers import Tokenizer as HFTokenizer
+
+        try:
+            return _HFBackend(HFTokenizer.from_file(str(path / "tokenizer.json")))
+        except Exception as e:  # the Rust side raises plain Exception on bad files
+            raise TokenizerError(f"{path / 'tokenizer.json'}: cannot be read ({e})") from None
+    if (path / "tokenizer.model").is_file():
+        import sentencepiece as spm
+
+        try:
+            return _SPBackend(spm.SentencePieceProcessor(model_file=str(path / "tokenizer.model")))
+        except Exception as e:  # OSError / RuntimeError on a corrupt model
+            raise TokenizerError(f"{path / 'tokenizer.model'}: cannot be read ({e})") from None
+    if (path / "vocab.json").is_file() and (path / "merges.txt").is_file():
+        try:
+            return _HFBackend(_gpt2_bpe(path))
+        except Exception as e:
+            raise TokenizerError(f"{path}: vocab.json/merges.txt cannot be read ({e})") from None
+    return None
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer | None:
+    """The tokenizer stored in the directory ``path``, or None when it has no tokenizer files.
+
+    ``tokenizer.json`` (Hugging Face ``tokenizers``) is used when present, else
+    ``tokenizer.model`` (SentencePiece), else GPT-2-style ``vocab.json`` + ``merges.txt``.
+    ``tokenizer_config.json`` (and ``special_tokens_map.json``) give the special tokens, whether
+    BOS is added and the chat template; EOS ids also come from ``generation_config.json`` and
+    ``config.json``. Only local files are read.
+    """
+    path = Path(path)
+    backend = _backend(path)
+    if backend is None:
+        return None
+    cfg = _read_json(path / "tokenizer_config.json")
+    special_map = _read_json(path / "special_tokens_map.json")
+    special = {name: _token_text(cfg.get(name)) or _token_text(special_map.get(name))
+               for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    sp = backend.sp if backend.kind == "sentencepiece" else None
+
+    bos_id = backend.token_to_id(special["bos_token"]) if special["bos_token"] else None
+    if bos_id is None and sp is not None and sp.bos_id() >= 0:
+        bos_id = sp.bos_id()
+        special["bos_token"] = sp.id_to_piece(bos_id)
+
+    eos: set[int] = set()
+    eos_id = backend.token_to_id(special["eos_token"]) if special["eos_token"] else None
+    if eos_id is None and sp is not None and sp.eos_id() >= 0:
+        eos_id = sp.eos_id()
+        special["eos_token"] = sp.id_to_piece(eos_id)
+    if eos_id is not None:
+        eos.add(eos_id)
+    eos.update(_ids(_read_json(path / "generation_config.json").get("eos_token_id")))
+    eos.update(_ids(_read_json(path / "config.json").get("eos_token_id")))
+    eos = {i for i in eos if 0 <= i < backend.vocab_size}
+
+    add_bos = cfg.get("add_bos_token")
+    if add_bos is None and sp is not None:
+        add_bos = True  # SentencePiece models (llama-style) start with BOS
+    return Tokenizer(backend, path, special, bos_id, eos, None if add_bos is None else bool(add_bos),
+                     _chat_template(path, cfg))

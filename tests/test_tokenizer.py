@@ -1,0 +1,257 @@
+"""Tokenizers from local files: SentencePiece and HF tokenizers, trained here on the fly."""
+
+import io
+import json
+import random
+
+import pytest
+
+from mlx_specstream.tokenizer import TokenizerError, load_tokenizer
+
+CORPUS = [
+    "Hello world, this is a small corpus for a tiny tokenizer.",
+    "Café crème brûlée à la carte, naïve façade, Straße, smørrebrød.",
+    "def main(argv):\n    return sum(int(a) for a in argv)  # 42\n",
+    "The quick brown fox jumps over the lazy dog; SELECT name FROM users WHERE id = 7;",
+    "    indented   spaces\tand\ttabs\n\nnew paragraphs",
+]
+
+TEXTS = [
+    "Hello world",
+    "Café crème brûlée, naïve façade",
+    "emoji 🎉🚀 and 👩‍👩‍👧 family, 日本語のテキスト, Ελληνικά, עברית",
+    "double  spaces and trailing  ",
+    "def f(x):\n\treturn x * 2  # ✓\n",
+    "ünïcödé\u00a0nbsp — dashes – and “quotes”",
+]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
+)
+
+
+@pytest.fixture(scope="module")
+def sp_dir(tmp_path_factory):
+    """A SentencePiece BPE model with byte fallback (emoji and CJK are not in its vocabulary)."""
+    import sentencepiece as spm
+
+    d = tmp_path_factory.mktemp("sp")
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 10), model_writer=buf, vocab_size=400, model_type="bpe",
+        byte_fallback=True, character_coverage=1.0, hard_vocab_limit=False, minloglevel=2,
+        remove_extra_whitespaces=False, normalization_rule_name="identity")
+    (d / "tokenizer.model").write_bytes(buf.getvalue())
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def bpe_dir(tmp_path_factory):
+    """A byte-level BPE (GPT-2 style) tokenizer.json with special tokens and a chat template."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    d = tmp_path_factory.mktemp("bpe")
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=["<|bos|>", "<|eos|>", "<|end|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(CORPUS * 10, trainer)
+    tk.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({
+        "bos_token": "<|bos|>", "eos_token": {"content": "<|eos|>", "special": True},
+        "add_bos_token": True, "chat_template": CHAT_TEMPLATE}))
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": 2}))
+    return d
+
+
+@pytest.fixture(scope="module")
+def llama_json_dir(sp_dir, tmp_path_factory):
+    """tokenizer.json converted from the SentencePiece model by transformers (Metaspace, Strip)."""
+    from transformers import LlamaTokenizer
+
+    d = tmp_path_factory.mktemp("llamajson")
+    (d / "tokenizer.model").write_bytes((sp_dir / "tokenizer.model").read_bytes())
+    LlamaTokenizer.from_pretrained(str(d), legacy=True).save_pretrained(str(d))
+    (d / "tokenizer.model").unlink()
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["add_bos_token"] = True
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.fixture(params=["sp", "bpe", "llama_json"])
+def tok(request, sp_dir, bpe_dir, llama_json_dir):
+    path = {"sp": sp_dir, "bpe": bpe_dir, "llama_json": llama_json_dir}[request.param]
+    return load_tokenizer(path)
+
+
+def stream(tok, ids):
+    d = tok.detokenizer()
+    pieces = [d.add_token(i) for i in ids]
+    return pieces, d.finalize()
+
+
+def test_no_tokenizer_files(tmp_path):
+    assert load_tokenizer(tmp_path) is None
+
+
+def test_kinds(sp_dir, bpe_dir, llama_json_dir):
+    assert load_tokenizer(sp_dir).kind == "sentencepiece"
+    assert load_tokenizer(bpe_dir).kind == "tokenizers"
+    assert load_tokenizer(llama_json_dir).kind == "tokenizers"
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_round_trip(tok, text):
+    ids = tok.encode(text, add_bos=False)
+    assert tok.decode(ids) == text
+    assert all(0 <= i < tok.vocab_size for i in ids)
+
+
+def test_bos(tok):
+    ids = tok.encode("Hello world")
+    assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode("Hello world", add_bos=False)
+    # A prompt that already starts with the BOS string (chat templates) gets no second BOS.
+    again = tok.encode(tok.bos_token + "Hello world")
+    assert again == ids
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streaming_equals_full_decode(tok, text):
+    ids = tok.encode(text, add_bos=False)
+    pieces, rest = stream(tok, ids)
+    assert "".join(pieces) + rest == tok.decode(ids) == text
+    # Text arrives as it becomes final, never as replacement characters.
+    assert all("\ufffd" not in p for p in pieces)
+    assert sum(1 for p in pieces if p) >= len(text.split()) // 2
+
+
+def test_streaming_holds_incomplete_characters(sp_dir):
+    tok = load_tokenizer(sp_dir)
+    ids = tok.encode("a 🎉", add_bos=False)
+    assert sum(tok.is_byte_token(i) for i in ids) == 4  # the emoji is 4 byte-fallback pieces
+    pieces, rest = stream(tok, ids)
+    # SentencePiece decodes bytes one by one: the emoji goes out with its last byte.
+    assert pieces[-4:] == ["", "", "", "🎉"] and rest == ""
+    assert "".join(pieces) == "a 🎉"
+
+
+def test_streaming_byte_fallback_runs(llama_json_dir):
+    """tokenizers' ByteFallback turns a whole invalid byte run into U+FFFD, so byte runs wait
+    for the next non-byte piece (or finalize)."""
+    tok = load_tokenizer(llama_json_dir)
+    ids = tok.encode("a 🎉 b", add_bos=False)
+    pieces, rest = stream(tok, ids)
+    assert "".join(pieces) + rest == "a 🎉 b" and pieces[-3:-1] == ["", "🎉 "]
+    ids = tok.encode("a 🎉", add_bos=False)
+    pieces, rest = stream(tok, ids)
+    assert "".join(pieces) == "a " and rest == "🎉"
+    broken = ids[:-1] + [tok.token_to_id("<0x41>")]  # 3 bytes of the emoji, then "A"
+    pieces, rest = stream(tok, broken)
+    assert "".join(pieces) + rest == tok.decode(broken) == "a \ufffd\ufffd\ufffd\ufffd"
+
+
+def test_streaming_keeps_word_start_spaces(tok):
+    ids = tok.encode("Hello world the lazy dog", add_bos=False)
+    pieces, rest = stream(tok, ids)
+    assert "".join(pieces) + rest == "Hello world the lazy dog"
+    assert any(p.startswith(" ") for p in pieces)
+
+
+def test_streaming_random_ids(tok):
+    """Arbitrary id sequences (invalid UTF-8 byte runs included) stream to the full decode."""
+    rng = random.Random(0)
+    for _ in range(200):
+        ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 25))]
+        pieces, rest = stream(tok, ids)
+        assert "".join(pieces) + rest == tok.decode(ids), ids
+
+
+@pytest.mark.parametrize("which", ["bpe", "llama_json"])
+def test_matches_transformers(which, bpe_dir, llama_json_dir):
+    """Same ids and text as transformers' own tokenizer on the same files."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    d = {"bpe": bpe_dir, "llama_json": llama_json_dir}[which]
+    ref = (PreTrainedTokenizerFast(tokenizer_file=str(d / "tokenizer.json")) if which == "bpe"
+           else AutoTokenizer.from_pretrained(str(d)))
+    tok = load_tokenizer(d)
+    for text in [*TEXTS, "  leading spaces"]:
+        ids = tok.encode(text, add_bos=False)
+        assert ids == ref.encode(text, add_special_tokens=False)
+        assert tok.decode(ids) == ref.decode(ids)
+
+
+def test_eos_ids(sp_dir, bpe_dir):
+    sp = load_tokenizer(sp_dir)
+    assert sp.eos_token_ids == {2, 7} and sp.bos_token_id == 1  # sentencepiece + generation_config
+    bpe = load_tokenizer(bpe_dir)
+    assert bpe.eos_token_ids == {1, 2} and bpe.bos_token_id == 0  # tokenizer_config + generation
+    assert bpe.vocab_size == 400
+
+
+def test_chat_template(bpe_dir, sp_dir):
+    tok = load_tokenizer(bpe_dir)
+    msgs = [{"role": "user", "content": "Hi é"}]
+    text = tok.apply_chat_template(msgs)
+    assert text == "<|bos|><|user|>Hi é<|eos|><|assistant|>"
+    assert tok.apply_chat_template(msgs, add_generation_prompt=False).endswith("<|eos|>")
+    ids = tok.encode(text)
+    assert ids.count(tok.bos_token_id) == 1 and 1 in ids  # special tokens parsed, one BOS
+    with pytest.raises(TokenizerError, match="no chat template"):
+        load_tokenizer(sp_dir).apply_chat_template(msgs)
+
+
+def test_chat_template_file(bpe_dir, tmp_path):
+    for name in ("tokenizer.json", "generation_config.json"):
+        (tmp_path / name).write_bytes((bpe_dir / name).read_bytes())
+    (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
+    tok = load_tokenizer(tmp_path)
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+    assert tok.bos_token_id is None and tok.encode("Hello") == tok.encode("Hello", add_bos=False)
+
+
+def test_gpt2_vocab_merges(bpe_dir, tmp_path):
+    """vocab.json + merges.txt (GPT-2 / OPT checkpoints without tokenizer.json)."""
+    model = json.loads((bpe_dir / "tokenizer.json").read_text())["model"]
+    (tmp_path / "vocab.json").write_text(json.dumps(model["vocab"]))
+    merges = [" ".join(m) if isinstance(m, list) else m for m in model["merges"]]
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n" + "\n".join(merges) + "\n")
+    tok = load_tokenizer(tmp_path)
+    ref = load_tokenizer(bpe_dir)
+    for text in TEXTS:
+        assert tok.encode(text, add_bos=False) == ref.encode(text, add_bos=False)
+        assert tok.decode(tok.encode(text, add_bos=False)) == text
+
+
+def test_corrupt_files(tmp_path):
+    (tmp_path / "tokenizer.json").write_text("{not json")
+    with pytest.raises(TokenizerError, match="tokenizer.json"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer.json").unlink()
+    (tmp_path / "tokenizer.model").write_bytes(b"\x00garbage")
+    with pytest.raises(TokenizerError, match="tokenizer.model"):
+        load_tokenizer(tmp_path)
+
+
+def test_shipped_tokenizer_agrees_with_sentencepiece():
+    """The project's own tokenizer: tokenizer.json and tokenizer.model give the same ids."""
+    from pathlib import Path
+
+    src = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "hf"
+    if not (src / "tokenizer.model").is_file() or not (src / "tokenizer.json").is_file():
+        pytest.skip("no shipped tokenizer")
+    import shutil
+    import tempfile
+
+    hf = load_tokenizer(src)
+    with tempfile.TemporaryDirectory() as d:
+        shutil.copy(src / "tokenizer.model", d)
+        sp = load_tokenizer(d)
+        for text in TEXTS:
+            assert hf.encode(text) == sp.encode(text)
+            ids = hf.encode(text, add_bos=False)
+            assert hf.decode(ids) == sp.decode(ids) == text
