@@ -119,6 +119,30 @@ def bench(
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 
 
+@app.command()
+def convert(
+    hf_path: Path = typer.Option(..., "--hf-path", help="Hugging Face / PyTorch checkpoint directory"),
+    mlx_path: Path = typer.Option(..., "--mlx-path", help="output directory (must not exist)"),
+    to: str = typer.Option("mlx", "--to", help="output format: mlx"),
+    quantize: bool = typer.Option(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
+    q_bits: int = typer.Option(4, "--q-bits", help="bits per weight: 4 or 8"),
+    q_group_size: int = typer.Option(64, "--q-group-size", help="quantization group: 32, 64 or 128"),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
+                                                            "(default: keep the checkpoint's)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path"),
+) -> None:
+    """Convert a checkpoint (config.json + safetensors or pytorch_model.bin) to an MLX model dir."""
+    if to == "mlx":
+        from mlx_specstream.convert.hf_import import convert as hf_convert
+
+        out = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits,
+                         q_group_size=q_group_size, dtype=dtype, overwrite=overwrite)
+        typer.echo(f"wrote {out}")
+        return
+    # Other output formats (--to coreml, ...) branch here.
+    raise ValueError(f"--to {to}: unknown output format (supported: mlx)")
+
+
 def main() -> None:
     """Console entry point: optimized BLAS, then the command; known errors as one line."""
     from mlx_specstream.blas import ensure_fast_blas

@@ -100,20 +100,37 @@ def _flatten(tree, prefix=""):
         yield prefix[:-1], tree
 
 
-def load_model(path: str | Path, dtype: str | None = None) -> CausalLM:
-    """The MLX model stored in ``path`` (ours or mlx-lm's), quantized if its config says so."""
+def load_model(path: str | Path, dtype: str | None = None,
+               quantize: tuple[int, int] | None = None) -> CausalLM:
+    """The MLX model stored in ``path`` (ours or mlx-lm's), quantized if its config says so.
+
+    ``quantize=(bits, group_size)`` quantizes a float model at load time (see
+    :func:`quantize_model`).
+    """
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such model directory")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     cfg = read_config(path)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:
         raise CheckpointError(f"{path}: no *.safetensors weights")
     model = build_model(cfg)
+    weights = model.sanitize(read_safetensors(files))
     q = cfg.get("quantization")
     if q:
-        quantize_model(model, q["bits"], q["group_size"])
-    apply_weights(model, read_safetensors(files), DTYPES[dtype] if dtype else None)
+        if quantize is not None:
+            raise ValueError(f"{path} is already quantized ({q['bits']} bits)")
+        # Quantized layers are the ones stored with scales (ours and mlx-lm's); mlx-lm may
+        # also list per-layer settings (False, or a dict of parameters) by module path.
+        nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
+                    class_predicate=lambda p, m: q[p] if p in q else (
+                        hasattr(m, "to_quantized") and f"{p}.scales" in weights))
+    apply_weights(model, weights, DTYPES[dtype] if dtype else None)
+    if quantize is not None:
+        quantize_model(model, *quantize)
+        mx.eval(model.parameters())
     model.eval()
     return model
 

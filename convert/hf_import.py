@@ -1,0 +1,230 @@
+"""Import a Hugging Face / PyTorch checkpoint directory into our MLX format.
+
+Reads ``config.json`` and the weights (``model.safetensors``, sharded safetensors with
+``model.safetensors.index.json``, or ``pytorch_model.bin`` and its sharded variant), checks every
+tensor's name and shape against the architecture the config describes, optionally casts and
+quantizes, and writes ``config.json`` + ``model.safetensors`` + the tokenizer files to the
+destination. The destination appears only when everything succeeded (written to a temporary
+directory beside it, then renamed).
+
+``.bin`` files are read with ``torch.load(weights_only=True)``: pickled code is never executed,
+a file that needs it is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import mlx.core as mx
+from tqdm import tqdm
+
+from ..arch import build_model
+from ..loader import (
+    DTYPES,
+    CheckpointError,
+    apply_weights,
+    atomic_dir,
+    quantize_model,
+    read_config,
+    save_model,
+)
+
+#: Files copied verbatim from the source directory when present.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "vocab.txt",
+)
+
+
+def _progress(items, desc: str):
+    # disable=None: no bar when stderr is not a terminal (logs, tests, pipes).
+    return tqdm(items, desc=desc, unit="file", disable=None, leave=False)
+
+
+def _weight_files(src: Path) -> tuple[str, list[Path]]:
+    """The weight files of a checkpoint and their format ('safetensors' or 'bin')."""
+    for fmt, single, index in (
+        ("safetensors", "model.safetensors", "model.safetensors.index.json"),
+        ("bin", "pytorch_model.bin", "pytorch_model.bin.index.json"),
+    ):
+        if (src / index).is_file():
+            try:
+                weight_map = json.loads((src / index).read_text())["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise CheckpointError(f"{src / index}: not a valid shard index ({e})") from None
+            files = [src / name for name in sorted(set(weight_map.values()))]
+            missing = [f.name for f in files if not f.is_file()]
+            if missing:
+                raise CheckpointError(f"{src / index} lists missing shards: {', '.join(missing[:3])}")
+            return fmt, files
+        if (src / single).is_file():
+            return fmt, [src / single]
+    shards = sorted(src.glob("model-*-of-*.safetensors"))
+    if shards:
+        return "safetensors", shards
+    raise CheckpointError(
+        f"{src}: no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
+        "or pytorch_model.bin.index.json)"
+    )
+
+
+def _read_safetensors(f: Path) -> dict[str, mx.array]:
+    try:
+        return mx.load(str(f))
+    except Exception as e:  # mlx raises RuntimeError/ValueError on malformed files
+        raise CheckpointError(f"{f}: corrupt safetensors file ({e})") from None
+
+
+def _torch_to_mx(t) -> mx.array:
+    import torch
+
+    t = t.detach().cpu().contiguous()
+    if t.dtype == torch.bfloat16:  # numpy has no bfloat16: move the bits
+        return mx.array(t.view(torch.uint16).numpy()).view(mx.bfloat16)
+    return mx.array(t.numpy())
+
+
+def _read_bin(f: Path) -> dict[str, mx.array]:
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError(
+            f"{f}: reading pytorch_model.bin needs torch (pip install 'mlx-specstream[torch]'), "
+            "or convert the checkpoint to safetensors"
+        ) from None
+    import pickle
+
+    try:
+        state = torch.load(str(f), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:
+        if "weights_only" in str(e) or "Weights only load failed" in str(e):
+            raise CheckpointError(
+                f"{f}: refused: the pickle holds objects or code beyond plain tensors, and "
+                ".bin files are read with weights_only=True (never executing pickled code)"
+            ) from None
+        raise CheckpointError(f"{f}: corrupt PyTorch checkpoint ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # zip/pickle corruption surfaces as RuntimeError, EOFError, ...
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{f}: corrupt PyTorch checkpoint ({first})") from None
+    if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
+        state = state["state_dict"]
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise CheckpointError(f"{f}: not a state dict of tensors")
+    return {k: _torch_to_mx(v) for k, v in state.items()}
+
+
+def read_weights(src: Path) -> dict[str, mx.array]:
+    """All tensors of a HF checkpoint directory, by their HF names."""
+    fmt, files = _weight_files(src)
+    read = _read_safetensors if fmt == "safetensors" else _read_bin
+    weights: dict[str, mx.array] = {}
+    for f in _progress(files, f"reading {fmt}"):
+        part = read(f)
+        dup = set(part) & set(weights)
+        if dup:
+            raise CheckpointError(f"{f}: tensor {sorted(dup)[0]} appears in two shards")
+        weights.update(part)
+    return weights
+
+
+def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
+    """Fail before any work when the destination cannot be written."""
+    if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
+        raise ValueError(f"--mlx-path {dest} must not be the checkpoint directory or inside it")
+    if dest.exists() and not overwrite:
+        raise FileExistsError(f"{dest} already exists (use --overwrite to replace it)")
+    if dest.exists() and not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a directory")
+    parent = dest.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise PermissionError(f"cannot write to {dest}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise PermissionError(f"cannot write to {dest}: {parent} is not writable")
+
+
+def _mlx_lm_compatible(cfg: dict) -> dict:
+    """Also write transformers-5 ``rope_parameters`` under the older top-level keys
+    (``rope_theta``, ``rope_scaling``, ``partial_rotary_factor``), which mlx-lm reads: the
+    converted directory then loads in mlx-lm with the same rotary embedding."""
+    params = cfg.get("rope_parameters")
+    if not isinstance(params, dict):
+        return cfg
+    cfg = dict(cfg)
+    for key in ("rope_theta", "partial_rotary_factor"):
+        if key in params and key not in cfg:
+            cfg[key] = params[key]
+    if params.get("rope_type", "default") != "default" and not cfg.get("rope_scaling"):
+        cfg["rope_scaling"] = {k: v for k, v in params.items()
+                               if k not in ("rope_theta", "partial_rotary_factor")}
+    return cfg
+
+
+def convert(
+    hf_path: str | Path,
+    mlx_path: str | Path,
+    quantize: bool = False,
+    q_bits: int = 4,
+    q_group_size: int = 64,
+    dtype: str | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Convert the HF checkpoint in ``hf_path`` to an MLX model directory ``mlx_path``.
+
+    ``dtype`` (float32, float16, bfloat16) casts floating tensors; None keeps the checkpoint's.
+    ``quantize`` makes every Linear/Embedding whose input dimension divides by ``q_group_size``
+    group-wise ``q_bits``-bit (the token embedding and LM head included, as mlx-lm does).
+    Returns the destination path.
+    """
+    src, dest = Path(hf_path), Path(mlx_path)
+    if not src.is_dir():
+        raise CheckpointError(f"{src}: no such checkpoint directory")
+    if dtype is not None and dtype not in DTYPES:
+        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    if quantize and q_bits not in (4, 8):
+        raise ValueError(f"--q-bits must be 4 or 8, not {q_bits}")
+    if quantize and q_group_size not in (32, 64, 128):
+        raise ValueError(f"--q-group-size must be 32, 64 or 128, not {q_group_size}")
+    _check_destination(src, dest, overwrite)
+
+    cfg = read_config(src)
+    qc = cfg.get("quantization_config") or cfg.get("quantization")
+    if qc:
+        method = qc.get("quant_method", "mlx") if isinstance(qc, dict) else "unknown"
+        raise CheckpointError(
+            f"{src}: already-quantized checkpoints ({method}) are not supported; convert the "
+            "float checkpoint (and use -q to quantize)"
+        )
+    model = build_model(cfg)
+    weights = read_weights(src)
+    apply_weights(model, weights, DTYPES[dtype] if dtype else None)
+    del weights
+    out_cfg = _mlx_lm_compatible({k: v for k, v in cfg.items() if not k.startswith("_")})
+    if dtype is not None:
+        for key in ("torch_dtype", "dtype"):
+            if key in out_cfg:
+                out_cfg[key] = dtype
+    if quantize:
+        quantize_model(model, q_bits, q_group_size)
+        mx.eval(model.parameters())
+        out_cfg["quantization"] = {"group_size": q_group_size, "bits": q_bits}
+
+    with atomic_dir(dest, overwrite=overwrite) as tmp:
+        save_model(model, out_cfg, tmp)
+        for name in TOKENIZER_FILES:
+            if (src / name).is_file():
+                shutil.copy2(src / name, tmp / name)
+    return dest

@@ -1,0 +1,410 @@
+"""Import of Hugging Face / PyTorch checkpoints: logits equal the transformers model's.
+
+Tiny random models are made with ``transformers`` from configs (no download), saved in the
+formats checkpoints come in (safetensors, sharded safetensors, pytorch_model.bin, sharded .bin),
+converted by the CLI and loaded with ``mlx_specstream.load``.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from mlx_specstream import load  # noqa: E402
+from mlx_specstream.kv_cache import make_cache  # noqa: E402
+
+TOL = 1e-4
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_hidden_layers=2, vocab_size=100)
+LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+               "original_max_position_embeddings": 32}
+
+# name: (config, how the checkpoint is saved)
+MODELS = {
+    "llama3": (lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2, intermediate_size=128,
+                                                rope_scaling=LLAMA3_ROPE), "safetensors"),
+    "llama": (lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2, intermediate_size=128),
+              "sharded"),
+    "mistral": (lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, intermediate_size=128),
+                "bin"),
+    "qwen2": (lambda: transformers.Qwen2Config(**SMALL, num_key_value_heads=2, intermediate_size=128,
+                                               tie_word_embeddings=True), "bin_sharded"),
+    "phi3": (lambda: transformers.Phi3Config(**SMALL, num_key_value_heads=2, intermediate_size=128,
+                                             pad_token_id=0), "safetensors"),
+    "opt_proj": (lambda: transformers.OPTConfig(**SMALL, ffn_dim=128, max_position_embeddings=64,
+                                                word_embed_proj_dim=32), "safetensors"),
+    "opt_post_ln": (lambda: transformers.OPTConfig(**SMALL, ffn_dim=128, max_position_embeddings=64,
+                                                   do_layer_norm_before=False), "safetensors"),
+    "phi": (lambda: transformers.PhiConfig(**SMALL, intermediate_size=128), "safetensors"),
+}
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *map(str, args)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def convert_ok(src, dest, *extra):
+    res = cli("convert", "--hf-path", src, "--mlx-path", dest, *extra)
+    assert res.returncode == 0, res.stderr
+    return dest
+
+
+def save_bin(model, path: Path, shards: int = 1):
+    """pytorch_model.bin (or shards + pytorch_model.bin.index.json), as transformers<5 wrote."""
+    path.mkdir(parents=True, exist_ok=True)
+    model.config.save_pretrained(path)
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if shards == 1:
+        torch.save(state, path / "pytorch_model.bin")
+        return
+    names = sorted(state)
+    weight_map = {}
+    for i in range(shards):
+        fname = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        part = {k: state[k] for k in names[i::shards]}
+        torch.save(part, path / fname)
+        weight_map.update(dict.fromkeys(part, fname))
+    (path / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+
+
+def make_hf(name: str, root: Path, seed: int = 0):
+    config_fn, fmt = MODELS[name]
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config_fn()).eval()
+    path = root / name
+    if fmt == "safetensors":
+        model.save_pretrained(path)
+    elif fmt == "sharded":
+        model.save_pretrained(path, max_shard_size="40KB")
+        assert (path / "model.safetensors.index.json").is_file()
+    else:
+        save_bin(model, path, shards=2 if fmt == "bin_sharded" else 1)
+    return model, path
+
+
+def tiny_word_tokenizer(path: Path, vocab: int = 100):
+    """A word-level tokenizer.json + tokenizer_config.json (to check they are copied)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    tk = Tokenizer(models.WordLevel({f"w{i}": i for i in range(vocab)}, unk_token="w0"))
+    tk.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tk.decoder = decoders.WordPiece(prefix="##")
+    tk.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({"bos_token": "w1", "eos_token": "w2",
+                                                            "add_bos_token": True}))
+
+
+@pytest.fixture(scope="module")
+def converted(tmp_path_factory):
+    """name -> (torch model, HF dir, converted MLX dir), all converted by the CLI."""
+    root = tmp_path_factory.mktemp("hf")
+    out = {}
+    for name in MODELS:
+        model, path = make_hf(name, root)
+        if name == "llama3":
+            tiny_word_tokenizer(path)
+        out[name] = (model, path, convert_ok(path, root / f"{name}-mlx"))
+    return out
+
+
+def torch_logits(model, ids: np.ndarray) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.float().numpy()
+
+
+def mlx_logits(model, ids: np.ndarray, prefill: int | None = None) -> np.ndarray:
+    """Full-prompt logits, or prefill + token-by-token decoding through the KV cache."""
+    if prefill is None:
+        return np.array(model(mx.array(ids)))
+    cache = make_cache(model)
+    steps = [np.array(model(mx.array(ids[:, :prefill]), cache=cache))]
+    for t in range(prefill, ids.shape[1]):
+        steps.append(np.array(model(mx.array(ids[:, t : t + 1]), cache=cache)))
+    assert cache[0].offset == ids.shape[1]
+    return np.concatenate(steps, axis=1)
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_logits_match_transformers(converted, name):
+    hf, _, dst = converted[name]
+    model, _ = load(dst)
+    ids = np.random.default_rng(1).integers(0, 100, (1, 12))
+    ref = torch_logits(hf, ids)
+    full = mlx_logits(model, ids)
+    assert full.shape == (1, 12, 100)
+    assert np.abs(full - ref).max() < TOL, f"{name}: full prompt differs by {np.abs(full - ref).max()}"
+    inc = mlx_logits(model, ids, prefill=5)
+    assert np.abs(inc - ref).max() < TOL, f"{name}: cached decode differs by {np.abs(inc - ref).max()}"
+    # a prompt of length 1, then decoding
+    inc1 = mlx_logits(model, ids, prefill=1)
+    assert np.abs(inc1 - ref).max() < TOL
+
+
+def test_output_directory(converted):
+    _, src, dst = converted["llama3"]
+    names = sorted(p.name for p in dst.iterdir())
+    assert names == ["config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+                     "tokenizer_config.json"]
+    cfg = json.loads((dst / "config.json").read_text())
+    assert cfg["model_type"] == "llama" and "quantization" not in cfg
+    # mlx-lm reads the older top-level rope keys
+    assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_theta"] == 10000.0
+    _, tok = load(dst)
+    assert tok is not None and tok.vocab_size == 100 and tok.bos_token_id == 1
+    assert 2 in tok.eos_token_ids and tok.decode(tok.encode("w5 w6", add_bos=False)) == "w5 w6"
+    assert not [p for p in dst.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
+
+
+@pytest.mark.parametrize("name", ["llama3", "llama"])
+def test_llama_matches_mlx_lm(converted, name):
+    """Our llama equals mlx-lm's implementation on the converted directory."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    _, _, dst = converted[name]
+    theirs, _ = mlx_lm_load(dst)
+    ours, _ = load(dst)
+    ids = mx.array(np.random.default_rng(2).integers(0, 100, (1, 40)))
+    assert np.abs(np.array(ours(ids)) - np.array(theirs(ids))).max() < 1e-5
+
+
+def test_dtype_cast(converted, tmp_path):
+    hf, src, _ = converted["phi3"]
+    dst = convert_ok(src, tmp_path / "fp16", "--dtype", "float16")
+    weights = mx.load(str(dst / "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {mx.float16}
+    model, _ = load(dst)
+    ids = np.arange(10)[None] % 100
+    err = np.abs(mlx_logits(model, ids).astype(np.float32) - torch_logits(hf, ids)).max()
+    assert err < 2e-2
+
+
+def test_bfloat16_bin(tmp_path):
+    """bf16 tensors in a .bin (numpy has no bfloat16) keep their exact bits."""
+    model, _ = make_hf("mistral", tmp_path / "f32")
+    model = model.to(torch.bfloat16)
+    save_bin(model, tmp_path / "bf16")
+    dst = convert_ok(tmp_path / "bf16", tmp_path / "bf16-mlx")
+    weights = mx.load(str(dst / "model.safetensors"))
+    for k, v in model.state_dict().items():
+        if "rotary" in k:
+            continue
+        assert weights[k].dtype == mx.bfloat16
+        assert np.array_equal(np.array(weights[k].astype(mx.float32)), v.float().numpy()), k
+
+
+def test_python_api(converted, tmp_path):
+    from mlx_specstream.convert.hf_import import convert
+
+    _, src, _ = converted["opt_proj"]
+    out = convert(src, tmp_path / "api-out")
+    assert out == tmp_path / "api-out" and (out / "model.safetensors").is_file()
+
+
+# --- mlx-lm directories -------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["llama", "qwen2", "phi3"])
+@pytest.mark.parametrize("bits", [None, 4])
+def test_loads_mlx_lm_directories(converted, tmp_path, name, bits):
+    """A directory written by mlx-lm (its own save utilities, optionally its own quantization)
+    loads with ours and gives mlx-lm's logits."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    hf, src, dst = converted[name]
+    # mlx-lm reads HF safetensors dirs and ours (same tensor names), except phi3, which mlx-lm
+    # keeps fused (qkv_proj, gate_up_proj) and we split: it reads that one from the HF dir.
+    theirs, config = mlx_lm_load(src if name == "phi3" else dst)
+    if bits:
+        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
+    lm_dir = tmp_path / "mlx-lm"
+    lm_dir.mkdir()
+    save_model(lm_dir, theirs)
+    save_config(dict(config), lm_dir / "config.json")
+    if name == "phi3":  # mlx-lm keeps phi3's fused qkv_proj / gate_up_proj
+        assert any("qkv_proj" in k for k in mx.load(str(next(lm_dir.glob("*.safetensors")))))
+    ours, _ = load(lm_dir)
+    ids = np.random.default_rng(3).integers(0, 100, (1, 12))
+    ref = np.array(theirs(mx.array(ids)))
+    assert np.abs(mlx_logits(ours, ids) - ref).max() < 1e-5
+    assert np.abs(mlx_logits(ours, ids, prefill=4) - ref).max() < 1e-4
+    if not bits:
+        assert np.abs(ref - torch_logits(hf, ids)).max() < TOL
+
+
+# --- bad input ----------------------------------------------------------------------------
+
+def assert_clean_failure(res, dest: Path, fragment: str):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr + res.stdout, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), res.stderr
+    assert fragment in lines[0], lines[0]
+    assert not dest.exists()
+    if dest.parent.is_dir():
+        assert not [p for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}.")]
+
+
+def bad(src, dest, fragment, *extra):
+    assert_clean_failure(cli("convert", "--hf-path", src, "--mlx-path", dest, *extra), Path(dest),
+                         fragment)
+
+
+@pytest.fixture
+def llama_copy(converted, tmp_path):
+    """A fresh copy of the llama3 checkpoint to break."""
+    import shutil
+
+    _, src, _ = converted["llama3"]
+    d = tmp_path / "src"
+    shutil.copytree(src, d)
+    return d
+
+
+def test_missing_source(tmp_path):
+    bad(tmp_path / "nope", tmp_path / "out", "no such checkpoint directory")
+
+
+def test_missing_config(llama_copy, tmp_path):
+    (llama_copy / "config.json").unlink()
+    bad(llama_copy, tmp_path / "out", "no config.json")
+
+
+@pytest.mark.parametrize("model_type,fragment", [(None, "no 'model_type'"),
+                                                 ("gptj", "unknown model_type 'gptj'")])
+def test_bad_model_type(llama_copy, tmp_path, model_type, fragment):
+    cfg = json.loads((llama_copy / "config.json").read_text())
+    cfg.pop("model_type")
+    if model_type:
+        cfg["model_type"] = model_type
+    (llama_copy / "config.json").write_text(json.dumps(cfg))
+    bad(llama_copy, tmp_path / "out", fragment)
+
+
+def test_invalid_config_json(llama_copy, tmp_path):
+    (llama_copy / "config.json").write_text("{ not json")
+    bad(llama_copy, tmp_path / "out", "invalid JSON")
+
+
+def test_missing_weights_file(llama_copy, tmp_path):
+    (llama_copy / "model.safetensors").unlink()
+    bad(llama_copy, tmp_path / "out", "no weights")
+
+
+def test_missing_tensor(llama_copy, tmp_path):
+    w = mx.load(str(llama_copy / "model.safetensors"))
+    del w["model.layers.1.mlp.up_proj.weight"]
+    mx.save_safetensors(str(llama_copy / "model.safetensors"), w)
+    bad(llama_copy, tmp_path / "out", "missing weight tensors: model.layers.1.mlp.up_proj.weight")
+
+
+def test_unexpected_tensor(llama_copy, tmp_path):
+    w = mx.load(str(llama_copy / "model.safetensors"))
+    w["model.layers.7.mlp.up_proj.weight"] = mx.zeros((2, 2))
+    mx.save_safetensors(str(llama_copy / "model.safetensors"), w)
+    bad(llama_copy, tmp_path / "out", "unexpected weight tensors")
+
+
+def test_shape_mismatch(llama_copy, tmp_path):
+    cfg = json.loads((llama_copy / "config.json").read_text())
+    cfg["intermediate_size"] = 96
+    (llama_copy / "config.json").write_text(json.dumps(cfg))
+    bad(llama_copy, tmp_path / "out", "shape mismatch for model.layers.")
+
+
+@pytest.mark.parametrize("how", ["truncated", "garbage", "empty"])
+def test_corrupt_safetensors(llama_copy, tmp_path, how):
+    f = llama_copy / "model.safetensors"
+    data = f.read_bytes()
+    f.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"\x07garbage" * 50, "empty": b""}[how])
+    bad(llama_copy, tmp_path / "out", "corrupt safetensors file")
+
+
+def test_missing_shard(converted, tmp_path):
+    import shutil
+
+    _, src, _ = converted["llama"]
+    d = tmp_path / "src"
+    shutil.copytree(src, d)
+    next(d.glob("model-*.safetensors")).unlink()
+    bad(d, tmp_path / "out", "lists missing shards")
+
+
+def test_corrupt_bin(converted, tmp_path):
+    import shutil
+
+    _, src, _ = converted["mistral"]
+    d = tmp_path / "src"
+    shutil.copytree(src, d)
+    (d / "pytorch_model.bin").write_bytes(b"PK\x03\x04 not really a zip")
+    bad(d, tmp_path / "out", "corrupt PyTorch checkpoint")
+
+
+class _Evil:
+    """Unpickling this object runs a shell command (creates a marker file)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_malicious_bin_is_never_executed(converted, tmp_path):
+    import shutil
+
+    _, src, _ = converted["mistral"]
+    d = tmp_path / "src"
+    shutil.copytree(src, d)
+    marker = tmp_path / "pwned"
+    state = torch.load(d / "pytorch_model.bin", weights_only=True)
+    state["model.norm.weight"] = _Evil(marker)
+    torch.save(state, d / "pytorch_model.bin")
+    bad(d, tmp_path / "out", "never executing pickled code")
+    assert not marker.exists()
+    # The file really is malicious: an unsafe load runs the command.
+    torch.load(d / "pytorch_model.bin", weights_only=False)
+    assert marker.exists()
+
+
+def test_unwritable_destination(converted, tmp_path):
+    _, src, _ = converted["llama3"]
+    (tmp_path / "afile").write_text("x")
+    res = cli("convert", "--hf-path", src, "--mlx-path", tmp_path / "afile" / "sub" / "out")
+    assert_clean_failure(res, tmp_path / "afile" / "sub" / "out", "cannot write")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_existing_destination(converted, tmp_path):
+    _, src, _ = converted["llama3"]
+    dest = tmp_path / "out"
+    dest.mkdir()
+    (dest / "keep.txt").write_text("mine")
+    res = cli("convert", "--hf-path", src, "--mlx-path", dest)
+    assert res.returncode == 1 and res.stderr.strip().startswith("error:") and "--overwrite" in res.stderr
+    assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
+    convert_ok(src, dest, "--overwrite")
+    assert not (dest / "keep.txt").exists() and (dest / "model.safetensors").is_file()
+
+
+def test_destination_inside_source(converted, tmp_path):
+    _, src, _ = converted["llama3"]
+    bad(src, src / "out", "must not be the checkpoint directory")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["-q", "--q-bits", "3"], "--q-bits must be 4 or 8"),
+    (["-q", "--q-group-size", "48"], "--q-group-size must be 32, 64 or 128"),
+    (["--dtype", "float64"], "--dtype must be one of"),
+    (["--to", "onnx"], "unknown output format"),
+])
+def test_bad_options(converted, tmp_path, args, fragment):
+    _, src, _ = converted["llama3"]
+    bad(src, tmp_path / "out", fragment, *args)
