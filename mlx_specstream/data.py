@@ -1,0 +1,223 @@
+"""Training data for adapters: JSONL files ``train.jsonl`` and ``valid.jsonl`` in one directory.
+
+Each line is one JSON object, in one of these forms:
+
+* ``{"prompt": "...", "completion": "..."}``: the loss covers the completion only. The prompt is
+  encoded as at generation time (with BOS), the completion after it without BOS and followed by
+  the tokenizer's EOS, so the model learns to stop.
+* ``{"text": "..."}``: the loss covers every token after the first (EOS appended).
+* ``{"messages": [{"role": ..., "content": ...}, ...]}`` (with the chat template only): the last
+  message must be the assistant's; it is the completion, the others are the prompt.
+* Pre-tokenized: ``"prompt"``/``"completion"``/``"text"`` given as lists of token ids are used
+  as they are (no BOS or EOS added). Tests and synthetic data use this form.
+
+Other keys (``"meta"``, ...) are ignored. With ``chat_template=True`` the prompt becomes a user
+message run through the tokenizer's chat template (generation prompt appended). Sequences longer
+than ``max_seq_len`` are truncated (the completion is cut) or skipped, as asked; how many is
+counted in :class:`Dataset` and reported.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAIN_FILE, VALID_FILE = "train.jsonl", "valid.jsonl"
+POLICIES = ("truncate", "skip")
+
+
+class DataError(ValueError):
+    """A data file is missing, empty, or has a malformed line."""
+
+
+@dataclass
+class Example:
+    tokens: list[int]
+    n_prompt: int  # leading tokens that are context only; targets are tokens[n_prompt:]
+
+    @property
+    def n_targets(self) -> int:
+        return len(self.tokens) - self.n_prompt
+
+
+@dataclass
+class Dataset:
+    examples: list[Example]
+    path: Path | None = None
+    n_lines: int = 0  # examples read from the file
+    n_truncated: int = 0
+    n_skipped: int = 0  # too long (policy "skip"), or no target token left
+    notes: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(len(e.tokens) for e in self.examples)
+
+    @property
+    def n_target_tokens(self) -> int:
+        return sum(e.n_targets for e in self.examples)
+
+    def summary(self) -> dict:
+        return {"path": str(self.path) if self.path else None, "lines": self.n_lines,
+                "examples": len(self), "truncated": self.n_truncated, "skipped": self.n_skipped,
+                "tokens": self.n_tokens, "target_tokens": self.n_target_tokens}
+
+
+def _is_ids(x) -> bool:
+    return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+
+def _eos(tokenizer) -> list[int]:
+    ids = list(getattr(tokenizer, "eos_token_ids", None) or [])
+    return [int(sorted(ids)[0])] if ids else []
+
+
+def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
+    if not hasattr(tokenizer, "apply_chat_template"):
+        raise DataError("the tokenizer has no chat template")
+    try:
+        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except TypeError:  # an implementation without the keyword
+        out = tokenizer.apply_chat_template(messages)
+    if isinstance(out, str):
+        return list(tokenizer.encode(out, add_bos=True))
+    return [int(t) for t in out]
+
+
+def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bool = True,
+               where: str = "") -> Example:
+    """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``)."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    has_pc = "prompt" in row or "completion" in row
+    if has_pc:
+        if "prompt" not in row or "completion" not in row:
+            have, missing = ("prompt", "completion") if "prompt" in row else ("completion", "prompt")
+            raise DataError(f"{where}: has '{have}' but no '{missing}'")
+        prompt, completion = row["prompt"], row["completion"]
+        if _is_ids(prompt) and _is_ids(completion):
+            if not prompt:
+                raise DataError(f"{where}: the prompt is empty (it needs at least one token)")
+            return Example(list(prompt) + list(completion), len(prompt))
+        if not isinstance(prompt, str) or not isinstance(completion, str):
+            raise DataError(f"{where}: 'prompt' and 'completion' must both be strings "
+                            "(or both lists of token ids)")
+        _need_tokenizer(tokenizer, where)
+        if chat_template:
+            p = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}])
+        else:
+            p = list(tokenizer.encode(prompt, add_bos=True))
+        c = list(tokenizer.encode(completion, add_bos=False)) + (_eos(tokenizer) if add_eos else [])
+        if not p:
+            raise DataError(f"{where}: the prompt encodes to no tokens")
+        return Example(p + c, len(p))
+    if "messages" in row:
+        msgs = row["messages"]
+        if not chat_template:
+            raise DataError(f"{where}: 'messages' rows need the chat template (--chat-template)")
+        if (not isinstance(msgs, list) or len(msgs) < 2 or not all(isinstance(m, dict) for m in msgs)
+                or msgs[-1].get("role") != "assistant"):
+            raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
+        _need_tokenizer(tokenizer, where)
+        p = _chat_prompt(tokenizer, msgs[:-1])
+        c = list(tokenizer.encode(str(msgs[-1].get("content", "")), add_bos=False))
+        return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
+    if "text" in row:
+        text = row["text"]
+        if _is_ids(text):
+            return Example(list(text), 1)
+        if not isinstance(text, str):
+            raise DataError(f"{where}: 'text' must be a string (or a list of token ids)")
+        _need_tokenizer(tokenizer, where)
+        ids = list(tokenizer.encode(text, add_bos=True)) + (_eos(tokenizer) if add_eos else [])
+        return Example(ids, 1)
+    keys = ", ".join(sorted(row)) or "none"
+    raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'text' (found: {keys})")
+
+
+def _need_tokenizer(tokenizer, where: str) -> None:
+    if tokenizer is None:
+        raise DataError(f"{where}: text data needs a tokenizer (the model has none); "
+                        "give token ids instead")
+
+
+def read_jsonl(path: Path) -> list[tuple[int, dict]]:
+    """(line number, object) of every non-blank line; bad JSON is an error naming the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((n, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from None
+    if not rows:
+        raise DataError(f"{path}: empty file (no examples)")
+    return rows
+
+
+def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = None,
+               policy: str = "truncate", chat_template: bool = False, add_eos: bool = True,
+               vocab_size: int | None = None) -> Dataset:
+    """Read and encode one JSONL file, applying the length policy."""
+    if policy not in POLICIES:
+        raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
+    if max_seq_len is not None and max_seq_len < 2:
+        raise ValueError("max_seq_len must be at least 2")
+    path = Path(path)
+    ds = Dataset([], path)
+    no_target = 0
+    for n, row in read_jsonl(path):
+        ds.n_lines += 1
+        ex = encode_row(row, tokenizer, chat_template=chat_template, add_eos=add_eos,
+                        where=f"{path}:{n}")
+        if vocab_size is not None and ex.tokens and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
+            raise DataError(f"{path}:{n}: token id out of range for a vocabulary of {vocab_size}")
+        if max_seq_len is not None and len(ex.tokens) > max_seq_len:
+            if policy == "skip" or ex.n_prompt >= max_seq_len:
+                ds.n_skipped += 1
+                continue
+            ex = Example(ex.tokens[:max_seq_len], ex.n_prompt)
+            ds.n_truncated += 1
+        if ex.n_targets < 1:
+            no_target += 1
+            ds.n_skipped += 1
+            continue
+        ds.examples.append(ex)
+    if ds.n_truncated:
+        ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_lines} examples "
+                        f"to {max_seq_len} tokens")
+    if ds.n_skipped:
+        why = f"longer than {max_seq_len} tokens" if ds.n_skipped > no_target else "nothing to predict"
+        if ds.n_skipped > no_target and no_target:
+            why += f" ({no_target} with nothing to predict)"
+        ds.notes.append(f"{path.name}: skipped {ds.n_skipped} of {ds.n_lines} examples ({why})")
+    if not ds.examples:
+        raise DataError(f"{path}: no usable examples (all {ds.n_lines} skipped: "
+                        f"longer than max_seq_len={max_seq_len} or nothing to predict)")
+    return ds
+
+
+def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool = False,
+                  **options) -> tuple[Dataset, Dataset | None]:
+    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``)."""
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataError(f"{data_dir}: no such data directory")
+    if not (data_dir / TRAIN_FILE).is_file():
+        raise DataError(f"{data_dir}: no {TRAIN_FILE}")
+    train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
+    valid = None
+    if (data_dir / VALID_FILE).is_file():
+        valid = load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
+    elif require_valid:
+        raise DataError(f"{data_dir}: no {VALID_FILE}")
+    return train, valid

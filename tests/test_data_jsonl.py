@@ -1,0 +1,122 @@
+"""JSONL training data: formats, chat template, length policy, and clear errors."""
+
+import json
+
+import pytest
+
+from mlx_specstream.data import DataError, encode_row, load_datasets, load_jsonl
+
+
+class CharTokenizer:
+    """One token per character (ids 3..), BOS 1, EOS 2, and a toy chat template."""
+
+    bos_token_id = 1
+    eos_token_ids = [2]
+
+    def encode(self, text, add_bos=True):
+        if text.startswith("<s>"):
+            return [1] + [3 + ord(c) % 200 for c in text[3:]]
+        return ([1] if add_bos else []) + [3 + ord(c) % 200 for c in text]
+
+    def apply_chat_template(self, messages, add_generation_prompt=True):
+        body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+        return "<s>" + body + ("<assistant>" if add_generation_prompt else "")
+
+
+def write(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+def test_prompt_completion_text_and_ids(tmp_path):
+    tok = CharTokenizer()
+    f = write(tmp_path / "train.jsonl", [
+        {"prompt": "ab", "completion": "cd", "meta": {"x": 1}},
+        {"text": "xyz"},
+        {"prompt": [5, 6, 7], "completion": [8, 9]},
+        "",
+        {"text": [4, 5, 6]},
+    ])
+    ds = load_jsonl(f, tok)
+    assert len(ds) == 4 and ds.n_lines == 4
+    e = ds.examples[0]
+    assert e.tokens == tok.encode("ab") + tok.encode("cd", add_bos=False) + [2]
+    assert e.n_prompt == 3 and e.n_targets == 3  # the completion and EOS carry the loss
+    assert ds.examples[1].tokens == tok.encode("xyz") + [2] and ds.examples[1].n_prompt == 1
+    assert ds.examples[2].tokens == [5, 6, 7, 8, 9] and ds.examples[2].n_prompt == 3
+    assert ds.examples[3].tokens == [4, 5, 6] and ds.examples[3].n_prompt == 1
+    assert ds.summary()["target_tokens"] == 3 + 4 + 2 + 2
+
+
+def test_chat_template(tmp_path):
+    tok = CharTokenizer()
+    e = encode_row({"prompt": "hi", "completion": "yo"}, tok, chat_template=True)
+    prompt = tok.encode("<s><user>hi<assistant>")
+    assert e.tokens[: e.n_prompt] == prompt
+    assert e.tokens[e.n_prompt:] == tok.encode("yo", add_bos=False) + [2]
+    msgs = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
+                         {"role": "assistant", "content": "a"}]}
+    e = encode_row(msgs, tok, chat_template=True)
+    assert e.tokens[: e.n_prompt] == tok.encode("<s><system>s<user>q<assistant>")
+    with pytest.raises(DataError, match="chat template"):
+        encode_row(msgs, tok)
+
+
+def test_length_policy_counts(tmp_path):
+    rows = [{"prompt": [1, 2], "completion": list(range(3, 3 + n))} for n in (2, 6, 10)]
+    rows.append({"prompt": list(range(1, 10)), "completion": [5]})  # prompt alone too long
+    f = write(tmp_path / "train.jsonl", rows)
+    ds = load_jsonl(f, max_seq_len=6, policy="truncate")
+    assert [len(e.tokens) for e in ds.examples] == [4, 6, 6]
+    assert (ds.n_truncated, ds.n_skipped) == (2, 1)
+    assert any("truncated 2 of 4" in n for n in ds.notes) and any("skipped 1 of 4" in n for n in ds.notes)
+    ds = load_jsonl(f, max_seq_len=6, policy="skip")
+    assert [len(e.tokens) for e in ds.examples] == [4] and ds.n_skipped == 3
+    with pytest.raises(DataError, match="no usable examples"):
+        load_jsonl(f, max_seq_len=3, policy="skip")
+    with pytest.raises(ValueError, match="length policy"):
+        load_jsonl(f, policy="drop")
+
+
+def test_errors_name_file_and_line(tmp_path):
+    empty = write(tmp_path / "empty.jsonl", ["", "  "])
+    with pytest.raises(DataError, match="empty file"):
+        load_jsonl(empty)
+    bad = write(tmp_path / "bad.jsonl", [{"text": [1, 2]}, {"text": [1, 2]}, '{"text": [1, 2'])
+    with pytest.raises(DataError, match=r"bad.jsonl:3: invalid JSON"):
+        load_jsonl(bad)
+    keys = write(tmp_path / "keys.jsonl", [{"text": [1, 2]}, {"question": "q", "answer": "a"}])
+    with pytest.raises(DataError, match=r"keys.jsonl:2: expected keys .*found: answer, question"):
+        load_jsonl(keys)
+    half = write(tmp_path / "half.jsonl", [{"prompt": "q"}])
+    with pytest.raises(DataError, match=r"half.jsonl:1: has 'prompt' but no 'completion'"):
+        load_jsonl(half, CharTokenizer())
+    text = write(tmp_path / "text.jsonl", [{"text": "hello"}])
+    with pytest.raises(DataError, match="needs a tokenizer"):
+        load_jsonl(text)
+    mixed = write(tmp_path / "mixed.jsonl", [{"prompt": "q", "completion": [1]}])
+    with pytest.raises(DataError, match="both be strings"):
+        load_jsonl(mixed, CharTokenizer())
+    big = write(tmp_path / "big.jsonl", [{"text": [1, 2]}, {"text": [1, 99]}])
+    with pytest.raises(DataError, match=r"big.jsonl:2: token id out of range"):
+        load_jsonl(big, vocab_size=64)
+    arr = write(tmp_path / "arr.jsonl", ["[1, 2]"])
+    with pytest.raises(DataError, match="expected a JSON object"):
+        load_jsonl(arr)
+    with pytest.raises(DataError, match="no such file"):
+        load_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_load_datasets(tmp_path):
+    with pytest.raises(DataError, match="no such data directory"):
+        load_datasets(tmp_path / "nope")
+    with pytest.raises(DataError, match="no train.jsonl"):
+        load_datasets(tmp_path)
+    write(tmp_path / "train.jsonl", [{"text": [1, 2, 3]}])
+    train, valid = load_datasets(tmp_path)
+    assert len(train) == 1 and valid is None
+    with pytest.raises(DataError, match="no valid.jsonl"):
+        load_datasets(tmp_path, require_valid=True)
+    write(tmp_path / "valid.jsonl", [{"text": [1, 2]}, {"text": [3, 4]}])
+    train, valid = load_datasets(tmp_path)
+    assert len(valid) == 2
