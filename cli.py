@@ -143,6 +143,56 @@ def convert(
     raise ValueError(f"--to {to}: unknown output format (supported: mlx)")
 
 
+@app.command()
+def train(
+    model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
+    data: Path = typer.Option(..., "--data", help="directory with train.jsonl (and valid.jsonl)"),
+    mode: str = typer.Option("lossless", help="lossless (base frozen) or shared (LoRA everywhere)"),
+    out: str = typer.Option(..., "--out", help="adapter name (saved under MODEL/adapters/) or dir"),
+    gamma: int = typer.Option(4, help="speculative streams"),
+    msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),
+    rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
+    iters: int | None = typer.Option(None, help="optimizer steps"),
+    epochs: float | None = typer.Option(None, help="passes over the data (default 1 without --iters)"),
+    batch_size: int = typer.Option(8, "--batch-size", help="global batch (split between processes)"),
+    lr: float = typer.Option(5e-4, help="peak learning rate (AdamW, warmup then cosine decay)"),
+    max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut or skipped"),
+    length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
+    chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
+    self_distill: bool = typer.Option(False, "--self-distill",
+                                      help="lossless: learn the base model's own greedy outputs"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing adapter / run"),
+    seed: int = typer.Option(0),
+    alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
+    prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),
+    segment_len: int = typer.Option(128, "--segment-len",
+                                    help="completion positions per stream segment (0: all at once)"),
+    val_every: int = typer.Option(100, "--val-every"),
+    val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
+    save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
+    warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
+) -> None:
+    """Train a speculative adapter (lossless or shared mode) on JSONL data; runs data-parallel
+    under ``mlx.launch``."""
+    import json as _json
+
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.train import train as run_train
+
+    report = run_train(model or DEFAULT_MODEL, data, mode=mode, out=out, gamma=gamma,
+                       msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
+                       batch_size=batch_size, lr=lr, max_seq_len=max_seq_len,
+                       length_policy=length_policy, chat_template=chat_template,
+                       self_distill=self_distill, resume=resume, overwrite=overwrite, seed=seed,
+                       alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
+                       val_every=val_every, val_batches=val_batches or None, save_every=save_every,
+                       warmup=warmup)
+    if report["rank"] == 0:
+        summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
+        typer.echo(_json.dumps(summary, indent=2))
+
+
 def main() -> None:
     """Console entry point: optimized BLAS, then the command; known errors as one line."""
     from mlx_specstream.blas import ensure_fast_blas

@@ -84,7 +84,9 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     """Run a draft tree through the model, appending main-stream K/V to ``caches``.
 
     ``gamma`` streams are inserted at layer N - N_s on ``stream_nodes`` ("all" surviving
-    nodes or only the "last" one, as in a lossless prefill); gamma 0 runs the base model.
+    nodes or only the "last" one, as in a prefill); gamma 0 runs the base model. A shared-mode
+    adapter always runs all its streams; its prefill too puts them on the last prompt token
+    only (extended paper, appendices G and I: prompts carry no streams, as in training).
     Pruning happens at the adapter's pruning layer when ``prune_threshold > 0``.
     """
     adapter = getattr(model, "adapter", None)
@@ -93,7 +95,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     n_layers = len(layers)
     shared = adapter is not None and cfg.mode == "shared"
     if shared:
-        gamma, stream_nodes = cfg.gamma, "all"
+        gamma = cfg.gamma
     if adapter is not None and gamma > adapter.gamma:
         raise ValueError(f"the adapter has {adapter.gamma} streams, {gamma} were asked for")
     msa_start = n_layers - cfg.msa_layers if adapter is not None else n_layers

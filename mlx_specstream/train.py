@@ -1,0 +1,929 @@
+"""Train speculative adapters: lossless and shared modes, the pruning adapter, data parallel.
+
+Losses (extended paper, eq. 6). Token ``t`` of a sequence carries the main stream, which predicts
+token ``t+1``, and streams ``j = 1..gamma``; stream ``j`` predicts token ``t+j+1``. Only positions
+whose main target is a completion token carry streams (the last prompt token and the completion
+tokens but the last), which is also where the engine runs them: a prefill puts streams on the
+last prompt token only, every later token gets them. The loss is
+
+    alpha_0 * CE(main) + sum_j alpha_j * CE(stream j) + prune_weight * CE(early exit)
+
+each CE averaged over its valid positions in the global batch. Lossless mode: the base is frozen
+and alpha_0 = 0; only the stream parameters train (stream embeddings P, the optional stream init
+f, the stream-only LoRA of the MSA layers) and main rows never see streams, so greedy decoding
+stays the base model's. Shared mode: LoRA in every layer (all rows) plus the streams; main rows
+in MSA layers also see the streams of their own token; alpha_0 = 1 and alpha_j = 0.1 by default.
+The pruning adapter o_theta learns next-token prediction from early-exit logits
+``H(o_theta(h_l))`` at the pruning layer, jointly, on detached hidden states (so it never moves
+the rest of the adapter).
+
+Memory (extended paper, appendix I, "segment attention"). Prompts carry no streams. In lossless
+mode the main stream is the frozen base, so one pass without gradients computes the hidden states
+entering the MSA layers and the main keys/values of every MSA layer; the stream rows are then
+built ``segment_len`` completion positions at a time, each segment attending to the cached main
+keys and its own streams, and the gradients of the segments are summed. Peak memory grows with
+``segment_len * gamma`` instead of ``seq_len * gamma``. In shared mode main rows depend on the
+streams, so the whole sequence (streams on completion positions only) runs in one pass.
+
+Data parallel: under ``mlx.launch`` every process takes its share of each global batch; the loss
+of each process is normalised by the global counts of valid targets (summed across processes),
+and the gradients are summed with ``mx.distributed.all_sum``, so N processes compute the same
+update as one process on the whole batch.
+
+Checkpoints (adapter weights, optimizer state, step) go to ``OUT.train/checkpoints``; the order of
+the data is a function of ``seed`` and the epoch, so a resumed run sees the same batches as an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import sys
+import time
+import types
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+import numpy as np
+from mlx.utils import tree_flatten, tree_map
+
+from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
+from .arch.base import causal_mask
+from .data import Dataset, Example, load_datasets
+from .lora import LoRALinear
+
+REPORT_FILE = "training_report.json"
+MODES = ("lossless", "shared")
+
+
+@dataclass
+class TrainConfig:
+    mode: str = "lossless"
+    gamma: int = 4
+    msa_layers: int = 4
+    rank: int = 8
+    lora_alpha: float = 16.0
+    stream_init_rank: int = 0
+    prune_rank: int = 8
+    iters: int = 0
+    batch_size: int = 8
+    lr: float = 5e-4
+    warmup: int = 0
+    weight_decay: float = 0.0
+    grad_clip: float | None = None
+    max_seq_len: int = 512
+    length_policy: str = "truncate"
+    chat_template: bool = False
+    self_distill: bool = False
+    seed: int = 0
+    alphas: list[float] = field(default_factory=list)  # alpha_0 (main), alpha_1..alpha_gamma
+    prune_weight: float = 1.0
+    segment_len: int | None = 128
+    val_every: int = 100
+    val_batches: int | None = None
+    save_every: int = 100
+
+
+# -- batches ---------------------------------------------------------------------------------
+
+@dataclass
+class Batch:
+    """Right-padded token ids and, per row, the prompt length and the real length."""
+
+    tokens: np.ndarray  # (B, T) int32
+    n_prompt: np.ndarray  # (B,)
+    length: np.ndarray  # (B,)
+
+    @classmethod
+    def of(cls, examples: list[Example]) -> Batch:
+        T = max(len(e.tokens) for e in examples)
+        tokens = np.zeros((len(examples), T), np.int32)
+        for i, e in enumerate(examples):
+            tokens[i, : len(e.tokens)] = e.tokens
+        return cls(tokens, np.array([e.n_prompt for e in examples]),
+                   np.array([len(e.tokens) for e in examples]))
+
+    @property
+    def window(self) -> tuple[int, int]:
+        """Positions ``[w0, w1)`` that carry streams in some row: main target in the completion."""
+        return int((self.n_prompt - 1).min()), int((self.length - 1).max())
+
+    def counts(self, gamma: int) -> np.ndarray:
+        """Valid targets: [main (= early exit), stream 1, ..., stream gamma] (float64)."""
+        n = (self.length - self.n_prompt).astype(np.float64)
+        return np.array([n.sum()] + [np.maximum(n - j, 0).sum() for j in range(1, gamma + 1)])
+
+    def targets(self, a: int, b: int, gamma: int):
+        """For positions ``[a, b)``: main targets (B, L), stream targets (B, L, gamma) and their
+        validity masks (targets must be completion tokens of the row)."""
+        t = np.arange(a, b)
+        ahead = t[:, None] + 1 + np.arange(gamma + 1)[None, :]  # (L, g+1): main, then streams
+        tgt = self.tokens[:, np.minimum(ahead, self.tokens.shape[1] - 1)]  # (B, L, g+1)
+        valid = (t[None, :, None] >= self.n_prompt[:, None, None] - 1) & (
+            ahead[None] < self.length[:, None, None])
+        return tgt[..., 0], tgt[..., 1:], valid[..., 0], valid[..., 1:]
+
+
+def _segments(w0: int, w1: int, segment_len: int | None) -> list[tuple[int, int]]:
+    if not segment_len:
+        return [(w0, w1)]
+    return [(a, min(a + segment_len, w1)) for a in range(w0, w1, segment_len)]
+
+
+# -- forward pieces --------------------------------------------------------------------------
+
+class _Recorder:
+    """A one-shot "cache" that keeps the keys/values a layer computes for its main rows."""
+
+    def append(self, k, v):
+        self.k, self.v = k, v
+        return k, v
+
+
+class _Fixed:
+    """Precomputed main keys/values, seen by stream rows that are never cached (n_main=0)."""
+
+    def __init__(self, k, v):
+        self.k, self.v = k, v
+
+    def append(self, k, v):
+        if k.shape[2]:
+            raise RuntimeError("stream-only pass appended main rows")
+        return self.k, self.v
+
+
+def _ce(logits: mx.array, targets: mx.array) -> mx.array:
+    logits = logits.astype(mx.float32)
+    picked = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+def _msa_start(model) -> int:
+    return len(model.layers) - model.adapter_config.msa_layers
+
+
+def base_states(model, tokens: mx.array):
+    """Lossless mode, no gradients: the main hidden states entering the pruning layer and the MSA
+    layers, the main keys/values of every MSA layer, and the final hidden states."""
+    cfg = model.adapter_config
+    T = tokens.shape[1]
+    pos = mx.arange(T)
+    mask = causal_mask(T, 0) if T > 1 else None
+    h = model.embed(tokens, pos)
+    msa = _msa_start(model)
+    h_prune = h_msa = None
+    kvs = []
+    for i, layer in enumerate(model.layers):
+        if i == cfg.prune_layer:
+            h_prune = h
+        if i == msa:
+            h_msa = h
+        rec = _Recorder() if i >= msa else None
+        h = layer(h, pos, mask, rec)
+        if rec is not None:
+            kvs.append((rec.k, rec.v))
+    out = (mx.stop_gradient(h_prune), mx.stop_gradient(h_msa),
+           [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs], mx.stop_gradient(h))
+    mx.eval(out[0], out[1], out[2], out[3])
+    return out
+
+
+def segment_layout(a: int, b: int, gamma: int) -> tuple[mx.array, mx.array]:
+    """Rotary positions and mask of the stream rows of positions ``[a, b)`` (node-major).
+
+    Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are ``[main 0..b-1 | streams]``.
+    """
+    L = b - a
+    t = np.repeat(np.arange(a, b), gamma)
+    j = np.tile(np.arange(1, gamma + 1), L)
+    main = np.arange(b)[None, :] <= t[:, None]
+    streams = np.kron(np.eye(L, dtype=bool), np.tril(np.ones((gamma, gamma), dtype=bool)))
+    return mx.array((t + j).astype(np.int32)), mx.array(np.concatenate([main, streams], axis=1))
+
+
+def stream_logits_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
+    """Lossless mode: stream logits (B, b-a, gamma, V) of positions ``[a, b)``."""
+    B = h_msa.shape[0]
+    s = model.adapter.init_streams(h_msa[:, a:b], gamma)
+    pos, mask = segment_layout(a, b, gamma)
+    for layer, (k, v) in zip(model.layers[_msa_start(model):], kvs):
+        s = layer(s, pos, mask, _Fixed(k[:, :, :b], v[:, :, :b]), n_main=0)
+    return model.head(s).reshape(B, b - a, gamma, -1)
+
+
+def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
+    """Positions and per-row mask (B, 1, R, R) of a shared-mode pass: T main rows, then the
+    streams of positions ``[w0, w1)`` node-major. Main row t sees its own streams only where the
+    row's prompt has ended (t >= n_prompt - 1), as at generation time."""
+    B, T = batch.tokens.shape
+    w0, w1 = batch.window
+    W = w1 - w0
+    R = T + W * gamma
+    t_s = np.repeat(np.arange(w0, w1), gamma)
+    pos = np.concatenate([np.arange(T), t_s + np.tile(np.arange(1, gamma + 1), W)])
+    m = np.zeros((R, R), dtype=bool)
+    m[:T, :T] = np.tril(np.ones((T, T), dtype=bool))
+    m[T:, :T] = np.arange(T)[None, :] <= t_s[:, None]
+    m[T:, T:] = np.kron(np.eye(W, dtype=bool), np.tril(np.ones((gamma, gamma), dtype=bool)))
+    mask = np.repeat(m[None], B, axis=0)
+    rows = np.arange(w0, w1)
+    own = np.repeat(np.eye(W, dtype=bool), gamma, axis=1)  # (W, W*g): main row -> its streams
+    for i in range(B):
+        sees = rows >= batch.n_prompt[i] - 1
+        mask[i, rows, T:] = own & sees[:, None]
+    return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
+
+
+def shared_forward(model, batch: Batch, gamma: int):
+    """Shared mode (with gradients): main logits (B, W, V) and stream logits (B, W, gamma, V) of
+    the window, and the detached hidden states entering the pruning layer (B, W, h)."""
+    cfg = model.adapter_config
+    tokens = mx.array(batch.tokens)
+    B, T = batch.tokens.shape
+    w0, w1 = batch.window
+    pos = mx.arange(T)
+    mask = causal_mask(T, 0) if T > 1 else None
+    msa = _msa_start(model)
+    h = model.embed(tokens, pos)
+    h_prune = None
+    for i, layer in enumerate(model.layers[:msa]):
+        if i == cfg.prune_layer:
+            h_prune = h
+        h = layer(h, pos, mask, None)
+    if h_prune is None:
+        h_prune = h
+    s = model.adapter.init_streams(h[:, w0:w1], gamma)
+    x = mx.concatenate([h, s], axis=1)
+    pos_all, mask_all = shared_layout(batch, gamma)
+    for layer in model.layers[msa:]:
+        x = layer(x, pos_all, mask_all, None, n_main=T)
+    main = model.head(x[:, w0:w1])
+    streams = model.head(x[:, T:]).reshape(B, w1 - w0, gamma, -1)
+    return main, streams, mx.stop_gradient(h_prune[:, w0:w1])
+
+
+def _prune_logits(model, h: mx.array) -> mx.array:
+    return model.head(model.adapter.early_exit(h))
+
+
+# -- losses and metrics ----------------------------------------------------------------------
+
+def _terms(model, batch: Batch, tc: TrainConfig, states=None):
+    """Yield per segment: (a, b, main_logits or None, stream_logits, prune_logits). Lossless:
+    stream rows segment by segment over precomputed base states; shared: one segment."""
+    g = tc.gamma
+    if tc.mode == "shared":
+        w0, w1 = batch.window
+        main, streams, hp = shared_forward(model, batch, g)
+        yield w0, w1, main, streams, _prune_logits(model, hp)
+        return
+    h_prune, h_msa, kvs, _ = states
+    for a, b in _segments(*batch.window, tc.segment_len):
+        streams = stream_logits_segment(model, h_msa, kvs, a, b, g)
+        yield a, b, None, streams, _prune_logits(model, h_prune[:, a:b])
+
+
+def _weighted_loss(batch, a, b, main, streams, prune, tc: TrainConfig, norms: np.ndarray):
+    """Sum of weighted CE terms of one segment, each normalised by its global count."""
+    g = tc.gamma
+    tm, ts, vm, vs = batch.targets(a, b, g)
+    alphas = np.asarray(tc.alphas, np.float64)
+    inv = np.where(norms > 0, 1.0 / np.maximum(norms, 1), 0.0)
+    w_s = vs * (alphas[1:] * inv[1:])[None, None, :]
+    loss = (_ce(streams, mx.array(ts)) * mx.array(w_s.astype(np.float32))).sum()
+    if tc.prune_weight:
+        w_p = vm * (tc.prune_weight * inv[0])
+        loss = loss + (_ce(prune, mx.array(tm)) * mx.array(w_p.astype(np.float32))).sum()
+    if main is not None and alphas[0]:
+        w_m = vm * (alphas[0] * inv[0])
+        loss = loss + (_ce(main, mx.array(tm)) * mx.array(w_m.astype(np.float32))).sum()
+    return loss
+
+
+def _zeros_like_trainable(model):
+    return tree_map(mx.zeros_like, model.trainable_parameters())
+
+
+def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
+    """Loss (this process's share) and gradients of one (shard of a) global batch."""
+    if batch is None:
+        return mx.array(0.0), _zeros_like_trainable(model)
+    if tc.mode == "shared":
+        def loss_fn():
+            ((a, b, main, streams, prune),) = list(_terms(model, batch, tc))
+            return _weighted_loss(batch, a, b, main, streams, prune, tc, norms)
+
+        loss, grads = nn.value_and_grad(model, loss_fn)()
+        mx.eval(loss, grads)
+        return loss, grads
+    states = base_states(model, mx.array(batch.tokens))
+    h_prune, h_msa, kvs, _ = states
+    total, grads = mx.array(0.0), None
+    for a, b in _segments(*batch.window, tc.segment_len):
+        def loss_fn(a=a, b=b):
+            streams = stream_logits_segment(model, h_msa, kvs, a, b, tc.gamma)
+            return _weighted_loss(batch, a, b, None, streams, _prune_logits(model, h_prune[:, a:b]),
+                                  tc, norms)
+
+        loss, g = nn.value_and_grad(model, loss_fn)()
+        grads = g if grads is None else tree_map(mx.add, grads, g)
+        total = total + loss
+        mx.eval(total, grads)
+    return total, grads
+
+
+def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = None,
+             max_batches: int | None = None, group=None) -> dict:
+    """Validation loss, per-stream top-1 accuracy (stream j predicting token t+j+1), main-stream
+    and early-exit (pruning adapter) top-1 accuracy. Batches are shared out between processes."""
+    g = tc.gamma
+    bs = batch_size or tc.batch_size
+    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
+    idx = np.arange(len(dataset))
+    batches = [idx[i: i + bs] for i in range(0, len(idx), bs)]
+    if max_batches:
+        batches = batches[:max_batches]
+    # sums: ce_main, ce_prune, ce_s[g], ok_main, ok_prune, ok_s[g], n_main, n_s[g]
+    sums = np.zeros(3 * g + 5)
+    for k, ids in enumerate(batches):
+        if k % size != rank:
+            continue
+        batch = Batch.of([dataset.examples[i] for i in ids])
+        states = None
+        if tc.mode != "shared":
+            states = base_states(model, mx.array(batch.tokens))
+        for a, b, main, streams, prune in _terms(model, batch, tc, states):
+            tm, ts, vm, vs = batch.targets(a, b, g)
+            if main is None:  # lossless: the main stream is the base's last hidden state
+                main = model.head(states[3][:, a:b])
+            vm_f, vs_f = mx.array(vm.astype(np.float32)), mx.array(vs.astype(np.float32))
+            tm_a, ts_a = mx.array(tm), mx.array(ts)
+            parts = [
+                (_ce(main, tm_a) * vm_f).sum(), (_ce(prune, tm_a) * vm_f).sum(),
+                (_ce(streams, ts_a) * vs_f).sum(axis=(0, 1)),
+                ((mx.argmax(main, -1) == tm_a) * vm_f).sum(), ((mx.argmax(prune, -1) == tm_a) * vm_f).sum(),
+                ((mx.argmax(streams, -1) == ts_a) * vs_f).sum(axis=(0, 1)),
+            ]
+            flat = np.concatenate([np.array(p.astype(mx.float32)).reshape(-1) for p in parts])
+            sums[: 2 * g + 4] += flat
+        sums[2 * g + 4:] += batch.counts(g)
+    if size > 1:
+        sums = np.array(mx.distributed.all_sum(mx.array(sums.astype(np.float32)), group=group),
+                        dtype=np.float64)
+    ce_m, ce_p, ce_s = sums[0], sums[1], sums[2: 2 + g]
+    ok_m, ok_p, ok_s = sums[2 + g], sums[3 + g], sums[4 + g: 4 + 2 * g]
+    n_m, n_s = sums[4 + 2 * g], sums[5 + 2 * g:]
+
+    def div(x, n):
+        return float(x / n) if n else float("nan")
+
+    alphas = [float(a) for a in tc.alphas]
+    loss = sum(alphas[j + 1] * div(ce_s[j], n_s[j]) for j in range(g) if n_s[j])
+    loss += tc.prune_weight * div(ce_p, n_m) + (alphas[0] * div(ce_m, n_m) if alphas[0] else 0.0)
+    loss = float(loss)
+    return {
+        "loss": round(loss, 6),
+        "stream_loss": [round(div(ce_s[j], n_s[j]), 6) for j in range(g)],
+        "stream_acc": [round(div(ok_s[j], n_s[j]), 6) for j in range(g)],
+        "main_loss": round(div(ce_m, n_m), 6),
+        "main_acc": round(div(ok_m, n_m), 6),
+        "prune_loss": round(div(ce_p, n_m), 6),
+        "prune_acc": round(div(ok_p, n_m), 6),
+        "targets": int(n_m),
+    }
+
+
+# -- parameters, optimizer, checkpoints ------------------------------------------------------
+
+def set_trainable(model) -> int:
+    """Freeze the base; unfreeze the adapter's parameters. Returns how many train."""
+    model.freeze()
+    model.adapter.unfreeze()
+    for m in model.modules():
+        if isinstance(m, LoRALinear):
+            m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+
+
+def make_optimizer(tc: TrainConfig) -> optim.Optimizer:
+    lr = tc.lr
+    if tc.iters > 1:
+        warm = min(tc.warmup, tc.iters - 1)
+        decay = optim.cosine_decay(tc.lr, max(tc.iters - warm, 1), tc.lr * 0.1)
+        lr = optim.join_schedules([optim.linear_schedule(tc.lr * 0.01, tc.lr, warm), decay],
+                                  [warm]) if warm else decay
+    return optim.AdamW(learning_rate=lr, weight_decay=tc.weight_decay)
+
+
+def _set_path(tree, path: list[str], value) -> None:
+    for k in path[:-1]:
+        tree = tree[int(k)] if isinstance(tree, list) else tree[k]
+    last = path[-1]
+    if isinstance(tree, list):
+        tree[int(last)] = value
+    else:
+        tree[last] = value
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _checkpoints(ckpt_dir: Path) -> list[Path]:
+    if not ckpt_dir.is_dir():
+        return []
+    found = [p for p in ckpt_dir.glob("step-*") if (p / "state.json").is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
+    """Adapter weights, optimizer state and the run's state at ``step``, written atomically."""
+    from .loader import atomic_dir
+
+    dest = ckpt_dir / f"step-{step:07d}"
+    with atomic_dir(dest, overwrite=True) as tmp:
+        mx.save_safetensors(str(tmp / "adapter.safetensors"), adapter_weights(model))
+        flat = dict(tree_flatten(optimizer.state))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat)
+        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+    for old in _checkpoints(ckpt_dir)[:-keep] if keep else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return dest
+
+
+def load_checkpoint(model, optimizer, path: Path) -> dict:
+    state = json.loads((path / "state.json").read_text())
+    weights = mx.load(str(path / "adapter.safetensors"))
+    current = adapter_weights(model)
+    if set(weights) != set(current) or any(weights[k].shape != current[k].shape for k in weights):
+        raise ValueError(f"{path}: checkpoint does not match this adapter's configuration")
+    model.load_weights(list(weights.items()), strict=False)
+    optimizer.init(model.trainable_parameters())
+    saved = mx.load(str(path / "optimizer.safetensors"))
+    have = dict(tree_flatten(optimizer.state))
+    if set(saved) != set(have):
+        raise ValueError(f"{path}: optimizer state does not match this adapter")
+    for k, v in saved.items():
+        _set_path(optimizer.state, k.split("."), v)
+    mx.eval(model.parameters(), optimizer.state)
+    return state
+
+
+# -- self-distillation -----------------------------------------------------------------------
+
+def greedy_continuation(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
+    """The base model's greedy continuation of ``prompt`` (EOS kept, then stop)."""
+    from .kv_cache import make_cache
+
+    cache = make_cache(model)
+    x = mx.array([prompt], dtype=mx.int32)
+    out: list[int] = []
+    for _ in range(max_tokens):
+        logits = model(x, cache=cache)[0, -1]
+        t = int(mx.argmax(logits).item())
+        out.append(t)
+        if t in eos:
+            break
+        x = mx.array([[t]], dtype=mx.int32)
+    return out
+
+
+def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, group=None,
+                 desc: str = "distill", progress: bool = True) -> Dataset:
+    """The dataset with every completion replaced by the base model's own greedy continuation of
+    its prompt (as long as the original completion, up to EOS and ``max_seq_len``). The prompts
+    are shared out between processes and the results gathered."""
+    from tqdm import tqdm
+
+    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or []) if tokenizer is not None else set()
+    n = len(dataset)
+    width = max(len(e.tokens) for e in dataset.examples)
+    table = np.zeros((n, width), np.int32)
+    lengths = np.zeros(n, np.int32)
+    mine = list(range(rank, n, size))
+    for i in tqdm(mine, desc=desc, disable=not progress or rank != 0, leave=False):
+        e = dataset.examples[i]
+        prompt = e.tokens[: e.n_prompt]
+        budget = max(1, min(e.n_targets, max_seq_len - e.n_prompt))
+        toks = prompt + greedy_continuation(model, prompt, budget, eos)
+        table[i, : len(toks)] = toks
+        lengths[i] = len(toks)
+    if size > 1:
+        table = np.array(mx.distributed.all_sum(mx.array(table), group=group))
+        lengths = np.array(mx.distributed.all_sum(mx.array(lengths), group=group))
+    examples = [Example(table[i, : lengths[i]].tolist(), e.n_prompt)
+                for i, e in enumerate(dataset.examples)]
+    out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
+                  list(dataset.notes))
+    out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
+    return out
+
+
+def _save_examples(path: Path, ds: Dataset, meta: dict) -> None:
+    lines = [json.dumps(meta)] + [json.dumps({"prompt": e.tokens[: e.n_prompt],
+                                              "completion": e.tokens[e.n_prompt:]})
+                                  for e in ds.examples]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_write(path, "\n".join(lines) + "\n")
+
+
+def _load_examples(path: Path, like: Dataset, meta: dict) -> Dataset | None:
+    if not path.is_file():
+        return None
+    lines = path.read_text().splitlines()
+    if not lines or json.loads(lines[0]) != meta or len(lines) - 1 != len(like):
+        return None
+    ex = [json.loads(x) for x in lines[1:]]
+    out = Dataset([Example(r["prompt"] + r["completion"], len(r["prompt"])) for r in ex], like.path,
+                  like.n_lines, like.n_truncated, like.n_skipped, list(like.notes))
+    out.notes.append(f"reused self-distilled completions from {path}")
+    return out
+
+
+# -- the training loop -----------------------------------------------------------------------
+
+def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
+    if alphas is None:
+        return [0.0] + [1.0] * gamma if mode == "lossless" else [1.0] + [0.1] * gamma
+    if isinstance(alphas, str):
+        alphas = [float(x) for x in alphas.replace(",", " ").split()]
+    alphas = [float(a) for a in alphas]
+    if len(alphas) == 2 and gamma != 1:
+        alphas = [alphas[0]] + [alphas[1]] * gamma
+    if len(alphas) != gamma + 1:
+        raise ValueError(f"alphas: give alpha_0 and alpha_1..alpha_{gamma} ({gamma + 1} numbers), "
+                         f"or two (alpha_0, one alpha for every stream); got {len(alphas)}")
+    if mode == "lossless" and alphas[0] != 0:
+        raise ValueError("lossless mode trains no main-stream parameters: alpha_0 must be 0")
+    if any(a < 0 for a in alphas) or not any(alphas[1:]):
+        raise ValueError("alphas must be >= 0 with at least one stream weight > 0")
+    return alphas
+
+
+def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
+    """(directory, adapter name, whether ``out`` was a bare name)."""
+    if out is None:
+        return None, "", False
+    p = Path(out)
+    bare = not p.is_absolute() and len(p.parts) == 1 and not str(out).startswith(".")
+    if bare:
+        if model_path is None:
+            raise ValueError(f"out='{out}' is a bare adapter name: it goes under MODEL/adapters/, "
+                             "but the model's directory is unknown; give a directory path instead")
+        return Path(model_path) / "adapters" / str(out), str(out), True
+    return p, p.name, False
+
+
+def _group(distributed):
+    if distributed is False:
+        return None
+    g = mx.distributed.init()
+    return g if g.size() > 1 else None
+
+
+def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
+          msa_layers: int = 4, rank: int = 8, iters: int | None = None, epochs: float | None = None,
+          batch_size: int = 8, lr: float = 5e-4, max_seq_len: int = 512,
+          length_policy: str = "truncate", chat_template: bool = False, self_distill: bool = False,
+          resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
+          prune_weight: float = 1.0, segment_len: int | None = 128, warmup: int | None = None,
+          weight_decay: float = 0.0, grad_clip: float | None = None, val_every: int = 100,
+          val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
+          stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
+          tokenizer=None, model_path: str | Path | None = None, progress: bool = True,
+          distributed: bool | None = None, callback=None, log=None) -> dict:
+    """Train a speculative adapter and return a report (also saved as ``training_report.json``).
+
+    ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
+    and ``model_path`` optional). ``data``: a directory with ``train.jsonl`` and optionally
+    ``valid.jsonl`` (see :mod:`mlx_specstream.data`), or a ``(train, valid)`` pair of
+    :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name (saved under
+    ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a directory, or None
+    (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes over the data (1 by
+    default). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two numbers: alpha_0 and one
+    alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared ``[1, 0.1, ...]``.
+    ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
+    ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
+    is called after every step. Under ``mlx.launch`` the global batch is shared out between the
+    processes (``distributed=False`` turns that off).
+    """
+    from tqdm import tqdm
+
+    say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'lossless' or 'shared', not '{mode}'")
+    if iters is not None and epochs is not None:
+        raise ValueError("give either iters or epochs, not both")
+    if self_distill and mode != "lossless":
+        raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
+    if batch_size < 1 or (iters is not None and iters < 1) or (epochs is not None and epochs <= 0):
+        raise ValueError("batch_size, iters and epochs must be positive")
+    if isinstance(model, (str, Path)):
+        from .api import load
+
+        model_path = Path(model)
+        model, tok = load(model_path)
+        tokenizer = tokenizer if tokenizer is not None else tok
+    model_path = Path(model_path) if model_path is not None else getattr(model, "path", None)
+    group = _group(distributed)
+    rank_id, world = (group.rank(), group.size()) if group is not None else (0, 1)
+    main_proc = rank_id == 0
+    if not main_proc:
+        say = (lambda msg: None)  # noqa: E731
+    out_dir, name, bare = _resolve_out(out, model_path)
+    alphas = _resolve_alphas(alphas, mode, gamma)
+
+    # -- where things go, and what was there before ----------------------------------------
+    work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
+    ckpt_dir = work / "checkpoints" if work is not None else None
+    if out_dir is not None and main_proc:
+        if overwrite and not resume and work.exists():
+            shutil.rmtree(work)
+        if out_dir.exists() and not (resume or overwrite):
+            raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
+                                  "replace it, or resume=True (--resume) to continue its training")
+        if _checkpoints(ckpt_dir) and not resume:
+            raise FileExistsError(f"{ckpt_dir} holds checkpoints of an earlier run: pass resume=True "
+                                  "(--resume) to continue it, or overwrite=True (--overwrite)")
+    if group is not None:  # every process waits for the checks above
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+
+    # -- data -------------------------------------------------------------------------------
+    if isinstance(data, (tuple, list)):
+        train_ds, valid_ds = data
+    else:
+        train_ds, valid_ds = load_datasets(data, tokenizer, max_seq_len=max_seq_len,
+                                           policy=length_policy, chat_template=chat_template,
+                                           vocab_size=model.config.get("vocab_size"))
+    for ds in (train_ds, valid_ds):
+        for note in (ds.notes if ds is not None else []):
+            say(note)
+    if valid_ds is None:
+        say("no valid.jsonl: no validation during training")
+
+    detach(model)
+    base_fp = fingerprint(model)
+    if self_distill:
+        meta = {"base": base_fp, "max_seq_len": max_seq_len}
+        for split in ("train", "valid"):
+            ds = train_ds if split == "train" else valid_ds
+            if ds is None:
+                continue
+            cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
+            got = _load_examples(cache, ds, {**meta, "n": len(ds)}) if cache is not None else None
+            if got is None:
+                say(f"self-distillation: greedy continuations of {len(ds)} {split} prompts")
+                got = distill_dataset(model, ds, tokenizer, max_seq_len, group, split, progress)
+                if cache is not None and main_proc:
+                    _save_examples(cache, got, {**meta, "n": len(ds)})
+            if split == "train":
+                train_ds = got
+            else:
+                valid_ds = got
+
+    n_train = len(train_ds)
+    steps_per_epoch = math.ceil(n_train / batch_size)
+    if iters is None:
+        iters = max(1, math.ceil((epochs if epochs is not None else 1.0) * steps_per_epoch))
+    tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
+                     stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
+                     batch_size=batch_size, lr=lr,
+                     warmup=warmup if warmup is not None else min(100, iters // 20),
+                     weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
+                     length_policy=length_policy, chat_template=chat_template,
+                     self_distill=self_distill, seed=seed, alphas=alphas, prune_weight=prune_weight,
+                     segment_len=segment_len, val_every=val_every, val_batches=val_batches,
+                     save_every=save_every)
+
+    # -- adapter, optimizer, resume --------------------------------------------------------------
+    acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
+                         lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
+                         prune_rank=prune_rank, name=name)
+    attach(model, acfg, seed=seed)
+    n_params = set_trainable(model)
+    optimizer = make_optimizer(tc)
+    optimizer.init(model.trainable_parameters())
+    start = 0
+    history: list[dict] = []
+    val_history: list[dict] = []
+    elapsed0 = 0.0
+    compat = {k: v for k, v in asdict(tc).items()
+              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup")}
+    if resume and ckpt_dir is not None:
+        found = _checkpoints(ckpt_dir)
+        if found:
+            st = load_checkpoint(model, optimizer, found[-1])
+            if st.get("base_fingerprint") != base_fp:
+                raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
+            diff = {k: (st["config"].get(k), v) for k, v in compat.items() if st["config"].get(k) != v}
+            if diff:
+                raise ValueError(f"{found[-1]}: the run's settings differ from the checkpoint's "
+                                 f"(setting: (checkpoint, now)) {diff}")
+            start = int(st["step"])
+            history, val_history = st.get("history", []), st.get("val_history", [])
+            elapsed0 = float(st.get("seconds", 0.0))
+            say(f"resuming from {found[-1]} (step {start} of {iters})")
+        else:
+            say(f"no checkpoint in {ckpt_dir}: starting from step 0")
+
+    def ckpt_state(step_seconds: float) -> dict:
+        return {"config": compat, "iters": iters, "base_fingerprint": base_fp, "history": history,
+                "val_history": val_history, "seconds": step_seconds, "world_size": world}
+
+    # -- loop -----------------------------------------------------------------------------------
+    def global_batch(step: int) -> list[int]:
+        epoch, k = divmod(step, steps_per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(n_train)
+        return order[k * batch_size: (k + 1) * batch_size].tolist()
+
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    tokens_seen = 0
+    last_saved = start
+    step = start
+    bar = tqdm(total=iters, initial=start, desc=f"train {mode}", disable=not (progress and main_proc),
+               dynamic_ncols=True, file=sys.stderr)
+    try:
+        for step in range(start + 1, iters + 1):
+            ids = global_batch(step - 1)
+            shard = np.array_split(np.array(ids), world)[rank_id]
+            examples = [train_ds.examples[i] for i in shard]
+            full = Batch.of([train_ds.examples[i] for i in ids])
+            norms = full.counts(gamma)  # global counts: the same on every process
+            batch = Batch.of(examples) if examples else None
+            loss, grads = _grad_step(model, batch, tc, norms)
+            if group is not None:
+                grads = tree_map(lambda x: mx.distributed.all_sum(x, group=group), grads)
+                loss = mx.distributed.all_sum(loss, group=group)
+            if grad_clip:
+                grads, _ = optim.clip_grad_norm(grads, grad_clip)
+            optimizer.update(model, grads)
+            mx.eval(model.trainable_parameters(), optimizer.state, loss)
+            tokens_seen += int(full.length.sum())
+            dt = time.perf_counter() - t0
+            info = {"step": step, "loss": round(float(loss.item()), 6),
+                    "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")
+                    else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
+            history.append(info)
+            bar.update(1)
+            bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
+            if valid_ds is not None and val_every and (step % val_every == 0 or step == iters):
+                ev = evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)
+                val_history.append({"step": step, **ev})
+                accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
+                say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
+                    f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}")
+            due = step == iters or (save_every and step % save_every == 0)
+            if ckpt_dir is not None and main_proc and due:
+                save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
+                                keep_checkpoints)
+                last_saved = step
+            if callback is not None:
+                callback(step, info)
+    except KeyboardInterrupt:
+        bar.close()
+        done = history[-1]["step"] if history else start
+        if ckpt_dir is not None and main_proc and world == 1 and done > last_saved:
+            dest = save_checkpoint(model, optimizer, ckpt_dir, done,
+                                   ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints)
+            say(f"interrupted: saved {dest}; continue with resume=True (--resume)")
+        raise
+    bar.close()
+    seconds = time.perf_counter() - t0
+
+    final_eval = val_history[-1] if val_history and val_history[-1]["step"] == iters else None
+    if valid_ds is not None and final_eval is None:
+        final_eval = {"step": iters, **evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)}
+    report = {
+        "adapter": str(out_dir) if out_dir is not None else None,
+        "name": name,
+        "mode": mode,
+        "iters": iters,
+        "start_step": start,
+        "epochs": round(iters * batch_size / n_train, 4),
+        "world_size": world,
+        "rank": rank_id,
+        "trainable_parameters": int(n_params),
+        "base_fingerprint": base_fp,
+        "config": asdict(tc),
+        "data": {"train": train_ds.summary(),
+                 "valid": valid_ds.summary() if valid_ds is not None else None,
+                 "notes": train_ds.notes + (valid_ds.notes if valid_ds is not None else [])},
+        "train": {
+            "first_loss": history[0]["loss"] if history else None,
+            "last_loss": history[-1]["loss"] if history else None,
+            "seconds": round(elapsed0 + seconds, 3),
+            "tokens_per_second": round(tokens_seen / seconds, 1) if seconds and tokens_seen else None,
+            "peak_memory_mb": round(mx.get_peak_memory() / 2**20, 2),
+        },
+        "valid": final_eval,
+        "history": history,
+        "val_history": val_history,
+        "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,
+        "command": " ".join(sys.argv) if Path(sys.argv[0]).name.startswith("specstream") else None,
+    }
+    model.eval()
+    if out_dir is not None and main_proc:
+        save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
+                                                         "self_distill": self_distill}})
+        _atomic_write(out_dir / REPORT_FILE, json.dumps(report, indent=2))
+        say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
+    return report
+
+
+# -- peak memory against sequence length and gamma --------------------------------------------
+
+def measure_peak_memory(model, *, seq_len: int, gamma: int, batch_size: int = 4,
+                        prompt_len: int | None = None, segment_len: int | None = None,
+                        mode: str = "lossless", msa_layers: int = 2, seed: int = 0) -> int:
+    """Peak bytes of one training step on random tokens (the base's weights included).
+
+    ``prompt_len`` tokens carry no streams (default: half the sequence); ``prompt_len=1`` with
+    ``segment_len=None`` is the naive layout with streams on every token.
+    """
+    rng = np.random.default_rng(seed)
+    V = model.config["vocab_size"]
+    p = prompt_len if prompt_len is not None else seq_len // 2
+    examples = [Example(rng.integers(0, V, seq_len).tolist(), p) for _ in range(batch_size)]
+    attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers), seed=seed)
+    set_trainable(model)
+    alphas = _resolve_alphas(None, mode, gamma)
+    tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, alphas=alphas,
+                     segment_len=segment_len)
+    batch = Batch.of(examples)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    loss, grads = _grad_step(model, batch, tc, batch.counts(gamma))
+    mx.eval(loss, grads)
+    return mx.get_peak_memory()
+
+
+def _memory_table(argv: list[str]) -> None:
+    import argparse
+
+    from .arch import build_model
+
+    ap = argparse.ArgumentParser(description="peak training memory against sequence length and gamma")
+    ap.add_argument("--model", type=Path, help="model directory (default: a random Llama config)")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--vocab", type=int, default=8192)
+    ap.add_argument("--batch-size", type=int, default=4)
+    ap.add_argument("--msa-layers", type=int, default=2)
+    ap.add_argument("--seq-lens", default="128,256,512,1024")
+    ap.add_argument("--gammas", default="1,4,8")
+    ap.add_argument("--segment-len", type=int, default=64)
+    a = ap.parse_args(argv)
+    if a.model:
+        from .loader import load_model
+
+        model = load_model(a.model)
+        desc = str(a.model)
+    else:
+        cfg = dict(model_type="llama", hidden_size=a.hidden, num_attention_heads=8,
+                   num_key_value_heads=4, intermediate_size=a.hidden * 8 // 3 // 64 * 64,
+                   num_hidden_layers=a.layers, vocab_size=a.vocab)
+        mx.random.seed(0)
+        model = build_model(cfg)
+        mx.eval(model.parameters())
+        desc = f"random llama h={a.hidden} layers={a.layers} vocab={a.vocab}"
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    mx.eval(model.parameters())
+    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+    print(f"model: {desc}; fp32 weights {weights / 2**20:.1f} MiB; batch {a.batch_size}; "
+          f"{a.msa_layers} MSA layers; prompt = first half of each sequence")
+    print("| seq len | gamma | naive: streams on every token | completion only | "
+          f"segments of {a.segment_len} |")
+    print("|---:|---:|---:|---:|---:|")
+    for T in [int(x) for x in a.seq_lens.split(",")]:
+        for g in [int(x) for x in a.gammas.split(",")]:
+            row = []
+            for prompt_len, seg in ((1, None), (None, None), (None, a.segment_len)):
+                peak = measure_peak_memory(model, seq_len=T, gamma=g, batch_size=a.batch_size,
+                                           prompt_len=prompt_len, segment_len=seg,
+                                           msa_layers=a.msa_layers)
+                row.append(f"{peak / 2**20:.0f} MiB")
+            print(f"| {T} | {g} | " + " | ".join(row) + " |", flush=True)
+
+
+class _CallableModule(types.ModuleType):
+    """``mlx_specstream.train`` stays callable once this module has been imported under it."""
+
+    def __call__(self, *args, **kwargs):
+        return train(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule
+
+if __name__ == "__main__":
+    _memory_table(sys.argv[1:])
