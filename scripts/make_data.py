@@ -8,8 +8,9 @@ Writes, as JSON lines ``{"prompt": ..., "completion": ..., "meta": {...}}``:
   sql-create-context: a ``CREATE TABLE`` context (one table, two for joins) and a question give
   one SQLite query. 60 hand-written schema domains (``data/sql_domains.py``); the valid and test
   domains never appear in train (held-out schemas). 60% of the train examples use procedural
-  schemas instead (random tables from an entity and attribute vocabulary, domain "proc"), so a
-  model has to copy table and column names from the context. Every query runs on the context's
+  schemas instead (random tables from an entity and attribute vocabulary, and 30% of the names
+  random identifier words from ``data/sql_words.py``; domain "proc"), so a model has to copy
+  table and column names from the context. Every query runs on the context's
   tables in sqlite3.
 * ``data/code/{train,valid,test}.jsonl`` -- functions of the CPython standard library installed
   on this machine (``sysconfig.get_paths()['stdlib']``): prompt = a ``# module: qualname``
@@ -55,6 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "data"))
 
 import sql_domains  # noqa: E402
+import sql_words  # noqa: E402
 
 SQL_PROMPT = "### Context:\n{context}\n### Question:\n{question}\n### SQL:\n"
 SEED = 1234
@@ -837,6 +839,7 @@ def sql_example(rng: random.Random, tables: list[Table]) -> dict | None:
 
 
 PROC_FRAC = 0.6  # share of train examples on procedural schemas
+WORD_FRAC = 0.3  # share of procedural table and column names drawn from data/sql_words.py
 
 
 def held_out_tables() -> set[str]:
@@ -847,20 +850,30 @@ def held_out_tables() -> set[str]:
 
 def proc_table(rng: random.Random, entity: str, parent: Table | None = None) -> Table:
     """A random table for an entity ("singular/plural") from the attribute vocabulary."""
+    word = False
+    if rng.random() < WORD_FRAC:  # a random identifier word instead of an entity noun
+        w = rng.choice(sql_words.WORDS)
+        if parent is None or w != parent.ent:
+            entity, word = f"{w}/{w}s", True
     sing, plur = entity.split("/")
     es, ep = sing.replace("_", " "), plur.replace("_", " ")
-    t = Table(sing if rng.random() < 0.75 else plur, es, ep, domain="proc")
+    # (a word's made-up plural is never a table name: "values" is an SQL keyword)
+    t = Table(sing if rng.random() < 0.75 or word else plur, es, ep, domain="proc")
     t.columns.append(Column(f"{sing}_id" if rng.random() < 0.8 else "id", "INTEGER", "key", "id", t))
     if parent is not None:
         psing = parent.ent.replace(" ", "_")
         fk = parent.key.name if parent.key.name != "id" else f"{psing}_id"
         t.columns.append(Column(fk, "INTEGER", f"fk:{parent.name}", fk.replace("_", " "), t))
-    while True:
+    for _ in range(1000):
         specs = rng.sample(sql_domains.PROC_ATTRS, rng.randint(3, 7))
         cols = []
         for spec in specs:
             cname, ctype, gen, phrase = COL_RE.match(spec).groups()
             phrase = phrase or cname.replace("_", " ")
+            if rng.random() < WORD_FRAC:  # same type and values, a random name
+                words = rng.sample(sql_words.WORDS, 2 if rng.random() < 0.3 else 1)
+                cname = "_".join(words)
+                phrase = " ".join(words)
             if rng.random() < 0.2 and ctype == "TEXT" and not cname.startswith(sing):
                 cname, phrase = f"{sing}_{cname}", f"{es} {phrase}"
             cols.append(Column(cname, ctype, gen, phrase, t))
@@ -869,6 +882,8 @@ def proc_table(rng: random.Random, entity: str, parent: Table | None = None) -> 
         if (len(set(names)) == len(names) and len(set(phrases)) == len(phrases)
                 and any(c.textual for c in cols) and any(c.numeric for c in cols)):
             break
+    else:
+        raise RuntimeError(f"no valid columns for {entity}")
     t.columns += cols
     return t
 

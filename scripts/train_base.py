@@ -196,7 +196,7 @@ def llama_config(args, vocab: int):
         vocab_size=vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
         max_position_embeddings=args.max_positions, rms_norm_eps=1e-5, rope_theta=10000.0,
-        tie_word_embeddings=False, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=None,
+        tie_word_embeddings=args.tie, bos_token_id=BOS, eos_token_id=EOS, pad_token_id=None,
         attention_bias=False, mlp_bias=False, hidden_act="silu", initializer_range=0.02)
 
 
@@ -550,6 +550,9 @@ def main(argv=None) -> None:
     r.add_argument("--kv-heads", type=int, default=2)
     r.add_argument("--intermediate", type=int, default=1024)
     r.add_argument("--max-positions", type=int, default=2048)
+    r.add_argument("--untie", dest="tie", action="store_false",
+                   help="separate input and output embeddings (tied by default: with tied embeddings a "
+                        "small model learns to copy names it rarely or never had to predict)")
     r.add_argument("--ctx", type=int, default=512)
     r.add_argument("--batch", type=int, default=96)
     r.add_argument("--lr", type=float, default=2e-3)
