@@ -856,6 +856,8 @@ def proc_table(rng: random.Random, entity: str, parent: Table | None = None) -> 
         if parent is None or w != parent.ent:
             entity, word = f"{w}/{w}s", True
     sing, plur = entity.split("/")
+    if parent is not None and sing == parent.ent.replace(" ", "_"):  # keys and fks would clash
+        sing, plur = f"{sing}_entry", f"{sing}_entries"
     es, ep = sing.replace("_", " "), plur.replace("_", " ")
     # (a word's made-up plural is never a table name: "values" is an SQL keyword)
     t = Table(sing if rng.random() < 0.75 or word else plur, es, ep, domain="proc")
