@@ -69,6 +69,13 @@ def generate(
     from mlx_specstream.api import load, stream_generate
 
     text = _read_prompt(prompt, prompt_file)
+    if model is not None and model.name.endswith(".mlpackage"):
+        if adapter is not None or gamma is not None or prune_threshold is not None:
+            raise ValueError("a Core ML package fixes its adapter, gamma and pruning at export: "
+                             "drop --adapter, --gamma and --prune-threshold")
+        _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
+                         mode=mode, branch=branch, tree_budget=tree_budget, verbose=verbose)
+        return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
@@ -92,6 +99,40 @@ def generate(
     typer.echo("")
     if verbose and decoder_stats is not None:
         _show_stats(decoder_stats)
+
+
+def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
+                     mode: str, branch: int | None, tree_budget: int | None, verbose: bool) -> None:
+    """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
+    from mlx_specstream.coreml_driver import load_package, stream_package
+
+    runner, tok = load_package(package)
+    if tok is None:
+        raise ValueError(f"{package}: no tokenizer directory beside the package")
+    typer.echo(f"running {package.name} on {runner.description}", err=True)
+    stats = None
+    for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget):
+        stats = resp.stats
+        typer.echo(resp.text, nl=False)
+    typer.echo("")
+    if verbose and stats is not None:
+        _show_stats(stats)
+
+
+def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, q_bits: int | None,
+                    q_group_size: int | None, precision: str, context: int | None, tree_size: int | None,
+                    chunk: int | None, sampling: bool, overwrite: bool) -> None:
+    """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
+    from mlx_specstream.convert.coreml_export import export_coreml
+
+    if model is None or out is None:
+        raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
+    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size or 32,
+                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
+                        sampling=sampling, overwrite=overwrite)
+    typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
+               + (f" and {res.tokenizer}" if res.tokenizer else ""))
 
 
 @app.command()
@@ -121,26 +162,51 @@ def bench(
 
 @app.command()
 def convert(
-    hf_path: Path = typer.Option(..., "--hf-path", help="Hugging Face / PyTorch checkpoint directory"),
-    mlx_path: Path = typer.Option(..., "--mlx-path", help="output directory (must not exist)"),
-    to: str = typer.Option("mlx", "--to", help="output format: mlx"),
+    hf_path: Path | None = typer.Option(None, "--hf-path",
+                                        help="(--to mlx) Hugging Face / PyTorch checkpoint directory"),
+    mlx_path: Path | None = typer.Option(None, "--mlx-path",
+                                         help="(--to mlx) output directory (must not exist)"),
+    to: str = typer.Option("mlx", "--to", help="output format: mlx (import, the default) or coreml (export)"),
     quantize: bool = typer.Option(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
-    q_bits: int = typer.Option(4, "--q-bits", help="bits per weight: 4 or 8"),
-    q_group_size: int = typer.Option(64, "--q-group-size", help="quantization group: 32, 64 or 128"),
+    q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (mlx: 4 with -q; "
+                                                              "coreml: quantize when given)"),
+    q_group_size: int | None = typer.Option(None, "--q-group-size",
+                                            help="quantization group: 32, 64 or 128 (mlx: 64, coreml: 32)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path / --out"),
+    model: Path | None = typer.Option(None, "--model", "-m", help="(--to coreml) MLX model directory"),
+    adapter: str | None = typer.Option(None, "--adapter", help="(--to coreml) adapter name or path"),
+    out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),
+    precision: str = typer.Option("float16", "--precision", help="(--to coreml) float16 or float32 compute"),
+    context: int | None = typer.Option(None, "--context", help="(--to coreml) KV-cache slots (default 2048 "
+                                                               "or the model's limit)"),
+    tree_size: int | None = typer.Option(None, "--tree-size",
+                                         help="(--to coreml) nodes per step (default: adapter's budget)"),
+    chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
+                                                           "(default 64)"),
+    sampling: bool = typer.Option(False, "--sampling", help="(--to coreml) also output full logits, "
+                                                            "for --temp > 0"),
 ) -> None:
-    """Convert a checkpoint (config.json + safetensors or pytorch_model.bin) to an MLX model dir."""
+    """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
+
+    --to mlx: config.json + safetensors or pytorch_model.bin -> MLX model dir.
+    --to coreml: MLX model (+ adapter) -> stateful multifunction NAME.mlpackage (prefill, step)."""
     if to == "mlx":
         from mlx_specstream.convert.hf_import import convert as hf_convert
 
-        out = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits,
-                         q_group_size=q_group_size, dtype=dtype, overwrite=overwrite)
-        typer.echo(f"wrote {out}")
+        if hf_path is None or mlx_path is None:
+            raise ValueError("--to mlx needs --hf-path and --mlx-path")
+        out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits if q_bits is not None else 4,
+                             q_group_size=q_group_size or 64, dtype=dtype, overwrite=overwrite)
+        typer.echo(f"wrote {out_dir}")
         return
-    # Other output formats (--to coreml, ...) branch here.
-    raise ValueError(f"--to {to}: unknown output format (supported: mlx)")
+    if to == "coreml":
+        _convert_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size,
+                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
+                        sampling=sampling, overwrite=overwrite)
+        return
+    raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
 
 
 @app.command()
