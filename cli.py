@@ -232,8 +232,10 @@ def train(
     seed: int = typer.Option(0),
     alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
     prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),
-    segment_len: int = typer.Option(128, "--segment-len",
+    segment_len: int = typer.Option(32, "--segment-len",
                                     help="completion positions per stream segment (0: all at once)"),
+    group_by_length: bool = typer.Option(True, "--group-by-length/--no-group-by-length",
+                                         help="batch examples of similar lengths together"),
     val_every: int = typer.Option(100, "--val-every"),
     val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
@@ -252,6 +254,7 @@ def train(
                        length_policy=length_policy, chat_template=chat_template,
                        self_distill=self_distill, resume=resume, overwrite=overwrite, seed=seed,
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
+                       group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
                        warmup=warmup)
     if report["rank"] == 0:

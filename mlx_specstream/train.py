@@ -84,7 +84,8 @@ class TrainConfig:
     seed: int = 0
     alphas: list[float] = field(default_factory=list)  # alpha_0 (main), alpha_1..alpha_gamma
     prune_weight: float = 1.0
-    segment_len: int | None = 128
+    segment_len: int | None = 32
+    group_by_length: bool = True
     val_every: int = 100
     val_batches: int | None = None
     save_every: int = 100
@@ -207,14 +208,19 @@ def segment_layout(a: int, b: int, gamma: int) -> tuple[mx.array, mx.array]:
     return mx.array((t + j).astype(np.int32)), mx.array(np.concatenate([main, streams], axis=1))
 
 
-def stream_logits_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
-    """Lossless mode: stream logits (B, b-a, gamma, V) of positions ``[a, b)``."""
+def stream_hidden_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
+    """Lossless mode: final stream hidden states (B, b-a, gamma, h) of positions ``[a, b)``."""
     B = h_msa.shape[0]
     s = model.adapter.init_streams(h_msa[:, a:b], gamma)
     pos, mask = segment_layout(a, b, gamma)
     for layer, (k, v) in zip(model.layers[_msa_start(model):], kvs):
         s = layer(s, pos, mask, _Fixed(k[:, :, :b], v[:, :, :b]), n_main=0)
-    return model.head(s).reshape(B, b - a, gamma, -1)
+    return s.reshape(B, b - a, gamma, -1)
+
+
+def stream_logits_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
+    """Lossless mode: stream logits (B, b-a, gamma, V) of positions ``[a, b)``."""
+    return model.head(stream_hidden_segment(model, h_msa, kvs, a, b, gamma))
 
 
 def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
@@ -240,9 +246,9 @@ def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
     return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
 
 
-def shared_forward(model, batch: Batch, gamma: int):
-    """Shared mode (with gradients): main logits (B, W, V) and stream logits (B, W, gamma, V) of
-    the window, and the detached hidden states entering the pruning layer (B, W, h)."""
+def shared_hidden(model, batch: Batch, gamma: int):
+    """Shared mode (with gradients): final main hidden states (B, W, h) and stream hidden states
+    (B, W, gamma, h) of the window, and the detached hidden states entering the pruning layer."""
     cfg = model.adapter_config
     tokens = mx.array(batch.tokens)
     B, T = batch.tokens.shape
@@ -263,46 +269,77 @@ def shared_forward(model, batch: Batch, gamma: int):
     pos_all, mask_all = shared_layout(batch, gamma)
     for layer in model.layers[msa:]:
         x = layer(x, pos_all, mask_all, None, n_main=T)
-    main = model.head(x[:, w0:w1])
-    streams = model.head(x[:, T:]).reshape(B, w1 - w0, gamma, -1)
-    return main, streams, mx.stop_gradient(h_prune[:, w0:w1])
+    streams = x[:, T:].reshape(B, w1 - w0, gamma, -1)
+    return x[:, w0:w1], streams, mx.stop_gradient(h_prune[:, w0:w1])
 
 
-def _prune_logits(model, h: mx.array) -> mx.array:
-    return model.head(model.adapter.early_exit(h))
+def shared_forward(model, batch: Batch, gamma: int):
+    """Shared mode: main logits (B, W, V), stream logits (B, W, gamma, V) of the window."""
+    main, streams, h_prune = shared_hidden(model, batch, gamma)
+    return model.head(main), model.head(streams), h_prune
 
 
 # -- losses and metrics ----------------------------------------------------------------------
 
+def _segment_has_targets(batch: Batch, a: int, b: int) -> bool:
+    return bool(batch.targets(a, b, 0)[2].any())
+
+
 def _terms(model, batch: Batch, tc: TrainConfig, states=None):
-    """Yield per segment: (a, b, main_logits or None, stream_logits, prune_logits). Lossless:
-    stream rows segment by segment over precomputed base states; shared: one segment."""
-    g = tc.gamma
+    """Yield per segment ``(a, b, main_h, stream_h, prune_h)``: final hidden states of the main
+    rows (None in lossless training), (B, L, gamma, h) of the stream rows, and the hidden states
+    entering the pruning layer. Lossless: stream rows segment by segment over precomputed base
+    states; shared: the whole window at once."""
     if tc.mode == "shared":
         w0, w1 = batch.window
-        main, streams, hp = shared_forward(model, batch, g)
-        yield w0, w1, main, streams, _prune_logits(model, hp)
+        yield (w0, w1, *shared_hidden(model, batch, tc.gamma))
         return
     h_prune, h_msa, kvs, _ = states
     for a, b in _segments(*batch.window, tc.segment_len):
-        streams = stream_logits_segment(model, h_msa, kvs, a, b, g)
-        yield a, b, None, streams, _prune_logits(model, h_prune[:, a:b])
+        if _segment_has_targets(batch, a, b):
+            yield a, b, None, stream_hidden_segment(model, h_msa, kvs, a, b, tc.gamma), h_prune[:, a:b]
 
 
-def _weighted_loss(batch, a, b, main, streams, prune, tc: TrainConfig, norms: np.ndarray):
-    """Sum of weighted CE terms of one segment, each normalised by its global count."""
-    g = tc.gamma
+def _take(x: mx.array, idx: np.ndarray) -> mx.array:
+    return x.reshape(-1, x.shape[-1])[mx.array(idx.astype(np.int32))]
+
+
+def _valid_logits(model, batch: Batch, a: int, b: int, g: int, main_h, stream_h, prune_h) -> dict:
+    """Logits and targets of the rows that have a target, only (the LM head and the softmax,
+    the costly part over a large vocabulary, never run on the others): name -> (logits (n, V),
+    targets (n,), stream index of each row (streams only))."""
     tm, ts, vm, vs = batch.targets(a, b, g)
+    out = {}
+    iv = np.flatnonzero(vs.reshape(-1))
+    if len(iv):
+        out["streams"] = (model.head(_take(stream_h, iv)), ts.reshape(-1)[iv], iv % g)
+    im = np.flatnonzero(vm.reshape(-1))
+    if len(im):
+        out["prune"] = (model.head(model.adapter.early_exit(_take(prune_h, im))), tm.reshape(-1)[im])
+        if main_h is not None:
+            out["main"] = (model.head(_take(main_h, im)), tm.reshape(-1)[im])
+    return out
+
+
+def _weighted_loss(model, batch, a, b, main_h, stream_h, prune_h, tc: TrainConfig,
+                   norms: np.ndarray) -> mx.array:
+    """Sum of the weighted CE terms of one segment, each normalised by its global count."""
     alphas = np.asarray(tc.alphas, np.float64)
     inv = np.where(norms > 0, 1.0 / np.maximum(norms, 1), 0.0)
-    w_s = vs * (alphas[1:] * inv[1:])[None, None, :]
-    loss = (_ce(streams, mx.array(ts)) * mx.array(w_s.astype(np.float32))).sum()
-    if tc.prune_weight:
-        w_p = vm * (tc.prune_weight * inv[0])
-        loss = loss + (_ce(prune, mx.array(tm)) * mx.array(w_p.astype(np.float32))).sum()
-    if main is not None and alphas[0]:
-        w_m = vm * (alphas[0] * inv[0])
-        loss = loss + (_ce(main, mx.array(tm)) * mx.array(w_m.astype(np.float32))).sum()
+    if not (main_h is not None and alphas[0]):
+        main_h = None
+    terms = _valid_logits(model, batch, a, b, tc.gamma, main_h, stream_h, prune_h)
+    loss = mx.array(0.0)
+    if "streams" in terms:
+        logits, tgt, j = terms["streams"]
+        w = (alphas[1:] * inv[1:])[j].astype(np.float32)
+        loss = loss + (_ce(logits, mx.array(tgt)) * mx.array(w)).sum()
+    if "prune" in terms and tc.prune_weight:
+        logits, tgt = terms["prune"]
+        loss = loss + _ce(logits, mx.array(tgt)).sum() * float(tc.prune_weight * inv[0])
+    if "main" in terms:
+        logits, tgt = terms["main"]
+        loss = loss + _ce(logits, mx.array(tgt)).sum() * float(alphas[0] * inv[0])
     return loss
 
 
@@ -316,8 +353,8 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
         return mx.array(0.0), _zeros_like_trainable(model)
     if tc.mode == "shared":
         def loss_fn():
-            ((a, b, main, streams, prune),) = list(_terms(model, batch, tc))
-            return _weighted_loss(batch, a, b, main, streams, prune, tc, norms)
+            ((a, b, main_h, stream_h, prune_h),) = list(_terms(model, batch, tc))
+            return _weighted_loss(model, batch, a, b, main_h, stream_h, prune_h, tc, norms)
 
         loss, grads = nn.value_and_grad(model, loss_fn)()
         mx.eval(loss, grads)
@@ -326,10 +363,12 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
     h_prune, h_msa, kvs, _ = states
     total, grads = mx.array(0.0), None
     for a, b in _segments(*batch.window, tc.segment_len):
+        if not _segment_has_targets(batch, a, b):
+            continue
+
         def loss_fn(a=a, b=b):
-            streams = stream_logits_segment(model, h_msa, kvs, a, b, tc.gamma)
-            return _weighted_loss(batch, a, b, None, streams, _prune_logits(model, h_prune[:, a:b]),
-                                  tc, norms)
+            stream_h = stream_hidden_segment(model, h_msa, kvs, a, b, tc.gamma)
+            return _weighted_loss(model, batch, a, b, None, stream_h, h_prune[:, a:b], tc, norms)
 
         loss, g = nn.value_and_grad(model, loss_fn)()
         grads = g if grads is None else tree_map(mx.add, grads, g)
@@ -358,20 +397,23 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
         states = None
         if tc.mode != "shared":
             states = base_states(model, mx.array(batch.tokens))
-        for a, b, main, streams, prune in _terms(model, batch, tc, states):
-            tm, ts, vm, vs = batch.targets(a, b, g)
-            if main is None:  # lossless: the main stream is the base's last hidden state
-                main = model.head(states[3][:, a:b])
-            vm_f, vs_f = mx.array(vm.astype(np.float32)), mx.array(vs.astype(np.float32))
-            tm_a, ts_a = mx.array(tm), mx.array(ts)
-            parts = [
-                (_ce(main, tm_a) * vm_f).sum(), (_ce(prune, tm_a) * vm_f).sum(),
-                (_ce(streams, ts_a) * vs_f).sum(axis=(0, 1)),
-                ((mx.argmax(main, -1) == tm_a) * vm_f).sum(), ((mx.argmax(prune, -1) == tm_a) * vm_f).sum(),
-                ((mx.argmax(streams, -1) == ts_a) * vs_f).sum(axis=(0, 1)),
-            ]
-            flat = np.concatenate([np.array(p.astype(mx.float32)).reshape(-1) for p in parts])
-            sums[: 2 * g + 4] += flat
+        for a, b, main_h, stream_h, prune_h in _terms(model, batch, tc, states):
+            if main_h is None:  # lossless: the main stream is the base's last hidden state
+                main_h = states[3][:, a:b]
+            terms = _valid_logits(model, batch, a, b, g, main_h, stream_h, prune_h)
+            if "main" in terms:
+                for i, name in ((0, "main"), (1, "prune")):
+                    logits, tgt = terms[name]
+                    tgt = mx.array(tgt)
+                    sums[i] += _ce(logits, tgt).sum().item()
+                    sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
+            if "streams" in terms:
+                logits, tgt, j = terms["streams"]
+                tgt = mx.array(tgt)
+                ce = np.array(_ce(logits, tgt))
+                ok = np.array(mx.argmax(logits, -1) == tgt)
+                sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
+                sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
         sums[2 * g + 4:] += batch.counts(g)
     if size > 1:
         sums = np.array(mx.distributed.all_sum(mx.array(sums.astype(np.float32)), group=group),
@@ -551,6 +593,24 @@ def _load_examples(path: Path, like: Dataset, meta: dict) -> Dataset | None:
 
 # -- the training loop -----------------------------------------------------------------------
 
+def epoch_batches(n: int, batch_size: int, seed: int, epoch: int,
+                  lengths: np.ndarray | None = None, pool: int = 16) -> list[list[int]]:
+    """The global batches of one epoch, a function of (seed, epoch) only. With ``lengths``
+    ((n, 2): prompt length, length) every ``pool`` batches' worth of shuffled examples are sorted
+    by length before they are cut into batches, and the batches shuffled: rows of a batch then
+    start their completions at similar positions, so few stream rows are padding."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(n)
+    if lengths is None:
+        return [order[i: i + batch_size].tolist() for i in range(0, n, batch_size)]
+    batches = []
+    for c in range(0, n, batch_size * pool):
+        chunk = order[c: c + batch_size * pool]
+        chunk = chunk[np.lexsort((lengths[chunk, 1], lengths[chunk, 0]))]
+        batches += [chunk[i: i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if alphas is None:
         return [0.0] + [1.0] * gamma if mode == "lossless" else [1.0] + [0.1] * gamma
@@ -595,7 +655,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           batch_size: int = 8, lr: float = 5e-4, max_seq_len: int = 512,
           length_policy: str = "truncate", chat_template: bool = False, self_distill: bool = False,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
-          prune_weight: float = 1.0, segment_len: int | None = 128, warmup: int | None = None,
+          prune_weight: float = 1.0, segment_len: int | None = 32, group_by_length: bool = True,
+          warmup: int | None = None,
           weight_decay: float = 0.0, grad_clip: float | None = None, val_every: int = 100,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
@@ -612,6 +673,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     default). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two numbers: alpha_0 and one
     alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared ``[1, 0.1, ...]``.
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
+    ``group_by_length``: batch examples of similar prompt and total length together (shuffled
+    within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
     is called after every step. Under ``mlx.launch`` the global batch is shared out between the
     processes (``distributed=False`` turns that off).
@@ -701,7 +764,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
                      length_policy=length_policy, chat_template=chat_template,
                      self_distill=self_distill, seed=seed, alphas=alphas, prune_weight=prune_weight,
-                     segment_len=segment_len, val_every=val_every, val_batches=val_batches,
+                     segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
+                     val_batches=val_batches,
                      save_every=save_every)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
@@ -740,10 +804,16 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 "val_history": val_history, "seconds": step_seconds, "world_size": world}
 
     # -- loop -----------------------------------------------------------------------------------
+    lengths = np.array([[e.n_prompt, len(e.tokens)] for e in train_ds.examples])
+    epochs_seen: dict[int, list[list[int]]] = {}
+
     def global_batch(step: int) -> list[int]:
         epoch, k = divmod(step, steps_per_epoch)
-        order = np.random.default_rng([seed, epoch]).permutation(n_train)
-        return order[k * batch_size: (k + 1) * batch_size].tolist()
+        if epoch not in epochs_seen:
+            epochs_seen.clear()
+            epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
+                                               lengths if group_by_length else None)
+        return epochs_seen[epoch][k]
 
     mx.reset_peak_memory()
     t0 = time.perf_counter()
@@ -926,4 +996,7 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
+    from .blas import ensure_fast_blas
+
+    ensure_fast_blas()
     _memory_table(sys.argv[1:])

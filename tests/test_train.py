@@ -22,6 +22,7 @@ from mlx_specstream.streams import forward
 from mlx_specstream.train import (
     Batch,
     base_states,
+    epoch_batches,
     measure_peak_memory,
     shared_forward,
     shared_layout,
@@ -66,6 +67,18 @@ def test_batch_targets():
     assert vs[0].tolist() == [[False, False], [True, True], [True, False], [False, False]]
     assert vm[1].tolist() == [True, True, False, False] and vs[1, 0].tolist() == [True, False]
     assert b.counts(2).tolist() == [3 + 2, 2 + 1, 1 + 0]
+
+
+def test_epoch_batches_cover_the_data_once_and_group_lengths():
+    rng = np.random.default_rng(0)
+    lengths = np.stack([rng.integers(1, 50, 200), rng.integers(60, 120, 200)], axis=1)
+    for lens in (None, lengths):
+        batches = epoch_batches(200, 8, seed=3, epoch=1, lengths=lens)
+        assert sorted(i for b in batches for i in b) == list(range(200)) and len(batches) == 25
+        assert batches == epoch_batches(200, 8, seed=3, epoch=1, lengths=lens)  # a function of the seed
+        assert batches != epoch_batches(200, 8, seed=3, epoch=2, lengths=lens)
+    spread = [np.ptp(lengths[b, 0]) for b in epoch_batches(200, 8, 3, 1, lengths)]
+    assert np.mean(spread) < np.mean([np.ptp(lengths[b, 0]) for b in epoch_batches(200, 8, 3, 1)]) / 3
 
 
 def test_lossless_training_forward_equals_engine_and_segments():
@@ -316,6 +329,20 @@ def test_resume_continues_from_checkpoint(tmp_path):
                                                                 abs=1e-5)
     with pytest.raises(FileExistsError, match="already exists"):
         train(model, (ds, None), out=tmp_path / "cut", **opts)
+
+    def interrupt_at_3(step, info):  # Ctrl-C: a checkpoint of the steps done is written
+        if step == 3:
+            raise KeyboardInterrupt
+
+    model = tiny_model("llama", seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, (ds, None), out=tmp_path / "ctrl-c", callback=interrupt_at_3, **opts)
+    assert (tmp_path / "ctrl-c.train" / "checkpoints" / "step-0000003").is_dir()
+    rep = train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "ctrl-c", resume=True, **opts)
+    assert rep["start_step"] == 3
+    got = mx.load(str(tmp_path / "ctrl-c" / "adapter.safetensors"))
+    for k, v in ref.items():
+        np.testing.assert_allclose(np.array(got[k]), v, atol=1e-6)
     with pytest.raises(ValueError, match="differ"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
 
@@ -400,11 +427,12 @@ def test_cli_train_saves_named_adapter(tmp_path):
     assert r.returncode == 1 and "train.jsonl:2: invalid JSON" in r.stderr
 
 
-def test_two_processes_equal_one(tmp_path):
+@pytest.mark.parametrize("mode", ["lossless", "shared"])
+def test_two_processes_equal_one(tmp_path, mode):
     """mlx.launch, 2 processes (ring backend): the same parameters as 1 process on the same
     global batches."""
     model_dir = make_model_dir(tmp_path)
-    args = [a if a is not None else str(tmp_path / "data") for a in ARGS]
+    args = [a if a is not None else str(tmp_path / "data") for a in ARGS] + ["--mode", mode]
     one = cli("--model", str(model_dir), "--out", str(tmp_path / "one"), *args)
     assert one.returncode == 0, one.stderr
     two = cli("--model", str(model_dir), "--out", str(tmp_path / "two"), *args, launch=2)
