@@ -109,10 +109,11 @@ def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, 
     runner, tok = load_package(package)
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package")
-    typer.echo(f"running {package.name} on {runner.description}", err=True)
     stats = None
     for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                                seed=seed, mode=mode, branch=branch, tree_budget=tree_budget):
+        if stats is None:  # said once the request was accepted, so errors stay one line
+            typer.echo(f"running {package.name} on {runner.description}", err=True)
         stats = resp.stats
         typer.echo(resp.text, nl=False)
     typer.echo("")

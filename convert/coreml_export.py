@@ -325,7 +325,7 @@ def _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_si
         "specstream.tokenizer": tok_name or "",
         "specstream.eos_token_ids": json.dumps(sorted(tok.eos_token_ids)) if tok is not None else "[]",
         "specstream.bos_token_id": "" if tok is None or tok.bos_token_id is None else str(tok.bos_token_id),
-        "specstream.add_bos": "" if tok is None or tok.add_bos is None else str(int(bool(tok.add_bos))),
+        "specstream.add_bos": "" if tok is None or tok.add_bos_token is None else str(int(tok.add_bos_token)),
         "specstream.compute_units": "cpuAndGPU",
     }
     return meta
@@ -373,8 +373,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
         raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
     if prune_threshold is not None and not 0.0 <= prune_threshold < 1.0:
         raise ExportError(f"prune threshold must be in [0, 1), not {prune_threshold}")
-    say(f"loading {model_path}" + (f" with adapter {adapter}" if adapter else "")
-        + (f", quantizing to int{q_bits} (groups of {q_group_size})" if q_bits else ""))
+    # Everything that can be wrong with the request is found before the first progress line.
     model = load_for_export(model_path, adapter, q_bits, q_group_size, precision)
     context, tree_size, chunk, branch = resolve_sizes(model, context, tree_size, chunk, branch)
     tok = load_tokenizer(model_path)
@@ -383,6 +382,8 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 
     gc = graph_config(model, context, tree_size, chunk, sampling=sampling, branch=branch,
                       prune_threshold=prune_threshold)
+    say(f"loaded {model_path}" + (f" with adapter {adapter}" if adapter else "")
+        + (f", quantized by MLX to int{q_bits} (groups of {q_group_size})" if q_bits else ""))
     say(f"building the torch graph: {gc.n_layers} layers, gamma={gc.gamma}, N_s={gc.msa_layers}, "
         f"tree {gc.tree_size}, context {gc.context}, chunk {gc.chunk}, {precision}")
     ct = _quiet_coremltools()

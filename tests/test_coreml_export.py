@@ -1,0 +1,333 @@
+"""Core ML export on tiny random models: the saved package, read back and run by the numpy
+reference evaluator, computes what the MLX engine computes.
+
+The KV cache of a package is an fp16 Core ML state. Comparisons are therefore made against the
+MLX engine with its cache values rounded to fp16 (``fp16_state``; tolerance 1e-3 on the logits
+of an fp32 package, tokens exact), and against the plain fp32 engine with a tolerance that comes
+from fp16 rounding of keys/values (where tokens differ, the test reports the margin there).
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import tiny_model
+from test_coreml_common import fp16_kv, record_engine, replay, write_tokenizer
+
+from mlx_specstream.adapter import new_adapter, save_adapter
+from mlx_specstream.api import generate
+from mlx_specstream.loader import atomic_dir, save_model
+
+pytest.importorskip("torch")
+pytest.importorskip("coremltools")
+
+from mlx_specstream.convert.coreml_export import (  # noqa: E402
+    ExportError,
+    export_coreml,
+    load_for_export,
+    tokenizer_dir,
+)
+from mlx_specstream.convert.mil_eval import OPS, Package, UnsupportedOpError  # noqa: E402
+from mlx_specstream.coreml_driver import PackageError, PackageRunner, generate_package  # noqa: E402
+from mlx_specstream.tokenizer import load_tokenizer  # noqa: E402
+
+PROMPTS = [[5, 9, 2, 7, 11, 3, 8, 1, 4], [12], [33, 33, 2, 60, 17]]
+SIZES = dict(context=96, tree_size=16, chunk=4)
+
+
+def cli(*args):
+    return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True, text=True,
+                          timeout=600)
+
+
+def assert_one_line_error(res, fragment):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], res.stderr
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("coreml") / "tiny"
+    model = tiny_model("llama", seed=3, scale=2.0)
+    with atomic_dir(d) as tmp:
+        save_model(model, model.config, tmp)
+        write_tokenizer(tmp)
+    new_adapter(model, mode="shared", gamma=3, msa_layers=2, seed=1, prune_threshold=0.05)
+    save_adapter(model, d / "adapters" / "shared")
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=2, seed=2)
+    save_adapter(model, d / "adapters" / "lossless")
+    return d
+
+
+@pytest.fixture(scope="module")
+def packages(model_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("pkgs")
+    pk = {}
+    pk["f32"] = export_coreml(model_dir, out / "f32.mlpackage", adapter="shared", precision="float32",
+                              sampling=True, progress=None, **SIZES)
+    for bits in (4, 8):
+        pk[f"q{bits}"] = export_coreml(model_dir, out / f"q{bits}.mlpackage", adapter="shared", q_bits=bits,
+                                       precision="float32", progress=None, **SIZES)
+    return pk
+
+
+def _tok(model_dir):
+    return load_tokenizer(model_dir)
+
+
+# -- the package: layout, metadata, weights ---------------------------------------------------
+def test_package_layout_and_metadata(packages, model_dir):
+    res = packages["f32"]
+    pkg = Package(res.package)
+    assert sorted(pkg.functions) == ["prefill", "step"] and pkg.default_function == "step"
+    step = pkg.program.functions["step"]
+    assert list(step.inputs) == ["tokens", "positions", "tree_mask", "valid", "accepted", "n_accepted",
+                                 "k_cache", "v_cache"]
+    assert [v.name for v in step.outputs] == ["main_token", "node_kept", "stream_tokens", "stream_logprobs",
+                                              "main_logits", "stream_logits"]
+    assert list(pkg.program.functions["prefill"].inputs)[:3] == ["tokens", "start", "length"]
+    states = pkg.state_shapes()
+    assert states == pkg.state_shapes("prefill")
+    assert states["k_cache"] == ((4, 2, 96, 16), np.float16)
+    meta = pkg.metadata
+    assert meta["specstream.gamma"] == "3" and meta["specstream.msa_layers"] == "2"
+    assert meta["specstream.branch"] == "3" and meta["specstream.tree_size"] == "16"
+    assert meta["specstream.context"] == "96" and meta["specstream.adapter"] == "shared"
+    assert meta["specstream.tokenizer"] == "f32.tokenizer" and meta["specstream.mode"] == "shared"
+    assert json.loads(meta["specstream.eos_token_ids"]) == [1]
+    tdir = tokenizer_dir(res.package)
+    assert (tdir / "tokenizer.json").is_file() and json.loads((tdir / "specstream.json").read_text()) == meta
+    # both functions share one copy of the weights
+    weights = res.package / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+    n_params = sum(v.size for v in _flat(load_for_export(model_dir, "shared", precision="float32")))
+    assert weights.stat().st_size < 1.3 * 4 * n_params
+
+
+def _flat(model):
+    from mlx.utils import tree_flatten
+
+    return [v for _, v in tree_flatten(model.parameters())]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_package_carries_mlx_values(packages, model_dir, bits):
+    """Every quantized weight of the package holds MLX's own integers, scales and biases."""
+    from coremltools.converters.mil.mil import types
+
+    from mlx_specstream.convert.torch_graph import SpecStreamGraph, graph_config
+
+    model = load_for_export(model_dir, "shared", bits, 32, "float32")
+    mlx_q = SpecStreamGraph(model, graph_config(model, 96, 16, 4)).quantized_weights()
+    pkg = Package(packages[f"q{bits}"].package)
+    ops = [op for op in pkg.program.functions["step"].operations
+           if op.op_type == "constexpr_blockwise_shift_scale"]
+    assert len(ops) == len(mlx_q) == 30
+    by_shape = {}
+    for qw in mlx_q:
+        by_shape.setdefault(qw.q.shape, []).append(qw)
+    for op in ops:
+        data = np.asarray(op.data.val).astype(np.int64)
+        match = [qw for qw in by_shape[data.shape] if np.array_equal(qw.q, data)]
+        assert len(match) == 1
+        qw = match[0]
+        assert types.builtin_to_string(op.data.dtype) == f"uint{bits}"
+        np.testing.assert_array_equal(np.asarray(op.scale.val), qw.scales)
+        np.testing.assert_allclose(-np.asarray(op.offset.val) * qw.scales, qw.biases, rtol=1e-6, atol=1e-7)
+
+
+# -- the package computes the engine's steps ---------------------------------------------------
+def test_evaluator_equals_engine_steps(packages, model_dir):
+    pkg = Package(packages["f32"].package)
+    state = pkg.new_state()
+
+    def run(function, inputs):
+        return pkg.predict(inputs, state, function=function)
+
+    model = load_for_export(model_dir, "shared", precision="float32")
+    for prompt in PROMPTS[:2]:
+        state.update(pkg.new_state())
+        rec = record_engine(model, prompt, max_tokens=24, tree_budget=16, fp16_state=True)
+        err = replay(run, rec, prompt, tree_size=16, chunk=4, context=96, accept_max=4)
+        assert err["steps"] >= 6
+        assert max(err["prefill"], err["main"], err["stream"]) <= 1e-3, err
+    # against the fp32-cache engine: fp16 keys/values (relative error 2^-11) move logits by ~1e-3..1e-2
+    state.update(pkg.new_state())
+    prompt = PROMPTS[0]
+    rec = record_engine(model, prompt, max_tokens=8, tree_budget=16)
+    err = replay(run, rec, prompt, tree_size=16, chunk=4, context=96, accept_max=4)
+    assert max(err["prefill"], err["main"], err["stream"]) <= 5e-2, err
+
+
+def _check_tokens(model, runner, tok, prompt, n=40, **kw):
+    with fp16_kv():
+        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, **kw)
+    got = generate_package(runner, tok, prompt, max_tokens=n, **kw)
+    assert got.tokens == ref.tokens
+    assert got.stats.calls == ref.stats.calls and got.stats.kept_nodes == ref.stats.kept_nodes
+    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, **kw)
+    return got, plain
+
+
+def test_greedy_and_sampled_tokens_equal_engine(packages, model_dir):
+    model = load_for_export(model_dir, "shared", precision="float32")
+    tok = _tok(model_dir)
+    runner = PackageRunner(packages["f32"].package, backend="reference")
+    assert runner.backend == "reference" and "reference evaluator" in runner.description
+    longest = 0
+    for prompt in PROMPTS:
+        got, plain = _check_tokens(model, runner, tok, prompt)
+        longest = max(longest, max(got.stats.accepted_lengths))
+        if got.tokens != plain.tokens:  # fp16 state: only a near-tie may flip
+            from test_coreml_common import first_difference
+
+            i = first_difference(got.tokens, plain.tokens)
+            logits = np.array(model(__import__("mlx.core").core.array([prompt + plain.tokens[:i]]))[0, -1])
+            top = np.sort(logits)[-2:]
+            assert top[1] - top[0] < 0.05, f"differs at {i} with margin {top[1] - top[0]}"
+        _check_tokens(model, runner, tok, prompt, temperature=0.8, seed=7)
+    assert longest >= 2, "no draft was ever accepted: the comparison would not exercise commits"
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_tokens_equal_quantized_mlx(packages, model_dir, bits):
+    model = load_for_export(model_dir, "shared", bits, 32, "float32")
+    runner = PackageRunner(packages[f"q{bits}"].package, backend="reference")
+    tok = _tok(model_dir)
+    for prompt in PROMPTS[:2]:
+        _check_tokens(model, runner, tok, prompt, n=30)
+    with pytest.raises(PackageError, match="greedy decoding only"):
+        generate_package(runner, tok, PROMPTS[0], temperature=0.5)
+
+
+def test_package_is_judged_by_its_saved_file(packages, tmp_path):
+    """The evaluator reads the package from disk: corrupting the stored weights changes outputs."""
+    copy = tmp_path / "copy.mlpackage"
+    shutil.copytree(packages["f32"].package, copy)
+    inputs = {"tokens": np.array([5, 9, 2, 7], np.int32), "start": np.array([0], np.int32),
+              "length": np.array([4], np.int32)}
+    pkg = Package(copy)
+    before = pkg.predict(inputs, pkg.new_state(), function="prefill")["main_logits"]
+    blob = copy / "Data" / "com.apple.CoreML" / "weights" / "weight.bin"
+    data = bytearray(blob.read_bytes())
+    headers = set()  # keep the blob file's own headers (64-byte records after a 0xDEADBEEF sentinel)
+    pos = data.find(b"\xef\xbe\xad\xde")
+    while pos >= 0:
+        headers.update(range(pos, pos + 64))
+        pos = data.find(b"\xef\xbe\xad\xde", pos + 1)
+    for i in range(256, len(data), 7):
+        if i not in headers:
+            data[i] ^= 0x01  # small changes of stored weights, the graph untouched
+    blob.write_bytes(bytes(data))
+    pkg2 = Package(copy)
+    with np.errstate(all="ignore"):
+        after = pkg2.predict(inputs, pkg2.new_state(), function="prefill")["main_logits"]
+    assert not np.allclose(before, after)
+
+
+def test_unknown_op_fails_loudly(packages, monkeypatch):
+    pkg = Package(packages["f32"].package)
+    monkeypatch.delitem(OPS, "softmax")
+    with pytest.raises(UnsupportedOpError, match="'softmax'"):
+        pkg.predict({"tokens": np.zeros(4, np.int32), "start": np.zeros(1, np.int32),
+                     "length": np.ones(1, np.int32)}, pkg.new_state(), function="prefill")
+
+
+def test_size_ratios(tmp_path_factory):
+    """int4 <= 0.35x and int8 <= 0.6x the fp16 package, on a model whose weights dominate."""
+    d = tmp_path_factory.mktemp("size") / "m"
+    model = tiny_model("llama", seed=0, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
+                       vocab_size=2048, num_attention_heads=8, num_key_value_heads=4)
+    with atomic_dir(d) as tmp:
+        save_model(model, model.config, tmp)
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=1, seed=1)
+    save_adapter(model, d / "adapters" / "a")
+    sizes = {}
+    for bits in (None, 4, 8):
+        res = export_coreml(d, d.parent / f"q{bits}.mlpackage", adapter="a", q_bits=bits, context=128,
+                            tree_size=16, chunk=16, progress=None)
+        sizes[bits] = res.size_bytes
+    assert sizes[4] <= 0.35 * sizes[None], sizes
+    assert sizes[8] <= 0.6 * sizes[None], sizes
+
+
+def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
+    from mlx_specstream.convert import coreml_export
+
+    def boom(*a, **k):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(coreml_export, "_finish_function", boom)
+    with pytest.raises(RuntimeError, match="disk full"):
+        export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", progress=None, **SIZES)
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ExportError, match="--tree-size 99 is out of range 1..40"):
+        export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", tree_size=99, progress=None)
+    assert os.listdir(tmp_path) == []
+
+
+# -- the command line ---------------------------------------------------------------------------
+def test_cli_convert_and_generate(model_dir, tmp_path):
+    out = tmp_path / "app" / "tiny.mlpackage"
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--adapter", "lossless",
+              "--out", str(out), "--context", "64", "--tree-size", "12", "--chunk", "8")
+    assert res.returncode == 0, res.stderr
+    assert "wrote" in res.stdout and "[coreml] converting step" in res.stderr
+    assert sorted(os.listdir(out.parent)) == ["tiny.mlpackage", "tiny.tokenizer"]
+    meta = Package(out).metadata
+    assert meta["specstream.precision"] == "float16" and meta["specstream.tree_size"] == "12"
+    assert meta["specstream.mode"] == "lossless"
+
+    res = cli("generate", "--model", str(out), "--prompt", "w3 w9 w0 w5", "--max-tokens", "12")
+    assert res.returncode == 0, res.stderr
+    assert "reference evaluator" in res.stderr
+    # the fp16 package against the fp32 MLX model (fp16 KV): same text unless a near-tie flips
+    model = load_for_export(model_dir, "lossless", precision="float32")
+    tok = _tok(model_dir)
+    with fp16_kv():
+        ref = generate(model, tok, "w3 w9 w0 w5", max_tokens=12, streams="tree", tree_budget=12)
+    words_got, words_ref = res.stdout.split(), ref.text.split()
+    assert words_got[:4] == words_ref[:4], (res.stdout, ref.text)
+
+    res = cli("generate", "--model", str(out), "--prompt", "w1", "--temp", "0.5")
+    assert_one_line_error(res, "greedy decoding only")
+    res = cli("generate", "--model", str(out), "--adapter", "x", "--prompt", "w1")
+    assert_one_line_error(res, "fixes its adapter")
+
+
+@pytest.mark.parametrize("args,fragment", [
+    (["--adapter", "nope"], "adapter 'nope' not found"),
+    (["--adapter", "lossless", "--tree-size", "0"], "--tree-size 0 is out of range"),
+    (["--adapter", "lossless", "--tree-size", "41"], "--tree-size 41 is out of range 1..40"),
+    (["--adapter", "lossless", "--context", "8", "--tree-size", "16"], "--context 8 is out of range"),
+    (["--adapter", "lossless", "--context", "100000"], "--context 100000 is out of range"),
+    (["--adapter", "lossless", "--q-bits", "3"], "--q-bits must be 4 or 8"),
+    (["--adapter", "lossless", "--precision", "bfloat16"], "--precision must be float16 or float32"),
+])
+def test_cli_bad_input(model_dir, tmp_path, args, fragment):
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out", str(tmp_path / "o.mlpackage"),
+              *args)
+    assert_one_line_error(res, fragment)
+    assert os.listdir(tmp_path) == []
+
+
+def test_cli_bad_output_paths(model_dir, tmp_path):
+    (tmp_path / "taken.mlpackage").mkdir()
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
+              str(tmp_path / "taken.mlpackage"))
+    assert_one_line_error(res, "already exists")
+    (tmp_path / "file").write_text("x")
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
+              str(tmp_path / "file" / "o.mlpackage"))
+    assert_one_line_error(res, "cannot write")
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out", str(tmp_path / "o.mlmodel"))
+    assert_one_line_error(res, "must end with .mlpackage")
+    res = cli("convert", "--to", "coreml", "--out", str(tmp_path / "o.mlpackage"))
+    assert_one_line_error(res, "needs --model")
+    assert sorted(os.listdir(tmp_path)) == ["file", "taken.mlpackage"]
+    assert os.listdir(tmp_path / "taken.mlpackage") == []
