@@ -951,7 +951,7 @@ def _memory_table(argv: list[str]) -> None:
     ap.add_argument("--msa-layers", type=int, default=2)
     ap.add_argument("--seq-lens", default="128,256,512,1024")
     ap.add_argument("--gammas", default="1,4,8")
-    ap.add_argument("--segment-len", type=int, default=64)
+    ap.add_argument("--segment-len", type=int, default=32)
     a = ap.parse_args(argv)
     if a.model:
         from .loader import load_model
@@ -972,15 +972,17 @@ def _memory_table(argv: list[str]) -> None:
     weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
     print(f"model: {desc}; fp32 weights {weights / 2**20:.1f} MiB; batch {a.batch_size}; "
           f"{a.msa_layers} MSA layers; prompt = first half of each sequence")
-    print("| seq len | gamma | naive: streams on every token | completion only | "
-          f"segments of {a.segment_len} |")
-    print("|---:|---:|---:|---:|---:|")
+    print("| seq len | gamma | lossless, naive: streams on every token | lossless, completion only | "
+          f"lossless, segments of {a.segment_len} (default) | shared (completion only) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    runs = ((1, None, "lossless"), (None, None, "lossless"), (None, a.segment_len, "lossless"),
+            (None, None, "shared"))
     for T in [int(x) for x in a.seq_lens.split(",")]:
         for g in [int(x) for x in a.gammas.split(",")]:
             row = []
-            for prompt_len, seg in ((1, None), (None, None), (None, a.segment_len)):
+            for prompt_len, seg, mode in runs:
                 peak = measure_peak_memory(model, seq_len=T, gamma=g, batch_size=a.batch_size,
-                                           prompt_len=prompt_len, segment_len=seg,
+                                           prompt_len=prompt_len, segment_len=seg, mode=mode,
                                            msa_layers=a.msa_layers)
                 row.append(f"{peak / 2**20:.0f} MiB")
             print(f"| {T} | {g} | " + " | ".join(row) + " |", flush=True)
