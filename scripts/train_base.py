@@ -85,6 +85,14 @@ def train_tokenizer(data: Path, out: Path, vocab: int = 4096, threads: int = 2) 
         shuffle_input_sentence=True, seed_sentencepiece_size=1_000_000, num_threads=threads,
         minloglevel=2)
     (out / "tokenizer.vocab").unlink(missing_ok=True)
+    # the model file records its output path; make it the same wherever it was built
+    from sentencepiece import sentencepiece_model_pb2 as pb
+
+    proto = pb.ModelProto()
+    proto.ParseFromString((out / "tokenizer.model").read_bytes())
+    proto.trainer_spec.model_prefix = "tokenizer"
+    proto.trainer_spec.num_threads = 1
+    (out / "tokenizer.model").write_bytes(proto.SerializeToString())
     write_hf_tokenizer(out)
     check_tokenizer(out, docs[:200])
 

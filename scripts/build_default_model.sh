@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Rebuild the shipped model, models/specstream-tiny/, from nothing but this repository and the
+# Python standard library on the machine:
+#   data (scripts/make_data.py) -> tokenizer -> base model (scripts/train_base.py) -> test eval
+#   -> MLX model (specstream-mlx convert).
+#
+#   scripts/build_default_model.sh              # everything (training wants a CUDA GPU)
+#   SKIP_TRAIN=1 scripts/build_default_model.sh # data + tokenizer + MLX conversion of the shipped weights
+#   TRAIN_ARGS="--max-minutes 30" scripts/build_default_model.sh   # extra flags for train_base.py train
+#
+# The shipped weights were trained on one H100 (train_log.json): 3601 steps of 96 x 512 tokens,
+# about 4 minutes there; the same command on this repository's 2-core CPU machine would take
+# days (use a smaller --hidden/--layers and --max-minutes for a CPU model). The code data and the
+# tokenizer depend on the Python version whose standard library is read (data/manifest.json).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+[ -x "$PY" ] || PY=python3
+MODEL=models/specstream-tiny
+HF=$MODEL/hf
+
+"$PY" scripts/make_data.py
+"$PY" scripts/train_base.py tokenizer --out "$HF"
+if [ "${SKIP_TRAIN:-0}" != 1 ]; then
+  if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "build_default_model: no CUDA GPU; training this model on CPU takes days (see the header)" >&2
+  fi
+  # shellcheck disable=SC2086
+  "$PY" scripts/train_base.py train --out "$HF" --steps 3601 ${TRAIN_ARGS:-}
+  "$PY" scripts/train_base.py eval --model "$HF" --split test --n 500 --json "$MODEL/eval_test.json"
+fi
+# the MLX model the project's CLI loads by default (same fp16 weights, MLX layout)
+if command -v specstream-mlx >/dev/null || [ -x .venv/bin/specstream-mlx ]; then
+  SS=$(command -v specstream-mlx || echo .venv/bin/specstream-mlx)
+  "$SS" convert --hf-path "$HF" --mlx-path "$MODEL/mlx" --overwrite
+else
+  echo "build_default_model: specstream-mlx not installed (scripts/setup.sh); skipped the MLX conversion" >&2
+fi
