@@ -129,7 +129,7 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
 
     if model is None or out is None:
         raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
-    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size or 32,
+    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size or 64,
                         precision=precision, context=context, tree_size=tree_size, chunk=chunk,
                         sampling=sampling, overwrite=overwrite)
     typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
@@ -172,7 +172,7 @@ def convert(
     q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (mlx: 4 with -q; "
                                                               "coreml: quantize when given)"),
     q_group_size: int | None = typer.Option(None, "--q-group-size",
-                                            help="quantization group: 32, 64 or 128 (mlx: 64, coreml: 32)"),
+                                            help="quantization group: 32, 64 or 128 (default 64)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path / --out"),

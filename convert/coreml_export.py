@@ -75,7 +75,7 @@ def dir_size(path: Path) -> int:
 
 # -- loading the MLX model the package will compute --------------------------------------------
 def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q_bits: int | None = None,
-                    q_group_size: int = 32, precision: str = "float16"):
+                    q_group_size: int = 64, precision: str = "float16"):
     """The MLX model (with adapter) that a package exported with these settings computes.
 
     The adapter is attached to the float model as saved (its base fingerprint is checked there),
@@ -349,7 +349,7 @@ def _describe_spec(spec, meta: dict[str, str], model_path) -> None:
 
 
 def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Path | None = None,
-                  q_bits: int | None = None, q_group_size: int = 32, precision: str = "float16",
+                  q_bits: int | None = None, q_group_size: int = 64, precision: str = "float16",
                   context: int | None = None, tree_size: int | None = None, chunk: int | None = None,
                   sampling: bool = False, branch: int | None = None,
                   prune_threshold: float | None = None, overwrite: bool = False,

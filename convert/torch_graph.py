@@ -186,6 +186,18 @@ ACTS = {
 }
 
 
+MASKED = 30000.0  # fits fp16; exp(-MASKED) is 0 in fp16 and fp32, as MLX's -inf mask
+
+
+def additive(mask: torch.Tensor) -> torch.Tensor:
+    """Boolean visibility -> additive mask (0 / -MASKED), computed once per call from inputs.
+
+    (A ``where(mask, scores, -inf)`` per layer makes coremltools fold a broadcast -inf constant
+    of the full score shape into the package, megabytes per layer.)
+    """
+    return (mask.to(torch.float32) - 1.0) * MASKED
+
+
 class SpecStreamGraph(torch.nn.Module):
     """Prefill and tree step of an MLX llama-family model (+ adapter) as one torch module.
 
@@ -305,7 +317,8 @@ class SpecStreamGraph(torch.nn.Module):
 
     def _layer(self, i: int, x, cos, sin, mask, start, n_main: int) -> torch.Tensor:
         """One block. Rows [0, n_main) are main rows (K/V written to the cache at ``start``),
-        the rest stream rows (attended, never cached). ``mask``: (R, context + R - n_main) bool."""
+        the rest stream rows (attended, never cached). ``mask``: additive (R, context + R - n_main)
+        (see :func:`additive`)."""
         gc, b = self.gc, self.blocks[i]
         R = x.shape[0]
         h = self._norm(x, b["ln1"])
@@ -325,7 +338,7 @@ class SpecStreamGraph(torch.nn.Module):
         qg = q.reshape(gc.n_kv_heads, rep * R, gc.head_dim)
         scores = (qg @ keys.transpose(1, 2)) * (gc.head_dim ** -0.5)
         scores = scores.reshape(gc.n_kv_heads, rep, R, -1)
-        scores = torch.where(mask, scores, torch.tensor(float("-inf"), dtype=scores.dtype))
+        scores = scores + mask  # additive: 0 where visible, -MASKED elsewhere
         p = torch.softmax(scores, dim=-1).reshape(gc.n_kv_heads, rep * R, -1)
         o = (p @ values).reshape(gc.n_heads, R, gc.head_dim).transpose(0, 1).reshape(R, -1)
         h = x + self._lin(b["o_proj"], o, n_main)
@@ -342,10 +355,10 @@ class SpecStreamGraph(torch.nn.Module):
         n = tokens.shape[0]
         pos = start + torch.arange(n, dtype=torch.int32)
         cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        mask = torch.arange(gc.context, dtype=torch.int32)[None, :] <= pos[:, None]
+        bias = additive(torch.arange(gc.context, dtype=torch.int32)[None, :] <= pos[:, None])
         h = F.embedding(tokens, self.embed.t_weight)
         for i in range(gc.n_layers):
-            h = self._layer(i, h, cos, sin, mask, start, n)
+            h = self._layer(i, h, cos, sin, bias, start, n)
         last = torch.index_select(h, 0, (length - 1).clamp(0, n - 1))
         logits = self.head(last)
         top = torch.argmax(logits, dim=-1).to(torch.int32)
@@ -372,6 +385,7 @@ class SpecStreamGraph(torch.nn.Module):
         cols = torch.index_select(anc.to(torch.int32), 1, rel.clamp(0, T - 1)) > 0  # (T, C)
         cmask = torch.logical_or((rel < 0)[None, :], torch.logical_and(in_tree[None, :], cols))
         cos, sin = self.rope_cos[positions], self.rope_sin[positions]
+        cbias = additive(cmask)
 
         h = F.embedding(tokens, self.embed.t_weight)
         kept = valid > 0
@@ -379,7 +393,7 @@ class SpecStreamGraph(torch.nn.Module):
         for i in range(msa_start):
             if G and i == gc.prune_layer and gc.prune_threshold > 0 and T > 1:
                 kept = self._prune(h, tokens, positions - n, anc, eye, kept)
-            h = self._layer(i, h, cos, sin, cmask, n, T)
+            h = self._layer(i, h, cos, sin, cbias, n, T)
         if G and gc.prune_layer >= msa_start and gc.prune_threshold > 0 and T > 1:
             kept = self._prune(h, tokens, positions - n, anc, eye, kept)
         outputs = {}
@@ -392,7 +406,7 @@ class SpecStreamGraph(torch.nn.Module):
             spos = (positions[:, None] + torch.arange(1, G + 1, dtype=torch.int32)[None, :]).reshape(-1)
             allpos = torch.cat([positions, spos])
             cos, sin = self.rope_cos[allpos], self.rope_sin[allpos]
-            mask = self._stream_mask(cmask)
+            mask = additive(self._stream_mask(cmask))
             for i in range(msa_start, gc.n_layers):
                 h = self._layer(i, h, cos, sin, mask, n, T)
             logits = self.head(h)
@@ -405,7 +419,7 @@ class SpecStreamGraph(torch.nn.Module):
                 outputs["stream_logits"] = streams.reshape(T, G, gc.vocab)
         else:
             for i in range(msa_start, gc.n_layers):
-                h = self._layer(i, h, cos, sin, cmask, n, T)
+                h = self._layer(i, h, cos, sin, cbias, n, T)
             main = self.head(h)
         outputs["main_token"] = torch.argmax(main, dim=-1).to(torch.int32)
         outputs["node_kept"] = kept.to(torch.int32)

@@ -122,7 +122,7 @@ def test_quantized_package_carries_mlx_values(packages, model_dir, bits):
 
     from mlx_specstream.convert.torch_graph import SpecStreamGraph, graph_config
 
-    model = load_for_export(model_dir, "shared", bits, 32, "float32")
+    model = load_for_export(model_dir, "shared", bits, 64, "float32")
     mlx_q = SpecStreamGraph(model, graph_config(model, 96, 16, 4)).quantized_weights()
     pkg = Package(packages[f"q{bits}"].package)
     ops = [op for op in pkg.program.functions["step"].operations
@@ -196,7 +196,7 @@ def test_greedy_and_sampled_tokens_equal_engine(packages, model_dir):
 
 @pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_tokens_equal_quantized_mlx(packages, model_dir, bits):
-    model = load_for_export(model_dir, "shared", bits, 32, "float32")
+    model = load_for_export(model_dir, "shared", bits, 64, "float32")
     runner = PackageRunner(packages[f"q{bits}"].package, backend="reference")
     tok = _tok(model_dir)
     for prompt in PROMPTS[:2]:
