@@ -41,6 +41,7 @@ FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
 MAX_TREE = 256
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json",
                    "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
                    "chat_template.json")
 PRECISIONS = ("float16", "float32")
