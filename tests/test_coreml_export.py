@@ -331,3 +331,18 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
     assert_one_line_error(res, "needs --model")
     assert sorted(os.listdir(tmp_path)) == ["file", "taken.mlpackage"]
     assert os.listdir(tmp_path / "taken.mlpackage") == []
+
+
+def test_base_model_package(model_dir, tmp_path):
+    """Without an adapter: a one-node tree per step, the plain model's greedy tokens."""
+    res = export_coreml(model_dir, tmp_path / "base.mlpackage", precision="float32", context=64, chunk=4,
+                        progress=None)
+    meta = res.metadata
+    assert meta["specstream.mode"] == "base" and meta["specstream.gamma"] == "0"
+    assert meta["specstream.tree_size"] == "1"
+    model = load_for_export(model_dir, None, precision="float32")
+    prompt = PROMPTS[0]
+    with fp16_kv():
+        ref = generate(model, None, prompt, max_tokens=20, mode="ar")
+    got = generate_package(PackageRunner(res.package, backend="reference"), None, prompt, max_tokens=20)
+    assert got.tokens == ref.tokens
