@@ -35,6 +35,7 @@ class AdapterConfig:
     branch: int = 3
     tree_budget: int = 32
     base_fingerprint: str = ""
+    base_probe: list | None = None
     name: str = ""
 
     def validate(self, n_layers: int) -> None:
@@ -51,20 +52,30 @@ class AdapterConfig:
 
 
 def fingerprint(model) -> str:
-    """Identity of a base model: its config and what its embedding and head compute."""
+    """Identity of a base model's architecture: a digest of its config (dtype and quantization
+    excluded, so an adapter follows its base through casting and quantization)."""
     import hashlib
 
-    if getattr(model, "_fingerprint", None):
-        return model._fingerprint
-    cfg = {k: v for k, v in model.config.items() if k != "quantization" and not k.startswith("_")}
-    digest = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode())
-    ids = mx.arange(min(8, cfg.get("vocab_size", 8)))[None]
-    h = model.embed(ids, mx.arange(ids.shape[1]))
-    out = mx.round(model.head(h).astype(mx.float32) * 100)
-    digest.update(memoryview(mx.round(h.astype(mx.float32) * 1000)))
-    digest.update(memoryview(out))
-    model._fingerprint = digest.hexdigest()[:16]
-    return model._fingerprint
+    skip = {"quantization", "quantization_config", "torch_dtype", "dtype"}
+    cfg = {k: v for k, v in model.config.items() if k not in skip and not k.startswith("_")}
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def probe(model) -> list[float]:
+    """What the base computes for a few fixed tokens (logits of 8 tokens, 16 vocab entries):
+    compared by correlation, it tells bases of the same shape apart, yet survives fp16/int8."""
+    n = min(8, model.config.get("vocab_size", 8))
+    ids = mx.arange(n)[None]
+    logits = model.head(model.embed(ids, mx.arange(n)))[0, :, :16].astype(mx.float32)
+    return [round(float(x), 4) for x in logits.reshape(-1).tolist()]
+
+
+def same_base(a: list[float], b: list[float]) -> bool:
+    import numpy as np
+
+    x, y = np.asarray(a) - np.mean(a), np.asarray(b) - np.mean(b)
+    return len(a) == len(b) and float(x @ y) > 0.9 * float(np.linalg.norm(x) * np.linalg.norm(y))
+
 
 
 def _linears(block: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -104,6 +115,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0)
         config.prune_layer = n - config.msa_layers
     config.validate(n)
     config.base_fingerprint = fingerprint(model)
+    config.base_probe = probe(model)
     key = mx.random.key(seed)
     key, sub = mx.random.split(key)
     hidden = model.config["hidden_size"]
@@ -179,10 +191,11 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
     known = {f.name for f in fields(AdapterConfig)}
     cfg = AdapterConfig(**{k: v for k, v in raw.items() if k in known})
     expected = fingerprint(model)
-    if cfg.base_fingerprint and cfg.base_fingerprint != expected:
+    if (cfg.base_fingerprint and cfg.base_fingerprint != expected) or (
+            cfg.base_probe and not same_base(cfg.base_probe, probe(model))):
         raise AdapterError(
             f"adapter '{path.name}' was made for another base model "
-            f"(fingerprint {cfg.base_fingerprint}, this model {expected})"
+            f"(fingerprint {cfg.base_fingerprint}, this model {expected}, or its weights differ)"
         )
     try:
         weights = mx.load(str(path / WEIGHTS_FILE))

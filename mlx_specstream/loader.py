@@ -127,24 +127,15 @@ def load_model(path: str | Path, dtype: str | None = None,
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
                     class_predicate=lambda p, m: q[p] if p in q else (
                         hasattr(m, "to_quantized") and f"{p}.scales" in weights))
+    if dtype is None and not mx.metal.is_available() and any(
+            w.dtype in (mx.float16, mx.bfloat16) for w in weights.values()):
+        dtype = "float32"  # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path
     apply_weights(model, weights, DTYPES[dtype] if dtype else None)
     if quantize is not None:
         quantize_model(model, *quantize)
         mx.eval(model.parameters())
     model.eval()
     return model
-
-
-def model_fingerprint(model: CausalLM) -> str:
-    """A short, stable identity of a base model: its config and a digest of some weights."""
-    import hashlib
-
-    cfg = {k: v for k, v in model.config.items() if not k.startswith("_")}
-    h = hashlib.sha256(json.dumps(cfg, sort_keys=True).encode())
-    emb = model.layers[0]
-    for _, w in sorted(_flatten(emb.parameters()))[:4]:
-        h.update(memoryview(w.astype(mx.float32).reshape(-1)[:64]))
-    return h.hexdigest()[:16]
 
 
 @contextmanager

@@ -15,7 +15,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .tree import Tree, positions, reorder, stream_mask, tree_mask
+from .kernels.attention import AttentionPlan
+from .tree import Tree, positions, reorder
 
 
 class StreamAdapter(nn.Module):
@@ -105,7 +106,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     tokens = mx.array(tree.tokens[None].astype(np.int32))
     pos = positions(tree.depths, n_prefix)
     h = model.embed(tokens, pos)
-    mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
+    mask = AttentionPlan.for_tree(tree.parents, n_prefix) if len(tree) > 1 else None
     kept = np.arange(len(tree))
     stop_plain = msa_start if use_streams else n_layers
     msa_input = None
@@ -117,7 +118,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
                 tree = reorder(tree, kept)
                 h = h[:, mx.array(kept.astype(np.int32))]
                 pos = positions(tree.depths, n_prefix)
-                mask = tree_mask(tree.parents, n_prefix) if len(tree) > 1 else None
+                mask = AttentionPlan.for_tree(tree.parents, n_prefix) if len(tree) > 1 else None
         if i == msa_start:
             msa_input = h[0]
         if i < stop_plain:
@@ -130,7 +131,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     streams = adapter.init_streams(h[:, mx.array(snodes.astype(np.int32))], gamma)
     h = mx.concatenate([h, streams], axis=1)
     pos = positions(tree.depths, n_prefix, snodes, gamma)
-    mask = stream_mask(tree.parents, n_prefix, snodes, gamma, shared)
+    mask = AttentionPlan.for_streams(tree.parents, n_prefix, snodes, gamma, shared)
     m = len(tree)
     for i in range(msa_start, n_layers):
         h = layers[i](h, pos, mask, caches[i] if caches else None, n_main=m)
@@ -150,8 +151,7 @@ def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array
     layers = model.layers
     h = adapter.init_streams(h_node[None, None], gamma)
     pos = mx.arange(n, n + gamma)  # stream j of the node at n - 1 sits at n - 1 + j
-    mask = mx.concatenate([mx.ones((gamma, n), dtype=mx.bool_),
-                           mx.tril(mx.ones((gamma, gamma), dtype=mx.bool_))], axis=1)
+    mask = AttentionPlan.deferred(n, gamma)
     for i in range(len(layers) - cfg.msa_layers, len(layers)):
         h = layers[i](h, pos, mask, caches[i], n_main=0)
     return model.head(h[0])

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels.attention import AttentionPlan, attend_with_cache
 from ..lora import project
 
 
@@ -110,6 +111,8 @@ def attention(
     q, k, v: (B, H, T, D). ``mask`` is boolean or additive with shape (T, S) where S counts the
     cache (after appending) followed by the uncached rows; None means "see every key".
     """
+    if isinstance(mask, AttentionPlan):  # tree / multi-stream structure: kernels or dense path
+        return attend_with_cache(q, k, v, cache, mask, n_main, scale)
     n_cached = k.shape[2] if n_main is None else n_main
     if cache is not None:
         keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])

@@ -1,0 +1,53 @@
+"""The CLI: errors are one line on stderr with a non-zero exit, never a traceback."""
+
+import subprocess
+import sys
+
+import pytest
+from helpers import tiny_model
+
+from mlx_specstream.adapter import new_adapter, save_adapter
+from mlx_specstream.loader import atomic_dir, save_model
+
+
+def cli(*args, stdin=None):
+    return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True,
+                          text=True, input=stdin, timeout=300)
+
+
+def assert_one_line_error(res, fragment):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], res.stderr
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("m") / "tiny"
+    model = tiny_model("llama")
+    with atomic_dir(d) as tmp:
+        save_model(model, model.config, tmp)
+    new_adapter(model, gamma=2, msa_layers=2)
+    save_adapter(model, d / "adapters" / "a")
+    return d
+
+
+def test_generate_errors(model_dir, tmp_path):
+    assert_one_line_error(cli("generate", "--model", str(tmp_path / "nope"), "--prompt", "x"),
+                          "no such model directory")
+    assert_one_line_error(cli("generate", "--model", str(model_dir), "--adapter", "zzz", "--prompt", "x"),
+                          "adapter 'zzz' not found")
+    assert_one_line_error(cli("generate", "--model", str(model_dir), "--prompt", "x"), "no tokenizer")
+    assert_one_line_error(cli("generate", "--model", str(model_dir), "--prompt", "x",
+                              "--prompt-file", str(tmp_path / "p.txt")), "not both")
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "config.json").write_text('{"model_type": "gpt-j"}')
+    (bad / "model.safetensors").write_bytes(b"")
+    assert_one_line_error(cli("generate", "--model", str(bad), "--prompt", "x"), "gpt-j")
+
+
+def test_blas_command():
+    res = cli("blas")
+    assert res.returncode == 0 and "active BLAS" in res.stdout
