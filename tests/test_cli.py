@@ -51,3 +51,22 @@ def test_generate_errors(model_dir, tmp_path):
 def test_blas_command():
     res = cli("blas")
     assert res.returncode == 0 and "active BLAS" in res.stdout
+
+
+def test_generate_default_model_text_and_verbose():
+    from mlx_specstream.api import DEFAULT_MODEL, generate, load
+
+    if not (DEFAULT_MODEL / "config.json").exists():
+        pytest.skip("the default model is not built")
+    prompt = "### Context:\nCREATE TABLE t (a INTEGER)\n"
+    res = cli("generate", "--mode", "ar", "--prompt", prompt, "-n", "8")
+    assert res.returncode == 0, res.stderr
+    model, tok = load()
+    ref = generate(model, tok, prompt, max_tokens=8, mode="ar")
+    assert res.stdout.rstrip("\n") == ref.text
+    adapters = sorted(p.parent.name for p in (DEFAULT_MODEL / "adapters").glob("*/adapter_config.json"))
+    if adapters:
+        name = adapters[0]
+        res = cli("generate", "--adapter", name, "--prompt", prompt, "-n", "16", "--verbose")
+        assert res.returncode == 0, res.stderr
+        assert "mean_accepted_tokens" in res.stderr
