@@ -14,16 +14,18 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-
 
 
 def load(path: str | Path | None = None, adapter: str | Path | None = None,
-         dtype: str | None = None):
+         dtype: str | None = None, quantize: tuple[int, int] | None = None):
     """``(model, tokenizer)`` from an MLX model directory (default: the shipped tiny model).
 
-    ``adapter`` is a path or a name under ``PATH/adapters/``. The tokenizer is None when the
-    directory has no tokenizer files.
+    ``adapter`` is a path or a name under ``PATH/adapters/``; ``quantize=(bits, group_size)``
+    quantizes a float model at load time. Half-precision weights are computed in fp32 on the CPU
+    unless ``dtype`` says otherwise. The tokenizer is None when the directory has no tokenizer
+    files.
     """
     from .tokenizer import load_tokenizer
 
     path = Path(path) if path is not None else DEFAULT_MODEL
-    model = load_model(path, dtype=dtype)
+    model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
     if adapter is not None:
         load_adapter(model, adapter, model_path=path)
