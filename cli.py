@@ -214,7 +214,8 @@ def convert(
 def train(
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     data: Path = typer.Option(..., "--data", help="directory with train.jsonl (and valid.jsonl)"),
-    mode: str = typer.Option("lossless", help="lossless (base frozen) or shared (LoRA everywhere)"),
+    mode: str = typer.Option("lossless", help="lossless (base frozen), shared (LoRA everywhere + "
+                             "streams) or lora (next-token LoRA baseline, no streams)"),
     out: str = typer.Option(..., "--out", help="adapter name (saved under MODEL/adapters/) or dir"),
     gamma: int = typer.Option(4, help="speculative streams"),
     msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),

@@ -46,12 +46,17 @@ def _ours(model, tokenizer, **opts):
     return run
 
 
-def _mlx_lm(path: Path, draft: Path | None, eos: set[int], num_draft: int = 3):
+def _mlx_lm(path: Path, draft: Path | None, eos: set[int], dtype: mx.Dtype, num_draft: int = 3):
+    """mlx-lm's own decoding (plain or with a draft model) on the same weights, cast to the dtype
+    our model runs in, so that both compute the same numbers."""
     from mlx_lm.generate import generate_step, speculative_generate_step
     from mlx_lm.utils import load as lm_load
 
     model, _ = lm_load(str(path))
     draft_model = lm_load(str(draft))[0] if draft else None
+    for m in (model, draft_model):
+        if m is not None:
+            m.set_dtype(dtype)
 
     def run(ids, max_tokens):
         prompt = mx.array(ids)
@@ -85,7 +90,8 @@ def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
         em = sum(_normalize_sql(o) == _normalize_sql(r) for o, r in zip(outputs, refs)) / len(refs)
         return {"exact_match": round(em, 4)}
     em = sum(o.strip() == r.strip() for o, r in zip(outputs, refs)) / len(refs)
-    sim = sum(difflib.SequenceMatcher(None, o, r).ratio() for o, r in zip(outputs, refs)) / len(refs)
+    sim = sum(difflib.SequenceMatcher(None, o.strip(), r.strip()).ratio()
+              for o, r in zip(outputs, refs)) / len(refs)
     return {"exact_match": round(em, 4), "edit_similarity": round(sim, 4)}
 
 
@@ -93,12 +99,13 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     """The methods that can run with what exists, and the reasons the others are skipped."""
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
+    dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
     methods = [Method("ar", _ours(base, tok, mode="ar"))]
     skipped = {}
     try:
-        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos)[0], lossless=True))
+        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], lossless=True))
         if draft_path and draft_path.exists():
-            run, n = _mlx_lm(model_path, draft_path, eos)
+            run, n = _mlx_lm(model_path, draft_path, eos, dtype)
             methods.append(Method("mlx-lm draft", run, n, lossless=True))
         else:
             skipped["mlx-lm draft"] = f"no draft model at {draft_path}"

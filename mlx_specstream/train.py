@@ -23,7 +23,9 @@ entering the MSA layers and the main keys/values of every MSA layer; the stream 
 built ``segment_len`` completion positions at a time, each segment attending to the cached main
 keys and its own streams, and the gradients of the segments are summed. Peak memory grows with
 ``segment_len * gamma`` instead of ``seq_len * gamma``. In shared mode main rows depend on the
-streams, so the whole sequence (streams on completion positions only) runs in one pass.
+streams, so the whole sequence (streams on completion positions only) runs in one pass. The
+``lora`` mode is the next-token baseline the benchmark compares against: shared-mode LoRA trained
+on the main loss alone, no streams.
 
 Data parallel: under ``mlx.launch`` every process takes its share of each global batch; the loss
 of each process is normalised by the global counts of valid targets (summed across processes),
@@ -59,7 +61,7 @@ from .data import Dataset, Example, load_datasets
 from .lora import LoRALinear
 
 REPORT_FILE = "training_report.json"
-MODES = ("lossless", "shared")
+MODES = ("lossless", "shared", "lora")
 
 
 @dataclass
@@ -264,6 +266,10 @@ def shared_hidden(model, batch: Batch, gamma: int):
         h = layer(h, pos, mask, None)
     if h_prune is None:
         h_prune = h
+    if gamma == 0:  # next-token LoRA baseline: no stream rows
+        for layer in model.layers[msa:]:
+            h = layer(h, pos, mask, None)
+        return h[:, w0:w1], None, mx.stop_gradient(h_prune[:, w0:w1])
     s = model.adapter.init_streams(h[:, w0:w1], gamma)
     x = mx.concatenate([h, s], axis=1)
     pos_all, mask_all = shared_layout(batch, gamma)
@@ -290,7 +296,7 @@ def _terms(model, batch: Batch, tc: TrainConfig, states=None):
     rows (None in lossless training), (B, L, gamma, h) of the stream rows, and the hidden states
     entering the pruning layer. Lossless: stream rows segment by segment over precomputed base
     states; shared: the whole window at once."""
-    if tc.mode == "shared":
+    if tc.mode != "lossless":
         w0, w1 = batch.window
         yield (w0, w1, *shared_hidden(model, batch, tc.gamma))
         return
@@ -351,7 +357,7 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
     """Loss (this process's share) and gradients of one (shard of a) global batch."""
     if batch is None:
         return mx.array(0.0), _zeros_like_trainable(model)
-    if tc.mode == "shared":
+    if tc.mode != "lossless":
         def loss_fn():
             ((a, b, main_h, stream_h, prune_h),) = list(_terms(model, batch, tc))
             return _weighted_loss(model, batch, a, b, main_h, stream_h, prune_h, tc, norms)
@@ -395,7 +401,7 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
             continue
         batch = Batch.of([dataset.examples[i] for i in ids])
         states = None
-        if tc.mode != "shared":
+        if tc.mode == "lossless":
             states = base_states(model, mx.array(batch.tokens))
         for a, b, main_h, stream_h, prune_h in _terms(model, batch, tc, states):
             if main_h is None:  # lossless: the main stream is the base's last hidden state
@@ -612,6 +618,10 @@ def epoch_batches(n: int, batch_size: int, seed: int, epoch: int,
 
 
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
+    if mode == "lora":
+        if alphas is not None:
+            raise ValueError("lora mode trains the main stream only: it takes no alphas")
+        return [1.0]
     if alphas is None:
         return [0.0] + [1.0] * gamma if mode == "lossless" else [1.0] + [0.1] * gamma
     if isinstance(alphas, str):
@@ -683,7 +693,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
     if mode not in MODES:
-        raise ValueError(f"mode must be 'lossless' or 'shared', not '{mode}'")
+        raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
+    if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
+        gamma = 0
     if iters is not None and epochs is not None:
         raise ValueError("give either iters or epochs, not both")
     if self_distill and mode != "lossless":

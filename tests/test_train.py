@@ -283,6 +283,33 @@ def test_shared_mode_changes_main_logits_and_reloads(tmp_path):
     assert generate(model, None, [3, 10], max_tokens=10).tokens == ref.tokens
 
 
+def test_lora_mode_is_a_next_token_baseline_without_streams(tmp_path):
+    rng = np.random.default_rng(0)
+    train_ds, valid_ds = arithmetic(64, rng, length=12), arithmetic(8, rng, length=12)
+    model = tiny_model("llama", seed=0)
+    base = np.array(model(mx.array([TOKENS]))[0])
+    report = train(model, (train_ds, valid_ds), mode="lora", out=tmp_path / "lo", msa_layers=2,
+                   iters=12, batch_size=8, lr=3e-3, val_every=0, progress=False, log=lambda m: None)
+    assert report["config"]["alphas"] == [1.0] and report["config"]["gamma"] == 0
+    assert report["valid"]["stream_acc"] == []
+    assert report["history"][-1]["loss"] < report["history"][0]["loss"]
+    assert report["valid"]["main_loss"] < 4.0  # chance: ln 64 = 4.16
+    tuned = np.array(model(mx.array([TOKENS]))[0])
+    assert np.abs(tuned - base).max() > 1e-2
+
+    # plain greedy over the tuned model's full-sequence logits is the oracle for mode="ar"
+    ids = [3, 10]
+    for _ in range(8):
+        ids.append(int(np.argmax(np.array(model(mx.array([ids]))[0, -1]))))
+    load_adapter(model, tmp_path / "lo")
+    assert model.adapter_config.mode == "lora" and model.adapter_config.gamma == 0
+    assert generate(model, None, [3, 10], max_tokens=8, mode="ar").tokens == ids[2:]
+    with pytest.raises(ValueError, match="adapter with streams"):
+        generate(model, None, [3, 10], max_tokens=8, mode="ss")
+    with pytest.raises(ValueError, match="no alphas"):
+        train(model, (train_ds, None), mode="lora", alphas="1,0.1", iters=1, progress=False)
+
+
 def test_pruning_adapter_learns_next_token():
     rng = np.random.default_rng(0)
     ds = arithmetic(64, rng, length=12)
