@@ -12,7 +12,7 @@ from mlx_specstream.loader import atomic_dir, save_model
 
 def cli(*args, stdin=None):
     return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True,
-                          text=True, input=stdin, timeout=300)
+                          text=True, input=stdin, timeout=600)
 
 
 def assert_one_line_error(res, fragment):

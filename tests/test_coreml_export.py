@@ -10,12 +10,11 @@ from fp16 rounding of keys/values (where tokens differ, the test reports the mar
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 from helpers import tiny_model
+from test_cli import assert_one_line_error, cli
 from test_coreml_common import fp16_kv, record_engine, replay, write_tokenizer
 
 from mlx_specstream.adapter import new_adapter, save_adapter
@@ -37,18 +36,6 @@ from mlx_specstream.tokenizer import load_tokenizer  # noqa: E402
 
 PROMPTS = [[5, 9, 2, 7, 11, 3, 8, 1, 4], [12], [33, 33, 2, 60, 17]]
 SIZES = dict(context=96, tree_size=16, chunk=4)
-
-
-def cli(*args):
-    return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True, text=True,
-                          timeout=600)
-
-
-def assert_one_line_error(res, fragment):
-    assert res.returncode != 0
-    assert "Traceback" not in res.stderr, res.stderr
-    lines = [line for line in res.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:") and fragment in lines[0], res.stderr
 
 
 @pytest.fixture(scope="module")

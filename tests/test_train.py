@@ -264,14 +264,20 @@ def test_self_distill_targets_are_base_greedy(synthetic, tmp_path):
     assert report["valid"]["main_acc"] == 1.0  # targets are the base's own predictions
 
 
-def test_shared_mode_changes_main_logits_and_reloads(tmp_path):
+def tune_main_stream(mode, out):
+    """A tiny model fine-tuned (main stream included) on the arithmetic task: the model, its logits
+    on TOKENS before training, the training report and the data."""
     rng = np.random.default_rng(0)
     train_ds, valid_ds = arithmetic(64, rng, length=12), arithmetic(8, rng, length=12)
     model = tiny_model("llama", seed=0)
     base = np.array(model(mx.array([TOKENS]))[0])
-    report = train(model, (train_ds, valid_ds), mode="shared", out=tmp_path / "sh", gamma=2,
-                   msa_layers=2, iters=12, batch_size=8, lr=3e-3, val_every=0, progress=False,
-                   log=lambda m: None)
+    report = train(model, (train_ds, valid_ds), mode=mode, out=out, gamma=2, msa_layers=2, iters=12,
+                   batch_size=8, lr=3e-3, val_every=0, progress=False, log=lambda m: None)
+    return model, base, report, train_ds
+
+
+def test_shared_mode_changes_main_logits_and_reloads(tmp_path):
+    model, base, report, _ = tune_main_stream("shared", tmp_path / "sh")
     assert report["config"]["alphas"] == [1.0, 0.1, 0.1]
     assert report["history"][-1]["loss"] < report["history"][0]["loss"]
     assert report["valid"]["main_loss"] < 4.0  # learnt the task a little (chance: ln 64 = 4.16)
@@ -284,12 +290,7 @@ def test_shared_mode_changes_main_logits_and_reloads(tmp_path):
 
 
 def test_lora_mode_is_a_next_token_baseline_without_streams(tmp_path):
-    rng = np.random.default_rng(0)
-    train_ds, valid_ds = arithmetic(64, rng, length=12), arithmetic(8, rng, length=12)
-    model = tiny_model("llama", seed=0)
-    base = np.array(model(mx.array([TOKENS]))[0])
-    report = train(model, (train_ds, valid_ds), mode="lora", out=tmp_path / "lo", msa_layers=2,
-                   iters=12, batch_size=8, lr=3e-3, val_every=0, progress=False, log=lambda m: None)
+    model, base, report, train_ds = tune_main_stream("lora", tmp_path / "lo")
     assert report["config"]["alphas"] == [1.0] and report["config"]["gamma"] == 0
     assert report["valid"]["stream_acc"] == []
     assert report["history"][-1]["loss"] < report["history"][0]["loss"]
