@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import os
 import platform
 import sys
 import time
@@ -153,6 +154,10 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
     rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
+    load_before = os.getloadavg()[0]
+    if load_before > 0.5:
+        print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
+              "noisy, though the ratios between methods hold better", file=sys.stderr)
     methods, info = build_methods(model_path, task, draft_path)
     tok = info["tokenizer"]
     prompts = [tok.encode(r["prompt"]) for r in rows]
@@ -192,6 +197,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     meta = {
         "command": command or " ".join(sys.argv), "date": str(date.today()),
         "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(), "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
         "model": str(model_path), "task": task, "prompts": len(rows), "max_tokens": max_tokens,
         "skipped": info["skipped"],
@@ -206,7 +212,9 @@ def markdown_table(meta: dict, results: list[dict]) -> str:
         keys.append("edit_similarity")
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
     lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
-             f"BLAS {meta['blas']}, {meta['prompts']} prompts, max {meta['max_tokens']} tokens", "",
+             f"BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load before/after: "
+             f"{meta.get('load_average_1m')}), {meta['prompts']} prompts, "
+             f"max {meta['max_tokens']} tokens", "",
              "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
     for r in results:
         lines.append("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
