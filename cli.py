@@ -62,6 +62,9 @@ def generate(
     branch: int | None = typer.Option(None, help="candidates per stream (k)"),
     tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
     prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold"),
+    node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
+                                           "one-node pass; 0: always the whole budget (default: "
+                                           "measured for CPUs, 0 on Metal)"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="colour accepted (green) and rejected (red) drafts; stats"),
 ) -> None:
@@ -70,9 +73,9 @@ def generate(
 
     text = _read_prompt(prompt, prompt_file)
     if model is not None and model.name.endswith(".mlpackage"):
-        if adapter is not None or gamma is not None or prune_threshold is not None:
-            raise ValueError("a Core ML package fixes its adapter, gamma and pruning at export: "
-                             "drop --adapter, --gamma and --prune-threshold")
+        if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
+            raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
+                             "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
         _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
                          mode=mode, branch=branch, tree_budget=tree_budget, verbose=verbose)
         return
@@ -81,7 +84,7 @@ def generate(
         raise ValueError(f"{model}: the model has no tokenizer files")
     gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                           seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                          prune_threshold=prune_threshold)
+                          prune_threshold=prune_threshold, node_cost=node_cost)
     decoder_stats = None
     for step in gen:
         decoder_stats = step.stats

@@ -64,11 +64,13 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
 def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
              top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
-             prune_threshold: float | None = None, streams: str = "auto") -> Decoder:
+             prune_threshold: float | None = None, streams: str = "auto",
+             node_cost: float | None = None) -> Decoder:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                         prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams)
+                         prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
+                         node_cost=node_cost)
     return Decoder(model, _prompt_ids(tokenizer, prompt), opts)
 
 
@@ -99,8 +101,11 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     ``prompt`` is text or token ids. Options: ``max_tokens`` (256), ``temperature`` (0:
     greedy), ``top_p``, ``seed``, ``mode`` ("ss", or "ar": token by token through the same
     code path, the lossless reference), and the overrides ``gamma`` (streams used), ``branch``
-    (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, and ``streams`` ("auto",
-    "tree", "deferred": see :class:`~mlx_specstream.engine.DecodeOptions`). Decoding stops at EOS, at
+    (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
+    "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
+    each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
+    budget; default: measured for a CPU, 0 on Metal); see
+    :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at
     ``max_tokens`` or at a ``stop`` string (whose text is not emitted).
     """
     yield from _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, stop)

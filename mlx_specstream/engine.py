@@ -39,6 +39,15 @@ class DecodeOptions:
     # only): streams of just the last accepted node, in a small pass after verification;
     # "auto": deferred where extra rows cost compute (CPU), tree on Metal.
     streams: str = "auto"
+    # Cost of one more tree node relative to a one-node pass; > 0 sizes each tree to the most
+    # expected tokens per unit of cost (tree.best_size). None: the default for this machine.
+    node_cost: float | None = None
+
+
+# Measured on a 2-core x86 CPU (docs/engine.md): each extra node costs ~7% of a one-node pass
+# with deferred streams, ~15% with streams on every node. On Metal extra rows are nearly free:
+# the whole budget runs.
+CPU_NODE_COST = {"deferred": 0.07, "tree": 0.15}
 
 
 @dataclass
@@ -134,6 +143,12 @@ class Decoder:
             raise ValueError("streams must be 'auto', 'tree' or 'deferred'")
         self.deferred = opts.mode == "ss" and not self.shared and (
             opts.streams == "deferred" or (opts.streams == "auto" and not mx.metal.is_available()))
+        if opts.node_cost is not None and opts.node_cost < 0:
+            raise ValueError("node_cost must be >= 0")
+        self.node_cost = opts.node_cost
+        if self.node_cost is None:
+            on_cpu = not mx.metal.is_available() and opts.mode == "ss"
+            self.node_cost = CPU_NODE_COST["deferred" if self.deferred else "tree"] if on_cpu else 0.0
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
@@ -221,7 +236,7 @@ class Decoder:
         yield step
         while step.finished is None:
             t_step = time.perf_counter()
-            tree = build_tree(root, draft.levels, draft.scores, self.budget)
+            tree = build_tree(root, draft.levels, draft.scores, self.budget, self.node_cost)
             t_model = time.perf_counter()
             out = self._run(tree, stream_nodes="all", prune=opts.mode == "ss")
             target = self._target(out.main_logits)

@@ -38,13 +38,15 @@ def chain(tokens) -> Tree:
     return Tree(np.asarray(tokens, np.int64), np.arange(-1, n - 1), np.arange(n))
 
 
-def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], budget: int) -> Tree:
+def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], budget: int,
+               node_cost: float = 0.0) -> Tree:
     """Tree of drafts under ``root``: every node at depth j-1 gets ``levels[j-1]`` as children.
 
     ``scores[j-1][i]`` is the log-probability of ``levels[j-1][i]``. With more nodes than
     ``budget`` the best nodes by path score (sum of log-probabilities from the root, as in
     EAGLE-2's re-ranking) are kept; scores only decrease along a path, so the kept set always
-    contains each kept node's parent. Ties go to the earlier-expanded node.
+    contains each kept node's parent. Ties go to the earlier-expanded node. With ``node_cost``
+    > 0 the tree is cut further to the size :func:`best_size` picks.
     """
     if budget < 1:
         raise ValueError("tree budget must be >= 1")
@@ -68,8 +70,27 @@ def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], bu
         depths.append(depth)
         path_score.append(-neg)
         push_children(len(tokens) - 1, depth, -neg)
+    if node_cost > 0:  # nodes were taken best first, each after its parent: keep a prefix
+        m = best_size(path_score, node_cost)
+        tokens, parents, depths = tokens[:m], parents[:m], depths[:m]
     order = sorted(range(len(tokens)), key=lambda v: (depths[v], v))
     return reorder(Tree(np.array(tokens), np.array(parents), np.array(depths)), order)
+
+
+def best_size(path_scores, node_cost: float) -> int:
+    """How many nodes of a draft tree to run, root first and the others by descending path score.
+
+    A node is accepted with the probability of its whole path, ``exp(score)``, if the drafts are
+    calibrated, so m nodes advance ``1 + sum of those probabilities`` tokens in expectation (the
+    accepted nodes form a path and the root is always kept). A pass over m nodes costs
+    ``1 + node_cost * (m - 1)`` one-node passes. Returns the m with the most tokens per unit
+    cost: small trees where the draft is unsure or extra rows are dear (a CPU), the whole
+    budget where they are nearly free.
+    """
+    p = np.exp(np.asarray(path_scores[1:], np.float64))
+    gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
+    cost = 1.0 + node_cost * np.arange(len(gain))
+    return int(np.argmax(gain / cost)) + 1
 
 
 def reorder(tree: Tree, order) -> Tree:

@@ -153,11 +153,11 @@ def test_evaluator_equals_engine_steps(packages, model_dir):
 
 def _check_tokens(model, runner, tok, prompt, n=40, **kw):
     with fp16_kv():
-        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, **kw)
+        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
     got = generate_package(runner, tok, prompt, max_tokens=n, **kw)
     assert got.tokens == ref.tokens
     assert got.stats.calls == ref.stats.calls and got.stats.kept_nodes == ref.stats.kept_nodes
-    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, **kw)
+    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
     return got, plain
 
 
@@ -277,7 +277,8 @@ def test_cli_convert_and_generate(model_dir, tmp_path):
     model = load_for_export(model_dir, "lossless", precision="float32")
     tok = _tok(model_dir)
     with fp16_kv():
-        ref = generate(model, tok, "w3 w9 w0 w5", max_tokens=12, streams="tree", tree_budget=12)
+        ref = generate(model, tok, "w3 w9 w0 w5", max_tokens=12, streams="tree", tree_budget=12,
+                           node_cost=0.0)
     words_got, words_ref = res.stdout.split(), ref.text.split()
     assert words_got[:4] == words_ref[:4], (res.stdout, ref.text)
 

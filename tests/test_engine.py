@@ -41,18 +41,43 @@ GRID = list(itertools.product([1, 2, 4], [1, 3], [0.0, 0.2], [6, 32], ["tree", "
 def test_lossless_greedy_llama(llama, gamma, branch, threshold, budget, streams):
     new_adapter(llama, gamma=4, msa_layers=2, seed=gamma * 7 + branch)
     ss = check_lossless(llama, [5, 9, 2, 7], gamma=gamma, branch=branch, prune_threshold=threshold,
-                        tree_budget=budget, streams=streams)
+                        tree_budget=budget, streams=streams, node_cost=0.0)
     expected_nodes = min(budget, 1 + sum(branch**g for g in range(1, gamma + 1)))
     assert ss.stats.tree_nodes == expected_nodes * ss.stats.calls
     if threshold == 0:
         assert ss.stats.kept_nodes == ss.stats.tree_nodes
 
 
+def test_tree_size_follows_node_cost(llama):
+    """Dearer nodes, smaller trees; the output stays the base model's at every size."""
+    new_adapter(llama, gamma=4, msa_layers=2, seed=5)
+    sizes = []
+    for cost in (0.0, 0.05, 0.3, 100.0):
+        ss = check_lossless(llama, [2, 8], n=120, branch=3, tree_budget=16, node_cost=cost)
+        sizes.append(ss.stats.tree_nodes / ss.stats.calls)
+    assert sizes[0] == 16 and sizes[-1] == 1  # the whole budget; the root alone (AR with streams)
+    assert sizes == sorted(sizes, reverse=True) and sizes[1] > sizes[2]
+    with pytest.raises(ValueError, match="node_cost"):
+        generate(llama, None, [1], max_tokens=2, node_cost=-1.0)
+
+
+def test_default_node_cost_is_the_machines():
+    from mlx_specstream.engine import CPU_NODE_COST
+
+    model = tiny_model("llama")
+    new_adapter(model, gamma=2, msa_layers=2)
+    for streams in ("tree", "deferred"):
+        d = Decoder(model, [1, 2], DecodeOptions(streams=streams))
+        assert d.node_cost == (0.0 if mx.metal.is_available() else CPU_NODE_COST[streams])
+    assert Decoder(model, [1, 2], DecodeOptions(node_cost=0.25)).node_cost == 0.25
+    assert Decoder(model, [1, 2], DecodeOptions(mode="ar")).node_cost == 0.0
+
+
 def test_grid_exercises_multi_token_acceptance(llama):
     new_adapter(llama, gamma=4, msa_layers=2, seed=0)
     longest = 0
     for prompt in ([1], [3, 3], [8, 1, 2]):
-        ss = check_lossless(llama, prompt, n=150, branch=3)
+        ss = check_lossless(llama, prompt, n=150, branch=3, node_cost=0.0)
         longest = max(longest, max(ss.stats.accepted_lengths))
     assert longest >= 3, "random streams never got a draft accepted: the test would be vacuous"
 
@@ -68,8 +93,8 @@ def test_lossless_greedy_other_architectures(arch):
 
 def test_deferred_and_tree_streams_draft_the_same(llama):
     new_adapter(llama, gamma=3, msa_layers=2, seed=8)
-    a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree")
-    b = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="deferred")
+    a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree", node_cost=0.1)
+    b = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="deferred", node_cost=0.1)
     assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
 
 
@@ -89,7 +114,7 @@ def test_eos_inside_an_accepted_draft(llama):
     new_adapter(llama, gamma=4, msa_layers=2, seed=0)
     found = None
     for prompt in ([1], [3, 3], [8, 1, 2], [5]):
-        ss = generate(llama, None, prompt, max_tokens=150, branch=3)
+        ss = generate(llama, None, prompt, max_tokens=150, branch=3, node_cost=0.0)
         seen = set()
         for step in ss.steps:
             for i, t in enumerate(step.accepted[:-1] if len(step.accepted) > 1 else []):
@@ -111,7 +136,7 @@ def test_eos_inside_an_accepted_draft(llama):
             return None
 
     ar = generate(llama, Tok(), prompt, max_tokens=150, mode="ar")
-    ss = generate(llama, Tok(), prompt, max_tokens=150, branch=3)
+    ss = generate(llama, Tok(), prompt, max_tokens=150, branch=3, node_cost=0.0)
     assert ss.tokens == ar.tokens and ss.finish_reason == ar.finish_reason == "stop"
     assert eos not in ss.tokens
 

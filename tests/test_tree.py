@@ -4,6 +4,7 @@ import pytest
 from mlx_specstream.tree import (
     ancestor_bits,
     ancestors,
+    best_size,
     build_tree,
     chain,
     positions,
@@ -40,6 +41,37 @@ def test_budget_keeps_best_paths_and_is_ancestor_closed():
             p = t.parents[p]
         paths.add(tuple(reversed(toks)))
     assert paths == {(0,), (0, 1), (0, 1, 3), (0, 1, 4), (0, 1, 3, 5)}
+
+
+def test_best_size_maximises_expected_tokens_per_cost():
+    logp = np.log([1.0, 0.9, 0.5, 0.1])  # root (score 0), then path probabilities, best first
+    # m nodes: (1 + sum of the m-1 best probabilities) / (1 + 0.2 (m-1)): 1, 1.583, 1.714, 1.562
+    assert best_size(logp, 0.2) == 3
+    assert best_size(logp, 0.0) == 4  # free nodes: all of them
+    assert best_size(logp, 0.95) == 1  # a node costs nearly a pass: the root alone
+    assert best_size([0.0] * 6, 0.5) == 6  # certain drafts are always worth running
+    assert best_size([0.0, -20.0, -30.0], 0.01) == 1  # hopeless drafts never are
+    rng = np.random.default_rng(0)
+    for _ in range(50):  # against brute force
+        p = np.sort(rng.random(rng.integers(1, 12)))[::-1]
+        c = float(rng.random())
+        ratios = [(1 + p[: m - 1].sum()) / (1 + c * (m - 1)) for m in range(1, len(p) + 2)]
+        assert best_size(np.log(np.concatenate([[1.0], p])), c) == int(np.argmax(ratios)) + 1
+
+
+def test_node_cost_cuts_the_tree_to_its_best_nodes():
+    levels = [[1, 2], [3, 4], [5, 6]]
+    scores = [[-0.1, -3.0], [-0.2, -0.3], [-0.1, -5.0]]
+    full = build_tree(0, levels, scores, budget=15)
+    # path log-probabilities, best first: 1 -0.1, 1-3 -0.3, 1-4 -0.4, 1-3-5 -0.4, 1-4-5 -0.5, 2 -3.0;
+    # tokens per cost at 0.5 a node: 1, 1.27, 1.32, 1.33, 1.33 (m = 5), 1.31, ...
+    t = build_tree(0, levels, scores, budget=15, node_cost=0.5)
+    assert len(t) == best_size([0.0, -0.1, -0.3, -0.4, -0.4, -0.5, -3.0], 0.5) == 5
+    assert sorted(map(tuple, zip(t.tokens, t.depths))) == [(0, 0), (1, 1), (3, 2), (4, 2), (5, 3)]
+    assert len(full) == 15 and len(build_tree(0, levels, scores, budget=15, node_cost=10.0)) == 1
+    assert set(map(tuple, zip(t.tokens, t.depths))) <= set(map(tuple, zip(full.tokens, full.depths)))
+    for v in range(1, len(t)):
+        assert 0 <= t.parents[v] < v
 
 
 def test_chain_mode_is_a_path():
