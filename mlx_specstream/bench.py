@@ -155,12 +155,12 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
     rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
+    methods, info = build_methods(model_path, task, draft_path)
+    tok = info["tokenizer"]
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
         print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
               "noisy, though the ratios between methods hold better", file=sys.stderr)
-    methods, info = build_methods(model_path, task, draft_path)
-    tok = info["tokenizer"]
     prompts = [tok.encode(r["prompt"]) for r in rows]
     for m in methods:  # warm up (compilation, allocation) outside the timings
         m.run(prompts[0], 4)
