@@ -2,11 +2,12 @@
 # Rebuild the shipped model, models/specstream-tiny/, from nothing but this repository and the
 # Python standard library on the machine:
 #   data (scripts/make_data.py) -> tokenizer -> base model (scripts/train_base.py) -> test eval
-#   -> MLX model (specstream-mlx convert).
+#   -> MLX model (specstream-mlx convert) -> adapters and draft model (scripts/train_adapters.sh).
 #
 #   scripts/build_default_model.sh              # everything (training wants a CUDA GPU)
 #   SKIP_TRAIN=1 scripts/build_default_model.sh # data + tokenizer + MLX conversion of the shipped weights
 #   TRAIN_ARGS="--max-minutes 30" scripts/build_default_model.sh   # extra flags for train_base.py train
+#   SKIP_ADAPTERS=1 scripts/build_default_model.sh   # the base model only
 #
 # The shipped weights were trained on one H100 (train_log.json): 3601 steps of 96 x 512 tokens,
 # about 4 minutes there; the same command on this repository's 2-core CPU machine would take
@@ -32,7 +33,12 @@ fi
 # the MLX model the project's CLI loads by default (same fp16 weights, MLX layout)
 if command -v specstream-mlx >/dev/null || [ -x .venv/bin/specstream-mlx ]; then
   SS=$(command -v specstream-mlx || echo .venv/bin/specstream-mlx)
-  "$SS" convert --hf-path "$HF" --mlx-path "$MODEL/mlx" --overwrite
+  "$SS" convert --hf-path "$HF" --mlx-path "$MODEL/mlx.new" --overwrite
+  for keep in adapters draft; do  # kept until retrained (loading checks they match the base)
+    if [ -d "$MODEL/mlx/$keep" ]; then mv "$MODEL/mlx/$keep" "$MODEL/mlx.new/"; fi
+  done
+  rm -rf "$MODEL/mlx" && mv "$MODEL/mlx.new" "$MODEL/mlx"
+  [ "${SKIP_ADAPTERS:-0}" = 1 ] || PYTHON="$PY" bash scripts/train_adapters.sh
 else
   echo "build_default_model: specstream-mlx not installed (scripts/setup.sh); skipped the MLX conversion" >&2
 fi
