@@ -257,7 +257,7 @@ def shared_hidden(model, batch: Batch, gamma: int):
     w0, w1 = batch.window
     pos = mx.arange(T)
     mask = causal_mask(T, 0) if T > 1 else None
-    msa = _msa_start(model)
+    msa = _msa_start(model) if gamma else len(model.layers)  # gamma 0: the LoRA baseline
     h = model.embed(tokens, pos)
     h_prune = None
     for i, layer in enumerate(model.layers[:msa]):
@@ -266,9 +266,7 @@ def shared_hidden(model, batch: Batch, gamma: int):
         h = layer(h, pos, mask, None)
     if h_prune is None:
         h_prune = h
-    if gamma == 0:  # next-token LoRA baseline: no stream rows
-        for layer in model.layers[msa:]:
-            h = layer(h, pos, mask, None)
+    if gamma == 0:
         return h[:, w0:w1], None, mx.stop_gradient(h_prune[:, w0:w1])
     s = model.adapter.init_streams(h[:, w0:w1], gamma)
     x = mx.concatenate([h, s], axis=1)
