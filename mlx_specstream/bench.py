@@ -27,7 +27,7 @@ from mlx.utils import tree_flatten
 from .adapter import adapter_weights
 from .api import generate, load
 from .blas import active_blas
-from .engine import CPU_NODE_COST
+from .engine import default_node_costs
 
 
 @dataclass
@@ -202,7 +202,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
         "model": str(model_path), "task": task, "prompts": len(rows), "max_tokens": max_tokens,
         "skipped": info["skipped"],
-        "node_cost": 0.0 if mx.metal.is_available() else CPU_NODE_COST,
+        "node_cost": default_node_costs(),
     }
     write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}

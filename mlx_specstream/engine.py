@@ -50,6 +50,11 @@ class DecodeOptions:
 CPU_NODE_COST = {"deferred": 0.07, "tree": 0.15}
 
 
+def default_node_costs() -> dict[str, float]:
+    """The node cost used when none is given, by streams policy, on this machine."""
+    return {k: 0.0 if mx.metal.is_available() else v for k, v in CPU_NODE_COST.items()}
+
+
 @dataclass
 class Stats:
     prompt_tokens: int = 0
@@ -147,8 +152,8 @@ class Decoder:
             raise ValueError("node_cost must be >= 0")
         self.node_cost = opts.node_cost
         if self.node_cost is None:
-            on_cpu = not mx.metal.is_available() and opts.mode == "ss"
-            self.node_cost = CPU_NODE_COST["deferred" if self.deferred else "tree"] if on_cpu else 0.0
+            policy = "deferred" if self.deferred else "tree"
+            self.node_cost = default_node_costs()[policy] if opts.mode == "ss" else 0.0
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
