@@ -78,14 +78,16 @@ def same_base(a: list[float], b: list[float]) -> bool:
 
 
 
-def _linears(block: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of every linear layer inside a block."""
+def _linears(block: nn.Module, kinds: tuple = (nn.Linear, nn.QuantizedLinear)
+             ) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of every layer of the given kinds inside a block (not looking into
+    the layers found)."""
     found = []
     for name, child in block.children().items():
-        if isinstance(child, (nn.Linear, nn.QuantizedLinear)):
+        if isinstance(child, kinds):
             found.append((block, name))
         elif isinstance(child, nn.Module):
-            found.extend(_linears(child))
+            found.extend(_linears(child, kinds))
     return found
 
 
@@ -93,18 +95,14 @@ def detach(model) -> None:
     """Remove the attached adapter (if any), restoring the base layers."""
     if getattr(model, "adapter", None) is None:
         return
+    if getattr(model, "fused_lora", 0):
+        raise AdapterError(f"adapter '{model.adapter_config.name}' is fused into this model's "
+                           "weights: load the base model again to change adapters")
     for block in model.layers:
-        _unwrap(block)
+        for parent, name in _linears(block, (LoRALinear,)):
+            setattr(parent, name, getattr(parent, name).base)
     model.pop("adapter")
     model.adapter_config = None
-
-
-def _unwrap(module: nn.Module) -> None:
-    for name, child in list(module.children().items()):
-        if isinstance(child, LoRALinear):
-            setattr(module, name, child.base)
-        elif isinstance(child, nn.Module):
-            _unwrap(child)
 
 
 def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0) -> StreamAdapter:
@@ -147,6 +145,33 @@ def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int =
     return cfg
 
 
+def fuse(model) -> bool:
+    """Fold a shared or LoRA-baseline adapter's LoRA into the base weights: the same function
+    with one matmul per linear layer instead of three (what ``mlx_lm.fuse`` does offline).
+
+    The model then keeps this adapter for good (changing adapters raises: load the base again).
+    Lossless adapters (their LoRA touches stream rows only) and quantized bases (folding would
+    re-quantize them) are left as they are; returns whether anything was fused.
+    """
+    cfg = getattr(model, "adapter_config", None)
+    if cfg is None or cfg.mode == "lossless":
+        return False
+    wrapped = [pn for block in model.layers for pn in _linears(block, (LoRALinear,))]
+    if not wrapped or any(not isinstance(getattr(p, n).base, nn.Linear) for p, n in wrapped):
+        return False
+    n_params = sum(v.size for k, v in adapter_weights(model).items() if ".lora_" in k)
+    for parent, name in wrapped:
+        setattr(parent, name, getattr(parent, name).fused())
+    mx.eval(model.parameters())
+    model.fused_lora = n_params
+    return True
+
+
+def adapter_size(model) -> int:
+    """Parameters the attached adapter adds, LoRA folded into the base weights included."""
+    return sum(v.size for v in adapter_weights(model).values()) + getattr(model, "fused_lora", 0)
+
+
 def adapter_weights(model) -> dict[str, mx.array]:
     """The adapter's own parameters (stream adapter + LoRA matrices), flat names."""
     from mlx.utils import tree_flatten
@@ -161,6 +186,9 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
 
     if getattr(model, "adapter", None) is None:
         raise AdapterError("no adapter is attached to this model")
+    if getattr(model, "fused_lora", 0):
+        raise AdapterError("this model's adapter is fused into its weights: save it from a model "
+                           "loaded with fuse=False")
     with atomic_dir(dest, overwrite=True) as tmp:
         mx.save_safetensors(str(tmp / WEIGHTS_FILE), adapter_weights(model))
         config = asdict(model.adapter_config)

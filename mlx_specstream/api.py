@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .engine import DecodeOptions, Decoder, Stats
 from .loader import load_model
@@ -14,13 +15,15 @@ DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-
 
 
 def load(path: str | Path | None = None, adapter: str | Path | None = None,
-         dtype: str | None = None, quantize: tuple[int, int] | None = None):
+         dtype: str | None = None, quantize: tuple[int, int] | None = None, fuse: bool = True):
     """``(model, tokenizer)`` from an MLX model directory (default: the shipped tiny model).
 
     ``adapter`` is a path or a name under ``PATH/adapters/``; ``quantize=(bits, group_size)``
-    quantizes a float model at load time. Half-precision weights are computed in fp32 on the CPU
-    unless ``dtype`` says otherwise. The tokenizer is None when the directory has no tokenizer
-    files.
+    quantizes a float model at load time. With ``fuse``, a shared-mode or LoRA-baseline adapter's
+    LoRA is folded into the (float) base weights: the same outputs, faster, but the model keeps
+    that adapter; ``fuse=False`` to swap adapters later with ``load_adapter``. Half-precision
+    weights are computed in fp32 on the CPU unless ``dtype`` says otherwise. The tokenizer is None
+    when the directory has no tokenizer files.
     """
     from .tokenizer import load_tokenizer
 
@@ -29,6 +32,8 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     model.path = path
     if adapter is not None:
         load_adapter(model, adapter, model_path=path)
+        if fuse:
+            fuse_adapter(model)
     return model, load_tokenizer(path)
 
 

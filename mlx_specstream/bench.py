@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .adapter import adapter_weights
+from .adapter import adapter_size
 from .api import generate, load
 from .blas import active_blas
 from .engine import default_node_costs
@@ -40,7 +40,8 @@ class Method:
     records: list = field(default_factory=list)
 
 
-def _ours(model, tokenizer, **opts):
+def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple[list[int], int]]:
+    """A bench method running our decoder with these options: (prompt ids, max) -> (tokens, passes)."""
     def run(ids, max_tokens):
         out = generate(model, tokenizer, ids, max_tokens=max_tokens, **opts)
         return out.tokens, out.stats.calls + 1
@@ -102,7 +103,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
     dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-    methods = [Method("ar", _ours(base, tok, mode="ar"))]
+    methods = [Method("ar", our_decoder(base, tok, mode="ar"))]
     skipped = {}
     try:
         methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], lossless=True))
@@ -113,7 +114,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
             skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
     except Exception as e:  # mlx-lm cannot read this model
         skipped["mlx-lm ar"] = f"mlx-lm failed to load the model: {e}"
-    methods.append(Method("lookup", _ours(base, tok, mode="lookup"), lossless=True))
+    methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), lossless=True))
 
     adapters = model_path / "adapters"
     lossless_name, shared_name = f"{task}-lossless", task
@@ -121,24 +122,24 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
         lossless_name, shared_name = "code", "code-shared"
     if (adapters / lossless_name).exists():
         m, _ = load(model_path, adapter=lossless_name)
-        n = sum(v.size for v in adapter_weights(m).values())
+        n = adapter_size(m)
         for label, opts in (("chain", dict(branch=1)), ("tree", dict(branch=3, prune_threshold=0.0)),
                             ("tree+prune", dict(branch=3))):
-            methods.append(Method(f"ss-lossless {label}", _ours(m, tok, **opts), n, lossless=True))
+            methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, lossless=True))
     else:
         skipped["ss-lossless"] = f"no adapter {adapters / lossless_name}"
     if (adapters / shared_name).exists():
         m, _ = load(model_path, adapter=shared_name)
-        n = sum(v.size for v in adapter_weights(m).values())
-        methods.append(Method("ss-shared", _ours(m, tok, branch=3), n, task_model="shared"))
+        n = adapter_size(m)
+        methods.append(Method("ss-shared", our_decoder(m, tok, branch=3), n, task_model="shared"))
         shared_ar = load(model_path, adapter=shared_name)[0]
-        methods.append(Method("ss-shared ar", _ours(shared_ar, tok, mode="ar"), n, task_model="shared"))
+        methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n, task_model="shared"))
     else:
         skipped["ss-shared"] = f"no adapter {adapters / shared_name}"
     if (adapters / f"{task}-lora").exists():
         m, _ = load(model_path, adapter=f"{task}-lora")
-        n = sum(v.size for v in adapter_weights(m).values())
-        methods.append(Method("lora-ar", _ours(m, tok, mode="ar"), n, task_model="lora"))
+        n = adapter_size(m)
+        methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n, task_model="lora"))
     else:
         skipped["lora-ar"] = f"no adapter {adapters / f'{task}-lora'}"
     return methods, {"tokenizer": tok, "skipped": skipped}
@@ -146,8 +147,10 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
 
 def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
               draft_path: Path | None = None, data_dir: Path | None = None,
-              command: str = "") -> dict:
-    """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG."""
+              command: str = "", methods: list[Method] | None = None) -> dict:
+    """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
+
+    ``methods`` replaces the standard set (its first must be the AR reference)."""
     from tqdm import tqdm
 
     data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
@@ -155,7 +158,12 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
     rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
-    methods, info = build_methods(model_path, task, draft_path)
+    if methods is None:
+        methods, info = build_methods(model_path, task, draft_path)
+    else:
+        from .tokenizer import load_tokenizer
+
+        info = {"tokenizer": load_tokenizer(model_path), "skipped": {}}
     tok = info["tokenizer"]
     load_before = os.getloadavg()[0]
     if load_before > 0.5:

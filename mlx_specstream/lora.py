@@ -35,6 +35,20 @@ class LoRALinear(nn.Module):
             return mx.concatenate([y[:, :n_main], y[:, n_main:] + delta.astype(y.dtype)], axis=1)
         return y + (((x @ self.lora_a) @ self.lora_b) * self.scale).astype(y.dtype)
 
+    def fused(self) -> nn.Linear:
+        """A plain linear layer computing the same function, ``W + scale·(AB)ᵀ``: one matmul
+        instead of three. Only for an adapter of every row on a float base."""
+        if self.streams_only or not isinstance(self.base, nn.Linear):
+            raise ValueError("only an every-row LoRA on a float linear layer can be fused")
+        w = self.base.weight
+        delta = (self.lora_a.astype(mx.float32) @ self.lora_b.astype(mx.float32)).T * self.scale
+        out_dims, in_dims = w.shape
+        layer = nn.Linear(in_dims, out_dims, bias="bias" in self.base)
+        layer.weight = (w.astype(mx.float32) + delta).astype(w.dtype)
+        if "bias" in self.base:
+            layer.bias = self.base.bias
+        return layer
+
 
 def _dims(layer: nn.Module) -> tuple[int, int]:
     if isinstance(layer, nn.QuantizedLinear):

@@ -8,8 +8,10 @@ import pytest
 from helpers import tiny_model
 
 from mlx_specstream.adapter import (
+    adapter_size,
     detach,
     fingerprint,
+    fuse,
     load_adapter,
     new_adapter,
     save_adapter,
@@ -124,3 +126,41 @@ def test_adapter_errors(tmp_path):
     with pytest.raises(AdapterError):
         new_adapter(model, mode="other")
     assert fingerprint(model) == fingerprint(tiny_model("llama", seed=1))
+
+
+@pytest.mark.parametrize("arch", ["llama", "opt"])
+@pytest.mark.parametrize("mode", ["shared", "lora"])
+def test_fused_adapter_computes_the_unfused_one(arch, mode, tmp_path):
+    """Folding a shared/LoRA adapter into the weights changes speed, not outputs; afterwards the
+    model keeps its adapter (swapping or saving it is refused)."""
+    model = tiny_model(arch, seed=3)
+    new_adapter(model, mode=mode, gamma=2, msa_layers=2, seed=7)
+    tree = build_tree(7, [[1, 2], [3, 4]], [[-0.1, -0.2], [-0.3, -0.4]], budget=7)
+    gamma, opts = (2, dict(branch=3)) if mode == "shared" else (0, dict(mode="ar"))
+    ref = run(model, tree, gamma=gamma)
+    ref_tokens = generate(model, None, PROMPT, max_tokens=24, **opts).tokens
+    size = adapter_size(model)
+    assert fuse(model)
+    out = run(model, tree, gamma=gamma)
+    np.testing.assert_allclose(np.array(out.main_logits), np.array(ref.main_logits), atol=1e-4)
+    if mode == "shared":
+        np.testing.assert_allclose(np.array(out.stream_logits), np.array(ref.stream_logits), atol=1e-4)
+    assert generate(model, None, PROMPT, max_tokens=24, **opts).tokens == ref_tokens
+    assert adapter_size(model) == size
+    with pytest.raises(AdapterError, match="fused"):
+        new_adapter(model, gamma=2, msa_layers=2)
+    with pytest.raises(AdapterError, match="fused"):
+        save_adapter(model, tmp_path / "x")
+
+
+def test_lossless_adapters_and_quantized_bases_are_not_fused():
+    import mlx.nn as nn
+
+    model = tiny_model("llama", seed=3)
+    new_adapter(model, gamma=2, msa_layers=2)
+    assert not fuse(model)
+    detach(model)  # still possible
+    nn.quantize(model, group_size=32, bits=8)
+    new_adapter(model, mode="shared", gamma=2, msa_layers=2)
+    assert not fuse(model)
+    detach(model)

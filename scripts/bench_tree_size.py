@@ -1,0 +1,53 @@
+"""Tree size on the trained adapters: fixed node budgets against the adaptive cut (each tree cut
+to the size with the most expected tokens per unit of pass cost, ``--node-cost``), on the same
+test prompts, interleaved in one process (``specstream-mlx bench`` machinery).
+
+    .venv/bin/python scripts/bench_tree_size.py [--task sql] [--n 50] [--out results/tree-size-sql]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlx_specstream.blas import ensure_fast_blas  # noqa: E402
+
+ensure_fast_blas()
+
+from mlx_specstream.adapter import adapter_size  # noqa: E402
+from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
+from mlx_specstream.bench import Method, our_decoder, run_bench  # noqa: E402
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--task", default="sql")
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--budgets", default="4,8,16,32")
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    base, tok = load(args.model)
+    methods = [Method("ar", our_decoder(base, tok, mode="ar"))]
+    adapters = {"sql": [("ss-lossless", "sql-lossless"), ("ss-shared", "sql")],
+                "code": [("ss-lossless", "code")]}[args.task]
+    for label, name in adapters:
+        model, _ = load(args.model, adapter=name)
+        n, lossless = adapter_size(model), label == "ss-lossless"
+        run = our_decoder(model, tok, branch=3)
+        methods.append(Method(f"{label} adaptive", run, n, lossless, task_model=name))
+        for b in map(int, args.budgets.split(",")):
+            run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0)
+            methods.append(Method(f"{label} budget {b}", run, n, lossless, task_model=name))
+    out = args.out or Path("results") / f"tree-size-{args.task}"
+    run_bench(args.model, args.task, args.n, args.max_tokens, out,
+              command=" ".join([".venv/bin/python", *sys.argv]), methods=methods)
+    print((out / "results.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
