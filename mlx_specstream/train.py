@@ -803,6 +803,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 raise ValueError(f"{found[-1]}: the run's settings differ from the checkpoint's "
                                  f"(setting: (checkpoint, now)) {diff}")
             start = int(st["step"])
+            if start > iters:
+                raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
             history, val_history = st.get("history", []), st.get("val_history", [])
             elapsed0 = float(st.get("seconds", 0.0))
             say(f"resuming from {found[-1]} (step {start} of {iters})")

@@ -373,6 +373,11 @@ def test_resume_continues_from_checkpoint(tmp_path):
         np.testing.assert_allclose(np.array(got[k]), v, atol=1e-6)
     with pytest.raises(ValueError, match="differ"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
+    with pytest.raises(ValueError, match="past iters"):
+        train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "iters": 5})
+    rep = train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "cut", resume=True,
+                **{**opts, "iters": 8})  # a further stage: continues from step 6
+    assert rep["start_step"] == 6 and [h["step"] for h in rep["history"]] == list(range(1, 9))
 
 
 def test_options_are_checked(tmp_path):
