@@ -1,6 +1,7 @@
 """Tree size on the trained adapters: fixed node budgets against the adaptive cut (each tree cut
-to the size with the most expected tokens per unit of pass cost, ``--node-cost``), on the same
-test prompts, interleaved in one process (``specstream-mlx bench`` machinery).
+to the size with the most expected tokens per unit of pass cost, ``--node-cost``), and pruning
+thresholds on top of the adaptive cut, on the same test prompts, interleaved in one process
+(``specstream-mlx bench`` machinery).
 
     .venv/bin/python scripts/bench_tree_size.py [--task sql] [--n 50] [--out results/tree-size-sql]
 """
@@ -29,6 +30,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--budgets", default="4,8,16,32")
+    ap.add_argument("--prune", default="0.02,0.05,0.1", help="pruning thresholds to try")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     base, tok = load(args.model)
@@ -38,10 +40,12 @@ def main() -> None:
     for label, name in adapters:
         model, _ = load(args.model, adapter=name)
         n, lossless = adapter_size(model), label == "ss-lossless"
-        run = our_decoder(model, tok, branch=3)
-        methods.append(Method(f"{label} adaptive", run, n, lossless, task_model=name))
+        for t in [0.0, *map(float, args.prune.split(","))]:
+            run = our_decoder(model, tok, branch=3, prune_threshold=t)
+            tag = f" prune {t:g}" if t else ""
+            methods.append(Method(f"{label} adaptive{tag}", run, n, lossless, task_model=name))
         for b in map(int, args.budgets.split(",")):
-            run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0)
+            run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0, prune_threshold=0.0)
             methods.append(Method(f"{label} budget {b}", run, n, lossless, task_model=name))
     out = args.out or Path("results") / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,

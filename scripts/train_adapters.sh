@@ -7,7 +7,8 @@
 #   ITERS=2000 ONLY="sql" scripts/train_adapters.sh   # some of it, longer
 #
 # Iterations and learning rates default to those of the shipped adapters (their
-# training_report.json records each run); ITERS and LR override them for every part. Each adapter
+# training_report.json records each run); ITERS and LR override them for every part. Some ran in
+# stages ("600 2000": 600 iterations, then resumed to 2000, the cosine schedule restarting). Each adapter
 # run keeps checkpoints in adapters/NAME.train/; RESUME=1 continues them. The draft model is
 # trained by scripts/train_base.py (same data, tokenizer and recipe as the base model, 2 layers x
 # 128 wide) within DRAFT_MINUTES and converted to MLX fp32.
@@ -18,19 +19,27 @@ M=${MODEL:-models/specstream-tiny/mlx}
 ONLY=${ONLY:-"sql-lossless sql sql-lora code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --overwrite)
-train() {  # iters lr args...
-  local iters=${ITERS:-$1} lr=${LR:-$2}
-  shift 2
-  # shellcheck disable=SC2086
-  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
-    --msa-layers 2 --iters "$iters" --lr "$lr" $AGAIN ${TRAIN_ARGS:-} "$@"
+train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a new cosine to their end)
+  local name=$1 stages=${ITERS:-$2} lr=${LR:-$3} again=$AGAIN iters done=0
+  shift 3
+  if [ "$again" = --resume ]; then
+    done=$({ ls "$M/adapters/$name.train/checkpoints" 2>/dev/null || true; } |
+      sed -n 's/^step-0*//p' | sort -n | tail -1)
+  fi
+  for iters in $stages; do
+    [ "$iters" -lt "${done:-0}" ] && continue  # a stage this run has already passed
+    # shellcheck disable=SC2086
+    .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
+      --msa-layers 2 --iters "$iters" --lr "$lr" $again ${TRAIN_ARGS:-} --out "$name" "$@"
+    again=--resume
+  done
 }
 for what in $ONLY; do
   case $what in
-    sql-lossless) train 600 1e-3 --data data/sql --mode lossless --out sql-lossless ;;
-    sql) train 1200 1e-3 --data data/sql --mode shared --out sql ;;
-    sql-lora) train 300 5e-4 --data data/sql --mode lora --out sql-lora ;;
-    code) train 300 5e-4 --data data/code --mode lossless --out code ;;
+    sql-lossless) train sql-lossless "600 2000" 1e-3 --data data/sql --mode lossless ;;
+    sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared ;;
+    sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora ;;
+    code) train code 300 5e-4 --data data/code --mode lossless ;;
     draft)
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
         --tokenizer models/specstream-tiny/hf --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
