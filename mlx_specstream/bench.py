@@ -29,6 +29,8 @@ from .api import generate, load
 from .blas import active_blas
 from .engine import default_node_costs
 
+PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
+
 
 @dataclass
 class Method:
@@ -124,7 +126,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
         m, _ = load(model_path, adapter=lossless_name)
         n = adapter_size(m)
         for label, opts in (("chain", dict(branch=1)), ("tree", dict(branch=3, prune_threshold=0.0)),
-                            ("tree+prune", dict(branch=3))):
+                            ("tree+prune", dict(branch=3, prune_threshold=PRUNE_THRESHOLD))):
             methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, lossless=True))
     else:
         skipped["ss-lossless"] = f"no adapter {adapters / lossless_name}"
@@ -211,6 +213,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         "model": str(model_path), "task": task, "prompts": len(rows), "max_tokens": max_tokens,
         "skipped": info["skipped"],
         "node_cost": default_node_costs(),
+        "prune_threshold": PRUNE_THRESHOLD,
     }
     write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}
