@@ -26,7 +26,7 @@ from mlx_specstream.bench import Method, our_decoder, run_bench  # noqa: E402
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    ap.add_argument("--task", default="sql")
+    ap.add_argument("--task", default="sql", choices=["sql", "code"])
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--budgets", default="4,8,16,32")
