@@ -109,7 +109,7 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
     "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
     each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
-    budget; default: measured for a CPU, 0 on Metal); see
+    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal); see
     :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at
     ``max_tokens`` or at a ``stop`` string (whose text is not emitted).
     """
