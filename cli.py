@@ -148,6 +148,7 @@ def bench(
     draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
     max_tokens: int = typer.Option(128, "--max-tokens"),
     quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the results of an earlier run in --out"),
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.api import DEFAULT_MODEL
@@ -159,7 +160,8 @@ def bench(
         n, max_tokens = min(n, 8), min(max_tokens, 64)
     model = model or DEFAULT_MODEL
     draft = draft_model or model / "draft"
-    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv))
+    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
+                    overwrite=overwrite)
     typer.echo(markdown_table(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 

@@ -37,13 +37,11 @@ from pathlib import Path
 
 import numpy as np
 
+from ..outputs import TOKENIZER_FILES, check_replaceable
+
 FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
 MAX_TREE = 256
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
-                   "added_tokens.json",
-                   "vocab.json", "merges.txt", "generation_config.json", "chat_template.jinja",
-                   "chat_template.json")
 PRECISIONS = ("float16", "float32")
 
 
@@ -115,9 +113,8 @@ def _check_out(out: Path, overwrite: bool) -> Path:
     out = Path(out)
     if out.suffix != ".mlpackage":
         raise ExportError(f"--out must end with .mlpackage, not '{out.name}'")
-    for target in (out, tokenizer_dir(out)):
-        if target.exists() and not overwrite:
-            raise FileExistsError(f"{target} already exists (choose another --out)")
+    check_replaceable(out, "Core ML package", overwrite)
+    check_replaceable(tokenizer_dir(out), "Core ML tokenizer", overwrite)
     parent = out.parent if str(out.parent) else Path(".")
     probe = parent
     while not probe.exists() and probe != probe.parent:
@@ -461,12 +458,11 @@ def _move_into_place(pkg_tmp: Path, out: Path, tok_tmp: Path | None, tok_out: Pa
     """Rename the finished package (and tokenizer dir) into place; all or nothing."""
     moved = []
     try:
-        for src, dest in ((tok_tmp, tok_out), (pkg_tmp, out)):
+        for src, dest, kind in ((tok_tmp, tok_out, "Core ML tokenizer"), (pkg_tmp, out, "Core ML package")):
             if src is None:
                 continue
             if dest.exists():
-                if not overwrite:
-                    raise FileExistsError(f"{dest} already exists")
+                check_replaceable(dest, kind, overwrite)
                 shutil.rmtree(dest)
             os.replace(src, dest)
             moved.append(dest)

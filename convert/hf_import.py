@@ -31,21 +31,8 @@ from ..loader import (
     read_config,
     save_model,
 )
+from ..outputs import TOKENIZER_FILES, check_replaceable
 
-#: Files copied verbatim from the source directory when present.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "tokenizer.model",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "generation_config.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "merges.txt",
-    "vocab.txt",
-)
 
 
 def _progress(items, desc: str):
@@ -143,10 +130,7 @@ def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
     """Fail before any work when the destination cannot be written."""
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
         raise ValueError(f"--mlx-path {dest} must not be the checkpoint directory or inside it")
-    if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} already exists (use --overwrite to replace it)")
-    if dest.exists() and not dest.is_dir():
-        raise FileExistsError(f"{dest} exists and is not a directory")
+    check_replaceable(dest, "model", overwrite)
     parent = dest.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
@@ -222,7 +206,7 @@ def convert(
         mx.eval(model.parameters())
         out_cfg["quantization"] = {"group_size": q_group_size, "bits": q_bits}
 
-    with atomic_dir(dest, overwrite=overwrite) as tmp:
+    with atomic_dir(dest, "model", overwrite=overwrite) as tmp:
         save_model(model, out_cfg, tmp)
         for name in TOKENIZER_FILES:
             if (src / name).is_file():

@@ -189,7 +189,7 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
     if getattr(model, "fused_lora", 0):
         raise AdapterError("this model's adapter is fused into its weights: save it from a model "
                            "loaded with fuse=False")
-    with atomic_dir(dest, overwrite=True) as tmp:
+    with atomic_dir(dest, "adapter", overwrite=True) as tmp:
         mx.save_safetensors(str(tmp / WEIGHTS_FILE), adapter_weights(model))
         config = asdict(model.adapter_config)
         (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))

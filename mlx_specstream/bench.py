@@ -28,6 +28,7 @@ from .adapter import adapter_size
 from .api import generate, load
 from .blas import active_blas
 from .engine import default_node_costs
+from .outputs import check_replaceable_file, is_results_json
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
 
@@ -147,13 +148,30 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     return methods, {"tokenizer": tok, "skipped": skipped}
 
 
+RESULT_FILES = ("results.json", "results.md", "results.png")
+
+
+def check_out_dir(out_dir: Path, overwrite: bool) -> None:
+    """Fail before the run if ``out_dir`` holds results that ``overwrite`` may not replace:
+    earlier results of ours need ``overwrite``; files of the same names that are not ours are
+    never replaced. Other files in ``out_dir`` are left alone."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a directory")
+    for name in RESULT_FILES:
+        check_replaceable_file(out_dir / name, overwrite,
+                               lambda _: is_results_json(out_dir / "results.json"))
+
+
 def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
               draft_path: Path | None = None, data_dir: Path | None = None,
-              command: str = "", methods: list[Method] | None = None) -> dict:
+              command: str = "", methods: list[Method] | None = None, overwrite: bool = False) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
-    ``methods`` replaces the standard set (its first must be the AR reference)."""
+    ``methods`` replaces the standard set (its first must be the AR reference); ``overwrite``
+    replaces the results of an earlier run in ``out_dir``."""
     from tqdm import tqdm
+
+    check_out_dir(Path(out_dir), overwrite)
 
     data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
     test = data_dir / "test.jsonl"

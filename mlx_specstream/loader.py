@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arch import CausalLM, build_model
+from .outputs import check_replaceable
 
 
 class CheckpointError(ValueError):
@@ -139,14 +140,15 @@ def load_model(path: str | Path, dtype: str | None = None,
 
 
 @contextmanager
-def atomic_dir(dest: str | Path, overwrite: bool = False):
+def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
     """Yield a temporary directory next to ``dest`` and rename it to ``dest`` on success.
 
-    On any error the temporary directory is removed and ``dest`` is untouched.
+    An existing ``dest`` is replaced only with ``overwrite`` and only when it is a ``kind``
+    directory the project wrote (:func:`~mlx_specstream.outputs.check_replaceable`). On any
+    error the temporary directory is removed and ``dest`` is untouched.
     """
     dest = Path(dest)
-    if dest.exists() and not overwrite:
-        raise FileExistsError(f"{dest} already exists")
+    check_replaceable(dest, kind, overwrite)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
@@ -155,6 +157,7 @@ def atomic_dir(dest: str | Path, overwrite: bool = False):
     try:
         yield tmp
         if dest.exists():
+            check_replaceable(dest, kind, overwrite)
             shutil.rmtree(dest)
         os.replace(tmp, dest)
     except BaseException:

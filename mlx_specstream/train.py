@@ -56,6 +56,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
+from .outputs import check_replaceable
 from .arch.base import causal_mask
 from .data import Dataset, Example, load_datasets
 from .lora import LoRALinear
@@ -495,7 +496,7 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
     from .loader import atomic_dir
 
     dest = ckpt_dir / f"step-{step:07d}"
-    with atomic_dir(dest, overwrite=True) as tmp:
+    with atomic_dir(dest, "checkpoint", overwrite=True) as tmp:
         mx.save_safetensors(str(tmp / "adapter.safetensors"), adapter_weights(model))
         flat = dict(tree_flatten(optimizer.state))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat)
@@ -719,11 +720,14 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
-        if overwrite and not resume and work.exists():
-            shutil.rmtree(work)
         if out_dir.exists() and not (resume or overwrite):
             raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
                                   "replace it, or resume=True (--resume) to continue its training")
+        check_replaceable(out_dir, "adapter", True)
+        if work.exists():
+            check_replaceable(work, "training run", True)
+            if overwrite and not resume:
+                shutil.rmtree(work)
         if _checkpoints(ckpt_dir) and not resume:
             raise FileExistsError(f"{ckpt_dir} holds checkpoints of an earlier run: pass resume=True "
                                   "(--resume) to continue it, or overwrite=True (--overwrite)")

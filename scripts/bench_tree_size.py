@@ -49,7 +49,7 @@ def main() -> None:
             methods.append(Method(f"{label} budget {b}", run, n, lossless, task_model=name))
     out = args.out or Path("results") / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
-              command=" ".join([".venv/bin/python", *sys.argv]), methods=methods)
+              command=" ".join([".venv/bin/python", *sys.argv]), methods=methods, overwrite=True)
     print((out / "results.md").read_text())
 
 

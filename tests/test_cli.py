@@ -26,7 +26,7 @@ def assert_one_line_error(res, fragment):
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("m") / "tiny"
     model = tiny_model("llama")
-    with atomic_dir(d) as tmp:
+    with atomic_dir(d, "model") as tmp:
         save_model(model, model.config, tmp)
     new_adapter(model, gamma=2, msa_layers=2)
     save_adapter(model, d / "adapters" / "a")

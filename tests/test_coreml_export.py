@@ -42,7 +42,7 @@ SIZES = dict(context=96, tree_size=16, chunk=4)
 def model_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("coreml") / "tiny"
     model = tiny_model("llama", seed=3, scale=2.0)
-    with atomic_dir(d) as tmp:
+    with atomic_dir(d, "model") as tmp:
         save_model(model, model.config, tmp)
         write_tokenizer(tmp)
     new_adapter(model, mode="shared", gamma=3, msa_layers=2, seed=1, prune_threshold=0.05)
@@ -230,7 +230,7 @@ def test_size_ratios(tmp_path_factory):
     d = tmp_path_factory.mktemp("size") / "m"
     model = tiny_model("llama", seed=0, hidden_size=512, intermediate_size=1536, num_hidden_layers=2,
                        vocab_size=2048, num_attention_heads=8, num_key_value_heads=4)
-    with atomic_dir(d) as tmp:
+    with atomic_dir(d, "model") as tmp:
         save_model(model, model.config, tmp)
     new_adapter(model, mode="lossless", gamma=3, msa_layers=1, seed=1)
     save_adapter(model, d / "adapters" / "a")

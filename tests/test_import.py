@@ -390,8 +390,19 @@ def test_existing_destination(converted, tmp_path):
     res = cli("convert", "--hf-path", src, "--mlx-path", dest)
     assert res.returncode == 1 and res.stderr.strip().startswith("error:") and "--overwrite" in res.stderr
     assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
-    convert_ok(src, dest, "--overwrite")
-    assert not (dest / "keep.txt").exists() and (dest / "model.safetensors").is_file()
+    # --overwrite never deletes what the project did not write: the user's file stays
+    res = cli("convert", "--hf-path", src, "--mlx-path", dest, "--overwrite")
+    assert res.returncode == 1 and "did not write" in res.stderr and "keep.txt" in res.stderr
+    assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
+    assert sorted(p.name for p in dest.iterdir()) == ["keep.txt"]
+    # a model directory the project wrote is replaced
+    model_dir = convert_ok(src, tmp_path / "model")
+    convert_ok(src, model_dir, "--overwrite")
+    assert (model_dir / "model.safetensors").is_file()
+    # ... but not one that holds the user's trained adapters
+    (model_dir / "adapters" / "sql").mkdir(parents=True)
+    res = cli("convert", "--hf-path", src, "--mlx-path", model_dir, "--overwrite")
+    assert res.returncode == 1 and "adapters" in res.stderr and (model_dir / "adapters" / "sql").is_dir()
 
 
 def test_destination_inside_source(converted, tmp_path):

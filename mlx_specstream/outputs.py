@@ -1,0 +1,83 @@
+"""What the project writes, and the one rule for replacing it.
+
+``--overwrite`` (``overwrite=True``) replaces only an output this project recognises as its own:
+a directory of one of the kinds below whose every entry is a file the project writes there, or
+a single results file it wrote. Anything else at the destination — a user's folder, a model
+directory holding trained adapters, a file it did not write — is refused with one line, and
+nothing is deleted.
+
+Example: ``convert --mlx-path notes/ --overwrite`` where ``notes/`` holds ``notes.txt`` raises
+``FileExistsError("notes: holds files mlx-specstream did not write (notes.txt): ...")``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+
+# Files a model directory's tokenizer may consist of (copied along by import and export).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
+                   "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.txt")
+
+# kind -> (the entry that marks such a directory, or None, and the names the project writes in it)
+KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
+    "model": ("config.json", ("config.json", "*.safetensors", "model.safetensors.index.json",
+                              *TOKENIZER_FILES)),
+    "adapter": ("adapter_config.json", ("adapter_config.json", "adapter.safetensors",
+                                        "training_report.json")),
+    "training run": (None, ("checkpoints", "distilled")),
+    "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors")),
+    "Core ML package": ("Manifest.json", ("Manifest.json", "Data")),
+    "Core ML tokenizer": ("specstream.json", ("specstream.json", *TOKENIZER_FILES)),
+}
+
+
+def foreign_entries(path: Path, kind: str) -> list[str]:
+    """Entries of directory ``path`` that the project would not have written for ``kind``
+    (all of them when the marker is missing). Empty list: the directory is ours to replace."""
+    marker, names = KINDS[kind]
+    entries = sorted(p.name for p in path.iterdir())
+    if marker is not None and marker not in entries:
+        return entries
+    return [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)]
+
+
+def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = "--overwrite") -> None:
+    """Raise unless ``dest`` is absent, or ``overwrite`` is set and ``dest`` is a ``kind``
+    directory that holds only what the project writes. Call before any work starts."""
+    dest = Path(dest)
+    if not dest.exists() and not dest.is_symlink():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
+    if dest.is_symlink() or not dest.is_dir():
+        raise FileExistsError(f"{dest} exists and is not a {kind} directory: refusing to replace it")
+    foreign = foreign_entries(dest, kind)
+    if foreign:
+        shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
+        raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as a {kind} "
+                              f"({shown}): refusing to replace it; choose another path")
+
+
+def check_replaceable_file(dest: str | Path, overwrite: bool, ours, flag: str = "--overwrite") -> None:
+    """Like :func:`check_replaceable` for one output file; ``ours(path)`` tells whether an
+    existing file is one the project wrote."""
+    dest = Path(dest)
+    if not dest.exists():
+        return
+    if not overwrite:
+        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
+    if not dest.is_file() or not ours(dest):
+        raise FileExistsError(f"{dest}: not a file mlx-specstream wrote: refusing to replace it; "
+                              "choose another path")
+
+
+def is_results_json(path: Path) -> bool:
+    """A benchmark ``results.json`` (its ``meta`` names the command that wrote it)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("meta"), dict) and "command" in data["meta"]
