@@ -148,7 +148,8 @@ def bench(
     draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
     max_tokens: int = typer.Option(128, "--max-tokens"),
     quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace the results of an earlier run in --out"),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="replace the results of an earlier run in --out"),
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.api import DEFAULT_MODEL

@@ -34,7 +34,6 @@ from ..loader import (
 from ..outputs import TOKENIZER_FILES, check_replaceable
 
 
-
 def _progress(items, desc: str):
     # disable=None: no bar when stderr is not a terminal (logs, tests, pipes).
     return tqdm(items, desc=desc, unit="file", disable=None, leave=False)

@@ -56,10 +56,10 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
-from .outputs import check_replaceable
 from .arch.base import causal_mask
 from .data import Dataset, Example, load_datasets
 from .lora import LoRALinear
+from .outputs import check_replaceable
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")

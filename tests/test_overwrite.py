@@ -21,7 +21,8 @@ def user_folder(path):
 
 
 def untouched(path):
-    return sorted(p.name for p in path.iterdir()) == ["notes.txt"] and (path / "notes.txt").read_text() == "mine"
+    names = sorted(p.name for p in path.iterdir())
+    return names == ["notes.txt"] and (path / "notes.txt").read_text() == "mine"
 
 
 def test_save_adapter_refuses_a_user_folder(tmp_path):
