@@ -271,11 +271,9 @@ def train(
 
 
 def main() -> None:
-    """Console entry point: optimized BLAS, then the command; known errors as one line."""
-    from mlx_specstream.blas import ensure_fast_blas
+    """Console entry point: the command; known errors as one line."""
     from mlx_specstream.errors import USER_ERRORS
 
-    ensure_fast_blas()
     try:
         app()
     except USER_ERRORS as e:

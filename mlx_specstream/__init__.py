@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from .blas import preload_fast_blas
+
 __version__ = "0.1.0"
+
+preload_fast_blas()  # before anything imports MLX: an optimized BLAS on Linux (see blas.py)
 
 _API = {
     "load": "mlx_specstream.api",

@@ -2,9 +2,11 @@
 
 The ``mlx[cpu]`` wheel links the reference (netlib) BLAS: an fp32 matmul costs ~4.7 GFLOP/s and
 grows linearly with the number of query rows, which makes speculative verification as slow as
-token-by-token decoding. Preloading an optimized BLAS (Debian's OpenBLAS, or Intel MKL from PyPI)
-replaces ``cblas_sgemm`` for the whole process. ``LD_PRELOAD`` only works at process start, so
-:func:`ensure_fast_blas` re-executes the current command once with it set.
+token-by-token decoding. Loading an optimized BLAS (Debian's OpenBLAS, or Intel MKL from PyPI)
+into the global symbol scope *before* MLX is imported makes MLX's ``cblas_sgemm`` resolve to it
+for the whole process: :func:`preload_fast_blas` does that when ``mlx_specstream`` is imported,
+so the CLI, the test suite, scripts and a notebook all get it without a restart. If MLX was
+imported first, it warns once with the fix.
 
 ``SPECSTREAM_BLAS`` selects: ``auto`` (default: MKL, then OpenBLAS), ``mkl``, ``openblas``,
 ``reference`` (no preload), or a path to a shared library.
@@ -12,13 +14,13 @@ replaces ``cblas_sgemm`` for the whole process. ``LD_PRELOAD`` only works at pro
 
 from __future__ import annotations
 
+import ctypes
 import glob
 import os
 import sys
 from pathlib import Path
 
 _OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
-_MARK = "SPECSTREAM_BLAS_EXEC"
 
 
 def _mkl_candidates() -> list[str]:
@@ -58,21 +60,24 @@ def active_blas() -> str:
     return "reference"
 
 
-def ensure_fast_blas(argv: list[str] | None = None) -> None:
-    """Re-exec this process once with an optimized BLAS preloaded, when one is available.
+def preload_fast_blas() -> str | None:
+    """Load the optimized BLAS (``RTLD_GLOBAL``) so that MLX, imported afterwards, uses it.
 
-    Call it before anything heavy runs. It does nothing on macOS, when a BLAS is already
-    preloaded, when ``SPECSTREAM_BLAS=reference``, or when the re-exec already happened.
+    Returns the library loaded, or None. Does nothing off Linux, with ``SPECSTREAM_BLAS=reference``
+    or when an optimized BLAS is already in the process. When ``mlx.core`` is already imported
+    on the reference BLAS, it is too late: warns once, naming the one-line fix.
     """
-    if sys.platform != "linux" or os.environ.get(_MARK) or active_blas() in ("mkl", "openblas"):
-        return
+    if sys.platform != "linux" or active_blas() in ("mkl", "openblas"):
+        return None
     lib = find_blas()
     if lib is None:
-        return
-    env = dict(os.environ)
-    env[_MARK] = "1"
-    env["LD_PRELOAD"] = ":".join(p for p in (lib, env.get("LD_PRELOAD", "")) if p)
-    args = argv if argv is not None else list(getattr(sys, "orig_argv", [sys.executable, *sys.argv]))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, *args[1:]], env)
+        return None
+    if "mlx.core" in sys.modules:
+        import warnings
+
+        warnings.warn(f"MLX was imported before mlx_specstream and runs on the slow reference BLAS "
+                      f"(about 5-10x slower here): import mlx_specstream first, or start Python "
+                      f"with LD_PRELOAD={lib}", RuntimeWarning, stacklevel=3)
+        return None
+    ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+    return lib

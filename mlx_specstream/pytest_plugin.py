@@ -1,8 +1,6 @@
 """pytest plugin (registered as an entry point): run test sessions on the optimized BLAS.
 
-Loaded before pytest captures output, so re-executing the process here keeps the terminal.
+pytest loads it before any test module imports MLX; importing the package preloads the BLAS.
 """
 
-from .blas import ensure_fast_blas
-
-ensure_fast_blas()
+from . import blas  # noqa: F401

@@ -1014,7 +1014,4 @@ class _CallableModule(types.ModuleType):
 sys.modules[__name__].__class__ = _CallableModule
 
 if __name__ == "__main__":
-    from .blas import ensure_fast_blas
-
-    ensure_fast_blas()
     _memory_table(sys.argv[1:])

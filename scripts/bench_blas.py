@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import _MARK, active_blas, ensure_fast_blas, find_blas  # noqa: E402
+from mlx_specstream.blas import active_blas, find_blas  # noqa: E402
 
 ROWS = (1, 4, 16, 32)
 TOKENS = (1, 16)
@@ -130,7 +130,7 @@ def compare(args) -> None:
         if choice != "reference" and find_blas(choice) is None:
             print(f"{choice}: not installed, skipped", file=sys.stderr)
             continue
-        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", _MARK)}
+        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         env["SPECSTREAM_BLAS"] = choice
         cmd = [sys.executable, str(Path(__file__).resolve()), "--json", "--reps", str(args.reps),
                "--context", str(args.context)]
@@ -163,7 +163,6 @@ def main() -> None:
     if args.compare:
         compare(args)
         return
-    ensure_fast_blas()
     r = measure(args.reps, args.context)
     if args.json:
         print(json.dumps(r))

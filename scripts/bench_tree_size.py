@@ -14,9 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import ensure_fast_blas  # noqa: E402
 
-ensure_fast_blas()
 
 from mlx_specstream.adapter import adapter_size  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
