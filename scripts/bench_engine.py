@@ -18,9 +18,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import active_blas  # noqa: E402
+from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
 
-
+# isort: split
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 from tqdm import tqdm  # noqa: E402
