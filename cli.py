@@ -29,7 +29,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
     if prompt is not None and prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if prompt_file is not None:
-        return prompt_file.read_text()
+        if not prompt_file.is_file():
+            raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file" if not prompt_file.exists()
+                                    else f"--prompt-file {prompt_file}: not a file")
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
     if prompt is not None:
         return prompt
     if not sys.stdin.isatty():
@@ -44,6 +50,8 @@ def _show_stats(stats) -> None:
                 "accepted_length_histogram", "prefill_time_s", "decode_time_s", "tokens_per_second",
                 "bookkeeping_share", "mean_tree_nodes", "mean_kept_nodes"):
         typer.echo(f"{key:>26}: {d[key]}", err=True)
+    why = f" (the model's context limit, {d['context_limit']} tokens)" if d["context_limit"] else ""
+    typer.echo(f"{'finish_reason':>26}: {d['finish_reason']}{why}", err=True)
 
 
 @app.command()
@@ -57,7 +65,8 @@ def generate(
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int = typer.Option(0),
-    mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token"),
+    mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token; lookup: "
+                             "prompt-lookup drafts (no adapter needed)"),
     gamma: int | None = typer.Option(None, help="streams used for drafting"),
     branch: int | None = typer.Option(None, help="candidates per stream (k)"),
     tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
@@ -86,22 +95,30 @@ def generate(
                           seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                           prune_threshold=prune_threshold, node_cost=node_cost)
     decoder_stats = None
-    for step in gen:
-        decoder_stats = step.stats
-        if verbose and (step.accepted or step.rejected):
-            accepted = tok.decode(step.accepted)
-            out = typer.style(accepted, fg=typer.colors.GREEN) if accepted else ""
-            rest = step.text[len(accepted):] if step.text.startswith(accepted) else step.text
-            out += rest
-            if step.rejected:
-                out += typer.style("[" + tok.decode(step.rejected) + "]", fg=typer.colors.RED,
-                                   dim=True)
-            typer.echo(out, nl=False)
-        else:
-            typer.echo(step.text, nl=False)
+    try:
+        for step in gen:
+            decoder_stats = step.stats
+            typer.echo(_coloured(step, tok) if verbose else step.text, nl=False)
+    except KeyboardInterrupt:
+        typer.echo("")
+        n = decoder_stats.generated_tokens if decoder_stats is not None else 0
+        typer.echo(f"interrupted after {n} generated tokens", err=True)
+        raise typer.Exit(130) from None
     typer.echo("")
     if verbose and decoder_stats is not None:
         _show_stats(decoder_stats)
+
+
+def _coloured(step, tok) -> str:
+    """The step's text with accepted draft tokens in green, then the best rejected draft in
+    red brackets: without the colour codes and the bracket, exactly the plain output."""
+    out = "".join(typer.style(p, fg=typer.colors.GREEN) if d and p else p
+                  for p, d in zip(step.pieces, step.drafted))
+    rejected = tok.decode(step.rejected, skip_special_tokens=True) if step.rejected else ""
+    rejected = rejected.replace("\n", "\\n")  # shown on one line
+    if rejected and step.finish_reason is None:
+        out += typer.style(f"[{rejected}]", fg=typer.colors.RED, dim=True)
+    return out
 
 
 def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
@@ -272,10 +289,13 @@ def train(
 
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
-    from mlx_specstream.errors import USER_ERRORS
+    from mlx_specstream.errors import USER_ERRORS, OptionError
 
     try:
         app()
+    except OptionError as e:
+        typer.echo(f"error: {e.render(cli=True)}", err=True)
+        sys.exit(1)
     except USER_ERRORS as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(1)

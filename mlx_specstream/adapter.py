@@ -51,14 +51,61 @@ class AdapterConfig:
             raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
 
 
+def _setting(value):
+    """A module setting in a canonical, spelling-free form (rounded floats, function names)."""
+    if isinstance(value, bool | int | str) or value is None:
+        return value
+    if isinstance(value, float):
+        return float(f"{value:.6g}")
+    if isinstance(value, mx.array):
+        return [_setting(float(x)) for x in value.astype(mx.float32).reshape(-1).tolist()]
+    if hasattr(value, "__dataclass_fields__"):  # e.g. the rotary embedding
+        return {k: _setting(getattr(value, k)) for k in value.__dataclass_fields__}
+    if callable(value):
+        return getattr(value, "__name__", type(value).__name__)
+    return repr(value)
+
+
+# Attributes that say nothing about what the base computes.
+_NOT_COMPUTATION = {"adapter_config", "path", "fused_lora"}
+
+
+def architecture(model) -> list:
+    """What the base model computes, weights' values aside: every layer's kind, its parameters'
+    shapes (quantized ones at their float shapes) and its settings (norm eps, rotary frequencies,
+    activation, heads...), read off the built model, so two configs that spell the same
+    architecture differently (``rope_theta`` or ``rope_parameters``, dtype, comments) agree.
+    The attached adapter (stream modules, LoRA wrappers) is left out."""
+    desc = []
+    for path, module in sorted(model.named_modules(), key=lambda pm: pm[0]):
+        if path == "adapter" or path.startswith("adapter.") or isinstance(module, LoRALinear):
+            continue
+        path = path.replace(".base.", ".").removesuffix(".base")  # inside a LoRA wrapper
+        kind = type(module).__name__.removeprefix("Quantized")
+        bits = getattr(module, "bits", None)
+        shapes = {}
+        for k, v in module.items():
+            if not isinstance(v, mx.array) or (bits and k in ("scales", "biases")):
+                continue
+            shape = list(v.shape)
+            if bits and k == "weight":
+                shape[-1] = shape[-1] * 32 // bits
+            shapes[k] = shape
+        settings = {} if bits else {  # a quantized layer's own attributes restate its shapes
+            k: _setting(v) for k, v in vars(module).items()
+            if not k.startswith("_") and k not in _NOT_COMPUTATION}
+        desc.append([path, kind, shapes, settings])
+    return desc
+
+
 def fingerprint(model) -> str:
-    """Identity of a base model's architecture: a digest of its config (dtype and quantization
-    excluded, so an adapter follows its base through casting and quantization)."""
+    """Identity of a base model's computation apart from its weights' values: a digest of
+    :func:`architecture` (so an adapter follows its base through casting, quantization and
+    re-saving under another ``transformers`` version; the weights are told apart by the probe)."""
     import hashlib
 
-    skip = {"quantization", "quantization_config", "torch_dtype", "dtype"}
-    cfg = {k: v for k, v in model.config.items() if k not in skip and not k.startswith("_")}
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    text = json.dumps(architecture(model), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def probe(model) -> list[float]:
@@ -206,7 +253,10 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
         if (q / CONFIG_FILE).is_file():
             return q
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
-    raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where})")
+    found = sorted(p.parent.name for p in (Path(model_path) / "adapters").glob(f"*/{CONFIG_FILE}")
+                   ) if model_path is not None else []
+    have = f"; this model has: {', '.join(found)}" if found else "; this model has none"
+    raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where}){have}")
 
 
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None) -> AdapterConfig:

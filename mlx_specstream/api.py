@@ -39,7 +39,12 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
 
 @dataclass
 class StreamResponse:
-    """One forward pass: the tokens it emitted and their text."""
+    """One forward pass: the tokens it emitted and their text.
+
+    ``text`` is exactly what this pass adds to the output: ``"".join(pieces)``, one piece per
+    token; ``drafted[i]`` tells whether token i was an accepted draft token (for colouring).
+    ``accepted``/``rejected``: the pass's accepted draft and the best draft it rejected.
+    """
 
     tokens: list[int]
     text: str
@@ -47,10 +52,15 @@ class StreamResponse:
     rejected: list[int]
     finish_reason: str | None = None
     stats: Stats | None = field(default=None, repr=False)  # running statistics
+    pieces: list[str] = field(default_factory=list, repr=False)
+    drafted: list[bool] = field(default_factory=list, repr=False)
 
 
 @dataclass
 class GenerationResult:
+    """A whole generation; ``text`` is the detokenized ``tokens`` (a stop string and what
+    follows it are in neither)."""
+
     text: str
     tokens: list[int]
     stats: Stats
@@ -79,22 +89,46 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
     return Decoder(model, _prompt_ids(tokenizer, prompt), opts)
 
 
+def _held(text: str, stop: list[str]) -> int:
+    """Characters at the end of ``text`` that could begin a stop string (held back)."""
+    return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+
+
 def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[StreamResponse]:
+    """Pass by pass: detokenize token by token and end at a stop string. Output stops at the
+    last token that ends before the stop string, so tokens and text always agree; with stop
+    strings, text that could begin one is held back until it cannot."""
+    stop = list(stop or [])
+    if any(not isinstance(s, str) or not s for s in stop):
+        raise ValueError("stop strings must be non-empty strings")
+    if stop and tokenizer is None:
+        raise ValueError("stop strings need a tokenizer")
     detok = tokenizer.detokenizer() if tokenizer is not None else None
-    text = ""
+    out = ""  # text yielded so far
+    held: list[tuple[int, str, bool]] = []  # (token, piece, drafted) not yielded yet
     for step in decoder.steps():
-        piece = "".join(detok.add_token(t) for t in step.tokens) if detok else ""
-        if detok and step.finished:
-            piece += detok.finalize()
+        pieces = [detok.add_token(t) for t in step.tokens] if detok else [""] * len(step.tokens)
+        if detok and step.finished and pieces:
+            pieces[-1] += detok.finalize()
+        n_acc = min(len(step.accepted), len(step.tokens))
+        held += [(t, p, i < n_acc) for i, (t, p) in enumerate(zip(step.tokens, pieces))]
+        text = out + "".join(p for _, p, _ in held)
         finished = step.finished
-        if stop and detok:
-            text += piece
-            hit = min((text.find(s) for s in stop if s in text), default=-1)
-            if hit >= 0:
-                piece = piece[: len(piece) - (len(text) - hit)]
-                finished = "stop"
-        yield StreamResponse(step.tokens, piece, step.accepted, step.rejected, finished,
-                             decoder.stats)
+        hits = [i for i in (text.find(s, max(0, len(out) - len(s) + 1)) for s in stop) if i >= 0]
+        end = min(hits) if hits else (len(text) if finished else len(text) - _held(text, stop))
+        n, pos = 0, len(out)
+        while n < len(held) and pos + len(held[n][1]) <= end:
+            pos += len(held[n][1])
+            n += 1
+        if hits:
+            finished = "stop"
+            decoder.stats.finish_reason = "stop"
+            decoder.stats.generated_tokens -= len(held) - n
+        ready, held = held[:n], held[n:]
+        piece_list = [p for _, p, _ in ready]
+        out += "".join(piece_list)
+        yield StreamResponse([t for t, _, _ in ready], "".join(piece_list), step.accepted, step.rejected,
+                             finished, decoder.stats, piece_list, [d for _, _, d in ready])
         if finished:
             return
 

@@ -48,6 +48,7 @@ class Dataset:
     n_lines: int = 0  # examples read from the file
     n_truncated: int = 0
     n_skipped: int = 0  # too long (policy "skip"), or no target token left
+    n_empty: int = 0  # prompt/completion rows whose completion is empty (only EOS to learn)
     notes: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -64,6 +65,7 @@ class Dataset:
     def summary(self) -> dict:
         return {"path": str(self.path) if self.path else None, "lines": self.n_lines,
                 "examples": len(self), "truncated": self.n_truncated, "skipped": self.n_skipped,
+                "empty_completions": self.n_empty,
                 "tokens": self.n_tokens, "target_tokens": self.n_target_tokens}
 
 
@@ -151,14 +153,23 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((n, json.loads(line)))
-            except json.JSONDecodeError as e:
-                raise DataError(f"{path}:{n}: invalid JSON ({e.msg} at column {e.colno})") from None
+    # Lines end at "\n" only: a stray "\r" inside a line is the JSON error it is (at its column),
+    # not a line break that shifts every line number after it.
+    with open(path, encoding="utf-8-sig", newline="\n") as f:
+        n = 0
+        try:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rows.append((n, json.loads(line)))
+                except json.JSONDecodeError as e:
+                    what = e.msg.removesuffix(" at").removesuffix(": line 1")
+                    near = line[max(0, e.pos - 12): e.pos + 12].rstrip("\n")
+                    raise DataError(f"{path}:{n}: invalid JSON at column {e.colno}: {what} "
+                                    f"(near {near!r})") from None
+        except UnicodeDecodeError as e:
+            raise DataError(f"{path}:{n + 1}: not UTF-8 text ({e.reason})") from None
     if not rows:
         raise DataError(f"{path}: empty file (no examples)")
     return rows
@@ -177,6 +188,8 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
     no_target = 0
     for n, row in read_jsonl(path):
         ds.n_lines += 1
+        if isinstance(row, dict) and row.get("completion", None) in ("", []):
+            ds.n_empty += 1
         ex = encode_row(row, tokenizer, chat_template=chat_template, add_eos=add_eos,
                         where=f"{path}:{n}")
         if vocab_size is not None and ex.tokens and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:

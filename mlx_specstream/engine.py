@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .errors import OptionError
 from .kv_cache import make_cache
 from .lookup import prompt_lookup
 from .streams import ForwardOut, forward, stream_pass
@@ -66,6 +67,8 @@ class Stats:
     tree_nodes: int = 0  # summed over calls, before pruning
     kept_nodes: int = 0  # summed over calls, after pruning
     accepted_lengths: Counter = field(default_factory=Counter)
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length"
+    context_limit: int | None = None  # set when generation stopped at the model's context
 
     @property
     def mean_accepted_tokens(self) -> float:
@@ -95,6 +98,8 @@ class Stats:
             "bookkeeping_share": round(self.bookkeeping_share, 4),
             "mean_tree_nodes": round(self.tree_nodes / self.calls, 3) if self.calls else 0.0,
             "mean_kept_nodes": round(self.kept_nodes / self.calls, 3) if self.calls else 0.0,
+            "finish_reason": self.finish_reason,
+            "context_limit": self.context_limit,
         }
 
 
@@ -123,33 +128,48 @@ class Decoder:
         if not prompt:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
-            raise ValueError(f"mode must be 'ss', 'ar' or 'lookup', not '{opts.mode}'")
-        if opts.temperature < 0 or not 0 < opts.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
+            raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
+        if opts.max_tokens < 1:
+            raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
+        if opts.temperature < 0:
+            raise OptionError(f"{{temperature}} must be >= 0, not {opts.temperature}")
+        if not 0 < opts.top_p <= 1:
+            raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
+        self.limit = getattr(model, "max_positions", None)
+        if self.limit is not None and len(prompt) >= self.limit:
+            raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
+                             f"{self.limit} (prompt and generated tokens together)")
         self.model, self.prompt, self.opts = model, list(prompt), opts
-        self.cfg = getattr(model, "adapter_config", None)
-        if opts.mode == "ss" and (self.cfg is None or self.cfg.gamma == 0):
-            raise ValueError("speculative decoding needs an adapter with streams: load one or use mode='ar'")
-        cfg = self.cfg
+        self.cfg = cfg = getattr(model, "adapter_config", None)
+        if opts.mode == "ss" and (cfg is None or cfg.gamma == 0):
+            raise OptionError("speculative decoding needs an adapter with streams: load one "
+                              "({adapter}) or use {mode=ar}")
         self.shared = cfg is not None and cfg.mode == "shared"
         self.gamma = 0
         if opts.mode == "ss" or self.shared:
-            self.gamma = min(opts.gamma or cfg.gamma, cfg.gamma)
+            self.gamma = cfg.gamma if opts.gamma is None else opts.gamma
+            if not 1 <= self.gamma <= cfg.gamma:
+                raise OptionError(f"{{gamma}} must be in 1..{cfg.gamma} (the adapter's streams), "
+                                  f"not {self.gamma}")
             if self.shared and self.gamma != cfg.gamma:
-                raise ValueError(f"a shared-mode adapter runs with all its {cfg.gamma} streams")
-        self.branch = opts.branch or (cfg.branch if cfg else 1)
+                raise OptionError(f"a shared-mode adapter runs with all its {cfg.gamma} streams: "
+                                  "drop {gamma}")
+        self.branch = opts.branch if opts.branch is not None else (cfg.branch if cfg else 1)
         default_budget = 11 if opts.mode == "lookup" else (cfg.tree_budget if cfg else 1)
-        self.budget = opts.tree_budget or default_budget
+        self.budget = opts.tree_budget if opts.tree_budget is not None else default_budget
         self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
             cfg.prune_threshold if cfg else 0.0)
-        if self.branch < 1 or self.budget < 1 or self.gamma < 0:
-            raise ValueError("branch and tree_budget must be >= 1")
+        for name, value in (("branch", self.branch), ("tree_budget", self.budget)):
+            if value < 1:
+                raise OptionError(f"{{{name}}} must be >= 1, not {value}")
+        if not 0 <= self.threshold <= 1:
+            raise OptionError(f"{{prune_threshold}} must be in [0, 1], not {self.threshold}")
         if opts.streams not in ("auto", "tree", "deferred"):
-            raise ValueError("streams must be 'auto', 'tree' or 'deferred'")
+            raise OptionError("{streams} must be auto, tree or deferred")
         self.deferred = opts.mode == "ss" and not self.shared and (
             opts.streams == "deferred" or (opts.streams == "auto" and not mx.metal.is_available()))
         if opts.node_cost is not None and opts.node_cost < 0:
-            raise ValueError("node_cost must be >= 0")
+            raise OptionError(f"{{node_cost}} must be >= 0, not {opts.node_cost}")
         self.node_cost = opts.node_cost
         if self.node_cost is None:
             policy = "deferred" if self.deferred else "tree"
@@ -241,7 +261,9 @@ class Decoder:
         yield step
         while step.finished is None:
             t_step = time.perf_counter()
-            tree = build_tree(root, draft.levels, draft.scores, self.budget, self.node_cost)
+            depth = len(draft.levels) if self.limit is None else self.limit - 1 - self.n
+            tree = build_tree(root, draft.levels[:depth], draft.scores[:depth], self.budget,
+                              self.node_cost)
             t_model = time.perf_counter()
             out = self._run(tree, stream_nodes="all", prune=opts.mode == "ss")
             target = self._target(out.main_logits)
@@ -273,8 +295,14 @@ class Decoder:
                 tokens, finished = tokens[:i], "stop"
                 break
         room = self.opts.max_tokens - emitted
+        context_room = None if self.limit is None else self.limit - len(self.prompt) - emitted
+        if context_room is not None and context_room < room:
+            room = context_room
+            if len(tokens) >= room and finished is None:
+                self.stats.context_limit = self.limit
         if len(tokens) >= room and finished is None:
             finished = "length"
         tokens = tokens[: max(room, 0)]
         self.stats.generated_tokens += len(tokens)
+        self.stats.finish_reason = finished
         return Step(tokens, accepted, rejected, finished)

@@ -744,6 +744,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     for ds in (train_ds, valid_ds):
         for note in (ds.notes if ds is not None else []):
             say(note)
+        if ds is not None and ds.n_empty and not self_distill:
+            say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_lines} examples have an "
+                "empty completion: trained on as given, they teach the model to stop right after the "
+                "prompt (--self-distill learns the model's own continuations instead)")
     if valid_ds is None:
         say("no valid.jsonl: no validation during training")
 

@@ -419,3 +419,27 @@ def test_destination_inside_source(converted, tmp_path):
 def test_bad_options(converted, tmp_path, args, fragment):
     _, src, _ = converted["llama3"]
     bad(src, tmp_path / "out", fragment, *args)
+
+
+def test_shipped_adapter_follows_its_base_through_a_transformers_resave(tmp_path):
+    """Re-saving the shipped checkpoint with this transformers (which spells the rotary settings
+    as ``rope_parameters``) and converting it again gives the same base: the adapter loads."""
+    from mlx_specstream.adapter import fingerprint
+    from mlx_specstream.api import DEFAULT_MODEL
+
+    hf = DEFAULT_MODEL.parent / "hf"
+    if not (hf / "config.json").exists() or not (DEFAULT_MODEL / "adapters" / "sql").is_dir():
+        pytest.skip("the default model is not built")
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf)
+    model.save_pretrained(tmp_path / "resaved")
+    resaved = json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert resaved != json.loads((hf / "config.json").read_text())  # spelled differently
+    dest = convert_ok(tmp_path / "resaved", tmp_path / "mlx")
+    m, _ = load(dest, adapter=DEFAULT_MODEL / "adapters" / "sql", fuse=False)
+    assert m.adapter_config.name == "sql"
+    # ... while a base that computes something else is told apart
+    cfg = dict(resaved, rope_parameters={"rope_type": "default", "rope_theta": 500000.0}, rope_theta=500000.0)
+    (tmp_path / "resaved" / "config.json").write_text(json.dumps(cfg))
+    other = convert_ok(tmp_path / "resaved", tmp_path / "mlx-other")
+    base, _ = load(dest)
+    assert fingerprint(load(other)[0]) != fingerprint(base)

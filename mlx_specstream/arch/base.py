@@ -174,6 +174,12 @@ class CausalLM(nn.Module):
 
     layers: list
 
+    @property
+    def max_positions(self) -> int | None:
+        """Tokens the model can hold (prompt + generated), or None when its config sets none."""
+        n = self.config.get("max_position_embeddings")
+        return int(n) if n else None
+
     def embed(self, tokens: mx.array, positions: mx.array) -> mx.array:
         raise NotImplementedError
 
