@@ -155,21 +155,19 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     rows = []
     # Lines end at "\n" only: a stray "\r" inside a line is the JSON error it is (at its column),
     # not a line break that shifts every line number after it.
-    with open(path, encoding="utf-8-sig", newline="\n") as f:
-        n = 0
+    for n, raw in enumerate(path.read_bytes().removeprefix(b"\xef\xbb\xbf").split(b"\n"), 1):
         try:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    rows.append((n, json.loads(line)))
-                except json.JSONDecodeError as e:
-                    what = e.msg.removesuffix(" at").removesuffix(": line 1")
-                    near = line[max(0, e.pos - 12): e.pos + 12].rstrip("\n")
-                    raise DataError(f"{path}:{n}: invalid JSON at column {e.colno}: {what} "
-                                    f"(near {near!r})") from None
+            line = raw.decode("utf-8")
         except UnicodeDecodeError as e:
-            raise DataError(f"{path}:{n + 1}: not UTF-8 text ({e.reason})") from None
+            raise DataError(f"{path}:{n}: not UTF-8 text ({e.reason} at byte {e.start + 1})") from None
+        if not line.strip():
+            continue
+        try:
+            rows.append((n, json.loads(line)))
+        except json.JSONDecodeError as e:
+            what = e.msg.removesuffix(" at").removesuffix(": line 1")
+            near = line[max(0, e.pos - 12): e.pos + 12]
+            raise DataError(f"{path}:{n}: invalid JSON at column {e.colno}: {what} (near {near!r})") from None
     if not rows:
         raise DataError(f"{path}: empty file (no examples)")
     return rows

@@ -1,0 +1,191 @@
+"""What a new user meets: the context limit, out-of-range options, stop strings, --verbose text,
+and one clear error line for bad input (each item of the new-user report, against an oracle:
+plain AR decoding, the tokenizer's own decode, the plain CLI output)."""
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from helpers import tiny_model
+from test_cli import assert_one_line_error, cli
+
+from mlx_specstream.adapter import new_adapter, save_adapter
+from mlx_specstream.api import DEFAULT_MODEL, generate, stream_generate
+from mlx_specstream.data import load_jsonl
+from mlx_specstream.errors import OptionError
+from mlx_specstream.loader import atomic_dir, save_model
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def with_adapter(arch="llama", **cfg):
+    model = tiny_model(arch, scale=3.0, **cfg)
+    new_adapter(model, gamma=3, msa_layers=2, seed=1)
+    return model
+
+
+@pytest.mark.parametrize("arch,limit", [("llama", 40), ("opt", 64)])
+def test_context_limit(arch, limit):
+    key = "max_position_embeddings"
+    model = with_adapter(arch, **{key: limit})
+    with pytest.raises(ValueError, match=f"the prompt has {limit + 5} tokens but the model's context "
+                                         f"holds {limit}"):
+        generate(model, None, list(range(1, limit + 6)), max_tokens=4)
+    prompt = list(range(1, 21))
+    ar = generate(model, None, prompt, max_tokens=100, mode="ar")
+    ss = generate(model, None, prompt, max_tokens=100)
+    for out in (ar, ss):
+        assert len(out.tokens) == limit - len(prompt)  # prompt + generated fill the context exactly
+        assert out.finish_reason == "length" and out.stats.context_limit == limit
+        assert out.stats.as_dict()["finish_reason"] == "length"
+    assert ss.tokens == ar.tokens  # lossless up to the limit
+    short = generate(model, None, prompt, max_tokens=5, mode="ar")
+    assert short.finish_reason == "length" and short.stats.context_limit is None
+
+
+@pytest.mark.parametrize("options,fragment", [
+    ({"gamma": 0}, "gamma must be in 1..3"), ({"gamma": 99}, "gamma must be in 1..3"),
+    ({"branch": 0}, "branch must be >= 1"), ({"tree_budget": 0}, "tree_budget must be >= 1"),
+    ({"max_tokens": 0}, "max_tokens must be >= 1"), ({"max_tokens": -5}, "max_tokens must be >= 1"),
+    ({"top_p": 0}, "top_p must be in"), ({"temperature": -1}, "temperature must be >= 0"),
+    ({"mode": "beam"}, "mode must be ss, ar or lookup"),
+])
+def test_out_of_range_options_are_refused(options, fragment):
+    with pytest.raises(OptionError, match=fragment):
+        generate(with_adapter(), None, [1, 2, 3], **options)
+
+
+def test_option_errors_speak_the_callers_language():
+    e = OptionError("load one ({adapter}) or use {mode=ar}; {temperature} >= 0; {overwrite=True}")
+    assert str(e) == "load one (adapter) or use mode='ar'; temperature >= 0; overwrite=True"
+    assert e.render(cli=True) == "load one (--adapter) or use --mode ar; --temp >= 0; --overwrite"
+
+
+def test_stop_strings_cut_tokens_and_text_together():
+    from mlx_specstream.api import load
+
+    if not (DEFAULT_MODEL / "config.json").exists():
+        pytest.skip("the default model is not built")
+    model, tok = load(adapter="sql")
+    prompt = json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+    full = generate(model, tok, prompt, max_tokens=40)
+    stop = full.text[10:13]  # a stop string from inside the output, wherever tokens split it
+    out = generate(model, tok, prompt, max_tokens=40, stop=[stop])
+    assert out.finish_reason == "stop" and stop not in out.text
+    assert full.text.startswith(out.text) and len(out.text) <= full.text.index(stop)
+    assert tok.decode(out.tokens) == out.text  # tokens and text agree
+    assert out.tokens == full.tokens[: len(out.tokens)] and out.stats.generated_tokens == len(out.tokens)
+    # streaming never shows a stop string's beginning that is later cut
+    streamed = "".join(s.text for s in stream_generate(model, tok, prompt, max_tokens=40, stop=[stop]))
+    assert streamed == out.text
+    for bad in ([""], ["x", ""]):
+        with pytest.raises(ValueError, match="non-empty"):
+            generate(model, tok, prompt, max_tokens=4, stop=bad)
+
+
+def default_model_or_skip():
+    if not (DEFAULT_MODEL / "adapters" / "sql" / "adapter_config.json").exists():
+        pytest.skip("the default model is not built")
+
+
+def test_verbose_text_is_the_plain_text_with_colours(tmp_path):
+    """What ``generate --verbose`` prints on a terminal, without its colour codes and the
+    rejected drafts (dim red, in brackets), is exactly the plain CLI output."""
+    from mlx_specstream.api import load
+    from mlx_specstream.cli import _coloured
+
+    default_model_or_skip()
+    model, tok = load(adapter="sql")
+    prompt = json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+    for text in (prompt, prompt.rstrip("\n")):  # a prompt without its final newline too
+        (tmp_path / "p.txt").write_text(text)
+        plain = cli("generate", "--adapter", "sql", "--prompt-file", str(tmp_path / "p.txt"), "-n", "48")
+        assert plain.returncode == 0, plain.stderr
+        shown = "".join(_coloured(s, tok) for s in stream_generate(model, tok, text, max_tokens=48))
+        assert "\x1b[32m" in shown and "\x1b[31m" in shown  # accepted drafts green, rejected red
+        kept = ANSI.sub("", re.sub(r"\x1b\[31m\x1b\[2m\[.*?\]\x1b\[0m", "", shown))
+        assert kept + "\n" == plain.stdout and "</s>" not in shown
+        verbose = cli("generate", "--adapter", "sql", "--prompt-file", str(tmp_path / "p.txt"), "-n", "48",
+                      "--verbose")
+        assert verbose.returncode == 0 and "finish_reason: stop" in verbose.stderr
+
+
+@pytest.fixture(scope="module")
+def random_model_with_tokenizer(tmp_path_factory):
+    """A random model with the shipped tokenizer: it rarely ends, so generation runs long."""
+    default_model_or_skip()
+    d = tmp_path_factory.mktemp("rnd") / "model"
+    model = tiny_model("llama", vocab_size=4096, max_position_embeddings=8192)
+    with atomic_dir(d, "model") as tmp:
+        save_model(model, model.config, tmp)
+        for name in ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json"):
+            if (DEFAULT_MODEL / name).exists():
+                shutil.copy(DEFAULT_MODEL / name, tmp / name)
+    new_adapter(model, gamma=2, msa_layers=2)
+    save_adapter(model, d / "adapters" / "a")
+    return d
+
+
+def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
+    d = str(random_model_with_tokenizer)
+    assert_one_line_error(cli("generate", "-m", d, "--prompt", "x"), "use --mode ar")
+    assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--gamma", "0"),
+                          "--gamma must be in 1..2")
+    assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--gamma", "99"),
+                          "--gamma must be in 1..2")
+    assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--branch", "0"),
+                          "--branch must be >= 1")
+    assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--tree-budget", "0"),
+                          "--tree-budget must be >= 1")
+    for n in ("0", "-5"):
+        assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x", "-n", n),
+                              "--max-tokens must be >= 1")
+    assert_one_line_error(cli("generate", "-m", d, "--adapter", "zzz", "--prompt", "x"), "this model has: a")
+    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt-file", str(tmp_path)), "not a file")
+    (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
+    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt-file", str(tmp_path / "latin1.txt")),
+                          "latin1.txt: not UTF-8")
+    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x " * 8300),
+                          "context holds 8192")
+    assert "lookup" in cli("generate", "--help").stdout
+
+
+def test_interrupted_generate_says_so(random_model_with_tokenizer):
+    p = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "generate", "-m",
+                          str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and out, err
+    assert re.fullmatch(r"interrupted after \d+ generated tokens\n", err), err
+
+
+def test_jsonl_errors_name_line_and_column(tmp_path):
+    f = tmp_path / "train.jsonl"
+    f.write_bytes(b'{"prompt": "a", "completion": "b"}\n{"prompt": "SELECT a FROM t", "com\rpletion": "x"}\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:2: invalid JSON at column 35: Invalid control"):
+        load_jsonl(f, None)
+    f.write_text('{"prompt": "SELECT a FROM t", "completion": "x" "y"}\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:1: invalid JSON at column 49"):
+        load_jsonl(f, None)
+    f.write_bytes(b'{"prompt": [1, 2], "completion": [3]}\n{"text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:2: not UTF-8"):
+        load_jsonl(f, None)
+
+
+def test_empty_completions_are_counted_and_reported(tmp_path):
+    from mlx_specstream.train import train
+
+    f = tmp_path / "train.jsonl"
+    f.write_text('{"prompt": [1, 2, 3], "completion": []}\n' * 3 + '{"prompt": [1, 2], "completion": [5, 6]}\n')
+    ds = load_jsonl(f, None)
+    assert ds.n_empty == 3 and ds.summary()["empty_completions"] == 3
+    said = []
+    train(tiny_model(), tmp_path, iters=1, progress=False, log=said.append, gamma=2, msa_layers=2)
+    assert any("3 of 4 examples have an empty completion" in s for s in said), said
