@@ -72,7 +72,7 @@ def test_stop_strings_cut_tokens_and_text_together():
     if not (DEFAULT_MODEL / "config.json").exists():
         pytest.skip("the default model is not built")
     model, tok = load(adapter="sql")
-    prompt = json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+    prompt = first_sql_prompt()
     full = generate(model, tok, prompt, max_tokens=40)
     stop = full.text[10:13]  # a stop string from inside the output, wherever tokens split it
     out = generate(model, tok, prompt, max_tokens=40, stop=[stop])
@@ -88,6 +88,10 @@ def test_stop_strings_cut_tokens_and_text_together():
             generate(model, tok, prompt, max_tokens=4, stop=bad)
 
 
+def first_sql_prompt() -> str:
+    return json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+
+
 def default_model_or_skip():
     if not (DEFAULT_MODEL / "adapters" / "sql" / "adapter_config.json").exists():
         pytest.skip("the default model is not built")
@@ -101,7 +105,7 @@ def test_verbose_text_is_the_plain_text_with_colours(tmp_path):
 
     default_model_or_skip()
     model, tok = load(adapter="sql")
-    prompt = json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+    prompt = first_sql_prompt()
     for text in (prompt, prompt.rstrip("\n")):  # a prompt without its final newline too
         (tmp_path / "p.txt").write_text(text)
         plain = cli("generate", "--adapter", "sql", "--prompt-file", str(tmp_path / "p.txt"), "-n", "48")
@@ -146,10 +150,10 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
         assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x", "-n", n),
                               "--max-tokens must be >= 1")
     assert_one_line_error(cli("generate", "-m", d, "--adapter", "zzz", "--prompt", "x"), "this model has: a")
-    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt-file", str(tmp_path)), "not a file")
+    ar = ("generate", "-m", d, "--mode", "ar")
+    assert_one_line_error(cli(*ar, "--prompt-file", str(tmp_path)), "not a file")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
-    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt-file", str(tmp_path / "latin1.txt")),
-                          "latin1.txt: not UTF-8")
+    assert_one_line_error(cli(*ar, "--prompt-file", str(tmp_path / "latin1.txt")), "latin1.txt: not UTF-8")
     assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x " * 8300),
                           "context holds 8192")
     assert "lookup" in cli("generate", "--help").stdout
@@ -183,7 +187,8 @@ def test_empty_completions_are_counted_and_reported(tmp_path):
     from mlx_specstream.train import train
 
     f = tmp_path / "train.jsonl"
-    f.write_text('{"prompt": [1, 2, 3], "completion": []}\n' * 3 + '{"prompt": [1, 2], "completion": [5, 6]}\n')
+    f.write_text('{"prompt": [1, 2, 3], "completion": []}\n' * 3
+                 + '{"prompt": [1, 2], "completion": [5, 6]}\n')
     ds = load_jsonl(f, None)
     assert ds.n_empty == 3 and ds.summary()["empty_completions"] == 3
     said = []
