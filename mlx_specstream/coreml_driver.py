@@ -202,7 +202,7 @@ class PackageDecoder:
         if opts.mode not in ("ss", "ar"):
             raise ValueError(f"a Core ML package decodes with mode 'ss' or 'ar', not '{opts.mode}'")
         self.runner, self.info, self.opts = runner, info, opts
-        self.prompt = list(prompt)
+        self.prompt, self.limit = list(prompt), None  # the package checks its own context
         self.gamma = info.gamma if opts.mode == "ss" else 0
         self.branch = min(opts.branch or info.branch, info.branch)
         self.budget = min(opts.tree_budget or info.tree_size, info.tree_size)

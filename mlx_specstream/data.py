@@ -217,13 +217,50 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
     return ds
 
 
+PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
+
+
+def make_project_train_split(data_dir: Path, say=print) -> bool:
+    """The project's own data sets (``data/sql``, ``data/code``) ship their valid and test splits;
+    their train split is made on first use by ``scripts/make_data.py`` (deterministic, ~20 s;
+    checked against ``data/manifest.json``). Returns whether ``data_dir`` was such a set."""
+    import hashlib
+    import json as _json
+    import os
+    import subprocess
+    import sys
+    import tempfile
+
+    manifest = PROJECT_DATA / "manifest.json"
+    script = PROJECT_DATA.parent / "scripts" / "make_data.py"
+    if data_dir.resolve().parent != PROJECT_DATA or not manifest.is_file() or not script.is_file():
+        return False
+    rel = f"{data_dir.name}/{TRAIN_FILE}"
+    expected = _json.loads(manifest.read_text())["files"].get(rel)
+    if expected is None:
+        return False
+    say(f"{data_dir / TRAIN_FILE} is made, not shipped: making it now with {script.name} (about 20 s)")
+    with tempfile.TemporaryDirectory(dir=PROJECT_DATA) as tmp:
+        res = subprocess.run([sys.executable, str(script), "--no-pretrain", "--out", tmp],
+                             capture_output=True, text=True)
+        made = Path(tmp) / rel
+        if res.returncode != 0 or not made.is_file():
+            raise DataError(f"{script.name} failed: {(res.stderr.strip().splitlines() or ['?'])[-1]}")
+        if hashlib.sha256(made.read_bytes()).hexdigest() != expected["sha256"]:
+            say(f"note: {rel} differs from the one data/manifest.json records (another Python's "
+                "standard library?); training on it all the same")
+        os.replace(made, data_dir / TRAIN_FILE)
+    return True
+
+
 def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool = False,
-                  **options) -> tuple[Dataset, Dataset | None]:
-    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``)."""
+                  say=print, **options) -> tuple[Dataset, Dataset | None]:
+    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``);
+    the project's own train splits are made on first use (:func:`make_project_train_split`)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory")
-    if not (data_dir / TRAIN_FILE).is_file():
+    if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):
         raise DataError(f"{data_dir}: no {TRAIN_FILE}")
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
     valid = None

@@ -738,7 +738,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if isinstance(data, (tuple, list)):
         train_ds, valid_ds = data
     else:
-        train_ds, valid_ds = load_datasets(data, tokenizer, max_seq_len=max_seq_len,
+        train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
                                            policy=length_policy, chat_template=chat_template,
                                            vocab_size=model.config.get("vocab_size"))
     for ds in (train_ds, valid_ds):

@@ -1,0 +1,82 @@
+"""Every code block of the README runs as written, so the README cannot drift from the code.
+
+Placeholders become real paths (``MODEL_DIR``: a copy of the shipped model; ``HF_DIR``: its
+Hugging Face directory; ``PROMPT.txt``, ``SQL.mlpackage``, ``"..."``: a test prompt) and sizes
+shrink (``--iters 2`` and one validation batch, ``--n 1``, 8 new tokens); nothing else changes. The set-up block is what
+CI runs (``.ci/run``), so it is compared with that script instead of run inside the suite.
+"""
+
+import json
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_specstream.api import DEFAULT_MODEL
+
+ROOT = Path(__file__).resolve().parent.parent
+BLOCK = re.compile(r"^```(bash|python)\n(.*?)^```", re.S | re.M)
+BLOCKS = BLOCK.findall((ROOT / "README.md").read_text())
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "adapters" / "sql").is_dir(), reason="no default model")
+
+
+def sized(line: str) -> str:
+    """The same command on a smaller job."""
+    line = re.sub(r"--iters \d+", "--iters 2", line)
+    line = re.sub(r"--n \d+", "--n 1", line)
+    line = re.sub(r"--max-tokens \d+", "--max-tokens 8", line)
+    if re.search(r"specstream-mlx (generate|bench)", line) and "--max-tokens" not in line:
+        line = line.split("#")[0].rstrip() + " --max-tokens 8"
+    if "specstream-mlx train" in line:
+        line += " --val-batches 1"
+    return line
+
+
+def model_copy(dest: Path, adapters: bool = True) -> Path:
+    """The shipped model under another name: its files linked, its adapters copied (blocks
+    train new ones beside them)."""
+    dest.mkdir(parents=True)
+    for f in DEFAULT_MODEL.iterdir():
+        if f.is_file():
+            (dest / f.name).symlink_to(f.resolve())
+    (dest / "draft").symlink_to((DEFAULT_MODEL / "draft").resolve())
+    if adapters:
+        shutil.copytree(DEFAULT_MODEL / "adapters", dest / "adapters",
+                        ignore=shutil.ignore_patterns("*.train"))
+    return dest
+
+
+def test_the_setup_block_is_what_ci_runs():
+    setup = [b for lang, b in BLOCKS if "scripts/setup.sh" in b]
+    assert len(setup) == 1
+    ci = (ROOT / ".ci" / "run").read_text()
+    for line in setup[0].strip().splitlines():
+        assert line in ci.splitlines(), line
+
+
+@pytest.mark.parametrize("index", [i for i, (_, b) in enumerate(BLOCKS) if "scripts/setup.sh" not in b])
+def test_readme_block_runs(index, tmp_path):
+    lang, block = BLOCKS[index]
+    prompt = json.loads((ROOT / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
+    (tmp_path / "PROMPT.txt").write_text(prompt)
+    trains = "specstream-mlx train" in block
+    converts = "--hf-path" in block
+    model = tmp_path / "model" if converts else model_copy(tmp_path / "model", adapters=not trains)
+    subs = {"MODEL_DIR": str(model), "HF_DIR": str(DEFAULT_MODEL.parent / "hf"),
+            "PROMPT.txt": str(tmp_path / "PROMPT.txt"), "SQL.mlpackage": str(tmp_path / "SQL.mlpackage"),
+            "results/bench-sql": str(tmp_path / "bench")}
+    for key, value in subs.items():
+        block = block.replace(key, value)
+    if lang == "python":
+        res = subprocess.run([sys.executable, "-c", block], cwd=ROOT, capture_output=True, text=True,
+                             timeout=600)
+        assert res.returncode == 0, res.stderr
+        return
+    for line in block.strip().splitlines():
+        line = sized(line).replace('"..."', shlex.quote(prompt))
+        res = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, f"{line}\n{res.stderr[-3000:]}"
