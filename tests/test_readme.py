@@ -2,8 +2,9 @@
 
 Placeholders become real paths (``MODEL_DIR``: a copy of the shipped model; ``HF_DIR``: its
 Hugging Face directory; ``PROMPT.txt``, ``SQL.mlpackage``, ``"..."``: a test prompt) and sizes
-shrink (``--iters 2`` and one validation batch, ``--n 1``, 8 new tokens); nothing else changes. The set-up block is what
-CI runs (``.ci/run``), so it is compared with that script instead of run inside the suite.
+shrink (``--iters 2`` and one validation batch, ``--n 1``, 8 new tokens); nothing else changes.
+The set-up block is what CI runs (``.ci/run``), so it is compared with that script instead of
+run inside the suite.
 """
 
 import json
