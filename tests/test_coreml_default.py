@@ -82,7 +82,8 @@ def test_float32_package_equals_mlx(prompts, out_dir):
     assert err["steps"] >= 2
 
 
-@pytest.mark.parametrize("bits", [4, 8])
+# int8 packages are checked on a small model in the default run (test_coreml_export.py)
+@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_quantized_package_equals_quantized_mlx(prompts, out_dir, bits):
     from mlx_specstream.convert.coreml_export import load_for_export
 
@@ -92,6 +93,7 @@ def test_quantized_package_equals_quantized_mlx(prompts, out_dir, bits):
     _same_tokens(res.package, model, tok, ids[:2])
 
 
+@pytest.mark.slow  # three exports of the default model; the ratios hold on a small model by default
 def test_package_sizes(out_dir):
     sizes = {bits: _export(out_dir, f"size-q{bits}", q_bits=bits).size_bytes for bits in (None, 4, 8)}
     (out_dir / "sizes.json").write_text(json.dumps(sizes))

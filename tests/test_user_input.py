@@ -160,10 +160,13 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
 
 
 def test_interrupted_generate_says_so(random_model_with_tokenizer):
+    # a default SIGINT handler in the child even when this run ignores SIGINT (a background job)
     p = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "generate", "-m",
                           str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    assert p.stdout.read(1)  # generation has started
+    time.sleep(1)
     p.send_signal(signal.SIGINT)
     out, err = p.communicate(timeout=60)
     assert p.returncode == 130 and out, err
