@@ -82,8 +82,10 @@ def test_float32_package_equals_mlx(prompts, out_dir):
     assert err["steps"] >= 2
 
 
-# int8 packages are checked on a small model in the default run (test_coreml_export.py)
-@pytest.mark.parametrize("bits", [4, pytest.param(8, marks=pytest.mark.slow)])
+# Slow: quantized packages equal quantized MLX on a small model in the default run
+# (test_coreml_export.py), and the README test exports and runs this model's int4 package.
+@pytest.mark.slow
+@pytest.mark.parametrize("bits", [4, 8])
 def test_quantized_package_equals_quantized_mlx(prompts, out_dir, bits):
     from mlx_specstream.convert.coreml_export import load_for_export
 
