@@ -263,6 +263,9 @@ def train(
                                          help="batch examples of similar lengths together"),
     val_every: int = typer.Option(100, "--val-every"),
     val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
+    accept_prompts: int = typer.Option(8, "--accept-prompts",
+                                       help="validation prompts decoded at each evaluation to measure "
+                                       "the tokens accepted per pass; the best adapter is kept (0: off)"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
 ) -> None:
@@ -281,6 +284,7 @@ def train(
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
+                       accept_prompts=accept_prompts,
                        warmup=warmup)
     if report["rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}

@@ -28,7 +28,8 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "adapter": ("adapter_config.json", ("adapter_config.json", "adapter.safetensors",
                                         "training_report.json")),
     "training run": (None, ("checkpoints", "distilled")),
-    "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors")),
+    "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors",
+                                  "best.safetensors")),
     "Core ML package": ("Manifest.json", ("Manifest.json", "Data")),
     "Core ML tokenizer": ("specstream.json", ("specstream.json", *TOKENIZER_FILES)),
 }

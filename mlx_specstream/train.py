@@ -92,6 +92,8 @@ class TrainConfig:
     val_every: int = 100
     val_batches: int | None = None
     save_every: int = 100
+    accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
+    accept_tokens: int = 48  # tokens generated per prompt there
 
 
 # -- batches ---------------------------------------------------------------------------------
@@ -446,6 +448,22 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
     }
 
 
+def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int]) -> float:
+    """Mean accepted tokens per forward pass of greedy Speculative Streaming on ``prompts``,
+    through the engine's own decode loop: the number a user of the adapter will see."""
+    from .engine import DecodeOptions, Decoder
+
+    advanced = passes = 0
+    for prompt in prompts:
+        decoder = Decoder(model, prompt, DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
+        for _ in decoder.steps():
+            pass
+        lengths = decoder.stats.accepted_lengths
+        advanced += sum(k * n for k, n in lengths.items())
+        passes += sum(lengths.values())
+    return round(advanced / passes, 4) if passes else 0.0
+
+
 # -- parameters, optimizer, checkpoints ------------------------------------------------------
 
 def set_trainable(model) -> int:
@@ -491,8 +509,13 @@ def _checkpoints(ckpt_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
-def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, keep: int = 2) -> Path:
-    """Adapter weights, optimizer state and the run's state at ``step``, written atomically."""
+BEST_FILE = "best.safetensors"
+
+
+def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, keep: int = 2,
+                    best: dict[str, mx.array] | None = None) -> Path:
+    """Adapter weights, optimizer state and the run's state at ``step`` (and the best adapter so
+    far, by acceptance), written atomically."""
     from .loader import atomic_dir
 
     dest = ckpt_dir / f"step-{step:07d}"
@@ -501,6 +524,8 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
         flat = dict(tree_flatten(optimizer.state))
         mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat)
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        if best is not None:
+            mx.save_safetensors(str(tmp / BEST_FILE), best)
     for old in _checkpoints(ckpt_dir)[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
     return dest
@@ -669,6 +694,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           weight_decay: float = 0.0, grad_clip: float | None = None, val_every: int = 100,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
+          accept_prompts: int = 8, accept_tokens: int = 48,
           tokenizer=None, model_path: str | Path | None = None, progress: bool = True,
           distributed: bool | None = None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
@@ -783,8 +809,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      length_policy=length_policy, chat_template=chat_template,
                      self_distill=self_distill, seed=seed, alphas=alphas, prune_weight=prune_weight,
                      segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
-                     val_batches=val_batches,
-                     save_every=save_every)
+                     val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
+                     accept_tokens=accept_tokens)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
     acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
@@ -799,7 +825,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     val_history: list[dict] = []
     elapsed0 = 0.0
     compat = {k: v for k, v in asdict(tc).items()
-              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup")}
+              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "accept_prompts",
+                           "accept_tokens")}
+    # the adapter with the most accepted tokens per pass on the validation prompts so far
+    best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
         found = _checkpoints(ckpt_dir)
         if found:
@@ -815,13 +844,31 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
             history, val_history = st.get("history", []), st.get("val_history", [])
             elapsed0 = float(st.get("seconds", 0.0))
+            if (found[-1] / BEST_FILE).is_file() and st.get("best"):
+                best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
             say(f"resuming from {found[-1]} (step {start} of {iters})")
         else:
             say(f"no checkpoint in {ckpt_dir}: starting from step 0")
 
     def ckpt_state(step_seconds: float) -> dict:
         return {"config": compat, "iters": iters, "base_fingerprint": base_fp, "history": history,
-                "val_history": val_history, "seconds": step_seconds, "world_size": world}
+                "val_history": val_history, "seconds": step_seconds, "world_size": world,
+                "best": {k: v for k, v in best.items() if k != "weights"}}
+
+    eos = frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
+    limit = model.max_positions or 1 << 30
+    accept_set = [e.tokens[: e.n_prompt] for e in (valid_ds.examples if valid_ds is not None else [])
+                  if e.n_prompt + accept_tokens < limit][:accept_prompts] if gamma else []
+
+    def validate(step: int) -> dict:
+        """Validation losses and accuracies, and the acceptance a user will see; keeps the best."""
+        ev = evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)
+        if accept_set:
+            ev["mean_accepted_tokens"] = acceptance(model, accept_set, accept_tokens, eos)
+            if ev["mean_accepted_tokens"] > best["mean_accepted_tokens"]:
+                best.update(step=step, mean_accepted_tokens=ev["mean_accepted_tokens"],
+                            weights=dict(adapter_weights(model)))
+        return ev
 
     # -- loop -----------------------------------------------------------------------------------
     lengths = np.array([[e.n_prompt, len(e.tokens)] for e in train_ds.examples])
@@ -867,15 +914,19 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
             if valid_ds is not None and val_every and (step % val_every == 0 or step == iters):
-                ev = evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)
+                ev = validate(step)
                 val_history.append({"step": step, **ev})
                 accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
+                per_pass = ev.get("mean_accepted_tokens")
                 say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
-                    f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}")
+                    f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
+                    + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
+                if per_pass:
+                    bar.set_postfix(loss=f"{info['loss']:.3f}", tok_pass=f"{per_pass:.2f}")
             due = step == iters or (save_every and step % save_every == 0)
             if ckpt_dir is not None and main_proc and due:
                 save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
-                                keep_checkpoints)
+                                keep_checkpoints, best["weights"])
                 last_saved = step
             if callback is not None:
                 callback(step, info)
@@ -884,7 +935,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         done = history[-1]["step"] if history else start
         if ckpt_dir is not None and main_proc and world == 1 and done > last_saved:
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
-                                   ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints)
+                                   ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
+                                   best["weights"])
             say(f"interrupted: saved {dest}; continue with resume=True (--resume)")
         raise
     bar.close()
@@ -892,7 +944,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     final_eval = val_history[-1] if val_history and val_history[-1]["step"] == iters else None
     if valid_ds is not None and final_eval is None:
-        final_eval = {"step": iters, **evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)}
+        final_eval = {"step": iters, **validate(iters)}
+    if best["weights"] is not None and best["step"] != iters:  # an earlier adapter drafts better
+        model.load_weights(list(best["weights"].items()), strict=False)
+        say(f"keeping the adapter of step {best['step']}: {best['mean_accepted_tokens']:.2f} tokens per "
+            f"pass on the validation prompts, against {final_eval['mean_accepted_tokens']:.2f} at the end")
     report = {
         "adapter": str(out_dir) if out_dir is not None else None,
         "name": name,
@@ -916,6 +972,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "peak_memory_mb": round(mx.get_peak_memory() / 2**20, 2),
         },
         "valid": final_eval,
+        "best": {k: v for k, v in best.items() if k != "weights"} if best["step"] is not None else None,
         "history": history,
         "val_history": val_history,
         "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
@@ -14,7 +15,7 @@ import numpy as np
 import pytest
 from helpers import CONFIGS, tiny_model
 
-from mlx_specstream.adapter import detach, load_adapter, new_adapter
+from mlx_specstream.adapter import adapter_weights, detach, load_adapter, new_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.data import Dataset, Example
 from mlx_specstream.kv_cache import make_cache
@@ -234,6 +235,15 @@ def test_streams_learn_synthetic_task_and_stay_lossless(synthetic, tmp_path):
         assert generate(model, None, p, max_tokens=12, branch=3, tree_budget=10).tokens == ref
         accepted.append(ss.stats.mean_accepted_tokens)
     assert np.mean(accepted) > 2, accepted
+    # acceptance measured while training: what the engine gives the kept adapter on the same
+    # validation prompts (the first 8), and the best of the evaluations
+    assert [v["step"] for v in report["val_history"]] == [75, 150]
+    best = report["best"]
+    assert best["mean_accepted_tokens"] == max(v["mean_accepted_tokens"] for v in report["val_history"]) > 2
+    runs = [generate(model, None, e.tokens[: e.n_prompt], max_tokens=48) for e in valid_ds.examples[:8]]
+    lengths = sum((r.stats.accepted_lengths for r in runs), Counter())
+    engine = sum(k * n for k, n in lengths.items()) / sum(lengths.values())
+    assert engine == pytest.approx(best["mean_accepted_tokens"], abs=1e-4)
 
     # save -> load -> identical outputs
     saved = json.loads((tmp_path / "arith" / "training_report.json").read_text())
@@ -244,6 +254,26 @@ def test_streams_learn_synthetic_task_and_stay_lossless(synthetic, tmp_path):
     load_adapter(model, tmp_path / "arith")
     again = generate(model, None, prompts[0], max_tokens=12, branch=3)
     assert again.tokens == ref.tokens and again.stats.accepted_lengths == ref.stats.accepted_lengths
+    detach(model)
+
+
+def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch):
+    """The adapter saved is the one with the most tokens per pass at an evaluation, not
+    necessarily the last (acceptance here: 3.0 at step 2, then 1.5 at step 4)."""
+    import mlx_specstream.train as train_mod
+
+    model, train_ds, valid_ds = synthetic
+    scores = iter([3.0, 1.5])
+    monkeypatch.setattr(train_mod, "acceptance", lambda *a: next(scores))
+    seen = {}
+    report = train(model, (train_ds, valid_ds), mode="lossless", gamma=2, msa_layers=2, iters=4,
+                   batch_size=8, lr=1e-2, val_every=2, val_batches=1, progress=False, log=lambda m: None,
+                   callback=lambda step, info: seen.setdefault(step, {
+                       k: np.array(v) for k, v in adapter_weights(model).items()}))
+    assert report["best"] == {"step": 2, "mean_accepted_tokens": 3.0}
+    kept = {k: np.array(v) for k, v in adapter_weights(model).items()}
+    assert all(np.array_equal(kept[k], seen[2][k]) for k in kept)
+    assert not all(np.array_equal(kept[k], seen[4][k]) for k in kept)
     detach(model)
 
 
