@@ -263,6 +263,9 @@ def train(
                                          help="batch examples of similar lengths together"),
     val_every: int = typer.Option(100, "--val-every"),
     val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
+    state_cache_mb: int = typer.Option(1024, "--state-cache-mb",
+                                       help="lossless: memory for the base model's states kept "
+                                       "across epochs (0: recompute every step)"),
     accept_prompts: int = typer.Option(8, "--accept-prompts",
                                        help="validation prompts decoded at each evaluation to measure "
                                        "the tokens accepted per pass; the best adapter is kept (0: off)"),
@@ -284,7 +287,7 @@ def train(
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
-                       accept_prompts=accept_prompts,
+                       accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
                        warmup=warmup)
     if report["rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}

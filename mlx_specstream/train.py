@@ -92,6 +92,7 @@ class TrainConfig:
     val_every: int = 100
     val_batches: int | None = None
     save_every: int = 100
+    state_cache_mb: int = 1024  # lossless: base states kept across epochs (BaseStateCache)
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
 
@@ -198,6 +199,62 @@ def base_states(model, tokens: mx.array):
            [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs], mx.stop_gradient(h))
     mx.eval(out[0], out[1], out[2], out[3])
     return out
+
+
+def _copy(x: mx.array) -> mx.array:
+    return mx.array(np.array(x, copy=True), dtype=x.dtype)
+
+
+class BaseStateCache:
+    """Lossless mode: the frozen base's states of each training example (hidden states entering
+    the pruning and MSA layers, the MSA layers' main keys/values), kept across epochs, so a small
+    data set runs the base once per example instead of once per epoch.
+
+    Memory is bounded by ``max_bytes``: an example's states are kept only while the total stays
+    within it (first come, first kept; the default model needs about 7 KB per token in fp32, so
+    1 GB holds ~150k tokens); the others are recomputed whenever they come up. Right padding and
+    the causal mask make an example's states the same alone or in a batch, so a batch assembled
+    from kept states gives the step the same loss and gradients (tested).
+    """
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.used = max_bytes, 0
+        self.kept: dict[int, tuple] = {}
+
+    def states(self, model, ids: list[int], examples: list[Example]):
+        """``(h_prune, h_msa, kvs)`` of the right-padded batch of ``examples`` (ids: their
+        indices in the data set)."""
+        missing = [r for r, i in enumerate(ids) if i not in self.kept]
+        fresh = {}
+        if missing:
+            sub = Batch.of([examples[r] for r in missing])
+            h_prune, h_msa, kvs, _ = base_states(model, mx.array(sub.tokens))
+            if len(missing) == len(ids) and self.used >= self.max_bytes:
+                return h_prune, h_msa, kvs  # nothing more fits: the batch as computed
+            for j, r in enumerate(missing):
+                n = int(sub.length[j])
+                fresh[r] = (h_prune[j, :n], h_msa[j, :n], [(k[j, :, :n], v[j, :, :n]) for k, v in kvs])
+        rows = []
+        for r, i in enumerate(ids):
+            st = self.kept.get(i) or fresh[r]
+            rows.append(st)
+            if i not in self.kept:
+                size = st[0].nbytes + st[1].nbytes + sum(k.nbytes + v.nbytes for k, v in st[2])
+                if self.used + size <= self.max_bytes:  # own copies: no view keeps the batch alive
+                    own = (_copy(st[0]), _copy(st[1]), [(_copy(k), _copy(v)) for k, v in st[2]])
+                    self.kept[i] = own
+                    self.used += size
+        T = max(len(e.tokens) for e in examples)
+
+        def stack(xs, axis):
+            pad = [[(0, 0)] * x.ndim for x in xs]
+            for p, x in zip(pad, xs):
+                p[axis] = (0, T - x.shape[axis])
+            return mx.stack([mx.pad(x, p) for p, x in zip(pad, xs)])
+
+        kvs = [(stack([r[2][layer][0] for r in rows], 1), stack([r[2][layer][1] for r in rows], 1))
+               for layer in range(len(rows[0][2]))]
+        return stack([r[0] for r in rows], 0), stack([r[1] for r in rows], 0), kvs
 
 
 def segment_layout(a: int, b: int, gamma: int) -> tuple[mx.array, mx.array]:
@@ -354,8 +411,9 @@ def _zeros_like_trainable(model):
     return tree_map(mx.zeros_like, model.trainable_parameters())
 
 
-def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
-    """Loss (this process's share) and gradients of one (shard of a) global batch."""
+def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, states=None):
+    """Loss (this process's share) and gradients of one (shard of a) global batch; lossless
+    ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
     if batch is None:
         return mx.array(0.0), _zeros_like_trainable(model)
     if tc.mode != "lossless":
@@ -366,8 +424,7 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray):
         loss, grads = nn.value_and_grad(model, loss_fn)()
         mx.eval(loss, grads)
         return loss, grads
-    states = base_states(model, mx.array(batch.tokens))
-    h_prune, h_msa, kvs, _ = states
+    h_prune, h_msa, kvs = states or base_states(model, mx.array(batch.tokens))[:3]
     total, grads = mx.array(0.0), None
     for a, b in _segments(*batch.window, tc.segment_len):
         if not _segment_has_targets(batch, a, b):
@@ -694,7 +751,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           weight_decay: float = 0.0, grad_clip: float | None = None, val_every: int = 100,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
-          accept_prompts: int = 8, accept_tokens: int = 48,
+          accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
           tokenizer=None, model_path: str | Path | None = None, progress: bool = True,
           distributed: bool | None = None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
@@ -810,7 +867,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      self_distill=self_distill, seed=seed, alphas=alphas, prune_weight=prune_weight,
                      segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
                      val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                     accept_tokens=accept_tokens)
+                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
     acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
@@ -826,7 +883,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     elapsed0 = 0.0
     compat = {k: v for k, v in asdict(tc).items()
               if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "accept_prompts",
-                           "accept_tokens")}
+                           "accept_tokens", "state_cache_mb")}
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
@@ -882,6 +939,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                                lengths if group_by_length else None)
         return epochs_seen[epoch][k]
 
+    cache = BaseStateCache(state_cache_mb << 20) if mode == "lossless" and state_cache_mb > 0 else None
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     tokens_seen = 0
@@ -897,7 +955,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             full = Batch.of([train_ds.examples[i] for i in ids])
             norms = full.counts(gamma)  # global counts: the same on every process
             batch = Batch.of(examples) if examples else None
-            loss, grads = _grad_step(model, batch, tc, norms)
+            states = cache.states(model, list(shard), examples) if cache is not None and examples else None
+            loss, grads = _grad_step(model, batch, tc, norms, states)
             if group is not None:
                 grads = tree_map(lambda x: mx.distributed.all_sum(x, group=group), grads)
                 loss = mx.distributed.all_sum(loss, group=group)

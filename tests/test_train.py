@@ -517,3 +517,35 @@ def test_two_processes_equal_one(tmp_path, mode):
         np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), rtol=1e-4, atol=3e-5, err_msg=k)
     worst = max(float(mx.abs(a[k] - b[k]).max()) for k in a)
     assert worst < 3e-5
+
+
+def test_base_state_cache_gives_the_same_step():
+    """A lossless step on states assembled from kept per-example states (some kept, some fresh)
+    has the uncached step's loss and gradients; memory stays within the bound."""
+    from mlx.utils import tree_flatten
+
+    from mlx_specstream.adapter import AdapterConfig, attach
+    from mlx_specstream.train import BaseStateCache, Batch, TrainConfig, _grad_step, set_trainable
+
+    rng = np.random.default_rng(3)
+    model = tiny_model("llama", seed=2)
+    attach(model, AdapterConfig(mode="lossless", gamma=3, msa_layers=2, stream_init_rank=4), seed=1)
+    set_trainable(model)
+    tc = TrainConfig(mode="lossless", gamma=3, msa_layers=2, alphas=[0, 1, 1, 1], segment_len=4)
+    examples = [Example(rng.integers(1, 60, int(n)).tolist(), int(p))
+                for n, p in zip(rng.integers(8, 20, 6), rng.integers(2, 6, 6))]
+    cache = BaseStateCache(1 << 30)
+    cache.states(model, [0, 2, 4], [examples[i] for i in (0, 2, 4)])  # kept from an earlier batch
+    ids = [4, 1, 0, 5]
+    batch = Batch.of([examples[i] for i in ids])
+    ref_loss, ref = _grad_step(model, batch, tc, batch.counts(3))
+    loss, got = _grad_step(model, batch, tc, batch.counts(3),
+                           cache.states(model, ids, [examples[i] for i in ids]))
+    assert abs(loss.item() - ref_loss.item()) < 1e-5 * max(1.0, abs(ref_loss.item()))
+    for (k, a), (_, b) in zip(tree_flatten(ref), tree_flatten(got)):
+        assert np.allclose(np.array(a), np.array(b), atol=1e-5, rtol=1e-4), k
+    assert set(cache.kept) == {0, 1, 2, 4, 5}
+    small = BaseStateCache(cache.used // 5)  # room for about one example
+    small.states(model, ids, [examples[i] for i in ids])
+    assert 0 < len(small.kept) < len(ids) and small.used <= small.max_bytes
+    detach(model)
