@@ -195,7 +195,8 @@ def convert(
     weights = read_weights(src)
     apply_weights(model, weights, DTYPES[dtype] if dtype else None)
     del weights
-    out_cfg = _mlx_lm_compatible({k: v for k, v in cfg.items() if not k.startswith("_")})
+    # the config of what was built (a multimodal checkpoint's text model: its text config)
+    out_cfg = _mlx_lm_compatible({k: v for k, v in model.config.items() if not k.startswith("_")})
     if dtype is not None:
         for key in ("torch_dtype", "dtype"):
             if key in out_cfg:

@@ -66,8 +66,8 @@ def _setting(value):
     return repr(value)
 
 
-# Attributes that say nothing about what the base computes.
-_NOT_COMPUTATION = {"adapter_config", "path", "fused_lora"}
+# Attributes that say nothing about what the base computes (``args``: the typed config, restated).
+_NOT_COMPUTATION = {"adapter_config", "path", "fused_lora", "args"}
 
 
 def architecture(model) -> list:

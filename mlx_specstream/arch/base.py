@@ -4,12 +4,16 @@ a KV cache plus uncached rows, and the default causal mask.
 Every block takes ``positions`` (one position per row) and an optional ``n_main``: rows
 ``[0, n_main)`` are main-stream rows whose keys/values go to the cache; rows after them are
 speculative-stream rows that attend like everything else but are never cached.
+
+A layer with a sliding window sees, from every row (main or stream), only the keys fewer than
+``window`` positions behind the row's own position, on top of whatever its mask allows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -20,6 +24,17 @@ from ..lora import project
 
 class UnsupportedModelError(ValueError):
     """A checkpoint's architecture or one of its options is not supported."""
+
+
+@dataclass
+class BaseArgs:
+    """A family's typed config: :meth:`from_dict` reads the fields it declares from a HF config
+    and ignores every other key; derived values are computed once, in ``__post_init__``."""
+
+    @classmethod
+    def from_dict(cls, cfg: dict):
+        names = {f.name for f in fields(cls) if f.init}
+        return cls(**{k: v for k, v in cfg.items() if k in names})
 
 
 @dataclass
@@ -97,22 +112,45 @@ def causal_mask(n_rows: int, offset: int) -> mx.array:
     return mx.arange(offset + n_rows)[None, :] <= rows
 
 
+def window_mask(mask: mx.array | None, positions: mx.array, n_earlier: int, window: int) -> mx.array:
+    """``mask`` further limited to keys fewer than ``window`` positions behind each row
+    (``transformers``' ``kv > q - window``). Keys are the ``n_earlier`` cached ones, at positions
+    ``0..n_earlier-1``, then this pass's rows at ``positions`` ((T,), or (B, T) per sequence)."""
+    earlier = mx.arange(n_earlier, dtype=positions.dtype)
+    keys = mx.concatenate([mx.broadcast_to(earlier, (*positions.shape[:-1], n_earlier)), positions], axis=-1)
+    near = (positions[..., :, None] - keys[..., None, :]) < window
+    if near.ndim == 3:
+        near = near[:, None]  # (B, 1, T, S): per-sequence positions, shared by the heads
+    if mask is None:
+        return near
+    if mask.dtype == mx.bool_:
+        return mask & near
+    return mx.where(near, mask, mx.array(-mx.inf, mask.dtype))
+
+
 def attention(
     q: mx.array,
     k: mx.array,
     v: mx.array,
     cache,
-    mask: mx.array | None,
+    mask: mx.array | AttentionPlan | None,
     n_main: int | None,
     scale: float,
+    positions: mx.array | None = None,
+    window: int | None = None,
 ) -> mx.array:
     """Attention of all rows; the first ``n_main`` rows' keys/values are appended to ``cache``.
 
     q, k, v: (B, H, T, D). ``mask`` is boolean or additive with shape (T, S) where S counts the
-    cache (after appending) followed by the uncached rows; None means "see every key".
+    cache (after appending) followed by the uncached rows; None means "see every key"; an
+    :class:`AttentionPlan` describes a tree / multi-stream pass. ``window`` (with the rows'
+    ``positions``) applies a sliding window: a plan whose rows all lie inside the window runs as
+    is (kernels or dense path), else its dense mask is windowed.
     """
     if isinstance(mask, AttentionPlan):  # tree / multi-stream structure: kernels or dense path
-        return attend_with_cache(q, k, v, cache, mask, n_main, scale)
+        if window is None or mask.n_prefix + mask.n_rows <= window:
+            return attend_with_cache(q, k, v, cache, mask, n_main, scale)
+        mask = mask.mask
     n_cached = k.shape[2] if n_main is None else n_main
     if cache is not None:
         keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])
@@ -121,33 +159,51 @@ def attention(
             values = mx.concatenate([values, v[:, :, n_cached:]], axis=2)
     else:
         keys, values = k, v
+    if window is not None:
+        mask = window_mask(mask, positions, keys.shape[2] - k.shape[2], window)
     if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)
     return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
 
 
 class SelfAttention(nn.Module):
-    """Multi-head (GQA) self-attention with q/k/v/o projections and rotary positions."""
+    """Multi-head (GQA) self-attention with q/k/v/o projections and rotary positions.
 
-    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, out_bias, rope, out_name="o_proj"):
+    Options: ``qk_norm`` builds a norm over ``head_dim`` applied to every head's queries and keys
+    before the rotary embedding (``q_norm``/``k_norm``); ``scale`` replaces ``head_dim**-0.5``;
+    ``window`` makes it a sliding-window layer.
+    """
+
+    window: int | None = None  # class default: instances set it only when they have one
+
+    def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, out_bias, rope, out_name="o_proj", *,
+                 qk_norm: Callable[[int], nn.Module] | None = None, scale: float | None = None,
+                 window: int | None = None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
-        self.scale = head_dim**-0.5
+        self.scale = head_dim**-0.5 if scale is None else scale
         self.q_proj = nn.Linear(dim, n_heads * head_dim, bias=bias)
         self.k_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(dim, n_kv_heads * head_dim, bias=bias)
         setattr(self, out_name, nn.Linear(n_heads * head_dim, dim, bias=out_bias))
         self._out = out_name
         self.rope = rope
+        if qk_norm is not None:
+            self.q_norm, self.k_norm = qk_norm(head_dim), qk_norm(head_dim)
+        if window is not None:
+            self.window = window
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         B, T, _ = x.shape
-        q = project(self.q_proj, x, n_main).reshape(B, T, self.n_heads, -1).transpose(0, 2, 1, 3)
-        k = project(self.k_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        q = project(self.q_proj, x, n_main).reshape(B, T, self.n_heads, -1)
+        k = project(self.k_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1)
+        if "q_norm" in self:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3)
         v = project(self.v_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        o = attention(q, k, v, cache, mask, n_main, self.scale)
+        o = attention(q, k, v, cache, mask, n_main, self.scale, positions, self.window)
         o = o.transpose(0, 2, 1, 3).reshape(B, T, -1)
         return project(getattr(self, self._out), o, n_main)
 

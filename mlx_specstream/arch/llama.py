@@ -1,12 +1,52 @@
-"""Llama family: ``llama``, ``mistral``, ``qwen2``, ``phi3`` (pre-norm RMSNorm, SwiGLU, RoPE, GQA)."""
+"""Llama family: ``llama``, ``mistral``, ``qwen2``, ``phi3`` (pre-norm RMSNorm, SwiGLU, RoPE, GQA).
+
+Families built on this block (Qwen3, SmolLM3) subclass :class:`Model` and override
+:meth:`Model.block`, the one place a layer is made.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..lora import project
-from .base import CausalLM, SelfAttention, activation, make_rope
+from .base import BaseArgs, CausalLM, Rope, SelfAttention, activation, make_rope
+
+
+@dataclass
+class Args(BaseArgs):
+    model_type: str
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    hidden_act: str = "silu"
+    attention_bias: bool = False
+    mlp_bias: bool = False
+    tie_word_embeddings: bool = False
+    sliding_window: int | None = None
+    use_sliding_window: bool = True
+    layer_types: list[str] | None = None
+    qkv_bias: bool = field(init=False)
+    o_bias: bool = field(init=False)
+
+    def __post_init__(self):
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
+        self.head_dim = self.head_dim or self.hidden_size // self.num_attention_heads
+        qwen2 = self.model_type == "qwen2"  # biases on q/k/v only, whatever attention_bias says
+        self.qkv_bias = qwen2 or self.attention_bias
+        self.o_bias = self.attention_bias and not qwen2
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of a layer that ``layer_types`` marks "sliding_attention"."""
+        sliding = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        return self.sliding_window if sliding and self.use_sliding_window and self.sliding_window else None
 
 
 class MLP(nn.Module):
@@ -23,19 +63,16 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: dict, rope):
+    """Pre-norm attention + SwiGLU MLP; ``attn_options`` go to :class:`SelfAttention`."""
+
+    def __init__(self, args: Args, rope: Rope | None, **attn_options):
         super().__init__()
-        dim, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        kv = cfg.get("num_key_value_heads") or heads
-        head_dim = cfg.get("head_dim") or dim // heads
-        qkv_bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
-        o_bias = cfg.get("attention_bias", False) and cfg["model_type"] != "qwen2"
-        self.self_attn = SelfAttention(dim, heads, kv, head_dim, qkv_bias, o_bias, rope)
-        self.mlp = MLP(dim, cfg["intermediate_size"], cfg.get("mlp_bias", False),
-                       cfg.get("hidden_act", "silu"))
-        eps = cfg.get("rms_norm_eps", 1e-6)
-        self.input_layernorm = nn.RMSNorm(dim, eps=eps)
-        self.post_attention_layernorm = nn.RMSNorm(dim, eps=eps)
+        a = args
+        self.self_attn = SelfAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
+                                       a.head_dim, a.qkv_bias, a.o_bias, rope, **attn_options)
+        self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
+        self.input_layernorm = nn.RMSNorm(a.hidden_size, eps=a.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(a.hidden_size, eps=a.rms_norm_eps)
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, n_main)
@@ -43,24 +80,29 @@ class Block(nn.Module):
 
 
 class Inner(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, args: Args, layers: list[nn.Module]):
         super().__init__()
-        dim = cfg["hidden_size"]
-        head_dim = cfg.get("head_dim") or dim // cfg["num_attention_heads"]
-        rope = make_rope(cfg, head_dim)
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], dim)
-        self.layers = [Block(cfg, rope) for _ in range(cfg["num_hidden_layers"])]
-        self.norm = nn.RMSNorm(dim, eps=cfg.get("rms_norm_eps", 1e-6))
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = layers
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
 
 class Model(CausalLM):
+    Args = Args
+
     def __init__(self, cfg: dict):
         super().__init__()
         self.config = cfg
-        self.model = Inner(cfg)
-        self.tied = cfg.get("tie_word_embeddings", False)
+        self.args = args = self.Args.from_dict(cfg)
+        rope = make_rope(cfg, args.head_dim)
+        self.model = Inner(args, [self.block(args, i, rope) for i in range(args.num_hidden_layers)])
+        self.tied = args.tie_word_embeddings
         if not self.tied:
-            self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def block(self, args: Args, i: int, rope: Rope) -> nn.Module:
+        """Layer ``i`` (subclasses add their per-layer options)."""
+        return Block(args, rope, window=args.window(i))
 
     @property
     def layers(self):
@@ -75,18 +117,15 @@ class Model(CausalLM):
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """HF names -> ours: drop rotary buffers and tied heads, split phi3's fused projections."""
-        cfg = self.config
+        a = self.args
+        q, k = a.num_attention_heads * a.head_dim, a.num_key_value_heads * a.head_dim
         out = {}
-        heads, dim = cfg["num_attention_heads"], cfg["hidden_size"]
-        head_dim = cfg.get("head_dim") or dim // heads
-        kv = cfg.get("num_key_value_heads") or heads
         for name, w in weights.items():
             if "rotary_emb" in name or (self.tied and name.startswith("lm_head.")):
                 continue
             if ".qkv_proj." in name:
-                q, k = heads * head_dim, kv * head_dim
-                for part, (a, b) in zip("qkv", [(0, q), (q, q + k), (q + k, q + 2 * k)]):
-                    out[name.replace("qkv_proj", f"{part}_proj")] = w[a:b]
+                for part, (lo, hi) in zip("qkv", [(0, q), (q, q + k), (q + k, q + 2 * k)]):
+                    out[name.replace("qkv_proj", f"{part}_proj")] = w[lo:hi]
             elif ".gate_up_proj." in name:
                 half = w.shape[0] // 2
                 out[name.replace("gate_up_proj", "gate_proj")] = w[:half]

@@ -1,0 +1,215 @@
+"""The families beyond llama/opt/phi (``FAMILIES``): import from Hugging Face directories,
+parity with ``transformers``, lossless Speculative Streaming, adapter training and int8/int4
+loading on each family.
+
+Tiny random fp32 models are made with ``transformers`` from configs (no download); their norm
+weights are randomised too (HF initialises them to one or zero, which would hide Gemma's
+``1 + w``). Gemma's sliding window (8) is shorter than the prompts, so every check below also
+covers windowed layers, on main rows and on stream rows.
+"""
+
+import json
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from test_import import convert_ok, mlx_logits, torch_logits  # noqa: E402
+from test_train import lossless_stream_logits  # noqa: E402
+
+from mlx_specstream import load  # noqa: E402
+from mlx_specstream.adapter import adapter_weights, detach, new_adapter  # noqa: E402
+from mlx_specstream.api import generate  # noqa: E402
+from mlx_specstream.convert.hf_import import convert  # noqa: E402
+from mlx_specstream.data import Dataset, Example  # noqa: E402
+from mlx_specstream.loader import load_model  # noqa: E402
+from mlx_specstream.streams import forward, stream_pass  # noqa: E402
+from mlx_specstream.train import train  # noqa: E402
+from mlx_specstream.tree import chain  # noqa: E402
+
+TOL = 1e-4
+WINDOW = 8
+SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
+             num_hidden_layers=4, vocab_size=100, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
+             eos_token_id=2)
+SLIDING, GLOBAL = "sliding_attention", "full_attention"
+
+# name: (config, how the checkpoint is saved)
+FAMILIES = {
+    "smollm3": (lambda: transformers.SmolLM3Config(**SMALL, no_rope_layer_interval=2), "sharded"),
+    "gemma3": (lambda: transformers.Gemma3TextConfig(
+        **SMALL, sliding_window=WINDOW, layer_types=[SLIDING, GLOBAL, SLIDING, SLIDING],
+        query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
+                         SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "safetensors"),
+}
+PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
+
+
+def make_hf(name, root):
+    config_fn, fmt = FAMILIES[name]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config_fn()).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.ndim == 1:
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if name == "gemma3" else 1.0))
+    path = root / name
+    model.save_pretrained(path, **({"max_shard_size": "40KB"} if fmt == "sharded" else {}))
+    assert (path / "model.safetensors.index.json").is_file() == (fmt == "sharded")
+    return model, path
+
+
+@pytest.fixture(scope="module")
+def families(tmp_path_factory):
+    """name -> (torch model, HF dir, converted MLX dir); sharded checkpoints go through the CLI."""
+    root = tmp_path_factory.mktemp("families")
+    out = {}
+    for name in FAMILIES:
+        hf, path = make_hf(name, root)
+        dest = root / f"{name}-mlx"
+        if FAMILIES[name][1] == "sharded":
+            convert_ok(path, dest)
+        else:
+            convert(path, dest)
+        out[name] = (hf, path, dest)
+    return out
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_match_transformers(families, name):
+    hf, _, dst = families[name]
+    model, _ = load(dst)
+    ref = torch_logits(hf, PROMPT)
+    for prefill in (None, 5, 1):  # whole prompt; prefill then token-by-token decoding
+        got = mlx_logits(model, PROMPT, prefill)
+        err = np.abs(got - ref).max()
+        assert err < TOL, f"{name} (prefill {prefill}): differs by {err}"
+
+
+def test_windows_and_norms_are_exercised(families):
+    """The oracle would not catch a missing window or (1 + w) if they made no difference."""
+    hf, _, dst = families["gemma3"]
+    model, _ = load(dst)
+    assert [layer.self_attn.window for layer in model.layers] == [WINDOW, None, WINDOW, WINDOW]
+    ref = torch_logits(hf, PROMPT)
+    for layer in model.layers:
+        layer.self_attn.window = None
+    assert np.abs(mlx_logits(model, PROMPT) - ref).max() > 100 * TOL
+    smol, _ = load(families["smollm3"][2])
+    assert [layer.self_attn.rope is None for layer in smol.layers] == [False, True, False, True]
+
+
+def test_gemma3_multimodal_checkpoint(families, tmp_path):
+    """A ``gemma3`` checkpoint: the text model of its ``text_config`` (vision weights dropped)."""
+    hf, path, _ = families["gemma3"]
+    text = json.loads((path / "config.json").read_text())
+    cfg = {"model_type": "gemma3", "architectures": ["Gemma3ForConditionalGeneration"], "text_config": text,
+           "vision_config": {"model_type": "siglip_vision_model"}, "mm_tokens_per_image": 4}
+    src = tmp_path / "mm"
+    src.mkdir()
+    (src / "config.json").write_text(json.dumps(cfg))
+    weights = mx.load(str(path / "model.safetensors"))
+    weights = {k.replace("model.", "language_model.model.", 1): v for k, v in weights.items()}
+    weights["vision_tower.vision_model.post_layernorm.weight"] = mx.zeros((8,))
+    weights["multi_modal_projector.mm_soft_emb_norm.weight"] = mx.zeros((8,))
+    mx.save_safetensors(str(src / "model.safetensors"), weights)
+    model, _ = load(convert(src, tmp_path / "mm-mlx"))
+    assert json.loads((tmp_path / "mm-mlx" / "config.json").read_text())["model_type"] == "gemma3_text"
+    assert np.abs(mlx_logits(model, PROMPT) - torch_logits(hf, PROMPT)).max() < TOL
+
+
+def check_lossless(model, prompt, n=48, **kw):
+    ar = generate(model, None, prompt, max_tokens=n, mode="ar")
+    ss = generate(model, None, prompt, max_tokens=n, node_cost=0.0, **kw)
+    assert ss.tokens == ar.tokens
+    return ss
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_lossless_greedy(families, name):
+    """Streams on every layer kind; generation runs past the window (tree passes then see a
+    windowed dense mask; at first their rows all fit inside it and the plan runs as is)."""
+    model, _ = load(families[name][2])
+    new_adapter(model, gamma=3, msa_layers=2, seed=4)
+    accepted = 0
+    for streams in ("tree", "deferred"):
+        ss = check_lossless(model, [4, 1, 6], branch=3, prune_threshold=0.05, streams=streams, tree_budget=12)
+        accepted = max(accepted, max(ss.stats.accepted_lengths))
+    assert accepted >= 2, "no draft was ever accepted: the comparison would be vacuous"
+    check_lossless(model, PROMPT[0].tolist(), n=16, branch=1)
+    new_adapter(model, mode="shared", gamma=2, msa_layers=2, seed=5)
+    shared = generate(model, None, [4, 1, 6], max_tokens=24, node_cost=0.0, branch=2)
+    assert len(shared.tokens) == 24
+    detach(model)
+
+
+def test_stream_rows_see_the_window_alike_everywhere(families):
+    """Gemma's stream rows (positions t + j, past the window): the training pass, the engine's
+    tree pass and its deferred stream pass compute the same stream logits."""
+    model, _ = load(families["gemma3"][2])
+    new_adapter(model, gamma=3, msa_layers=2, seed=1)
+    tokens = PROMPT[0, :16].tolist()
+    ref = np.array(forward(model, chain(tokens), None, 0, gamma=3, stream_nodes="all").stream_logits)
+    n = len(tokens) - 1
+    np.testing.assert_allclose(lossless_stream_logits(model, tokens, 0, n, 3), ref[:n], atol=1e-5)
+    np.testing.assert_allclose(lossless_stream_logits(model, tokens, 9, 12, 3), ref[9:12], atol=1e-5)
+    from mlx_specstream.kv_cache import make_cache
+
+    caches = make_cache(model)
+    out = forward(model, chain(tokens), caches, 0)
+    deferred = np.array(stream_pass(model, out.msa_input[-1], caches, len(tokens), 3))
+    np.testing.assert_allclose(deferred, ref[-1], atol=1e-5)
+    detach(model)
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_adapter_trains(families, name):
+    """Two optimizer steps: finite losses, the adapter moves at each step, the base stays."""
+    from mlx.utils import tree_flatten
+
+    model, _ = load(families[name][2])
+    base = dict(tree_flatten(model.parameters()))
+    rng = np.random.default_rng(0)
+    ds = Dataset([Example(rng.integers(0, 100, 16).tolist(), 2) for _ in range(8)])
+    seen = []
+
+    def snapshot(step, info):
+        seen.append({k: np.array(v) for k, v in adapter_weights(model).items()})
+
+    report = train(model, (ds, None), mode="lossless", gamma=2, msa_layers=2, iters=2, batch_size=4,
+                   self_distill=False, progress=False, log=lambda m: None, callback=snapshot)
+    assert all(np.isfinite(h["loss"]) for h in report["history"]) and len(seen) == 2
+    assert any(not np.array_equal(v, seen[1][k]) for k, v in seen[0].items())
+    after = dict(tree_flatten(model.parameters()))
+    for k, v in base.items():  # wrapped layers keep theirs under ``...base.weight``
+        mod, leaf = k.rsplit(".", 1)
+        assert np.array_equal(np.array(after.get(k, after.get(f"{mod}.base.{leaf}"))), np.array(v)), k
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_quantized_load(families, tmp_path, name):
+    """int8 at convert time, int4 at load time: every projection and the embedding quantized;
+    the model computes exactly its dequantized weights, and int8 stays closer to fp32 than int4."""
+    import mlx.nn as nn
+
+    _, src, dst = families[name]
+    ref = mlx_logits(load_model(dst), PROMPT)
+    q8 = load_model(convert(src, tmp_path / "q8", quantize=True, q_bits=8, q_group_size=32))
+    q4 = load_model(dst, quantize=(4, 32))
+    rel = {}
+    for bits, model in ((8, q8), (4, q4)):
+        kinds = {type(m).__name__ for path, m in model.named_modules() if path.endswith("_proj")}
+        assert kinds == {"QuantizedLinear"} and isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
+        dequantized = load_model(dst)
+        dequantized.load_weights([
+            (f"{path}.weight", mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits))
+            for path, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+        ], strict=False)
+        got = mlx_logits(model, PROMPT)
+        assert np.abs(got - mlx_logits(dequantized, PROMPT)).max() < TOL
+        rel[bits] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    assert rel[8] < 0.1 and rel[8] < rel[4] / 4, rel
