@@ -45,6 +45,7 @@ FAMILIES = {
         query_pre_attn_scalar=24, final_logit_softcapping=30.0,
         rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                          SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "safetensors"),
+    "qwen3": (lambda: transformers.Qwen3Config(**SMALL, tie_word_embeddings=True), "safetensors"),
 }
 PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
 

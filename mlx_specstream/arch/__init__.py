@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import gemma3, llama, opt, phi, smollm3
+from . import gemma3, llama, opt, phi, qwen3, smollm3
 from .base import CausalLM, UnsupportedModelError
 
 ARCHITECTURES = {
@@ -12,6 +12,7 @@ ARCHITECTURES = {
     "phi3": llama.Model,
     "opt": opt.Model,
     "phi": phi.Model,
+    "qwen3": qwen3.Model,
     "smollm3": smollm3.Model,
     "gemma3_text": gemma3.Model,
     "gemma3": gemma3.Model,
