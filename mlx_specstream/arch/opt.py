@@ -2,26 +2,46 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..lora import project
-from .base import CausalLM, SelfAttention, activation
+from .base import BaseArgs, CausalLM, SelfAttention, activation
+
+
+@dataclass
+class Args(BaseArgs):
+    hidden_size: int
+    num_attention_heads: int
+    ffn_dim: int
+    num_hidden_layers: int
+    vocab_size: int
+    max_position_embeddings: int
+    word_embed_proj_dim: int | None = None
+    enable_bias: bool = True
+    layer_norm_elementwise_affine: bool = True
+    do_layer_norm_before: bool = True
+    activation_function: str = "relu"
+    tie_word_embeddings: bool = True
+    _remove_final_layer_norm: bool = False
+
+    def __post_init__(self):
+        self.word_embed_proj_dim = self.word_embed_proj_dim or self.hidden_size
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, a: Args):
         super().__init__()
-        dim, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        bias = cfg.get("enable_bias", True)
+        dim, heads, bias = a.hidden_size, a.num_attention_heads, a.enable_bias
         self.self_attn = SelfAttention(dim, heads, heads, dim // heads, bias, bias, None, "out_proj")
-        ln_affine = cfg.get("layer_norm_elementwise_affine", True)
-        self.self_attn_layer_norm = nn.LayerNorm(dim, affine=ln_affine)
-        self.final_layer_norm = nn.LayerNorm(dim, affine=ln_affine)
-        self.fc1 = nn.Linear(dim, cfg["ffn_dim"], bias=bias)
-        self.fc2 = nn.Linear(cfg["ffn_dim"], dim, bias=bias)
-        self.act = activation(cfg.get("activation_function", "relu"))
-        self.pre_norm = cfg.get("do_layer_norm_before", True)
+        self.self_attn_layer_norm = nn.LayerNorm(dim, affine=a.layer_norm_elementwise_affine)
+        self.final_layer_norm = nn.LayerNorm(dim, affine=a.layer_norm_elementwise_affine)
+        self.fc1 = nn.Linear(dim, a.ffn_dim, bias=bias)
+        self.fc2 = nn.Linear(a.ffn_dim, dim, bias=bias)
+        self.act = activation(a.activation_function)
+        self.pre_norm = a.do_layer_norm_before
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         h = self.self_attn_layer_norm(x) if self.pre_norm else x
@@ -34,28 +54,28 @@ class Block(nn.Module):
 
 
 class Decoder(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, a: Args):
         super().__init__()
-        dim, proj = cfg["hidden_size"], cfg.get("word_embed_proj_dim") or cfg["hidden_size"]
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], proj)
-        self.embed_positions = nn.Embedding(cfg["max_position_embeddings"] + 2, dim)
+        dim, proj = a.hidden_size, a.word_embed_proj_dim
+        self.embed_tokens = nn.Embedding(a.vocab_size, proj)
+        self.embed_positions = nn.Embedding(a.max_position_embeddings + 2, dim)
         if proj != dim:
             self.project_in = nn.Linear(proj, dim, bias=False)
             self.project_out = nn.Linear(dim, proj, bias=False)
-        if cfg.get("do_layer_norm_before", True) and not cfg.get("_remove_final_layer_norm", False):
-            self.final_layer_norm = nn.LayerNorm(dim, affine=cfg.get("layer_norm_elementwise_affine", True))
-        self.layers = [Block(cfg) for _ in range(cfg["num_hidden_layers"])]
+        if a.do_layer_norm_before and not a._remove_final_layer_norm:
+            self.final_layer_norm = nn.LayerNorm(dim, affine=a.layer_norm_elementwise_affine)
+        self.layers = [Block(a) for _ in range(a.num_hidden_layers)]
 
 
 class Model(CausalLM):
     def __init__(self, cfg: dict):
         super().__init__()
         self.config = cfg
-        self.model = Decoder(cfg)
-        self.tied = cfg.get("tie_word_embeddings", True)
+        self.args = args = Args.from_dict(cfg)
+        self.model = Decoder(args)
+        self.tied = args.tie_word_embeddings
         if not self.tied:
-            proj = cfg.get("word_embed_proj_dim") or cfg["hidden_size"]
-            self.lm_head = nn.Linear(proj, cfg["vocab_size"], bias=False)
+            self.lm_head = nn.Linear(args.word_embed_proj_dim, args.vocab_size, bias=False)
 
     @property
     def layers(self):

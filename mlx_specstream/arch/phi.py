@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..lora import project
-from .base import CausalLM, SelfAttention, UnsupportedModelError, activation, make_rope
+from .base import BaseArgs, CausalLM, SelfAttention, UnsupportedModelError, activation, make_rope
+
+
+@dataclass
+class Args(BaseArgs):
+    hidden_size: int
+    num_attention_heads: int
+    intermediate_size: int
+    num_hidden_layers: int
+    vocab_size: int
+    num_key_value_heads: int | None = None
+    layer_norm_eps: float = 1e-5
+    hidden_act: str = "gelu_new"
+    qk_layernorm: bool = False
+
+    def __post_init__(self):
+        if self.qk_layernorm:
+            raise UnsupportedModelError("phi with qk_layernorm is not supported")
+        self.num_key_value_heads = self.num_key_value_heads or self.num_attention_heads
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: dict, rope):
+    def __init__(self, a: Args, rope):
         super().__init__()
-        dim, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        kv = cfg.get("num_key_value_heads") or heads
-        if cfg.get("qk_layernorm", False):
-            raise UnsupportedModelError("phi with qk_layernorm is not supported")
+        dim, heads = a.hidden_size, a.num_attention_heads
+        kv = a.num_key_value_heads
         self.self_attn = SelfAttention(dim, heads, kv, dim // heads, True, True, rope, "dense")
-        self.input_layernorm = nn.LayerNorm(dim, eps=cfg.get("layer_norm_eps", 1e-5))
-        self.mlp = PhiMLP(cfg)
+        self.input_layernorm = nn.LayerNorm(dim, eps=a.layer_norm_eps)
+        self.mlp = PhiMLP(a)
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         h = self.input_layernorm(x)
@@ -26,32 +44,32 @@ class Block(nn.Module):
 
 
 class PhiMLP(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, a: Args):
         super().__init__()
-        self.fc1 = nn.Linear(cfg["hidden_size"], cfg["intermediate_size"])
-        self.fc2 = nn.Linear(cfg["intermediate_size"], cfg["hidden_size"])
-        self.act = activation(cfg.get("hidden_act", "gelu_new"))
+        self.fc1 = nn.Linear(a.hidden_size, a.intermediate_size)
+        self.fc2 = nn.Linear(a.intermediate_size, a.hidden_size)
+        self.act = activation(a.hidden_act)
 
     def __call__(self, x, n_main=None):
         return project(self.fc2, self.act(project(self.fc1, x, n_main)), n_main)
 
 
 class Inner(nn.Module):
-    def __init__(self, cfg: dict):
+    def __init__(self, a: Args, rope):
         super().__init__()
-        dim, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-        rope = make_rope(cfg, dim // heads, default_partial=0.5)
-        self.embed_tokens = nn.Embedding(cfg["vocab_size"], dim)
-        self.layers = [Block(cfg, rope) for _ in range(cfg["num_hidden_layers"])]
-        self.final_layernorm = nn.LayerNorm(dim, eps=cfg.get("layer_norm_eps", 1e-5))
+        self.embed_tokens = nn.Embedding(a.vocab_size, a.hidden_size)
+        self.layers = [Block(a, rope) for _ in range(a.num_hidden_layers)]
+        self.final_layernorm = nn.LayerNorm(a.hidden_size, eps=a.layer_norm_eps)
 
 
 class Model(CausalLM):
     def __init__(self, cfg: dict):
         super().__init__()
         self.config = cfg
-        self.model = Inner(cfg)
-        self.lm_head = nn.Linear(cfg["hidden_size"], cfg["vocab_size"], bias=True)
+        self.args = args = Args.from_dict(cfg)
+        rope = make_rope(cfg, args.hidden_size // args.num_attention_heads, default_partial=0.5)
+        self.model = Inner(args, rope)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=True)
 
     @property
     def layers(self):
