@@ -502,10 +502,8 @@ DOMAINS = {
 }
 
 # --------------------------------------------------------------------------------------------
-# Procedural schemas (train split only): random tables built from these words, so that the
-# model must read table and column names from the context instead of memorising the domains
-# above. Entities: "singular/plural". Attributes: "name TYPE GEN [| phrase]" as above; a name
-# may be prefixed with the entity (``widget_name``), then the phrase is prefixed too.
+# Entity nouns ("singular/plural"), one of the kinds of word pieces that scripts/sqlgen.py
+# composes table and column names of the train split from.
 # --------------------------------------------------------------------------------------------
 PROC_ENTITIES = (
     "widget/widgets gadget/gadgets sensor/sensors vendor/vendors ticket/tickets planet/planets "
@@ -544,61 +542,3 @@ PROC_ENTITIES = (
     "sponsor/sponsors grant/grants scholarship/scholarships applicant/applicants candidate_pool/"
     "candidate_pools interview/interviews recruiter/recruiters intern/interns mentor/mentors"
 ).split()
-
-PROC_ATTRS = [
-    # names (TEXT, used for LIKE and = filters)
-    "name TEXT @person", "name TEXT @title", "name TEXT @word", "title TEXT @title", "label TEXT @word",
-    "code TEXT @code", "serial_number TEXT @code | serial number", "owner TEXT @person",
-    "manager TEXT @person", "contact_name TEXT @person | contact name", "nickname TEXT @first",
-    "maker TEXT @company", "company TEXT @company", "sponsor_name TEXT @company | sponsor name",
-    "host TEXT @person", "author TEXT @person", "captain TEXT @person", "supervisor TEXT @person",
-    "reference TEXT @code", "model_name TEXT @word | model name", "brand_name TEXT @company | brand name",
-    # categorical (TEXT, used for GROUP BY)
-    "city TEXT @city", "country TEXT @country", "color TEXT @color", "hometown TEXT @city",
-    "origin TEXT @country", "home_city TEXT @city | home city", "paint_color TEXT @color | paint color",
-    "status TEXT [active,inactive,pending,closed,archived]",
-    "category TEXT [basic,standard,premium,deluxe]",
-    "kind TEXT [small,medium,large,huge]", "type TEXT [alpha,beta,gamma,delta]",
-    "material TEXT [steel,wood,plastic,glass,stone,copper]",
-    "shape TEXT [round,square,oval,triangular]", "flavor TEXT [sweet,sour,salty,bitter,spicy]",
-    "language TEXT [English,French,Spanish,German,Japanese,Arabic]",
-    "tier TEXT [bronze,silver,gold,platinum]",
-    "priority_level TEXT [low,normal,high,urgent] | priority level",
-    "region TEXT [north,south,east,west,central]", "season TEXT [winter,spring,summer,autumn]",
-    "condition TEXT [new,good,fair,poor]", "gender TEXT [female,male,other]",
-    "weekday TEXT [Monday,Tuesday,Wednesday,Thursday,Friday,Saturday,Sunday]",
-    "currency TEXT [USD,EUR,JPY,GBP,INR,BRL]", "mode TEXT [online,offline,hybrid]",
-    "sector TEXT [public,private,nonprofit]", "level TEXT [junior,senior,lead,principal]",
-    "climate TEXT [tropical,arid,temperate,polar]",
-    "fuel_type TEXT [diesel,petrol,electric,hybrid] | fuel type",
-    "result TEXT [win,loss,draw]", "payment_method TEXT [cash,card,transfer,check] | payment method",
-    # INTEGER
-    "age INTEGER 1-99", "capacity INTEGER 10-50000", "population INTEGER 100-9000000", "floors INTEGER 1-120",
-    "rank INTEGER 1-500", "score INTEGER 0-100", "quantity INTEGER 0-1000", "year INTEGER 1900-2024",
-    "length INTEGER 1-5000", "width INTEGER 1-900", "height INTEGER 1-900", "speed INTEGER 1-400",
-    "points INTEGER 0-3000", "votes INTEGER 0-90000", "members INTEGER 1-5000 | number of members",
-    "pages INTEGER 10-2000 | number of pages", "seats INTEGER 1-900 | number of seats",
-    "duration INTEGER 1-600 | duration in minutes", "wins INTEGER 0-300", "losses INTEGER 0-300",
-    "goals INTEGER 0-400", "units INTEGER 0-90000", "visitors INTEGER 0-900000",
-    "staff INTEGER 1-5000 | number of staff", "storage_gb INTEGER 8-4096 | storage in GB",
-    "battery_hours INTEGER 1-72 | battery life in hours", "version INTEGER 1-40", "priority INTEGER 1-10",
-    "views INTEGER 0-900000", "likes INTEGER 0-90000", "downloads INTEGER 0-5000000",
-    "rooms INTEGER 1-500 | number of rooms", "lanes INTEGER 1-12 | number of lanes",
-    "episodes INTEGER 1-300 | number of episodes", "attempts INTEGER 0-50 | number of attempts",
-    "founded_year INTEGER 1800-2024 | founding year", "build_year INTEGER 1850-2024 | year built",
-    # REAL
-    "price REAL 1-1000", "weight REAL 1-900", "cost REAL 1-50000", "rating REAL 1-5",
-    "temperature REAL -40-50", "balance REAL 0-900000", "revenue REAL 1000-9000000", "area REAL 10-9000",
-    "distance REAL 1-9000", "budget REAL 1000-5000000", "salary REAL 20000-200000", "fee REAL 1-500",
-    "discount REAL 0-50", "density REAL 0-20", "voltage REAL 1-400", "volume REAL 1-900",
-    "profit REAL -50000-900000", "tax_rate REAL 0-40 | tax rate", "latitude REAL -60-70",
-    "humidity REAL 0-100", "accuracy REAL 0-100", "growth_rate REAL -10-30 | growth rate",
-    "height_m REAL 1-900 | height in meters", "price_usd REAL 1-9000 | price in dollars",
-    # DATE
-    "created_date DATE 2000-2024 | creation date", "start_date DATE 2000-2024 | start date",
-    "end_date DATE 2000-2024 | end date", "birth_date DATE 1940-2015 | birth date",
-    "release_date DATE 1980-2024 | release date", "due_date DATE 2015-2025 | due date",
-    "registered DATE 2005-2024 | registration date", "last_seen DATE 2018-2024 | last seen date",
-    "opened DATE 1950-2024 | opening date", "expiry_date DATE 2020-2030 | expiry date",
-    "delivery_date DATE 2015-2024 | delivery date", "inspection_date DATE 2010-2024 | inspection date",
-]

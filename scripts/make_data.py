@@ -6,11 +6,11 @@ Writes, as JSON lines ``{"prompt": ..., "completion": ..., "meta": {...}}``:
 
 * ``data/sql/{train,valid,test}.jsonl`` -- synthetic text-to-SQL in the shape of
   sql-create-context: a ``CREATE TABLE`` context (one table, two for joins) and a question give
-  one SQLite query. 60 hand-written schema domains (``data/sql_domains.py``); the valid and test
-  domains never appear in train (held-out schemas). 60% of the train examples use procedural
-  schemas instead (random tables from an entity and attribute vocabulary, and 30% of the names
-  random identifier words from ``data/sql_words.py``; domain "proc"), so a model has to copy
-  table and column names from the context. Every query runs on the context's
+  one SQLite query. valid and test: 14 of the 60 hand-written schema domains
+  (``data/sql_domains.py``), fixed and held out. train: ``scripts/sqlgen.py``, procedural schemas
+  whose table and column names are composed on the fly (no fixed vocabulary of names: a model has
+  to copy them from the context; domain "proc"), never a valid/test prompt or table name; the
+  same generator feeds base-model pretraining without end. Every query runs on the context's
   tables in sqlite3.
 * ``data/code/{train,valid,test}.jsonl`` -- functions of the CPython standard library installed
   on this machine (``sysconfig.get_paths()['stdlib']``): prompt = a ``# module: qualname``
@@ -22,7 +22,8 @@ Writes, as JSON lines ``{"prompt": ..., "completion": ..., "meta": {...}}``:
   its tokenizer: every sql and code train example (prompt + completion), the source files of the
   train-split stdlib modules and of the stdlib's test suite (``Lib/test``, leaving out the files
   named after a valid/test module), cut into chunks at top-level statement boundaries.
-* ``data/manifest.json`` -- counts, seeds, Python version, sha256 of every file.
+* ``data/manifest.json`` -- counts, seeds, Python version, sha256 of every file (and of the first
+  ``HEAD_ROWS`` rows of each split: a quick check that the generators did not change).
 
 Prompt formats (the ``prompt`` field is exactly what the model is given; the ``completion``
 follows it directly, and the model ends it with EOS):
@@ -44,7 +45,6 @@ import hashlib
 import json
 import random
 import re
-import sqlite3
 import sys
 import sysconfig
 import textwrap
@@ -56,15 +56,13 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "data"))
 
 import sql_domains  # noqa: E402
-import sql_words  # noqa: E402
 
-SQL_PROMPT = "### Context:\n{context}\n### Question:\n{question}\n### SQL:\n"
+sys.path.insert(0, str(ROOT / "scripts"))
+import sqlgen  # noqa: E402
+from sqlgen import check_sql, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
+
 SEED = 1234
 SPLIT_SEED = 7  # which domains / modules are held out
-
-
-def sql_prompt(context: str, question: str) -> str:
-    return SQL_PROMPT.format(context=context, question=question)
 
 
 def code_prompt(module: str, qualname: str, head: str) -> str:
@@ -838,95 +836,21 @@ def sql_example(rng: random.Random, tables: list[Table]) -> dict | None:
             "meta": {"domain": tables[0].domain, "form": form}}
 
 
-PROC_FRAC = 0.6  # share of train examples on procedural schemas
-WORD_FRAC = 0.3  # share of procedural table and column names drawn from data/sql_words.py
-
-
-def held_out_tables() -> set[str]:
-    domains = load_domains()
-    splits = sql_splits()
-    return {t.name for d in splits["valid"] + splits["test"] for t in domains[d]}
-
-
-def proc_table(rng: random.Random, entity: str, parent: Table | None = None) -> Table:
-    """A random table for an entity ("singular/plural") from the attribute vocabulary."""
-    word = False
-    if rng.random() < WORD_FRAC:  # a random identifier word instead of an entity noun
-        w = rng.choice(sql_words.WORDS)
-        if parent is None or w != parent.ent:
-            entity, word = f"{w}/{w}s", True
-    sing, plur = entity.split("/")
-    if parent is not None and sing == parent.ent.replace(" ", "_"):  # keys and fks would clash
-        sing, plur = f"{sing}_entry", f"{sing}_entries"
-    es, ep = sing.replace("_", " "), plur.replace("_", " ")
-    # (a word's made-up plural is never a table name: "values" is an SQL keyword)
-    t = Table(sing if rng.random() < 0.75 or word else plur, es, ep, domain="proc")
-    t.columns.append(Column(f"{sing}_id" if rng.random() < 0.8 else "id", "INTEGER", "key", "id", t))
-    if parent is not None:
-        psing = parent.ent.replace(" ", "_")
-        fk = parent.key.name if parent.key.name != "id" else f"{psing}_id"
-        t.columns.append(Column(fk, "INTEGER", f"fk:{parent.name}", fk.replace("_", " "), t))
-    for _ in range(1000):
-        specs = rng.sample(sql_domains.PROC_ATTRS, rng.randint(3, 7))
-        cols = []
-        for spec in specs:
-            cname, ctype, gen, phrase = COL_RE.match(spec).groups()
-            phrase = phrase or cname.replace("_", " ")
-            if rng.random() < WORD_FRAC:  # same type and values, a random name
-                words = rng.sample(sql_words.WORDS, 2 if rng.random() < 0.3 else 1)
-                cname = "_".join(words)
-                phrase = " ".join(words)
-            if rng.random() < 0.2 and ctype == "TEXT" and not cname.startswith(sing):
-                cname, phrase = f"{sing}_{cname}", f"{es} {phrase}"
-            cols.append(Column(cname, ctype, gen, phrase, t))
-        names = [c.name for c in cols] + [c.name for c in t.columns]
-        phrases = [c.phrase for c in cols]
-        if (len(set(names)) == len(names) and len(set(phrases)) == len(phrases)
-                and any(c.textual for c in cols) and any(c.numeric for c in cols)):
-            break
-    else:
-        raise RuntimeError(f"no valid columns for {entity}")
-    t.columns += cols
-    return t
-
-
-def proc_domain(rng: random.Random, banned: set[str]) -> list[Table]:
-    """Parent and child tables on two random entities (never a held-out table name)."""
-    ents = [e for e in sql_domains.PROC_ENTITIES if not set(e.split("/")) & banned]
-    pe, ce = rng.sample(ents, 2)
-    parent = proc_table(rng, pe)
-    return [parent, proc_table(rng, ce, parent)]
-
-
 def make_sql(split: str, n: int, seed: int) -> list[dict]:
-    """n distinct examples; train mixes the train domains with procedural schemas (PROC_FRAC)."""
+    """n distinct examples: train from procedural schemas (sqlgen), valid/test from their domains."""
+    if split == "train":
+        return sqlgen.train_split(n, seed)
     domains = load_domains()
     names = sql_splits()[split]
-    banned = held_out_tables()
     rng = random.Random(f"sql-{split}-{seed}")
     out, seen = [], set()
     while len(out) < n:
-        if split == "train" and rng.random() < PROC_FRAC:
-            tables = proc_domain(rng, banned)
-        else:
-            tables = domains[rng.choice(names)]
-        ex = sql_example(rng, tables)
+        ex = sql_example(rng, domains[rng.choice(names)])
         if ex is None or ex["prompt"] in seen:
             continue
         seen.add(ex["prompt"])
         out.append(ex)
     return out
-
-
-def check_sql(example: dict) -> None:
-    """Raise if the completion does not run on the tables of the prompt's context."""
-    ctx = example["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
-    con = sqlite3.connect(":memory:")
-    try:
-        con.executescript(ctx)
-        con.execute(example["completion"]).fetchall()
-    finally:
-        con.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -1104,10 +1028,21 @@ def make_pretrain(sql_train: list[dict], code_train: list[dict], seed: int) -> l
 
 
 # --------------------------------------------------------------------------------------------
+HEAD_ROWS = 1000  # the manifest's head_sha256: a quick check of a split that is made, not shipped
+
+
+def jsonl_sha256(rows: list[dict]) -> str:
+    return hashlib.sha256(jsonl_bytes(rows)).hexdigest()
+
+
+def jsonl_bytes(rows: list[dict]) -> bytes:
+    return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> str:
     """Write JSON lines (gzip, with a fixed header, when the name ends in .gz); sha256 of the text."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows).encode()
+    data = jsonl_bytes(rows)
     if path.suffix == ".gz":
         with open(path, "wb") as f, gzip.GzipFile(filename="", mode="wb", fileobj=f, mtime=0) as g:
             g.write(data)
@@ -1134,7 +1069,8 @@ def main(argv=None) -> dict:
     args = ap.parse_args(argv)
     out: Path = args.out
     manifest = {"seed": args.seed, "python": sys.version.split()[0], "stdlib": str(stdlib_dir()),
-                "sql_splits": sql_splits(), "code_splits": code_splits(), "files": {}}
+                "sql_splits": {k: v for k, v in sql_splits().items() if k != "train"},
+                "sql_train": "procedural (scripts/sqlgen.py)", "code_splits": code_splits(), "files": {}}
     sets = {}
     for split, n in (("train", args.sql_train), ("valid", args.sql_eval), ("test", args.sql_eval)):
         rows = make_sql(split, n, args.seed)
@@ -1145,7 +1081,8 @@ def main(argv=None) -> dict:
         sets[("code", split)] = make_code(split, n, args.seed)
     for (task, split), rows in sets.items():
         rel = f"{task}/{split}.jsonl"
-        manifest["files"][rel] = {"n": len(rows), "sha256": write_jsonl(out / rel, rows)}
+        manifest["files"][rel] = {"n": len(rows), "sha256": write_jsonl(out / rel, rows),
+                                  "head_sha256": jsonl_sha256(rows[:HEAD_ROWS])}
     if not args.no_pretrain:
         docs = make_pretrain(sets[("sql", "train")], sets[("code", "train")], args.seed)
         manifest["files"]["pretrain.jsonl.gz"] = {

@@ -1,7 +1,7 @@
 """Train the project's tokenizer and small base model from scratch (no downloads).
 
     python scripts/train_base.py tokenizer            # SentencePiece BPE on data/pretrain.jsonl
-    python scripts/train_base.py train [--max-minutes 8] [--resume]
+    python scripts/train_base.py train [--max-minutes 8] [--resume]   # until validation stops improving
     python scripts/train_base.py eval --split test     # greedy SQL exact match, code similarity
     python scripts/train_base.py export --from DIR     # re-save an HF checkpoint as one file
 
@@ -11,29 +11,34 @@ a newline is always its own byte token <0x0A>); ids: <unk> 0, <s> 1, </s> 2. Fil
 to the model: tokenizer.model, tokenizer.json / tokenizer_config.json (transformers' conversion,
 checked token-for-token against SentencePiece), special_tokens_map.json.
 
-The model is a ``transformers`` ``LlamaForCausalLM`` trained on documents ``<s> text </s>``:
-the train splits of both tasks (prompt + completion), the source of the train-split stdlib
-modules, and ``--extra-sql`` more SQL examples drawn from the train domains by the same
-generator (scripts/make_data.py, its own seed). Batches are random windows of ``--ctx`` tokens
-taken with probability ``--sql-frac`` from the SQL stream, else from the code stream; the batch at
-step s depends only on (seed, s), so ``--resume`` continues the same run. The LR schedule is
-linear warm-up then cosine to ``--min-lr-frac``. The saved weights are those of the evaluation
-(every ``--eval-every`` steps) with the lowest valid loss, sql + code (code, a small data set
-seen many times, overfits first); ``--no-keep-best`` saves the last. With ``--max-minutes`` the
-number of steps is fixed after 30 timed steps so that the run (start-up, final evaluation and
-saving included) ends within the budget, and it is recorded in the log so the run can be
-repeated with ``--steps``.
+The model is a ``transformers`` ``LlamaForCausalLM`` (at most ``--max-params``, 40M: 80 MB in
+fp16) trained on documents ``<s> text </s>``. Each batch row is, with probability ``--sql-frac``,
+freshly generated text-to-SQL (``scripts/sqlgen.py``: procedural schemas and names, drawn on the
+fly, so no SQL example is seen twice), else a random window of the code stream: the code train
+split, the train-split standard library modules and the stdlib's own tests (data/pretrain.jsonl.gz,
+no third-party package). The batch of step s depends only on (``--seed``, s). LR: linear warm-up,
+then cosine to ``--min-lr-frac`` at ``--steps``. Every ``--eval-every`` steps the loss on the
+held-out valid splits (sql + code) is measured; training stops when it has not gone down by
+``--min-delta`` for ``--patience`` evaluations (or at ``--steps``), and the weights with the lowest
+valid loss are the ones saved. On CUDA: bf16 autocast, batches made ahead by ``--workers``
+processes.
 
-Outputs: ``--out`` (default models/specstream-tiny/hf): config.json, model.safetensors (fp16),
-generation_config.json, tokenizer files, train_log.json (losses, tokens, time, device, exact
-match); ``--work`` (default runs/base): ckpt.pt (for --resume) and log.jsonl.
+Short runs: ``--max-minutes`` ends a run in time with a checkpoint; ``--resume`` continues from
+``--work``/ckpt.pt (weights, optimizer, best weights) or, when that is missing (a run on another
+machine), from ``--out`` (the best weights so far in fp16 and train_log.json: step, history, best
+loss), with fresh optimizer moments warmed up again over ``--warmup`` steps. Every run, finished or
+not, ends by saving the best weights so far to ``--out``.
+
+Outputs: ``--out`` (default models/specstream-tiny/hf): config.json, model.safetensors (fp16;
+``--max-shard-size 15MB`` for pieces that fit the device tool's 16 MiB files), generation_config.json,
+tokenizer files, train_log.json (losses, tokens, time, device, why it stopped, what ``--resume``
+needs, valid exact match at the end); ``--work`` (default runs/base): ckpt.pt and log.jsonl.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import hashlib
 import json
 import math
 import os
@@ -52,18 +57,14 @@ OUT = ROOT / "models" / "specstream-tiny" / "hf"
 WORK = ROOT / "runs" / "base"
 UNK, BOS, EOS = 0, 1, 2
 
+sys.path.insert(0, str(ROOT / "scripts"))
+import sqlgen  # noqa: E402
+
 
 def read_jsonl(path: Path) -> list[dict]:
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f]
-
-
-def make_data_module():
-    sys.path.insert(0, str(ROOT / "scripts"))
-    import make_data
-
-    return make_data
 
 
 # --------------------------------------------------------------------------------------------
@@ -154,37 +155,84 @@ def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
 
 
 def build_streams(args, sp) -> dict[str, np.ndarray]:
+    """The code stream (stdlib documents of data/pretrain.jsonl.gz) and the held-out valid streams."""
     t = time.time()
-    docs = read_jsonl(args.data / "pretrain.jsonl.gz")
-    sql = [d["text"] for d in docs if d["src"] == "sql"]
-    code = [d["text"] for d in docs if d["src"] != "sql"]
-    if args.extra_sql:
-        md = make_data_module()
-        rows = md.make_sql("train", args.extra_sql, seed=md.SEED + 1)
-        extra = [e["prompt"] + e["completion"] for e in rows]
-        args.extra_sql_sha256 = hashlib.sha256("\n".join(extra).encode()).hexdigest()
-        sql += extra
+    code = [d["text"] for d in read_jsonl(args.data / "pretrain.jsonl.gz") if d["src"] != "sql"]
     valid = {task: [r["prompt"] + r["completion"] for r in read_jsonl(args.data / task / "valid.jsonl")]
              for task in ("sql", "code")}
-    streams = {"sql": encode_docs(sp, sql, args.threads), "code": encode_docs(sp, code, args.threads),
+    streams = {"code": encode_docs(sp, code, args.threads),
                "valid_sql": encode_docs(sp, valid["sql"], args.threads),
                "valid_code": encode_docs(sp, valid["code"], args.threads)}
     sizes = {k: int(v.size) for k, v in streams.items()}
-    print(f"data: {sizes} tokens ({len(sql)} sql docs, {len(code)} code docs) in {time.time() - t:.1f}s",
+    print(f"data: {sizes} tokens ({len(code)} code docs; SQL generated on the fly) in {time.time() - t:.1f}s",
           flush=True)
     return streams
 
 
-def batch(streams, keys_p, ctx: int, bsz: int, rng: np.random.Generator):
-    """bsz random windows of ctx+1 tokens; stream chosen per row with the given probabilities."""
-    keys, p = zip(*keys_p)
-    which = rng.choice(len(keys), size=bsz, p=np.array(p) / sum(p))
-    rows = []
-    for k in which:
-        s = streams[keys[k]]
-        o = int(rng.integers(0, s.size - ctx - 1))
-        rows.append(s[o:o + ctx + 1])
-    return np.stack(rows).astype(np.int64)
+class Batcher:
+    """The batch of a step, a function of (seed, step) alone, so that a resumed run goes on as if
+    it had never stopped. Each row is, with probability ``sql_frac``, fresh SQL examples
+    (``sqlgen.examples`` seeded by seed, step and row: never the same twice) packed as
+    ``<s> prompt completion </s>`` up to ctx + 1 tokens, else a random window of the code stream."""
+
+    def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float):
+        self.code, self.tokenizer, self.seed = code, tokenizer, seed
+        self.ctx, self.bsz, self.sql_frac = ctx, bsz, sql_frac
+        self.sp = None
+
+    def sql_row(self, seed: str) -> list[int]:
+        ids: list[int] = []
+        for ex in sqlgen.examples(seed):
+            ids += [BOS, *self.sp.encode(ex["prompt"] + ex["completion"]), EOS]
+            if len(ids) > self.ctx:
+                return ids[:self.ctx + 1]
+        raise AssertionError("unreachable: examples() is endless")
+
+    def __call__(self, step: int) -> np.ndarray:
+        if self.sp is None:  # loaded here: a worker process gets the path, not the object
+            import sentencepiece as spm
+
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.tokenizer / "tokenizer.model"))
+        rng = np.random.default_rng([self.seed, step])
+        rows = []
+        for r in range(self.bsz):
+            if rng.random() < self.sql_frac:
+                rows.append(np.array(self.sql_row(f"{self.seed}-{step}-{r}")))
+            else:
+                o = int(rng.integers(0, self.code.size - self.ctx - 1))
+                rows.append(self.code[o:o + self.ctx + 1])
+        return np.stack(rows).astype(np.int64)
+
+
+_BATCHER: Batcher | None = None  # a worker process's copy
+
+
+def _init_worker(batcher: Batcher) -> None:
+    global _BATCHER
+    _BATCHER = batcher
+
+
+def _make_batch(step: int) -> np.ndarray:
+    return _BATCHER(step)
+
+
+def batches(batcher: Batcher, start: int, workers: int, depth: int = 16):
+    """Yield (step, batch) from ``start`` on; with workers, made ``depth`` steps ahead in other
+    processes (generating SQL costs about 0.6 ms an example, more than a GPU step takes)."""
+    if workers == 0:
+        step = start
+        while True:
+            yield step, batcher(step)
+            step += 1
+    import multiprocessing as mp
+    from collections import deque
+
+    with mp.get_context("spawn").Pool(workers, _init_worker, (batcher,)) as pool:
+        ahead = deque((s, pool.apply_async(_make_batch, (s,))) for s in range(start, start + depth))
+        while True:
+            step, res = ahead.popleft()
+            ahead.append((step + depth, pool.apply_async(_make_batch, (step + depth,))))
+            yield step, res.get()
 
 
 def fixed_windows(stream: np.ndarray, ctx: int, n: int) -> np.ndarray:
@@ -233,7 +281,38 @@ def evaluate_loss(model, windows: np.ndarray, device, amp, bsz: int = 32) -> flo
     return tot / n
 
 
+def load_resume_state(args, model, opt, device) -> dict | None:
+    """The state of the run to continue: ``--work``/ckpt.pt (weights, optimizer, best weights), else
+    the compact checkpoint in ``--out`` (fp16 best weights + train_log.json: what a short run on
+    another machine brings back), whose optimizer moments start again from zero."""
+    import torch
+
+    ckpt_path = args.work / "ckpt.pt"
+    if ckpt_path.exists():
+        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        print(f"resumed from {ckpt_path} at step {ck['state']['step']}", flush=True)
+        return ck["state"] | {"best_weights": ck["best_weights"]}
+    log_path = args.out / "train_log.json"
+    if not log_path.exists():
+        return None
+    from transformers import LlamaForCausalLM
+
+    log = json.loads(log_path.read_text())
+    state = log["resume"]
+    hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
+    model.load_state_dict(hf.state_dict())
+    state["best_weights"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+    state["rewarm_from"] = state["step"]
+    print(f"resumed from {args.out} (best weights of step {state['best_step']}, fresh optimizer moments) "
+          f"at step {state['step']}", flush=True)
+    return state
+
+
 def cmd_train(args) -> None:
+    """Train until held-out validation stops improving (``--patience`` evaluations) or ``--steps``;
+    ``--max-minutes`` ends this run early with a checkpoint that ``--resume`` continues."""
     import sentencepiece as spm
     import torch
 
@@ -253,54 +332,69 @@ def cmd_train(args) -> None:
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer / "tokenizer.model"))
     streams = build_streams(args, sp)
     valid = {k: fixed_windows(streams[f"valid_{k}"], args.ctx, args.eval_windows) for k in ("sql", "code")}
-    train_eval = {k: fixed_windows(streams[k], args.ctx, args.eval_windows) for k in ("sql", "code")}
-    mix = [("sql", args.sql_frac), ("code", 1 - args.sql_frac)]
+    train_code = fixed_windows(streams["code"], args.ctx, args.eval_windows)
 
     from transformers import LlamaForCausalLM
 
     config = llama_config(args, sp.get_piece_size())
     model = LlamaForCausalLM(config).to(device)
     n_params = sum(p.numel() for p in model.parameters())
-    print(f"model: {n_params / 1e6:.2f}M parameters on {device}", flush=True)
+    if n_params > args.max_params:
+        raise SystemExit(f"train_base: {n_params / 1e6:.1f}M parameters, more than --max-params "
+                         f"{args.max_params}")
+    print(f"model: {n_params / 1e6:.2f}M parameters ({2 * n_params / 1e6:.1f} MB in fp16) on {device}",
+          flush=True)
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.wd},
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     args.work.mkdir(parents=True, exist_ok=True)
-    ckpt_path = args.work / "ckpt.pt"
-    step, total, elapsed_before, tokens = 0, args.steps, 0.0, 0
-    history = []
-    best = {"score": float("inf"), "step": None, "state": None}
-    if args.resume and ckpt_path.exists():
-        ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["opt"])
-        step, total, elapsed_before, tokens = ck["step"], ck["total"], ck["elapsed"], ck["tokens"]
-        history = ck.get("history", [])
-        best = ck.get("best", best)
-        print(f"resumed at step {step}/{total}", flush=True)
+    st = {"step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "best_score": float("inf"),
+          "best_step": None, "bad_evals": 0, "stopped": None, "rewarm_from": None}
+    best_weights = None
+    if args.resume:
+        loaded = load_resume_state(args, model, opt, device)
+        if loaded is None:
+            print("nothing to resume: starting a new run", flush=True)
+        else:
+            best_weights = loaded.pop("best_weights")
+            st.update(loaded)
     fwd = torch.compile(model) if args.compile else model
-
-    def save_ckpt():
-        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "total": total,
-                    "elapsed": elapsed_before + time.time() - t_start, "tokens": tokens,
-                    "history": history, "best": best, "args": vars_json(args)}, ckpt_path)
-
-    model.train()
     t_start = time.time()
-    budget_fixed = args.max_minutes is None or args.resume and step > 0
-    timing_from = None
+
+    def elapsed() -> float:
+        return st["elapsed"] + time.time() - t_start
+
+    def save_ckpt() -> None:
+        tmp = args.work / "ckpt.pt.tmp"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "best_weights": best_weights,
+                    "state": st | {"elapsed": elapsed()}, "args": vars_json(args)}, tmp)
+        os.replace(tmp, args.work / "ckpt.pt")
+
+    def lr_now(step: int) -> float:
+        lr = lr_at(step, args.steps, args)
+        if st["rewarm_from"] is not None and step - st["rewarm_from"] < args.warmup:  # fresh moments
+            lr *= (step - st["rewarm_from"] + 1) / args.warmup
+        return lr
+
+    batcher = Batcher(streams["code"], args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac)
+    workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else
+                                                              max(1, (os.cpu_count() or 2) - 2))
+    model.train()
     ema = None
     logf = open(args.work / "log.jsonl", "a")
-    while step < total:
-        if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - args.reserve_s:
-            print(f"time budget reached at step {step}", flush=True)
-            total = step
+    stream = batches(batcher, st["step"], workers)
+    while st["stopped"] is None:
+        if st["step"] >= args.steps:
+            st["stopped"] = f"reached --steps {args.steps}"
             break
-        rng = np.random.default_rng([args.seed, step])
-        xb = torch.from_numpy(batch(streams, mix, args.ctx, args.batch, rng)).to(device, non_blocking=True)
-        lr = lr_at(step, total, args)
+        if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - args.reserve_s:
+            break
+        step, xb = next(stream)
+        assert step == st["step"]
+        xb = torch.from_numpy(xb).to(device, non_blocking=True)
+        lr = lr_now(step)
         for g in opt.param_groups:
             g["lr"] = lr
         with amp():
@@ -311,72 +405,70 @@ def cmd_train(args) -> None:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        step += 1
-        tokens += xb[:, 1:].numel()
-        if step % 10 == 0 or step == 1:
+        st["step"] += 1
+        st["tokens"] += xb[:, 1:].numel()
+        step = st["step"]
+        if step % 10 == 0 or ema is None:
             lv = loss.item()
             ema = lv if ema is None else 0.9 * ema + 0.1 * lv
-        if not budget_fixed:
-            if step == 10:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                timing_from = time.time()
-            elif step == 40:
-                if device.type == "cuda":
-                    torch.cuda.synchronize()
-                per_step = (time.time() - timing_from) / 30
-                left = args.max_minutes * 60 - args.reserve_s - (time.time() - T0)
-                # evaluations cost about eval_cost steps each
-                n_evals = 1 + max(0, args.steps - step) // args.eval_every
-                fit = int(left / per_step) - n_evals * 5
-                total = max(step + 1, min(args.steps, step + fit))
-                budget_fixed = True
-                print(f"timing: {per_step * 1000:.1f} ms/step; planned steps {total}", flush=True)
         if step % args.log_every == 0:
-            el = elapsed_before + time.time() - t_start
-            print(f"step {step}/{total} loss {ema:.4f} lr {lr:.2e} tokens {tokens / 1e6:.1f}M "
-                  f"{tokens / max(el, 1e-9) / 1e3:.0f}k tok/s {el:.0f}s", flush=True)
-        if step % args.eval_every == 0 or step == total:
-            rec = {"step": step, "tokens": tokens, "loss_ema": ema, "lr": lr,
-                   "elapsed_s": round(elapsed_before + time.time() - t_start, 1)}
+            el = elapsed()
+            print(f"step {step}/{args.steps} loss {ema:.4f} lr {lr:.2e} tokens {st['tokens'] / 1e6:.1f}M "
+                  f"{st['tokens'] / max(el, 1e-9) / 1e3:.0f}k tok/s {el:.0f}s", flush=True)
+        if step % args.eval_every == 0:
+            rec = {"step": step, "tokens": st["tokens"], "loss_ema": ema, "lr": lr,
+                   "elapsed_s": round(elapsed(), 1)}
             for k in ("sql", "code"):
                 rec[f"valid_{k}"] = evaluate_loss(model, valid[k], device, amp)
             score = rec["valid_sql"] + rec["valid_code"]
-            if args.keep_best and score < best["score"]:
-                best = {"score": score, "step": step,
-                        "state": {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}}
+            if score < st["best_score"] - args.min_delta:
+                st.update(best_score=score, best_step=step, bad_evals=0)
+                best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            else:
+                st["bad_evals"] += 1
+                if st["bad_evals"] >= args.patience:
+                    st["stopped"] = (f"valid sql + code loss not below {st['best_score']:.4f} for "
+                                     f"{args.patience} evaluations")
             print("eval " + json.dumps(rec), flush=True)
-            history.append(rec)
+            st["history"].append(rec)
             logf.write(json.dumps(rec) + "\n")
             logf.flush()
             save_ckpt()
     logf.close()
-    train_s = elapsed_before + time.time() - t_start
-    last = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
-    if args.keep_best and best["state"] is not None and best["score"] < sum(last.values()):
-        model.load_state_dict(best["state"])
-        print(f"keeping the weights of step {best['step']} (lowest valid sql + code loss)", flush=True)
-    else:
-        best["step"] = step
-    final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
-    final_train = {k: evaluate_loss(model, train_eval[k], device, amp) for k in ("sql", "code")}
+    stream.close()
     save_ckpt()
+    last_step_weights = model.state_dict()
+    if best_weights is not None:
+        model.load_state_dict(best_weights)
+    final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
     log = {
         "date": date.today().isoformat(), "device": device_name(device), "torch": torch.__version__,
         "python": platform.python_version(), "params": n_params, "config": config.to_dict(),
-        "args": vars_json(args), "steps": step, "tokens_seen": tokens, "train_seconds": round(train_s, 1),
-        "train_loss": final_train, "valid_loss": final, "saved_step": best["step"],
-        "last_step_valid_loss": last, "history": history,
-        "stream_tokens": {k: int(v.size) for k, v in streams.items()},
+        "args": vars_json(args), "finished": st["stopped"] is not None, "stopped": st["stopped"],
+        "steps": st["step"], "tokens_seen": st["tokens"], "train_seconds": round(elapsed(), 1),
+        "saved_step": st["best_step"] or st["step"], "valid_loss": final,
+        "train_code_loss": evaluate_loss(model, train_code, device, amp), "history": st["history"],
+        "code_stream_tokens": int(streams["code"].size),
+        "resume": {k: st[k] for k in ("step", "tokens", "elapsed", "history", "best_score", "best_step",
+                                      "bad_evals")},
         "command": "python scripts/train_base.py " + " ".join(sys.argv[1:]),
     }
     save_hf(model, args.out, args.max_shard_size)
     copy_tokenizer(args.tokenizer, args.out)
-    if args.eval_n:
+    if st["stopped"] and args.eval_n:
         log["eval"] = run_eval(model, sp, args.data, "valid", args.eval_n, device, args.eval_batch)
-    (args.out / "train_log.json").write_text(json.dumps(log, indent=1) + "\n")
-    print(f"done: {step} steps, {tokens / 1e6:.1f}M tokens, {train_s:.0f}s; valid {final}; "
-          f"train {final_train}; total {time.time() - T0:.0f}s", flush=True)
+    write_text_atomic(args.out / "train_log.json", json.dumps(log, indent=1) + "\n")
+    model.load_state_dict(last_step_weights)
+    what = f"finished ({st['stopped']})" if st["stopped"] else "paused (continue with --resume)"
+    print(f"{what}: step {st['step']}, {st['tokens'] / 1e6:.1f}M tokens, {elapsed():.0f}s; saved the "
+          f"weights of step {log['saved_step']} to {args.out}; valid {final}; total {time.time() - T0:.0f}s",
+          flush=True)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def device_name(device) -> str:
@@ -567,13 +659,19 @@ def main(argv=None) -> None:
     r.add_argument("--min-lr-frac", type=float, default=0.05)
     r.add_argument("--warmup", type=int, default=300)
     r.add_argument("--wd", type=float, default=0.1)
-    r.add_argument("--steps", type=int, default=8000, help="most steps (fewer under --max-minutes)")
-    r.add_argument("--max-minutes", type=float, default=None, help="wall-clock budget, start-up included")
-    r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for final eval and saving")
-    r.add_argument("--extra-sql", type=int, default=500000)
-    r.add_argument("--sql-frac", type=float, default=0.75)
-    r.add_argument("--no-keep-best", dest="keep_best", action="store_false",
-                   help="save the last weights, not those with the lowest valid loss (sql + code)")
+    r.add_argument("--steps", type=int, default=60000,
+                   help="most steps (the cosine LR schedule ends there); validation usually stops sooner")
+    r.add_argument("--patience", type=int, default=4,
+                   help="stop after this many evaluations without a lower valid sql + code loss")
+    r.add_argument("--min-delta", type=float, default=0.002, help="smallest loss decrease that counts")
+    r.add_argument("--max-minutes", type=float, default=None,
+                   help="end this run within this many minutes (start-up included) with a checkpoint; "
+                        "--resume continues it")
+    r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for the final save")
+    r.add_argument("--sql-frac", type=float, default=0.75, help="share of rows that are generated SQL")
+    r.add_argument("--workers", type=int, default=None,
+                   help="processes generating batches (default: 0 on CPU, all cores but two on CUDA)")
+    r.add_argument("--max-params", type=int, default=40_000_000)
     r.add_argument("--eval-every", type=int, default=500)
     r.add_argument("--eval-windows", type=int, default=64)
     r.add_argument("--eval-n", type=int, default=200, help="greedy-decoded valid prompts per task at the end")
