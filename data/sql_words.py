@@ -1,5 +1,5 @@
-"""Identifier words for procedural SQL schemas (``scripts/make_data.py``), so that every kind of
-name, not only the domain vocabularies, appears in train queries. Made once, then frozen here:
+"""Identifier words, one of the kinds of pieces that ``scripts/sqlgen.py`` composes the table and
+column names of procedural SQL schemas from. Made once, then frozen here:
 the 1200 most frequent lowercase words (4-10 letters, no trailing s) inside identifiers of the
 train-split modules of the CPython 3.11 standard library, leaving out SQL keywords, Python
 keywords and the words of held-out table names.

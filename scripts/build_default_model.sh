@@ -4,15 +4,20 @@
 #   data (scripts/make_data.py) -> tokenizer -> base model (scripts/train_base.py) -> test eval
 #   -> MLX model (specstream-mlx convert) -> adapters and draft model (scripts/train_adapters.sh).
 #
-#   scripts/build_default_model.sh              # everything (training wants a CUDA GPU)
+#   scripts/build_default_model.sh              # everything, on a CUDA GPU if there is one, else the CPU
+#   RESUME=1 scripts/build_default_model.sh     # continue an interrupted base-model run (runs/base)
 #   SKIP_TRAIN=1 scripts/build_default_model.sh # data + tokenizer + MLX conversion of the shipped weights
-#   TRAIN_ARGS="--max-minutes 30" scripts/build_default_model.sh   # extra flags for train_base.py train
+#   TRAIN_ARGS="--hidden 512 --layers 10" scripts/build_default_model.sh  # extra flags for train_base.py train
 #   SKIP_ADAPTERS=1 scripts/build_default_model.sh   # the base model only
 #
-# The shipped weights were trained on one H100 (train_log.json): 3601 steps of 96 x 512 tokens,
-# about 4 minutes there; the same command on this repository's 2-core CPU machine would take
-# days (use a smaller --hidden/--layers and --max-minutes for a CPU model). The code data and the
-# tokenizer depend on the Python version whose standard library is read (data/manifest.json).
+# The base model trains on SQL generated on the fly (scripts/sqlgen.py) and the stdlib code data
+# until its held-out validation loss stops going down (train_base.py --patience), saving a
+# checkpoint at every evaluation: an interrupted run loses at most --eval-every steps (RESUME=1).
+# It is the same command on a GPU (bf16, minutes to an hour) and on a CPU (days for the default
+# size on 2 cores; pass a smaller --hidden/--layers in TRAIN_ARGS there). docs/default-model.md
+# gives the route through the lent GPU machines, whose calls last at most 10 minutes. The code
+# data and the tokenizer depend on the Python version whose standard library is read
+# (data/manifest.json).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -21,13 +26,14 @@ MODEL=models/specstream-tiny
 HF=$MODEL/hf
 
 "$PY" scripts/make_data.py
-"$PY" scripts/train_base.py tokenizer --out "$HF"
+# a resumed run keeps the tokenizer its checkpoint was trained with
+[ "${RESUME:-0}" = 1 ] || "$PY" scripts/train_base.py tokenizer --out "$HF"
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
-    echo "build_default_model: no CUDA GPU; training this model on CPU takes days (see the header)" >&2
+    echo "build_default_model: no CUDA GPU; training on the CPU (slow: see the header)" >&2
   fi
   # shellcheck disable=SC2086
-  "$PY" scripts/train_base.py train --out "$HF" --steps 3601 ${TRAIN_ARGS:-}
+  "$PY" scripts/train_base.py train --out "$HF" $([ "${RESUME:-0}" = 1 ] && echo --resume) ${TRAIN_ARGS:-}
   "$PY" scripts/train_base.py eval --model "$HF" --split test --n 500 --json "$MODEL/eval_test.json"
 fi
 # the MLX model the project's CLI loads by default (same fp16 weights, MLX layout)

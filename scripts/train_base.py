@@ -18,9 +18,9 @@ fly, so no SQL example is seen twice), else a random window of the code stream: 
 split, the train-split standard library modules and the stdlib's own tests (data/pretrain.jsonl.gz,
 no third-party package). The batch of step s depends only on (``--seed``, s). LR: linear warm-up,
 then cosine to ``--min-lr-frac`` at ``--steps``. Every ``--eval-every`` steps the loss on the
-held-out valid splits (sql + code) is measured; training stops when it has not gone down by
-``--min-delta`` for ``--patience`` evaluations (or at ``--steps``), and the weights with the lowest
-valid loss are the ones saved. On CUDA: bf16 autocast, batches made ahead by ``--workers``
+held-out valid splits is measured; training stops when sql + ``--code-weight`` x code has not gone
+down by ``--min-delta`` for ``--patience`` evaluations (or at ``--steps``), and the weights with
+the lowest such score are the ones saved. On CUDA: bf16 autocast, batches made ahead by ``--workers``
 processes.
 
 Short runs: ``--max-minutes`` ends a run in time with a checkpoint; ``--resume`` continues from
@@ -295,11 +295,11 @@ def load_resume_state(args, model, opt, device) -> dict | None:
         print(f"resumed from {ckpt_path} at step {ck['state']['step']}", flush=True)
         return ck["state"] | {"best_weights": ck["best_weights"]}
     log_path = args.out / "train_log.json"
-    if not log_path.exists():
+    log = json.loads(log_path.read_text()) if log_path.exists() else {}
+    if "resume" not in log:  # no run of this script's kind to continue there
         return None
     from transformers import LlamaForCausalLM
 
-    log = json.loads(log_path.read_text())
     state = log["resume"]
     hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
     model.load_state_dict(hf.state_dict())
@@ -420,15 +420,15 @@ def cmd_train(args) -> None:
                    "elapsed_s": round(elapsed(), 1)}
             for k in ("sql", "code"):
                 rec[f"valid_{k}"] = evaluate_loss(model, valid[k], device, amp)
-            score = rec["valid_sql"] + rec["valid_code"]
+            score = rec["valid_sql"] + args.code_weight * rec["valid_code"]
             if score < st["best_score"] - args.min_delta:
                 st.update(best_score=score, best_step=step, bad_evals=0)
                 best_weights = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
             else:
                 st["bad_evals"] += 1
                 if st["bad_evals"] >= args.patience:
-                    st["stopped"] = (f"valid sql + code loss not below {st['best_score']:.4f} for "
-                                     f"{args.patience} evaluations")
+                    st["stopped"] = (f"valid loss (sql + {args.code_weight} x code) not below "
+                                     f"{st['best_score']:.4f} for {args.patience} evaluations")
             print("eval " + json.dumps(rec), flush=True)
             st["history"].append(rec)
             logf.write(json.dumps(rec) + "\n")
@@ -664,6 +664,9 @@ def main(argv=None) -> None:
     r.add_argument("--patience", type=int, default=4,
                    help="stop after this many evaluations without a lower valid sql + code loss")
     r.add_argument("--min-delta", type=float, default=0.002, help="smallest loss decrease that counts")
+    r.add_argument("--code-weight", type=float, default=1.0,
+                   help="weight of the code loss in the validation score (sql + weight x code): the code "
+                        "data is small and overfits long before the endless SQL does")
     r.add_argument("--max-minutes", type=float, default=None,
                    help="end this run within this many minutes (start-up included) with a checkpoint; "
                         "--resume continues it")

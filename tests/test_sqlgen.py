@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SQL_WORDS = {"SELECT", "FROM", "WHERE", "AND", "OR", "AS", "JOIN", "ON", "GROUP", "BY", "ORDER", "DESC",
-             "LIMIT", "HAVING", "COUNT", "AVG", "MIN", "MAX", "SUM", "DISTINCT", "BETWEEN", "LIKE", "T1", "T2"}
+SQL_WORDS = set("SELECT FROM WHERE AND OR AS JOIN ON GROUP BY ORDER DESC LIMIT HAVING COUNT AVG MIN MAX "
+                "SUM DISTINCT BETWEEN LIKE T1 T2".split())
 
 
 def _load(name: str):
