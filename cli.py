@@ -165,6 +165,7 @@ def bench(
     draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
     max_tokens: int = typer.Option(128, "--max-tokens"),
     quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
+    repeats: int = typer.Option(3, "--repeats", help="runs of each method per prompt; the fastest counts"),
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="replace the results of an earlier run in --out"),
 ) -> None:
@@ -179,7 +180,7 @@ def bench(
     model = model or DEFAULT_MODEL
     draft = draft_model or model / "draft"
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
-                    overwrite=overwrite)
+                    overwrite=overwrite, repeats=repeats)
     typer.echo(markdown_table(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 

@@ -1,6 +1,11 @@
 """``specstream-mlx bench``: Speculative Streaming against the decoders a user would pick instead,
-on the same prompts, in one process, interleaved prompt by prompt (so machine noise hits every
-method alike). Speed is reported as a ratio to our own autoregressive decoding in the same run.
+on the same prompts, in one process.
+
+The timing rule (:func:`time_methods`, also used by ``scripts/bench_*.py``): each prompt runs
+every method ``repeats`` times, interleaved (so machine noise hits every method alike), and the
+fastest run of each (prompt, method) counts. Speed is reported against the fastest plain
+autoregressive decoder of the run (ours or mlx-lm's, :func:`reference`): the ratio of summed
+best times per generated token, with a 95% bootstrap interval over prompts (:func:`speedup`).
 
 Methods (each skipped, with the reason recorded, when its model or adapter is missing):
 ``ar`` (ours), ``mlx-lm ar``, ``mlx-lm draft`` (mlx-lm's speculative decoding with the draft
@@ -22,15 +27,19 @@ from datetime import date
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import adapter_size
-from .api import generate, load
+from .api import _decoder, load
 from .blas import active_blas
 from .engine import default_node_costs
 from .outputs import check_replaceable_file, is_results_json
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
+REPEATS = 3  # runs of each (prompt, method); the fastest counts
+BOOTSTRAP = {"resamples": 2000, "seed": 0}
+MAX_HALF_WIDTH = 0.10  # an interval wider than +-10% of its speed-up is flagged in the table
 
 
 @dataclass
@@ -40,16 +49,87 @@ class Method:
     extra_params: int = 0
     lossless: bool = False  # output must equal our AR output
     task_model: str = "base"  # which model's outputs the task metric measures
-    records: list = field(default_factory=list)
+    plain_ar: bool = False  # a plain autoregressive decoder: a candidate for the speed reference
+    records: list = field(default_factory=list)  # per prompt: the fastest run, and every run's time
 
 
 def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple[list[int], int]]:
-    """A bench method running our decoder with these options: (prompt ids, max) -> (tokens, passes)."""
+    """A bench method running our decoder with these options: (prompt ids, max) -> (tokens, passes).
+    Token ids only, as mlx-lm's methods: the text is decoded after the timings."""
     def run(ids, max_tokens):
-        out = generate(model, tokenizer, ids, max_tokens=max_tokens, **opts)
-        return out.tokens, out.stats.calls + 1
+        dec = _decoder(model, tokenizer, ids, max_tokens=max_tokens, **opts)
+        tokens = [t for step in dec.steps() for t in step.tokens]
+        return tokens, dec.stats.calls + 1
 
     return run
+
+
+def check_repeats(repeats: int) -> None:
+    if repeats < 1:
+        raise ValueError(f"--repeats must be >= 1, not {repeats}")
+
+
+def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int,
+                 repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter,
+                 desc: str = "bench") -> None:
+    """Run every method ``repeats`` times on each prompt, interleaved (prompt by prompt, round
+    robin over the methods); append to each method's ``records`` the fastest run per prompt
+    (tokens, passes, time) with every run's time and the peak memory."""
+    from tqdm import tqdm
+
+    check_repeats(repeats)
+    for m in methods:  # warm up (compilation, allocation) outside the timings
+        m.run(prompts[0], 4)
+    with tqdm(total=len(prompts) * repeats * len(methods), desc=desc, unit="run") as bar:
+        for ids in prompts:
+            runs: dict[str, list] = {m.name: [] for m in methods}
+            for _ in range(repeats):
+                for m in methods:
+                    mx.reset_peak_memory()
+                    t = clock()
+                    tokens, calls = m.run(ids, max_tokens)
+                    dt = clock() - t
+                    runs[m.name].append({"tokens": tokens, "calls": calls, "time": dt,
+                                         "peak": mx.get_peak_memory()})
+                    bar.update()
+            for m in methods:
+                best = min(runs[m.name], key=lambda r: r["time"])
+                m.records.append({**best, "times": [r["time"] for r in runs[m.name]],
+                                  "peak": max(r["peak"] for r in runs[m.name])})
+
+
+def reference(methods: list[Method]) -> Method:
+    """The speed reference: the fastest plain AR decoder of the run (ours or mlx-lm's), by
+    generated tokens per summed best time; the first method when none is marked ``plain_ar``."""
+    plain = [m for m in methods if m.plain_ar] or methods[:1]
+    return max(plain, key=lambda m: _tokens(m).sum() / _times(m).sum())
+
+
+def _times(m: Method) -> np.ndarray:
+    return np.array([r["time"] for r in m.records], np.float64)
+
+
+def _tokens(m: Method) -> np.ndarray:
+    return np.array([len(r["tokens"]) for r in m.records], np.float64)
+
+
+def speedup(m: Method, ref: Method, resamples: int = BOOTSTRAP["resamples"],
+            seed: int = BOOTSTRAP["seed"]) -> tuple[float, float, float]:
+    """(speed-up of ``m`` over ``ref``, 95% interval): the ratio of summed best times per
+    generated token (of summed best times when both generate the same tokens), and its
+    percentile bootstrap over prompts (the same prompts resampled for both methods)."""
+    tm, tr, nm, nr = _times(m), _times(ref), _tokens(m), _tokens(ref)
+    ratio = (nm.sum() / tm.sum()) / (nr.sum() / tr.sum())
+    idx = np.random.default_rng(seed).integers(0, len(tm), (resamples, len(tm)))
+    boot = (nm[idx].sum(1) / tm[idx].sum(1)) / (nr[idx].sum(1) / tr[idx].sum(1))
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return float(ratio), float(lo), float(hi)
+
+
+def interval_ok(rec: dict) -> bool:
+    """Whether a result's 95% interval lies within +-10% of its speed-up."""
+    lo, hi = rec["speedup_ci95"]
+    return lo >= rec["speedup"] * (1 - MAX_HALF_WIDTH) and hi <= rec["speedup"] * (1 + MAX_HALF_WIDTH)
 
 
 def _mlx_lm(path: Path, draft: Path | None, eos: set[int], dtype: mx.Dtype, num_draft: int = 3):
@@ -106,10 +186,11 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
     dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-    methods = [Method("ar", our_decoder(base, tok, mode="ar"))]
+    methods = [Method("ar", our_decoder(base, tok, mode="ar"), plain_ar=True)]
     skipped = {}
     try:
-        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], lossless=True))
+        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], lossless=True,
+                              plain_ar=True))
         if draft_path and draft_path.exists():
             run, n = _mlx_lm(model_path, draft_path, eos, dtype)
             methods.append(Method("mlx-lm draft", run, n, lossless=True))
@@ -164,13 +245,15 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
               draft_path: Path | None = None, data_dir: Path | None = None,
-              command: str = "", methods: list[Method] | None = None, overwrite: bool = False) -> dict:
+              command: str = "", methods: list[Method] | None = None, overwrite: bool = False,
+              repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
-    ``methods`` replaces the standard set (its first must be the AR reference); ``overwrite``
-    replaces the results of an earlier run in ``out_dir``."""
-    from tqdm import tqdm
-
+    ``methods`` replaces the standard set (its first is the AR whose output lossless methods
+    must reproduce; those marked ``plain_ar`` compete for the speed reference); ``overwrite``
+    replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
+    timed by ``clock``."""
+    check_repeats(repeats)
     check_out_dir(Path(out_dir), overwrite)
 
     data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
@@ -190,45 +273,16 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
               "noisy, though the ratios between methods hold better", file=sys.stderr)
     prompts = [tok.encode(r["prompt"]) for r in rows]
-    for m in methods:  # warm up (compilation, allocation) outside the timings
-        m.run(prompts[0], 4)
-    for ids in tqdm(prompts, desc=f"bench {task}", unit="prompt"):
-        for m in methods:
-            mx.reset_peak_memory()
-            t = time.perf_counter()
-            tokens, calls = m.run(ids, max_tokens)
-            dt = time.perf_counter() - t
-            m.records.append({"tokens": tokens, "calls": calls, "time": dt,
-                              "peak": mx.get_peak_memory()})
-    ar = methods[0]
-    ar_tps = sum(len(r["tokens"]) for r in ar.records) / sum(r["time"] for r in ar.records)
-    refs = [r["completion"] for r in rows]
-    results = []
-    for m in methods:
-        ntok = sum(len(r["tokens"]) for r in m.records)
-        secs = sum(r["time"] for r in m.records)
-        texts = [tok.decode(r["tokens"]) for r in m.records]
-        rec = {
-            "method": m.name,
-            "mean_accepted_tokens": round(ntok / max(sum(r["calls"] for r in m.records), 1), 3),
-            "tokens_per_s": round(ntok / secs, 2),
-            "speedup_vs_ar": round(ntok / secs / ar_tps, 3),
-            **task_metrics(task, texts, refs),
-            "extra_params": m.extra_params,
-            "peak_memory_mb": round(max(r["peak"] for r in m.records) / 2**20, 1),
-            "generated_tokens": ntok,
-        }
-        if m.lossless:
-            same = [a["tokens"] == b["tokens"] for a, b in zip(m.records, ar.records)]
-            rec["identical_to_ar"] = all(same)
-            rec["identical_prompts"] = f"{sum(same)}/{len(same)}"
-        results.append(rec)
+    time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task}")
+    results = summarize(methods, task, [r["completion"] for r in rows], tok.decode)
     meta = {
         "command": command or " ".join(sys.argv), "date": str(date.today()),
         "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
-        "model": str(model_path), "task": task, "prompts": len(rows), "max_tokens": max_tokens,
+        "versions": _versions(), "model": str(model_path), "task": task, "prompts": len(rows),
+        "max_tokens": max_tokens, "repeats": repeats, "reference": reference(methods).name,
+        "outputs_compared_with": methods[0].name, "bootstrap": BOOTSTRAP,
         "skipped": info["skipped"],
         "node_cost": default_node_costs(),
         "prune_threshold": PRUNE_THRESHOLD,
@@ -237,18 +291,72 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     return {"meta": meta, "results": results}
 
 
+def summarize(methods: list[Method], task: str, refs: list[str],
+              decode: Callable[[list[int]], str]) -> list[dict]:
+    """One result per method from its records: speed against :func:`reference` with its interval,
+    tokens per pass, task metrics, and for lossless methods whether every output equals the
+    first method's; ``per_prompt`` keeps each prompt's best time, every run's time, tokens, passes."""
+    ref, ar = reference(methods), methods[0]
+    results = []
+    for m in methods:
+        ntok = int(_tokens(m).sum())
+        ratio, lo, hi = speedup(m, ref)
+        rec = {
+            "method": m.name,
+            "mean_accepted_tokens": round(ntok / max(sum(r["calls"] for r in m.records), 1), 3),
+            "tokens_per_s": round(ntok / _times(m).sum(), 2),
+            "speedup": round(ratio, 3),
+            "speedup_ci95": [round(lo, 3), round(hi, 3)],
+            **task_metrics(task, [decode(r["tokens"]) for r in m.records], refs),
+            "extra_params": m.extra_params,
+            "peak_memory_mb": round(max(r["peak"] for r in m.records) / 2**20, 1),
+            "generated_tokens": ntok,
+        }
+        rec["interval_within_10pct"] = interval_ok(rec)
+        if m.lossless:
+            same = [a["tokens"] == b["tokens"] for a, b in zip(m.records, ar.records)]
+            rec["identical_to_ar"] = all(same)
+            rec["identical_prompts"] = f"{sum(same)}/{len(same)}"
+        rec["per_prompt"] = [{"best_s": round(r["time"], 6), "times_s": [round(t, 6) for t in r["times"]],
+                              "tokens": len(r["tokens"]), "calls": r["calls"]} for r in m.records]
+        results.append(rec)
+    return results
+
+
+def _versions() -> dict[str, str]:
+    """Versions of the packages whose code is timed."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("mlx", "mlx-lm", "mlx-specstream", "numpy"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = "not installed"
+    return out
+
+
 def markdown_table(meta: dict, results: list[dict]) -> str:
-    keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup_vs_ar", "exact_match"]
+    keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup", "95% interval", "exact_match"]
     if any("edit_similarity" in r for r in results):
         keys.append("edit_similarity")
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
     lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
              f"BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load before/after: "
              f"{meta.get('load_average_1m')}), {meta['prompts']} prompts, "
-             f"max {meta['max_tokens']} tokens", "",
+             f"max {meta['max_tokens']} tokens, best of {meta['repeats']} runs per prompt; "
+             f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)", "",
              "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
+    wide = []
     for r in results:
-        lines.append("| " + " | ".join(str(r.get(k, "")) for k in keys) + " |")
+        lo, hi = r["speedup_ci95"]
+        cell = {**r, "95% interval": f"{lo:.2f}–{hi:.2f}" + ("" if r["interval_within_10pct"] else " ⚠")}
+        lines.append("| " + " | ".join(str(cell.get(k, "")) for k in keys) + " |")
+        if not r["interval_within_10pct"]:
+            wide.append(r["method"])
+    if wide:
+        lines.append(f"\n⚠ 95% interval wider than ±{MAX_HALF_WIDTH:.0%} of the speed-up: "
+                     f"{', '.join(wide)} (more prompts, --n, or runs, --repeats, narrow it)")
     for name, why in meta["skipped"].items():
         lines.append(f"\nSkipped {name}: {why}")
     return "\n".join(lines) + "\n"
@@ -269,9 +377,11 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
         return
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["method"] for r in results]
-    axes[0].barh(names, [r["speedup_vs_ar"] for r in results], color="tab:blue")
+    speed = np.array([r["speedup"] for r in results])
+    err = np.abs(np.array([r["speedup_ci95"] for r in results]).T - speed)
+    axes[0].barh(names, speed, xerr=err, color="tab:blue", ecolor="black", capsize=3)
     axes[0].axvline(1.0, color="gray", lw=1)
-    axes[0].set_xlabel("speed-up vs our AR (same run)")
+    axes[0].set_xlabel(f"speed-up vs {meta['reference']} (same run, 95% interval)")
     axes[1].barh(names, [r["mean_accepted_tokens"] for r in results], color="tab:green")
     axes[1].set_xlabel("mean tokens per forward pass")
     for ax in axes:

@@ -259,6 +259,9 @@ class Decoder:
         emitted = len(step.tokens)
         stats.decode_time += time.perf_counter() - t_step
         yield step
+        if opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None:
+            yield from self._greedy_ar_steps(root, emitted)
+            return
         while step.finished is None:
             t_step = time.perf_counter()
             depth = len(draft.levels) if self.limit is None else self.limit - 1 - self.n
@@ -285,6 +288,49 @@ class Decoder:
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step
             yield step
+
+    def _greedy_ar_steps(self, root: int, emitted: int) -> Iterator[Step]:
+        """Plain greedy decoding, pipelined as in mlx-lm's ``generate_step``: each pass is queued
+        on the device, fed the previous pass's argmax there, before the host reads that token,
+        so building the graph and the bookkeeping overlap the model's compute. The passes, the
+        tokens and the cache are those of the loop in :meth:`steps`; a pass queued behind an EOS
+        is dropped from the cache."""
+        stats = self.stats
+        total = self.opts.max_tokens
+        if self.limit is not None:
+            total = min(total, self.limit - len(self.prompt))
+
+        def launch(token: mx.array) -> mx.array:
+            out = forward(self.model, chain([root]), self.caches, self.n, tokens=token)
+            self.n += 1  # the one node is committed in place
+            nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
+            mx.async_eval(nxt)
+            return nxt
+
+        t = time.perf_counter()
+        pending = launch(mx.array([root], mx.int32))
+        stats.model_time += time.perf_counter() - t
+        while True:
+            t_step = time.perf_counter()
+            queued = launch(pending) if emitted + 1 < total else None  # unless this token is the last
+            root = pending.item()
+            stats.model_time += time.perf_counter() - t_step
+            stats.calls += 1
+            stats.tree_nodes += 1
+            stats.kept_nodes += 1
+            stats.accepted_lengths[1] += 1
+            self.history.append(root)
+            step = self._emit([root], [], [], emitted)
+            emitted += len(step.tokens)
+            if step.finished is not None and queued is not None:
+                self.n -= 1
+                for cache in self.caches:
+                    cache.trim(1)
+            stats.decode_time += time.perf_counter() - t_step
+            yield step
+            if step.finished is not None:
+                return
+            pending = queued
 
     def _emit(self, tokens: list[int], accepted: list[int], rejected: list[int],
               emitted: int) -> Step:

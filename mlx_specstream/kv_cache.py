@@ -9,6 +9,7 @@ never copies the whole cache.
 from __future__ import annotations
 
 import mlx.core as mx
+import numpy as np
 
 STEP = 256
 
@@ -37,9 +38,17 @@ class KVCache:
         self.offset = need
         return self.keys[:, :, :need], self.values[:, :, :need]
 
-    def commit(self, start: int, keep: list[int] | mx.array) -> None:
-        """Keep rows ``start + keep[i]`` as rows ``start + i``; drop every row after them."""
-        keep = mx.array(keep, dtype=mx.int32) if not isinstance(keep, mx.array) else keep
+    def commit(self, start: int, keep: list[int] | np.ndarray | mx.array) -> None:
+        """Keep rows ``start + keep[i]`` as rows ``start + i``; drop every row after them.
+
+        Rows already in place (``keep`` = 0, 1, ..., n-1 given on the host: a prefill, every AR
+        step, a chain accepted in full) are not copied."""
+        if not isinstance(keep, mx.array):
+            keep = np.asarray(keep, np.int64)
+            if np.array_equal(keep, np.arange(keep.size)):
+                self.offset = start + keep.size
+                return
+            keep = mx.array(keep.astype(np.int32))
         n = keep.size
         if n:
             idx = keep + start

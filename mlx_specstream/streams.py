@@ -81,7 +81,8 @@ def prune(tree: Tree, trans: np.ndarray, threshold: float) -> np.ndarray:
 
 
 def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
-            stream_nodes: str = "all", prune_threshold: float = 0.0) -> ForwardOut:
+            stream_nodes: str = "all", prune_threshold: float = 0.0,
+            tokens: mx.array | None = None) -> ForwardOut:
     """Run a draft tree through the model, appending main-stream K/V to ``caches``.
 
     ``gamma`` streams are inserted at layer N - N_s on ``stream_nodes`` ("all" surviving
@@ -89,6 +90,8 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     adapter always runs all its streams; its prefill too puts them on the last prompt token
     only (extended paper, appendices G and I: prompts carry no streams, as in training).
     Pruning happens at the adapter's pruning layer when ``prune_threshold > 0``.
+    ``tokens`` (M,) replaces ``tree.tokens`` as the input while still on the device (pipelined
+    decoding feeds a pass's argmax to the next pass before the host has read it).
     """
     adapter = getattr(model, "adapter", None)
     cfg = getattr(model, "adapter_config", None)
@@ -103,7 +106,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     prune_at = cfg.prune_layer if adapter is not None else n_layers
     use_streams = adapter is not None and gamma > 0
 
-    tokens = mx.array(tree.tokens[None].astype(np.int32))
+    tokens = mx.array(tree.tokens[None].astype(np.int32)) if tokens is None else tokens[None]
     pos = positions(tree.depths, n_prefix)
     h = model.embed(tokens, pos)
     mask = AttentionPlan.for_tree(tree.parents, n_prefix) if len(tree) > 1 else None

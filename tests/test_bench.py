@@ -1,17 +1,29 @@
 """The benchmark: every method runs on the same prompts; lossless methods (ours and mlx-lm's, an
-independent implementation) reproduce our AR output; results.json / .md / .png are written."""
+independent implementation) reproduce our AR output; results.json / .md / .png are written. The
+timing harness (repeats, best run, reference, bootstrap interval, warning) runs fake decoders
+whose times the tests set."""
 
 import json
 
+import numpy as np
 import pytest
 
 from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import DEFAULT_MODEL, load
-from mlx_specstream.bench import markdown_table, run_bench, task_metrics
+from mlx_specstream.bench import (
+    Method,
+    markdown_table,
+    reference,
+    run_bench,
+    speedup,
+    task_metrics,
+    time_methods,
+)
+from mlx_specstream.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="no default model")
-FIELDS = {"method", "mean_accepted_tokens", "tokens_per_s", "speedup_vs_ar", "exact_match",
-          "extra_params", "peak_memory_mb"}
+FIELDS = {"method", "mean_accepted_tokens", "tokens_per_s", "speedup", "speedup_ci95", "exact_match",
+          "extra_params", "peak_memory_mb", "per_prompt"}
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +45,7 @@ def model_dir(tmp_path_factory):
 
 def test_run_bench_all_methods(model_dir, tmp_path):
     res = run_bench(model_dir, "sql", n=2, max_tokens=12, out_dir=tmp_path, draft_path=model_dir / "draft",
-                    command="test")
+                    command="test", repeats=1)
     names = [r["method"] for r in res["results"]]
     assert names == ["ar", "mlx-lm ar", "mlx-lm draft", "lookup", "ss-lossless chain", "ss-lossless tree",
                      "ss-lossless tree+prune", "ss-shared", "ss-shared ar", "lora-ar"]
@@ -43,7 +55,8 @@ def test_run_bench_all_methods(model_dir, tmp_path):
         assert FIELDS <= set(r)
         if "identical_to_ar" in r:  # the lossless claim, checked inside the benchmark
             assert r["identical_to_ar"], r
-    assert by["ar"]["speedup_vs_ar"] == 1.0
+    assert res["meta"]["reference"] in ("ar", "mlx-lm ar")  # the faster plain AR
+    assert by[res["meta"]["reference"]]["speedup"] == 1.0
     assert by["ar"]["mean_accepted_tokens"] == pytest.approx(1.0, abs=0.1)
     assert by["ar"]["extra_params"] == 0 and by["ss-shared"]["extra_params"] > 0
     assert by["mlx-lm draft"]["extra_params"] > 100_000  # the draft model's parameters
@@ -68,3 +81,138 @@ def test_bench_cli_errors(tmp_path):
     assert_one_line_error(cli("bench", "--task", "poetry", "--out", str(tmp_path)), "sql or code")
     assert_one_line_error(cli("bench", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)),
                           "no such model directory")
+    assert_one_line_error(cli("bench", "--repeats", "0", "--out", str(tmp_path)), "--repeats must be >= 1")
+
+
+# --- the timing harness, with fake decoders whose times the test sets ------------------------
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def fake_method(clock, name, times, tokens=None, calls=None, log=None, index=lambda ids: ids[0], **kw):
+    """A decoder taking ``times[p][run]`` seconds on ``clock`` for prompt p = ``index(ids)``;
+    it generates ``tokens[p]`` (default: 1..10) in ``calls`` passes (default: one per token)."""
+    seen = {}
+
+    def run(ids, max_tokens):
+        if max_tokens == 4:  # the warm-up run, outside the timings
+            return [1], 1
+        p = index(ids)
+        r = seen.get(p, 0)
+        seen[p] = r + 1
+        clock.now += times[p][r]
+        if log is not None:
+            log.append((name, p, r))
+        out = tokens[p] if tokens else list(range(1, 11))
+        return out, calls or len(out)
+
+    return Method(name, run, **kw)
+
+
+def test_each_prompt_runs_every_method_repeatedly_interleaved_and_the_fastest_run_counts():
+    clock, log = FakeClock(), []
+    a = fake_method(clock, "a", {0: [3.0, 1.0, 2.0], 1: [5.0, 6.0, 4.0]}, log=log)
+    b = fake_method(clock, "b", {0: [1.5, 2.5, 0.5], 1: [2.0, 2.0, 2.0]}, log=log)
+    time_methods([a, b], [[0], [1]], max_tokens=16, repeats=3, clock=clock)
+    assert log == [(m, p, r) for p in (0, 1) for r in range(3) for m in "ab"]
+    assert [r["time"] for r in a.records] == [1.0, 4.0] and [r["time"] for r in b.records] == [0.5, 2.0]
+    assert a.records[1]["times"] == [5.0, 6.0, 4.0]
+    with pytest.raises(ValueError, match="--repeats must be >= 1"):
+        time_methods([a], [[0]], 16, repeats=0, clock=clock)
+
+
+def timed(clock, name, best_times, **kw):
+    m = fake_method(clock, name, {p: [t] for p, t in enumerate(best_times)}, **kw)
+    time_methods([m], [[p] for p in range(len(best_times))], 16, repeats=1, clock=clock)
+    return m
+
+
+def test_the_reference_is_the_faster_plain_ar_decoder():
+    clock = FakeClock()
+    ours = timed(clock, "ar", [2.0, 2.0], plain_ar=True)
+    theirs = timed(clock, "mlx-lm ar", [1.0, 1.5], plain_ar=True)
+    ss = timed(clock, "ss", [1.0, 0.75])  # fastest of all, but not a plain AR decoder
+    assert reference([ours, theirs, ss]) is theirs
+    assert reference([ours, ss]) is ours
+    assert reference([ss, ours]) is ours  # not merely the first method
+    assert speedup(ss, theirs)[0] == pytest.approx(2.5 / 1.75)
+    assert speedup(ours, theirs)[0] == pytest.approx(2.5 / 4.0)
+    assert speedup(theirs, theirs) == (1.0, 1.0, 1.0)
+
+
+def test_speedup_is_per_generated_token():
+    clock = FakeClock()
+    ar = timed(clock, "ar", [1.0, 1.0], plain_ar=True)
+    short = timed(clock, "short", [0.5, 0.5], tokens={0: [1] * 5, 1: [1] * 5})  # half the tokens
+    assert speedup(short, ar)[0] == pytest.approx(1.0)
+
+
+def test_bootstrap_interval_matches_the_delta_method_and_is_reproducible():
+    """Ratio of summed times over 200 prompts: the percentile bootstrap's 95% interval agrees
+    with the normal interval of the delta method, Var(R) ~ Var(a - R b) / (P mean(b)^2)."""
+    rng = np.random.default_rng(1)
+    a = rng.uniform(0.5, 2.0, 200)  # reference times
+    b = a / 1.5 * rng.lognormal(0, 0.3, 200)  # ~1.5x faster, noisy per prompt
+    clock = FakeClock()
+    ref, m = timed(clock, "ar", list(a), plain_ar=True), timed(clock, "m", list(b))
+    ratio, lo, hi = speedup(m, ref)
+    assert ratio == pytest.approx(a.sum() / b.sum())
+    se = np.sqrt(np.var(a - ratio * b) / (len(a) * b.mean() ** 2))
+    assert lo == pytest.approx(ratio - 1.96 * se, abs=0.2 * se)
+    assert hi == pytest.approx(ratio + 1.96 * se, abs=0.2 * se)
+    assert speedup(m, ref) == (ratio, lo, hi)  # fixed seed
+    same = timed(clock, "same", list(a / 2))  # exactly 2x on every prompt: no uncertainty
+    assert speedup(same, ref) == pytest.approx((2.0, 2.0, 2.0))
+
+
+def test_results_json_and_the_wide_interval_warning(tmp_path):
+    """run_bench with fake decoders: the reference, intervals, per-prompt times, the lossless
+    check against the first method, and the warning for an interval wider than +-10%."""
+    clock = FakeClock()
+    n = 8
+    ar_t = {p: [1.0, 1.2, 1.1] for p in range(n)}
+    lm_t = {p: [0.9, 0.8, 1.0] for p in range(n)}
+    steady = {p: [0.5, 0.6, 0.5] for p in range(n)}  # 1.6x on every prompt
+    noisy = {p: [0.2 if p % 2 else 1.6] * 3 for p in range(n)}  # 0.4x to 4x
+    wrong = {p: list(range(1, 11)) if p else [9, 9] for p in range(n)}  # differs on prompt 0
+    tok = load_tokenizer(DEFAULT_MODEL)
+    texts = [f"SELECT {p}" for p in range(n)]
+    index = {tuple(tok.encode(x)): p for p, x in enumerate(texts)}.__getitem__
+    methods = [fake_method(clock, name, times, index=lambda ids: index(tuple(ids)), **kw)
+               for name, times, kw in [
+                   ("ar", ar_t, dict(plain_ar=True)),
+                   ("mlx-lm ar", lm_t, dict(lossless=True, plain_ar=True)),
+                   ("steady", steady, dict(lossless=True, calls=5)),
+                   ("noisy", noisy, {}),
+                   ("broken", steady, dict(tokens=wrong, lossless=True))]]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
+                                             for x in texts))
+    res = run_bench(DEFAULT_MODEL, "sql", n, 16, tmp_path / "out", data_dir=data, command="test",
+                    methods=methods, clock=clock)
+    meta, by = res["meta"], {r["method"]: r for r in res["results"]}
+    assert meta["reference"] == "mlx-lm ar" and meta["repeats"] == 3 and meta["command"] == "test"
+    assert {"machine", "date", "mlx", "versions", "bootstrap", "load_average_1m"} <= set(meta)
+    assert by["mlx-lm ar"]["speedup"] == 1.0 and by["mlx-lm ar"]["speedup_ci95"] == [1.0, 1.0]
+    assert by["ar"]["speedup"] == pytest.approx(0.8, abs=1e-3)  # best 1.0 against best 0.8
+    assert by["steady"]["speedup"] == pytest.approx(1.6, abs=1e-3)
+    assert by["steady"]["interval_within_10pct"] and not by["noisy"]["interval_within_10pct"]
+    assert by["steady"]["mean_accepted_tokens"] == 2.0
+    assert by["steady"]["identical_to_ar"] and by["broken"]["identical_prompts"] == "7/8"
+    assert not by["broken"]["identical_to_ar"]
+    assert by["noisy"]["per_prompt"][1] == {"best_s": 0.2, "times_s": [0.2, 0.2, 0.2], "tokens": 10,
+                                            "calls": 10}
+    saved = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert saved == json.loads(json.dumps(res))
+    table = (tmp_path / "out" / "results.md").read_text()
+    assert table == markdown_table(meta, res["results"])
+    noisy_row = next(line for line in table.splitlines() if line.startswith("| noisy |"))
+    steady_row = next(line for line in table.splitlines() if line.startswith("| steady |"))
+    assert "⚠" in noisy_row and "⚠" not in steady_row
+    assert "interval wider than ±10% of the speed-up: noisy" in table

@@ -197,3 +197,30 @@ def test_prompt_lookup_is_lossless_and_drafts_from_history():
     pl = generate(model, None, [1, 2, 3, 1, 2], max_tokens=120, mode="lookup")
     assert pl.tokens == ar.tokens
     assert pl.stats.calls < ar.stats.calls  # repetitive random-model output is easy to look up
+
+
+@pytest.mark.parametrize("eos_at,max_tokens", [(None, 20), (6, 20), (0, 20), (None, 1)])
+def test_greedy_ar_equals_recomputing_every_token(eos_at, max_tokens):
+    """Greedy AR (pipelined: each pass is queued before the host reads the previous token) is
+    the argmax of the whole sequence recomputed from scratch at every token; it stops at EOS and
+    at max_tokens, and leaves the cache holding the prompt and every emitted token but the last."""
+    model = tiny_model("llama", seed=3, scale=2.0)
+    prompt = [5, 3, 9]
+    seq = list(prompt)
+    for _ in range(max_tokens):
+        seq.append(int(mx.argmax(model(mx.array([seq]))[0, -1])))
+    ref = seq[len(prompt):]
+    eos = frozenset() if eos_at is None else frozenset([ref[eos_at]])
+    if eos:
+        ref = ref[: ref.index(ref[eos_at])]
+    dec = Decoder(model, prompt, DecodeOptions(max_tokens=max_tokens, mode="ar", eos_token_ids=eos))
+    steps = list(dec.steps())
+    tokens = [t for s in steps for t in s.tokens]
+    assert tokens == ref
+    assert steps[-1].finished == ("stop" if eos else "length") and all(s.finished is None for s in steps[:-1])
+    held = len(prompt) + len(tokens) - (0 if eos else 1)  # an EOS root is not cached either
+    assert dec.n == held and all(c.offset == held for c in dec.caches)
+    fresh = make_cache(model)
+    model(mx.array([(prompt + tokens)[:held]]), cache=fresh)
+    for c, f in zip(dec.caches, fresh):
+        np.testing.assert_allclose(np.array(c.state[0]), np.array(f.state[0]), atol=1e-5)
