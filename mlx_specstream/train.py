@@ -39,6 +39,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -46,7 +47,7 @@ import shutil
 import sys
 import time
 import types
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -84,6 +85,7 @@ class TrainConfig:
     length_policy: str = "truncate"
     chat_template: bool = False
     self_distill: bool = False
+    distill_tokens: int = 128  # self-distillation: tokens the base writes for a prompt given alone
     seed: int = 0
     alphas: list[float] = field(default_factory=list)  # alpha_0 (main), alpha_1..alpha_gamma
     prune_weight: float = 1.0
@@ -121,26 +123,40 @@ class Batch:
         """Positions ``[w0, w1)`` that carry streams in some row: main target in the completion."""
         return int((self.n_prompt - 1).min()), int((self.length - 1).max())
 
+    @property
+    def span(self) -> int:
+        """Completion positions of the longest row: lossless stream rows are laid out per row from
+        its own last prompt token (``n_prompt - 1``), so a row never builds streams for another
+        row's prompt."""
+        return int((self.length - self.n_prompt).max())
+
+    def at(self, a: int, b: int) -> np.ndarray:
+        """Positions (B, b-a) of completion slots ``[a, b)``: ``n_prompt - 1 + k`` per row (slots past
+        a row's end continue its numbering and carry no target)."""
+        return (self.n_prompt - 1)[:, None] + np.arange(a, b)[None, :]
+
     def counts(self, gamma: int) -> np.ndarray:
         """Valid targets: [main (= early exit), stream 1, ..., stream gamma] (float64)."""
         n = (self.length - self.n_prompt).astype(np.float64)
         return np.array([n.sum()] + [np.maximum(n - j, 0).sum() for j in range(1, gamma + 1)])
 
-    def targets(self, a: int, b: int, gamma: int):
-        """For positions ``[a, b)``: main targets (B, L), stream targets (B, L, gamma) and their
+    def targets(self, t: np.ndarray, gamma: int):
+        """For positions ``t`` (B, L): main targets (B, L), stream targets (B, L, gamma) and their
         validity masks (targets must be completion tokens of the row)."""
-        t = np.arange(a, b)
-        ahead = t[:, None] + 1 + np.arange(gamma + 1)[None, :]  # (L, g+1): main, then streams
-        tgt = self.tokens[:, np.minimum(ahead, self.tokens.shape[1] - 1)]  # (B, L, g+1)
-        valid = (t[None, :, None] >= self.n_prompt[:, None, None] - 1) & (
-            ahead[None] < self.length[:, None, None])
+        B, T = self.tokens.shape
+        ahead = t[..., None] + 1 + np.arange(gamma + 1)  # (B, L, g+1): main, then streams
+        idx = np.minimum(ahead, T - 1).reshape(B, -1)
+        tgt = np.take_along_axis(self.tokens, idx, axis=1).reshape(ahead.shape)
+        valid = (t[..., None] >= self.n_prompt[:, None, None] - 1) & (
+            ahead < self.length[:, None, None])
         return tgt[..., 0], tgt[..., 1:], valid[..., 0], valid[..., 1:]
 
 
-def _segments(w0: int, w1: int, segment_len: int | None) -> list[tuple[int, int]]:
+def _segments(n: int, segment_len: int | None) -> list[tuple[int, int]]:
+    """Slots ``[0, n)`` cut into segments of at most ``segment_len``."""
     if not segment_len:
-        return [(w0, w1)]
-    return [(a, min(a + segment_len, w1)) for a in range(w0, w1, segment_len)]
+        return [(0, n)]
+    return [(a, min(a + segment_len, n)) for a in range(0, n, segment_len)]
 
 
 # -- forward pieces --------------------------------------------------------------------------
@@ -257,32 +273,43 @@ class BaseStateCache:
         return stack([r[0] for r in rows], 0), stack([r[1] for r in rows], 0), kvs
 
 
-def segment_layout(a: int, b: int, gamma: int) -> tuple[mx.array, mx.array]:
-    """Rotary positions and mask of the stream rows of positions ``[a, b)`` (node-major).
+def _rows(x: mx.array, t: np.ndarray) -> mx.array:
+    """Rows of ``x`` (B, T, ...) at positions ``t`` (B, L), clipped to the sequence."""
+    idx = np.minimum(t, x.shape[1] - 1).astype(np.int32)
+    return mx.take_along_axis(x, mx.array(idx).reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
 
-    Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are ``[main 0..b-1 | streams]``.
+
+def segment_layout(t: np.ndarray, gamma: int, n_keys: int) -> tuple[mx.array, mx.array]:
+    """Rotary positions (B, L*gamma) and mask (B, 1, L*gamma, n_keys + L*gamma) of the stream
+    rows of positions ``t`` (B, L), node-major.
+
+    Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are
+    ``[main 0..n_keys-1 | streams]``. Example, t = [[2, 3]], gamma = 2: rows (2,1) (2,2) (3,1)
+    (3,2) at positions 3 4 4 5; row (3,2) sees main keys 0..3 and the streams (3,1) (3,2).
     """
-    L = b - a
-    t = np.repeat(np.arange(a, b), gamma)
+    B, L = t.shape
+    ts = np.repeat(t, gamma, axis=1)  # (B, L*g)
     j = np.tile(np.arange(1, gamma + 1), L)
-    main = np.arange(b)[None, :] <= t[:, None]
+    main = np.arange(n_keys)[None, None, :] <= ts[..., None]
     streams = np.kron(np.eye(L, dtype=bool), np.tril(np.ones((gamma, gamma), dtype=bool)))
-    return mx.array((t + j).astype(np.int32)), mx.array(np.concatenate([main, streams], axis=1))
+    mask = np.concatenate([main, np.broadcast_to(streams, (B, *streams.shape))], axis=2)
+    return mx.array((ts + j).astype(np.int32)), mx.array(mask[:, None])
 
 
-def stream_hidden_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
-    """Lossless mode: final stream hidden states (B, b-a, gamma, h) of positions ``[a, b)``."""
-    B = h_msa.shape[0]
-    s = model.adapter.init_streams(h_msa[:, a:b], gamma)
-    pos, mask = segment_layout(a, b, gamma)
+def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int) -> mx.array:
+    """Lossless mode: final stream hidden states (B, L, gamma, h) of positions ``t`` (B, L)."""
+    B, L = t.shape
+    s = model.adapter.init_streams(_rows(h_msa, t), gamma)
+    n_keys = min(int(t.max()) + 1, h_msa.shape[1])
+    pos, mask = segment_layout(t, gamma, n_keys)
     for layer, (k, v) in zip(model.layers[_msa_start(model):], kvs):
-        s = layer(s, pos, mask, _Fixed(k[:, :, :b], v[:, :, :b]), n_main=0)
-    return s.reshape(B, b - a, gamma, -1)
+        s = layer(s, pos, mask, _Fixed(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
+    return s.reshape(B, L, gamma, -1)
 
 
-def stream_logits_segment(model, h_msa: mx.array, kvs, a: int, b: int, gamma: int) -> mx.array:
-    """Lossless mode: stream logits (B, b-a, gamma, V) of positions ``[a, b)``."""
-    return model.head(stream_hidden_segment(model, h_msa, kvs, a, b, gamma))
+def stream_logits_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int) -> mx.array:
+    """Lossless mode: stream logits (B, L, gamma, V) of positions ``t`` (B, L)."""
+    return model.head(stream_hidden_segment(model, h_msa, kvs, t, gamma))
 
 
 def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
@@ -345,34 +372,35 @@ def shared_forward(model, batch: Batch, gamma: int):
 
 # -- losses and metrics ----------------------------------------------------------------------
 
-def _segment_has_targets(batch: Batch, a: int, b: int) -> bool:
-    return bool(batch.targets(a, b, 0)[2].any())
+def _segments_of(batch: Batch, tc: TrainConfig) -> list[tuple[int, int] | None]:
+    """Lossless: the completion slots in segments; shared and LoRA: one pass (None)."""
+    return _segments(batch.span, tc.segment_len) if tc.mode == "lossless" else [None]
 
 
-def _terms(model, batch: Batch, tc: TrainConfig, states=None):
-    """Yield per segment ``(a, b, main_h, stream_h, prune_h)``: final hidden states of the main
-    rows (None in lossless training), (B, L, gamma, h) of the stream rows, and the hidden states
-    entering the pruning layer. Lossless: stream rows segment by segment over precomputed base
-    states; shared: the whole window at once."""
-    if tc.mode != "lossless":
+def _terms(model, batch: Batch, tc: TrainConfig, seg: tuple[int, int] | None, states=None):
+    """``(t, main_h, stream_h, prune_h)`` of one segment: the positions (B, L), final hidden states
+    of the main rows (None in lossless training), (B, L, gamma, h) of the stream rows, and the
+    hidden states entering the pruning layer. Lossless: stream rows of completion slots
+    ``[a, b)`` over the precomputed base ``states``, each row from its own last prompt token;
+    shared: the whole window in one pass."""
+    if seg is None:
         w0, w1 = batch.window
-        yield (w0, w1, *shared_hidden(model, batch, tc.gamma))
-        return
-    h_prune, h_msa, kvs, _ = states
-    for a, b in _segments(*batch.window, tc.segment_len):
-        if _segment_has_targets(batch, a, b):
-            yield a, b, None, stream_hidden_segment(model, h_msa, kvs, a, b, tc.gamma), h_prune[:, a:b]
+        t = np.broadcast_to(np.arange(w0, w1), (len(batch.tokens), w1 - w0))
+        return (t, *shared_hidden(model, batch, tc.gamma))
+    h_prune, h_msa, kvs = states[:3]
+    t = batch.at(*seg)
+    return t, None, stream_hidden_segment(model, h_msa, kvs, t, tc.gamma), _rows(h_prune, t)
 
 
 def _take(x: mx.array, idx: np.ndarray) -> mx.array:
     return x.reshape(-1, x.shape[-1])[mx.array(idx.astype(np.int32))]
 
 
-def _valid_logits(model, batch: Batch, a: int, b: int, g: int, main_h, stream_h, prune_h) -> dict:
+def _valid_logits(model, batch: Batch, t: np.ndarray, g: int, main_h, stream_h, prune_h) -> dict:
     """Logits and targets of the rows that have a target, only (the LM head and the softmax,
     the costly part over a large vocabulary, never run on the others): name -> (logits (n, V),
     targets (n,), stream index of each row (streams only))."""
-    tm, ts, vm, vs = batch.targets(a, b, g)
+    tm, ts, vm, vs = batch.targets(t, g)
     out = {}
     iv = np.flatnonzero(vs.reshape(-1))
     if len(iv):
@@ -385,14 +413,14 @@ def _valid_logits(model, batch: Batch, a: int, b: int, g: int, main_h, stream_h,
     return out
 
 
-def _weighted_loss(model, batch, a, b, main_h, stream_h, prune_h, tc: TrainConfig,
+def _weighted_loss(model, batch, t, main_h, stream_h, prune_h, tc: TrainConfig,
                    norms: np.ndarray) -> mx.array:
     """Sum of the weighted CE terms of one segment, each normalised by its global count."""
     alphas = np.asarray(tc.alphas, np.float64)
     inv = np.where(norms > 0, 1.0 / np.maximum(norms, 1), 0.0)
     if not (main_h is not None and alphas[0]):
         main_h = None
-    terms = _valid_logits(model, batch, a, b, tc.gamma, main_h, stream_h, prune_h)
+    terms = _valid_logits(model, batch, t, tc.gamma, main_h, stream_h, prune_h)
     loss = mx.array(0.0)
     if "streams" in terms:
         logits, tgt, j = terms["streams"]
@@ -416,23 +444,12 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, s
     ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
     if batch is None:
         return mx.array(0.0), _zeros_like_trainable(model)
-    if tc.mode != "lossless":
-        def loss_fn():
-            ((a, b, main_h, stream_h, prune_h),) = list(_terms(model, batch, tc))
-            return _weighted_loss(model, batch, a, b, main_h, stream_h, prune_h, tc, norms)
-
-        loss, grads = nn.value_and_grad(model, loss_fn)()
-        mx.eval(loss, grads)
-        return loss, grads
-    h_prune, h_msa, kvs = states or base_states(model, mx.array(batch.tokens))[:3]
+    if tc.mode == "lossless" and states is None:
+        states = base_states(model, mx.array(batch.tokens))
     total, grads = mx.array(0.0), None
-    for a, b in _segments(*batch.window, tc.segment_len):
-        if not _segment_has_targets(batch, a, b):
-            continue
-
-        def loss_fn(a=a, b=b):
-            stream_h = stream_hidden_segment(model, h_msa, kvs, a, b, tc.gamma)
-            return _weighted_loss(model, batch, a, b, None, stream_h, h_prune[:, a:b], tc, norms)
+    for seg in _segments_of(batch, tc):
+        def loss_fn(seg=seg):
+            return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
 
         loss, g = nn.value_and_grad(model, loss_fn)()
         grads = g if grads is None else tree_map(mx.add, grads, g)
@@ -461,10 +478,11 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
         states = None
         if tc.mode == "lossless":
             states = base_states(model, mx.array(batch.tokens))
-        for a, b, main_h, stream_h, prune_h in _terms(model, batch, tc, states):
+        for seg in _segments_of(batch, tc):
+            t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
             if main_h is None:  # lossless: the main stream is the base's last hidden state
-                main_h = states[3][:, a:b]
-            terms = _valid_logits(model, batch, a, b, g, main_h, stream_h, prune_h)
+                main_h = _rows(states[3], t)
+            terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
             if "main" in terms:
                 for i, name in ((0, "main"), (1, "prune")):
                     logits, tgt = terms[name]
@@ -608,48 +626,81 @@ def load_checkpoint(model, optimizer, path: Path) -> dict:
 
 # -- self-distillation -----------------------------------------------------------------------
 
-def greedy_continuation(model, prompt: list[int], max_tokens: int, eos: set[int]) -> list[int]:
-    """The base model's greedy continuation of ``prompt`` (EOS kept, then stop)."""
-    from .kv_cache import make_cache
-
-    cache = make_cache(model)
-    x = mx.array([prompt], dtype=mx.int32)
-    out: list[int] = []
-    for _ in range(max_tokens):
-        logits = model(x, cache=cache)[0, -1]
-        t = int(mx.argmax(logits).item())
-        out.append(t)
-        if t in eos:
-            break
-        x = mx.array([[t]], dtype=mx.int32)
-    return out
+def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
+    """Tokens the base may write for ``e``: as many as its completion has, or ``distill_tokens``
+    for a prompt given alone (an empty completion holds only EOS); within ``max_seq_len``."""
+    want = e.n_targets if e.n_targets > 1 else distill_tokens
+    return max(1, min(want, max_seq_len - e.n_prompt))
 
 
-def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, group=None,
-                 desc: str = "distill", progress: bool = True) -> Dataset:
-    """The dataset with every completion replaced by the base model's own greedy continuation of
-    its prompt (as long as the original completion, up to EOS and ``max_seq_len``). The prompts
-    are shared out between processes and the results gathered."""
+def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 128, *,
+                    key: dict | None = None, indices: list[int] | None = None, cache: Path | None = None,
+                    group=None, desc: str = "self-distill", progress: bool = True, say=None) -> Dataset:
+    """The dataset with the completions of ``indices`` (default: all) replaced by the base model's
+    own greedy continuations of their prompts (:func:`distill_budget` tokens, up to EOS), decoded
+    in batches; the other examples are left as given (a run visits only them).
+
+    With ``cache`` (a JSON-lines file), each finished batch is appended to it, and continuations
+    it already holds are reused, by an interrupted run resumed or a longer run of the same data:
+    its first line is a digest of ``key`` (the base model, settings), the prompts and the budgets.
+    Under ``mlx.launch`` the batches are shared out and gathered (the first process writes).
+    """
     from tqdm import tqdm
+
+    from .batch import greedy_batches
 
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
     eos = set(getattr(tokenizer, "eos_token_ids", None) or []) if tokenizer is not None else set()
-    n = len(dataset)
-    width = max(len(e.tokens) for e in dataset.examples)
-    table = np.zeros((n, width), np.int32)
-    lengths = np.zeros(n, np.int32)
-    mine = list(range(rank, n, size))
-    for i in tqdm(mine, desc=desc, disable=not progress or rank != 0, leave=False):
-        e = dataset.examples[i]
-        prompt = e.tokens[: e.n_prompt]
-        budget = max(1, min(e.n_targets, max_seq_len - e.n_prompt))
-        toks = prompt + greedy_continuation(model, prompt, budget, eos)
-        table[i, : len(toks)] = toks
-        lengths[i] = len(toks)
-    if size > 1:
+    prompts = [e.tokens[: e.n_prompt] for e in dataset.examples]
+    budgets = [distill_budget(e, max_seq_len, distill_tokens) for e in dataset.examples]
+    digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()
+    done: dict[int, list[int]] = {}
+    if cache is not None and cache.is_file():
+        lines = cache.read_text().splitlines()
+        if lines and lines[0] == digest:
+            for line in lines[1:]:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # the last line of an interrupted run
+                    break
+                done[row["i"]] = row["completion"]
+    if size > 1:  # every process has read the cache before the first one writes to it
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+    write = cache is not None and rank == 0
+    if write and not done:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        _atomic_write(cache, digest + "\n")
+    wanted = range(len(prompts)) if indices is None else indices
+    todo = [i for i in wanted if i not in done]
+    if todo and say is not None:
+        say(f"{desc}: the base model writes its own continuations of {len(todo)} prompts"
+            + (f" ({len(wanted) - len(todo)} reused from {cache})" if len(todo) < len(wanted) else ""))
+    batch = 16
+    mine = [i for k in range(rank * batch, len(todo), size * batch) for i in todo[k: k + batch]]
+    fresh: dict[int, list[int]] = {}
+
+    def keep(rows: list[tuple[int, list[int]]]) -> None:
+        fresh.update(rows)
+        if write:
+            with cache.open("a") as f:
+                f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
+
+    bar = tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,
+               disable=not progress or rank != 0)
+    for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
+                                    eos, batch):
+        keep([(mine[j], out) for j, out in zip(ids, outs)])
+        bar.update(sum(budgets[mine[j]] for j in ids))
+    bar.close()
+    if size > 1:  # gather every process's continuations
+        table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
+        for i, c in fresh.items():  # each row is written by one process: the sum is that row
+            table[i, 0], table[i, 1: len(c) + 1] = len(c), c
         table = np.array(mx.distributed.all_sum(mx.array(table), group=group))
-        lengths = np.array(mx.distributed.all_sum(mx.array(lengths), group=group))
-    examples = [Example(table[i, : lengths[i]].tolist(), e.n_prompt)
+        keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
+    done.update(fresh)
+    wanted = set(wanted)
+    examples = [Example(prompts[i] + done[i], e.n_prompt) if i in wanted else e
                 for i, e in enumerate(dataset.examples)]
     out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
                   list(dataset.notes))
@@ -657,35 +708,49 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, group=
     return out
 
 
-def _save_examples(path: Path, ds: Dataset, meta: dict) -> None:
-    lines = [json.dumps(meta)] + [json.dumps({"prompt": e.tokens[: e.n_prompt],
-                                              "completion": e.tokens[e.n_prompt:]})
-                                  for e in ds.examples]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(path, "\n".join(lines) + "\n")
-
-
-def _load_examples(path: Path, like: Dataset, meta: dict) -> Dataset | None:
-    if not path.is_file():
-        return None
-    lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[0]) != meta or len(lines) - 1 != len(like):
-        return None
-    ex = [json.loads(x) for x in lines[1:]]
-    out = Dataset([Example(r["prompt"] + r["completion"], len(r["prompt"])) for r in ex], like.path,
-                  like.n_lines, like.n_truncated, like.n_skipped, list(like.notes))
-    out.notes.append(f"reused self-distilled completions from {path}")
-    return out
-
-
 # -- the training loop -----------------------------------------------------------------------
+
+def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
+             at_least: int = 8) -> tuple[Dataset, Dataset | None]:
+    """A data set given without validation data, split into ``(train, valid)``: ``fraction`` of
+    the examples (``at_least`` .. ``at_most``) held out at random, so the run can measure
+    acceptance and keep its best adapter; ``(ds, None)`` when too small to spare them."""
+    n_valid = min(at_most, max(at_least, round(fraction * len(ds))))
+    if len(ds) < 4 * n_valid:
+        return ds, None
+    order = np.random.default_rng(seed).permutation(len(ds))
+    held = set(order[:n_valid].tolist())
+    train = [e for i, e in enumerate(ds.examples) if i not in held]
+    return replace(ds, examples=train), Dataset([ds.examples[i] for i in sorted(held)], ds.path)
+
+
+# A run given neither iters nor epochs (tuned on the project's code and sql data: docs/training.md)
+DEFAULT_STEPS = 400
+MAX_EPOCHS = 30
+
+
+def default_iters(n_train: int, batch_size: int) -> int:
+    """Steps of a run given neither ``iters`` nor ``epochs``: one epoch of a large data set; a small
+    one is seen as many times as reach ``DEFAULT_STEPS`` steps (at most ``MAX_EPOCHS``), since one
+    epoch of 120 prompts is 15 steps, which teach the streams nothing."""
+    per_epoch = math.ceil(n_train / batch_size)
+    return max(per_epoch, min(DEFAULT_STEPS, MAX_EPOCHS * per_epoch))
+
+
+def length_keys(ds: Dataset, mode: str) -> np.ndarray:
+    """What length-grouped batches sort by, (n, 2). Lossless stream rows start at each row's own
+    prompt end, so rows of similar completion length pad least: (completion length, length);
+    shared and LoRA windows start at the earliest prompt end of the batch: (prompt length, length)."""
+    first = [e.n_targets if mode == "lossless" else e.n_prompt for e in ds.examples]
+    return np.array([[f, len(e.tokens)] for f, e in zip(first, ds.examples)])
+
 
 def epoch_batches(n: int, batch_size: int, seed: int, epoch: int,
                   lengths: np.ndarray | None = None, pool: int = 16) -> list[list[int]]:
     """The global batches of one epoch, a function of (seed, epoch) only. With ``lengths``
-    ((n, 2): prompt length, length) every ``pool`` batches' worth of shuffled examples are sorted
-    by length before they are cut into batches, and the batches shuffled: rows of a batch then
-    start their completions at similar positions, so few stream rows are padding."""
+    ((n, 2): :func:`length_keys`) every ``pool`` batches' worth of shuffled examples are sorted
+    by them before they are cut into batches, and the batches shuffled, so few stream rows of a
+    batch are padding."""
     rng = np.random.default_rng([seed, epoch])
     order = rng.permutation(n)
     if lengths is None:
@@ -744,7 +809,8 @@ def _group(distributed):
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
           msa_layers: int = 4, rank: int = 8, iters: int | None = None, epochs: float | None = None,
           batch_size: int = 8, lr: float = 5e-4, max_seq_len: int = 512,
-          length_policy: str = "truncate", chat_template: bool = False, self_distill: bool = False,
+          length_policy: str = "truncate", chat_template: bool = False,
+          self_distill: bool | None = None, distill_tokens: int = 128,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
           prune_weight: float = 1.0, segment_len: int | None = 32, group_by_length: bool = True,
           warmup: int | None = None,
@@ -761,9 +827,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``valid.jsonl`` (see :mod:`mlx_specstream.data`), or a ``(train, valid)`` pair of
     :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name (saved under
     ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a directory, or None
-    (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes over the data (1 by
-    default). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two numbers: alpha_0 and one
-    alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared ``[1, 0.1, ...]``.
+    (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes over the data (by
+    default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
+    numbers: alpha_0 and one alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared
+    ``[1, 0.1, ...]``.
+    ``self_distill`` (lossless only; the default there): the streams learn the base model's own
+    greedy continuations of the prompts (what verification accepts) instead of the completions
+    as given; ``distill_tokens`` for a prompt given without a completion.
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -782,6 +852,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise ValueError("give either iters or epochs, not both")
     if self_distill and mode != "lossless":
         raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
+    self_distill = mode == "lossless" if self_distill is None else self_distill
+    if distill_tokens < 1:
+        raise ValueError("distill_tokens must be at least 1")
     if batch_size < 1 or (iters is not None and iters < 1) or (epochs is not None and epochs <= 0):
         raise ValueError("batch_size, iters and epochs must be positive")
     if isinstance(model, (str, Path)):
@@ -830,41 +903,57 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         if ds is not None and ds.n_empty and not self_distill:
             say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_lines} examples have an "
                 "empty completion: trained on as given, they teach the model to stop right after the "
-                "prompt (--self-distill learns the model's own continuations instead)")
+                "prompt (lossless mode's default self-distillation learns the model's own continuations)")
     if valid_ds is None:
-        say("no valid.jsonl: no validation during training")
+        train_ds, valid_ds = hold_out(train_ds, seed)
+        say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
+            "held out for validation (acceptance, best adapter)" if valid_ds is not None
+            else "no valid.jsonl: no validation during training")
 
     detach(model)
     base_fp = fingerprint(model)
+    n_train = len(train_ds)
+    steps_per_epoch = math.ceil(n_train / batch_size)
+    if iters is None:
+        iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
+                 else default_iters(n_train, batch_size))
+    # the schedule (a function of the seed and the lengths as given) fixes which examples the run
+    # visits: only those are self-distilled
+    lengths = length_keys(train_ds, mode)
+    epochs_seen: dict[int, list[list[int]]] = {}
+
+    def global_batch(step: int) -> list[int]:
+        epoch, k = divmod(step, steps_per_epoch)
+        if epoch not in epochs_seen:
+            epochs_seen.clear()
+            epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
+                                               lengths if group_by_length else None)
+        return epochs_seen[epoch][k]
+
     if self_distill:
-        meta = {"base": base_fp, "max_seq_len": max_seq_len}
-        for split in ("train", "valid"):
-            ds = train_ds if split == "train" else valid_ds
+        key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens}
+        used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
+                "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
+                if valid_ds is not None else []}
+        for split, ds in (("train", train_ds), ("valid", valid_ds)):
             if ds is None:
                 continue
             cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
-            got = _load_examples(cache, ds, {**meta, "n": len(ds)}) if cache is not None else None
-            if got is None:
-                say(f"self-distillation: greedy continuations of {len(ds)} {split} prompts")
-                got = distill_dataset(model, ds, tokenizer, max_seq_len, group, split, progress)
-                if cache is not None and main_proc:
-                    _save_examples(cache, got, {**meta, "n": len(ds)})
+            got = distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key,
+                                  indices=used[split], cache=cache, group=group,
+                                  desc=f"self-distill {split}", progress=progress, say=say)
             if split == "train":
                 train_ds = got
             else:
                 valid_ds = got
-
-    n_train = len(train_ds)
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    if iters is None:
-        iters = max(1, math.ceil((epochs if epochs is not None else 1.0) * steps_per_epoch))
     tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
                      stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
                      batch_size=batch_size, lr=lr,
                      warmup=warmup if warmup is not None else min(100, iters // 20),
                      weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
                      length_policy=length_policy, chat_template=chat_template,
-                     self_distill=self_distill, seed=seed, alphas=alphas, prune_weight=prune_weight,
+                     self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
+                     prune_weight=prune_weight,
                      segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
                      val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                      accept_tokens=accept_tokens, state_cache_mb=state_cache_mb)
@@ -928,17 +1017,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         return ev
 
     # -- loop -----------------------------------------------------------------------------------
-    lengths = np.array([[e.n_prompt, len(e.tokens)] for e in train_ds.examples])
-    epochs_seen: dict[int, list[list[int]]] = {}
-
-    def global_batch(step: int) -> list[int]:
-        epoch, k = divmod(step, steps_per_epoch)
-        if epoch not in epochs_seen:
-            epochs_seen.clear()
-            epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
-                                               lengths if group_by_length else None)
-        return epochs_seen[epoch][k]
-
     cache = BaseStateCache(state_cache_mb << 20) if mode == "lossless" and state_cache_mb > 0 else None
     mx.reset_peak_memory()
     t0 = time.perf_counter()

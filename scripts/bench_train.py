@@ -5,16 +5,21 @@ shipped model and the project's data (a fixed set of batches, warmed up, methods
 
 Rows: lossless with the base recomputed every step (``--state-cache-mb 0``), lossless with the
 base states kept across epochs (the default; the steps timed are a later epoch's, so every
-state is kept), shared mode and the LoRA baseline. Each figure is the fastest of ``--reps``
-interleaved rounds; the ratio column is against the recomputing lossless step.
+state is kept), shared mode and the LoRA baseline. ``--before REV`` adds the lossless rows of
+the training step at git revision REV, timed in the same rounds, so a change is measured before
+and after on the same machine state. Each figure is the fastest of ``--reps`` interleaved
+rounds; the ratio column is against the first row (the oldest recomputing lossless step).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import platform
+import subprocess
 import sys
+import tempfile
 import time
 from datetime import date
 from pathlib import Path
@@ -27,74 +32,97 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import train as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.blas import active_blas  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
-from mlx_specstream.train import (  # noqa: E402
-    BaseStateCache,
-    Batch,
-    TrainConfig,
-    _grad_step,
-    _resolve_alphas,
-    epoch_batches,
-    set_trainable,
-)
+from mlx_specstream.train import MODES, _resolve_alphas, epoch_batches, length_keys, set_trainable  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def train_module_at(rev: str):
+    """``mlx_specstream/train.py`` as it was at git revision ``rev``, imported inside the package
+    (its relative imports resolve to today's modules)."""
+    src = subprocess.run(["git", "show", f"{rev}:mlx_specstream/train.py"], cwd=ROOT, check=True,
+                         capture_output=True, text=True).stdout
+    path = Path(tempfile.mkdtemp()) / "train_before.py"
+    path.write_text(src)
+    spec = importlib.util.spec_from_file_location("mlx_specstream._train_before", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=Path("data/sql"))
-    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--before", metavar="REV", help="also time the lossless step at git revision REV")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model, tok = load(DEFAULT_MODEL)
     ds = load_jsonl(args.data / "valid.jsonl", tok, max_seq_len=512)
-    lengths = np.array([[e.n_prompt, len(e.tokens)] for e in ds.examples])
-    batches = epoch_batches(len(ds), args.batch_size, 0, 0, lengths)[: args.steps]
-    runs = {"lossless (base every step)": ("lossless", False),
-            "lossless (base states kept)": ("lossless", True),
-            "shared": ("shared", False), "lora": ("lora", False)}
+    # the same examples in every row, grouped into batches as train() groups them for each mode
+    # (the revision before grouped every mode as shared mode does)
+    sub = np.random.default_rng(0).permutation(len(ds))[: args.steps * args.batch_size]
+
+    def grouped(mode: str) -> list[list[int]]:
+        keys = length_keys(ds, mode)[sub]
+        return [sub[b].tolist() for b in epoch_batches(len(sub), args.batch_size, 0, 0, keys)]
+
+    batches = {mode: grouped(mode) for mode in MODES}
+    runs = {}
+    if args.before:
+        old = train_module_at(args.before)
+        runs |= {f"lossless at {args.before} (base every step)": ("lossless", False, old, "shared"),
+                 f"lossless at {args.before} (base states kept)": ("lossless", True, old, "shared")}
+    runs |= {"lossless (base every step)": ("lossless", False, current, "lossless"),
+             "lossless (base states kept)": ("lossless", True, current, "lossless"),
+             "shared": ("shared", False, current, "shared"), "lora": ("lora", False, current, "lora")}
     best: dict[str, float] = {}
     peak: dict[str, float] = {}
     for _ in range(args.reps):
-        for name, (mode, keep) in runs.items():
+        for name, (mode, keep, module, grouping) in runs.items():
             gamma = 0 if mode == "lora" else 4
             attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=4), seed=0)
             set_trainable(model)
-            tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=4, alphas=_resolve_alphas(None, mode, gamma))
-            cache = BaseStateCache(4 << 30) if keep else None
+            tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=4,
+                                    alphas=_resolve_alphas(None, mode, gamma))
+            cache = module.BaseStateCache(4 << 30) if keep else None
             steps = []
             for warm in (True, False):  # a first pass warms up (and fills the cache)
                 mx.reset_peak_memory()
                 t = time.perf_counter()
-                for ids in batches:
+                for ids in batches[grouping]:
                     ex = [ds.examples[i] for i in ids]
-                    b = Batch.of(ex)
+                    b = module.Batch.of(ex)
                     states = cache.states(model, list(ids), ex) if cache is not None else None
-                    loss, grads = _grad_step(model, b, tc, b.counts(gamma), states)
+                    loss, grads = module._grad_step(model, b, tc, b.counts(gamma), states)
                     mx.eval(loss, grads)
                 if not warm:
                     steps.append(time.perf_counter() - t)
-            best[name] = min(best.get(name, float("inf")), min(steps) / len(batches))
+            best[name] = min(best.get(name, float("inf")), min(steps) / args.steps)
             peak[name] = mx.get_peak_memory() / 2**20
             detach(model)
-    tokens = float(np.mean([sum(len(ds.examples[i].tokens) for i in ids) for ids in batches]))
-    ref = best["lossless (base every step)"]
+    tokens = float(np.mean([sum(len(ds.examples[i].tokens) for i in ids) for ids in batches["lossless"]]))
+    ref = next(iter(best.values()))
     rows = [{"mode": n, "ms_per_step": round(s * 1e3, 1), "steps_per_s": round(1 / s, 3),
              "tokens_per_s": round(tokens / s, 1), "speedup": round(ref / s, 2),
              "peak_memory_mb": round(peak[n], 1)} for n, s in best.items()]
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
             "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
             "blas": active_blas(), "model": str(DEFAULT_MODEL), "data": str(args.data / "valid.jsonl"),
-            "batch_size": args.batch_size, "steps": len(batches), "reps": args.reps,
+            "batch_size": args.batch_size, "steps": args.steps, "reps": args.reps,
             "mean_tokens_per_batch": round(tokens, 1)}
     lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
              f"BLAS {meta['blas']}, batch {args.batch_size}, {meta['mean_tokens_per_batch']} tokens per "
              f"batch, best of {args.reps}", "",
-             "| mode | ms/step | steps/s | tokens/s | vs recomputing lossless | peak MB |",
+             f"| mode | ms/step | steps/s | tokens/s | vs {rows[0]['mode']} | peak MB |",
              "|---|---:|---:|---:|---:|---:|"]
     lines += [f"| {r['mode']} | {r['ms_per_step']} | {r['steps_per_s']} | {r['tokens_per_s']} | "
               f"{r['speedup']}x | {r['peak_memory_mb']} |" for r in rows]

@@ -896,7 +896,9 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def functions_of(path: Path) -> list[dict]:
+def functions_of(path: Path, mod: str | None = None) -> list[dict]:
+    """Examples of the functions of one source file (``mod``: its module name, by default the
+    standard library's name for it)."""
     try:
         src = path.read_text(encoding="utf-8")
         with warnings.catch_warnings():
@@ -905,7 +907,7 @@ def functions_of(path: Path) -> list[dict]:
     except (SyntaxError, UnicodeDecodeError, ValueError):
         return []
     lines = src.splitlines(keepends=True)
-    mod = module_name(path)
+    mod = mod or module_name(path)
     out = []
 
     def visit(node, prefix):

@@ -54,20 +54,21 @@ def params(model):
 def lossless_stream_logits(model, tokens, a, b, gamma):
     batch = Batch.of([Example(tokens, 1)])
     _, h_msa, kvs, _ = base_states(model, mx.array(batch.tokens))
-    return np.array(stream_logits_segment(model, h_msa, kvs, a, b, gamma)[0])
+    return np.array(stream_logits_segment(model, h_msa, kvs, np.arange(a, b)[None], gamma)[0])
 
 
 # -- the training forward is the engine's forward ----------------------------------------------
 
 def test_batch_targets():
     b = Batch.of([Example([10, 11, 12, 13, 14], 2), Example([20, 21, 22], 1)])
-    assert b.window == (0, 4)
-    tm, ts, vm, vs = b.targets(0, 4, 2)
+    assert b.window == (0, 4) and b.span == 3
+    tm, ts, vm, vs = b.targets(np.broadcast_to(np.arange(4), (2, 4)), 2)
     assert tm[0].tolist()[1:] == [12, 13, 14] and ts[0, 1].tolist() == [13, 14]  # t=1: t+2, t+3
     assert vm[0].tolist() == [False, True, True, True]  # position 0 is prompt context only
     assert vs[0].tolist() == [[False, False], [True, True], [True, False], [False, False]]
     assert vm[1].tolist() == [True, True, False, False] and vs[1, 0].tolist() == [True, False]
     assert b.counts(2).tolist() == [3 + 2, 2 + 1, 1 + 0]
+    assert b.at(0, 3).tolist() == [[1, 2, 3], [0, 1, 2]]  # lossless slots: from each row's prompt end
 
 
 def test_epoch_batches_cover_the_data_once_and_group_lengths():
@@ -90,6 +91,54 @@ def test_lossless_training_forward_equals_engine_and_segments():
     np.testing.assert_allclose(lossless_stream_logits(model, TOKENS, 0, n, 3), ref[:n], atol=1e-5)
     # a segment holding only positions [5, 7) gives the same rows: no row sees another token's streams
     np.testing.assert_allclose(lossless_stream_logits(model, TOKENS, 5, 7, 3), ref[5:7], atol=1e-5)
+
+
+def test_lossless_step_equals_the_engine_forward(tmp_path):
+    """The lossless step (stream rows packed per row from its own prompt end, in segments, over
+    kept base states) has the loss and gradients of the objective written with the engine's own
+    forward pass, one sequence at a time: every stream target, plus the early-exit targets."""
+    from mlx.utils import tree_flatten
+
+    from mlx_specstream.adapter import AdapterConfig, attach
+    from mlx_specstream.arch.base import causal_mask
+    from mlx_specstream.train import TrainConfig, _grad_step, _resolve_alphas, set_trainable
+
+    g = 3
+    model = tiny_model("llama", seed=4)
+    attach(model, AdapterConfig(mode="lossless", gamma=g, msa_layers=2, stream_init_rank=4), seed=2)
+    set_trainable(model)
+    rng = np.random.default_rng(5)
+    examples = [Example(rng.integers(1, 60, int(n)).tolist(), int(p))
+                for n, p in ((14, 9), (9, 2), (12, 5), (6, 5))]
+    batch = Batch.of(examples)
+    norms = batch.counts(g)
+    alphas = np.array(_resolve_alphas(None, "lossless", g), np.float64)
+
+    def oracle():
+        loss = mx.array(0.0)
+        for e in examples:
+            n, p = len(e.tokens), e.n_prompt
+            s = forward(model, chain(e.tokens), None, 0, gamma=g, stream_nodes="all").stream_logits
+            h = model.embed(mx.array([e.tokens]), mx.arange(n))
+            for layer in model.layers[: model.adapter_config.prune_layer]:
+                h = layer(h, mx.arange(n), causal_mask(n, 0))
+            early = model.head(model.adapter.early_exit(h[0]))
+            for t in range(p - 1, n - 1):
+                loss = loss + nn.losses.cross_entropy(early[t], mx.array(e.tokens[t + 1])) / norms[0]
+                for j in range(1, g + 1):
+                    if t + 1 + j < n:
+                        ce = nn.losses.cross_entropy(s[t, j - 1], mx.array(e.tokens[t + 1 + j]))
+                        loss = loss + ce * float(alphas[j] / norms[j])
+        return loss
+
+    ref_loss, ref = nn.value_and_grad(model, oracle)()
+    for seg in (None, 2):
+        tc = TrainConfig(mode="lossless", gamma=g, msa_layers=2, alphas=list(alphas), segment_len=seg)
+        loss, got = _grad_step(model, batch, tc, norms)
+        assert abs(loss.item() - ref_loss.item()) < 1e-5 * max(1.0, abs(ref_loss.item()))
+        for (k, a), (_, b) in zip(tree_flatten(ref), tree_flatten(got)):
+            np.testing.assert_allclose(np.array(b), np.array(a), atol=1e-6, rtol=1e-4, err_msg=k)
+    detach(model)
 
 
 def test_shared_training_forward_equals_incremental_decoding():
@@ -277,21 +326,116 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch):
     detach(model)
 
 
+def alone(model, prompt, max_tokens, eos=frozenset()):
+    """Greedy autoregressive decoding of one prompt through the engine, the EOS that ended it
+    kept (as in training data)."""
+    from mlx_specstream.engine import DecodeOptions, Decoder
+
+    d = Decoder(model, prompt, DecodeOptions(max_tokens=max_tokens, mode="ar", eos_token_ids=eos))
+    out = [t for step in d.steps() for t in step.tokens]
+    return out + ([min(eos)] if d.stats.finish_reason == "stop" else [])
+
+
+@pytest.mark.parametrize("family", ["llama", "opt"])
+def test_batched_greedy_equals_decoding_alone(family):
+    """Left-padded batches (positions per row, pads hidden) give each prompt its own greedy
+    continuation, stopping at its budget or at EOS."""
+    from mlx_specstream.batch import greedy_batch
+
+    model = tiny_model(family, seed=1)
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 60, int(n)).tolist() for n in (3, 9, 1, 6, 12)]
+    budgets = [10, 4, 12, 1, 7]
+    ref = [alone(model, p, b) for p, b in zip(prompts, budgets)]
+    assert greedy_batch(model, prompts, budgets, set()) == ref
+    eos = {ref[0][2]}  # the first row stops at this token; the others may go on
+    got = greedy_batch(model, prompts, budgets, eos)
+    assert got == [alone(model, p, b, frozenset(eos)) for p, b in zip(prompts, budgets)]
+    assert got[0] == ref[0][: ref[0].index(ref[0][2]) + 1]
+
+
 def test_self_distill_targets_are_base_greedy(synthetic, tmp_path):
     model, _, _ = synthetic
     rng = np.random.default_rng(5)
-    # completions that disagree with the base: distillation must replace them by its own output
-    rows = [Example([int(x) for x in rng.integers(0, V, 3)] + [0] * 6, 3) for _ in range(6)]
+    # completions that disagree with the base: distillation must replace them by its own output;
+    # the last two are prompts given alone (a completion of EOS only): the base writes 5 tokens
+    rows = [Example([int(x) for x in rng.integers(0, V, 3)] + [0] * 6, 3) for _ in range(4)]
+    rows += [Example([int(x) for x in rng.integers(0, V, 3)] + [0], 3) for _ in range(2)]
     ds = Dataset(rows)
     report = train(model, (ds, ds), mode="lossless", out=tmp_path / "d", gamma=2, msa_layers=2,
-                   iters=2, batch_size=3, self_distill=True, progress=False, log=lambda m: None)
+                   iters=2, batch_size=3, distill_tokens=5, progress=False, log=lambda m: None)
     detach(model)
+    assert report["config"]["self_distill"]  # the default in lossless mode
     cached = (tmp_path / "d.train" / "distilled" / "train.jsonl").read_text().splitlines()[1:]
-    for row, ex in zip(cached, rows):
-        r = json.loads(row)
-        assert r["prompt"] == ex.tokens[:3]
-        assert r["completion"] == generate(model, None, r["prompt"], max_tokens=6, mode="ar").tokens
+    got = {r["i"]: r["completion"] for r in map(json.loads, cached)}
+    assert sorted(got) == list(range(6))
+    for i, ex in enumerate(rows):
+        assert got[i] == alone(model, ex.tokens[:3], 6 if i < 4 else 5)
     assert report["valid"]["main_acc"] == 1.0  # targets are the base's own predictions
+
+
+def test_default_length_scales_with_the_data():
+    from mlx_specstream.train import DEFAULT_STEPS, MAX_EPOCHS, default_iters
+
+    assert default_iters(30000, 8) == 3750  # a large data set: one epoch
+    assert default_iters(120, 8) == DEFAULT_STEPS  # a small one: many epochs, ~DEFAULT_STEPS steps
+    assert default_iters(16, 8) == 2 * MAX_EPOCHS  # a tiny one: at most MAX_EPOCHS
+
+
+def test_data_without_validation_holds_some_out():
+    from mlx_specstream.train import hold_out
+
+    ds = Dataset([Example([i, i + 1, i + 2], 1) for i in range(120)], n_lines=120)
+    train_ds, valid_ds = hold_out(ds, seed=3)
+    assert (len(train_ds), len(valid_ds), train_ds.n_lines) == (108, 12, 120)
+    seen = [e.tokens[0] for e in train_ds.examples + valid_ds.examples]
+    assert sorted(seen) == list(range(120))  # a split: nothing lost, nothing twice
+    assert [e.tokens for e in hold_out(ds, seed=3)[1].examples] == [e.tokens for e in valid_ds.examples]
+    assert len(hold_out(Dataset(ds.examples * 10), seed=0)[1]) == 64  # at most 64
+    assert hold_out(Dataset(ds.examples[:20]), seed=0)[1] is None  # too small to spare 8
+
+
+def test_self_distill_resumes_and_distills_only_what_the_run_visits(tmp_path, monkeypatch):
+    """Continuations are appended to the cache batch by batch: an interrupted distillation
+    resumes where it stopped, a run over part of the data distills that part only, and the
+    result equals one uninterrupted pass."""
+    import mlx_specstream.batch as batch_mod
+    from mlx_specstream.train import distill_dataset
+
+    model = tiny_model("llama", seed=1)
+    rng = np.random.default_rng(2)
+    ds = Dataset([Example(rng.integers(1, 60, int(n)).tolist() + [0], int(n))  # prompts alone
+                  for n in rng.integers(3, 9, 40)])
+    ref = distill_dataset(model, ds, None, 64, 4, progress=False)
+    assert all(e.tokens[e.n_prompt:] == alone(model, e.tokens[: e.n_prompt], 4) for e in ref.examples)
+    cache, calls = tmp_path / "train.jsonl", []
+    real = batch_mod.greedy_batch
+
+    def counted(model, prompts, budgets, eos):
+        calls.append(len(prompts))
+        if len(calls) == 2 and interrupt:
+            raise KeyboardInterrupt
+        return real(model, prompts, budgets, eos)
+
+    monkeypatch.setattr(batch_mod, "greedy_batch", counted)
+    interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        distill_dataset(model, ds, None, 64, 4, key={"k": 1}, cache=cache, progress=False)
+    assert calls == [16, 16]
+    kept = {json.loads(line)["i"] for line in cache.read_text().splitlines()[1:]}
+    assert len(kept) == 16  # the first batch, written before the interruption
+    interrupt, calls[:] = False, []
+    part = distill_dataset(model, ds, None, 64, 4, key={"k": 1}, indices=list(range(30)), cache=cache,
+                           progress=False)
+    assert sum(calls) == len(set(range(30)) - kept)  # what the cache held is reused
+    assert part.examples[:30] == ref.examples[:30]
+    assert part.examples[30:] == ds.examples[30:]  # never visited: left as given
+    calls[:] = []
+    full = distill_dataset(model, ds, None, 64, 4, key={"k": 1}, cache=cache, progress=False)
+    assert sum(calls) == 40 - len(kept | set(range(30))) and full.examples == ref.examples
+    calls[:] = []
+    distill_dataset(model, ds, None, 64, 4, key={"k": 2}, cache=cache, progress=False)  # other base
+    assert sum(calls) == 40
 
 
 def tune_main_stream(mode, out):

@@ -46,8 +46,10 @@ class Rope:
     attention_factor: float = 1.0
 
     def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
-        # x: (B, H, T, D); positions: (T,) int
-        ang = positions.astype(mx.float32)[:, None] * self.inv_freq[None, :]
+        # x: (B, H, T, D); positions: (T,) int, or (B, T) where each sequence has its own
+        ang = positions.astype(mx.float32)[..., None] * self.inv_freq
+        if ang.ndim == 3:
+            ang = ang[:, None]  # (B, 1, T, D/2): shared by the heads
         cos = (mx.cos(ang) * self.attention_factor).astype(x.dtype)
         sin = (mx.sin(ang) * self.attention_factor).astype(x.dtype)
         rot, rest = x[..., : self.dims], x[..., self.dims :]
