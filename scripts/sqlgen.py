@@ -598,7 +598,7 @@ AGG_WORDS = {
     "AVG": ["average", "mean"],
     "MIN": ["minimum", "lowest", "smallest"],
     "MAX": ["maximum", "highest", "largest"],
-    "SUM": ["total", "combined"],
+    "SUM": ["total", "combined", "sum of the"],
 }
 
 
@@ -610,8 +610,11 @@ class Cond:
     cols: set[Column]
 
 
-def cond(rng: random.Random, kind: str, col: Column, phrase: str | None = None, ref: str = "") -> Cond | None:
-    """A WHERE condition of one kind on ``col`` (written ``ref + name``), said with ``phrase``."""
+def cond(
+    rng: random.Random, kind: str, col: Column, phrase: str | None = None, ref: str = "", owner: str = ""
+) -> Cond | None:
+    """A WHERE condition of one kind on ``col`` (written ``ref + name``), said with ``phrase``;
+    ``owner``: the joined table's entity, for "whose vessel has flag Italy"."""
     p, c = phrase or col.phrase, ref + col.name
     if kind in ("eq", "neq"):
         lit = col.values(rng)
@@ -623,11 +626,17 @@ def cond(rng: random.Random, kind: str, col: Column, phrase: str | None = None, 
                 f"where the {p} is {v}",
                 f"that have {p} {v}",
                 f"having a {p} of {v}",
-            ]
+                f"where {p} equals {v}",
+            ] + ([f"whose {owner} has {col.phrase} {v}"] if owner else [])
             return Cond(
                 f"{c} = {lit}", rng.choice(rel), rng.choice([f"have {p} {v}", f"have a {p} of {v}"]), {col}
             )
-        rel = [f"whose {p} is not {v}", f"with a {p} other than {v}", f"whose {p} is different from {v}"]
+        rel = [
+            f"whose {p} is not {v}",
+            f"with a {p} other than {v}",
+            f"whose {p} is different from {v}",
+            f"except those with {p} {v}",
+        ]
         return Cond(f"{c} != {lit}", rng.choice(rel), f"do not have {p} {v}", {col})
     if kind == "cmp":
         op = rng.choice([">", "<", ">=", "<="])
@@ -638,7 +647,7 @@ def cond(rng: random.Random, kind: str, col: Column, phrase: str | None = None, 
             f"with a {p} {w} {v}",
             f"where the {p} is {w} {v}",
             f"with {p} {w} {v}",
-        ]
+        ] + ([f"whose {owner} has a {col.phrase} {w} {v}"] if owner else [])
         return Cond(
             f"{c} {op} {lit}",
             rng.choice(rel),
@@ -652,8 +661,10 @@ def cond(rng: random.Random, kind: str, col: Column, phrase: str | None = None, 
             f"whose {p} is between {x} and {y}",
             f"with {p} from {x} to {y}",
             f"with a {p} in the range {x} to {y}",
+            f"with {p} between {x} and {y}",
         ]
-        return Cond(f"{c} BETWEEN {lo} AND {hi}", rng.choice(rel), f"have a {p} between {x} and {y}", {col})
+        has = rng.choice([f"have a {p} between {x} and {y}", f"have a {p} from {x} to {y}"])
+        return Cond(f"{c} BETWEEN {lo} AND {hi}", rng.choice(rel), has, {col})
     if kind == "or":
         l1, l2 = col.values(rng), col.values(rng)
         if l1 == l2:
@@ -663,6 +674,8 @@ def cond(rng: random.Random, kind: str, col: Column, phrase: str | None = None, 
             f"whose {p} is {s1} or {s2}",
             f"with {p} either {s1} or {s2}",
             f"where {p} is {s1} or {p} is {s2}",
+            f"whose {p} is either {s1} or {s2}",
+            f"with {p} {s1} or {s2}",
         ]
         return Cond(f"{c} = {l1} OR {c} = {l2}", rng.choice(rel), f"have {p} {s1} or {s2}", {col})
     # like: a name that starts with, ends with or contains a piece
@@ -705,12 +718,14 @@ def any_col(c: Column) -> bool:
     return True
 
 
-def some_cond(rng: random.Random, kind: str, t: Table, exclude=(), phrase=None, ref: str = "") -> Cond | None:
+def some_cond(
+    rng: random.Random, kind: str, t: Table, exclude=(), phrase=None, ref: str = "", owner: str = ""
+) -> Cond | None:
     """A condition of ``kind`` on a fitting column of ``t`` (``and``: two conditions, two columns)."""
     if kind == "and":
         k1, k2 = rng.choice(["eq", "cmp"]), rng.choice(["eq", "cmp"])
-        a = some_cond(rng, k1, t, exclude, phrase, ref)
-        b = a and some_cond(rng, k2, t, tuple(exclude) + tuple(a.cols), phrase, ref)
+        a = some_cond(rng, k1, t, exclude, phrase, ref, owner)
+        b = a and some_cond(rng, k2, t, tuple(exclude) + tuple(a.cols), phrase, ref, owner)
         if not b:
             return None
         rel2 = (
@@ -720,7 +735,7 @@ def some_cond(rng: random.Random, kind: str, t: Table, exclude=(), phrase=None, 
     col = pick(rng, t.columns, COND_COLS[kind], exclude=exclude)
     if not col:
         return None
-    return cond(rng, kind, col[0], phrase(col[0]) if phrase else None, ref)
+    return cond(rng, kind, col[0], phrase(col[0]) if phrase else None, ref, owner)
 
 
 # --------------------------------------------------------------------------------------------
@@ -736,6 +751,14 @@ SELECT_T = [
     "Give the {a} of every {ent} {cond}.",
     "Return the {a} of each {ent} {cond}.",
     "What are the {as} of the {ents} {cond}?",
+    "What is the {a} of {ents} {cond}?",
+    "What is the {a} of the {ent} {cond}?",
+    "What are the {a} values of {ents} {cond}?",
+    "Which {ents} {has}? Give their {a}.",
+    "Which {ents} {has}? Show their {a}.",
+    "List the {a} of {ents} {cond}.",
+    "Show the {a} of every {ent} {cond}.",
+    "Find the {a} for {ents} {cond}.",
 ]
 SELECT2_T = [
     "What are the {a} and {a2} of {ents} {cond}?",
@@ -788,6 +811,7 @@ AGG_T = [
     "Show the {w} {c} among {ents}{cond}.",
     "Compute the {w} {c} for {ents}{cond}.",
     "For {ents}{cond}, what is the {w} {c}?",
+    "Find the {w} {c} among the {ents}{cond}.",
 ]
 TOTAL_T = [
     "What is the total {c} of all {ents}{cond}?",
@@ -822,6 +846,7 @@ TOP1_T = [
     "Show the {a} of the {ent} with the {w} {b}.",
     "Return the {a} for the {ent} having the {w} {b}.",
     "Which {a} belongs to the {ent} with the {w} {b}?",
+    "Find the {a} for the {ent} that has the {w} {b}.",
 ]
 TOPK_T = [
     "List the {a} of the {k} {ents} with the {w} {b}.",
@@ -830,6 +855,8 @@ TOPK_T = [
     "Give the {as} of the {k} {ents} whose {b} is the {w}.",
     "Which {k} {ents} have the {w} {b}? Give their {as}.",
     "Find the {a} for the {k} {ents} having the {w} {b}.",
+    "What are the {a} values of the top {k} {ents} by {w} {b}?",
+    "Show the {a} of the {k} {ents} that have the {w} {b}.",
 ]
 ORDER_T = [
     "List the {a} of all {ents} sorted by {b} {w}.",
@@ -838,6 +865,7 @@ ORDER_T = [
     "Give the {as} of the {ents}, ordered by {b} {w}.",
     "What are the {as} of all {ents} when sorted by {b} {w}?",
     "Return the {a} of every {ent}, sorted by {b} {w}.",
+    "Sort the {ents} by {b} {w} and list their {a}.",
 ]
 GROUP_COUNT_T = [
     "How many {ents} are there for each {b}?",
@@ -846,6 +874,8 @@ GROUP_COUNT_T = [
     "For every {b}, how many {ents} are there?",
     "List each {b} with its number of {ents}.",
     "What is the number of {ents} per {b}?",
+    "Count the {ents} in each {b}.",
+    "Show each {b} and the number of {ents} it has.",
 ]
 GROUP_AGG_T = [
     "What is the {w} {c} of {ents} for each {b}?",
@@ -870,6 +900,7 @@ GROUP_TOP_T = [
     "Give the {b} shared by the {w} {ents}.",
     "Show the {b} with the {w} {ents}.",
     "Return the {b} having the {w} {ents}.",
+    "Find the {b} that appears among the {ents} the {w} times.",
 ]
 GROUP_SUM_T = [
     "Which {b} has the {w} {c} in total?",
@@ -1151,7 +1182,9 @@ def join_on(parent: Table, child: Table) -> tuple[Column, str]:
 def b_join_select(kind: str):
     def build(rng, parent, child):
         fk, on = join_on(parent, child)
-        cd = some_cond(rng, kind, parent, phrase=lambda c: parent_phrase(parent, c), ref="T2.")
+        cd = some_cond(
+            rng, kind, parent, phrase=lambda c: parent_phrase(parent, c), ref="T2.", owner=parent.ent
+        )
         a = cd and pick(rng, child.columns, any_col)
         if not a:
             return None
@@ -1193,7 +1226,12 @@ def b_join_agg(rng, parent, child):
     fk, on = join_on(parent, child)
     n = pick(rng, child.columns, lambda c: c.numeric)
     cd = some_cond(
-        rng, rng.choice(["eq", "cmp"]), parent, phrase=lambda c: parent_phrase(parent, c), ref="T2."
+        rng,
+        rng.choice(["eq", "cmp"]),
+        parent,
+        phrase=lambda c: parent_phrase(parent, c),
+        ref="T2.",
+        owner=parent.ent,
     )
     if not n or not cd:
         return None
