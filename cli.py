@@ -300,6 +300,27 @@ def train(
         typer.echo(_json.dumps(summary, indent=2))
 
 
+@app.command()
+def serve(
+    model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
+    adapters: str | None = typer.Option(None, "--adapters", help="adapters to serve beside the base: "
+                                        "names or paths, comma-separated, or 'all' (under MODEL/adapters)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (other than loopback "
+                             "only when given)"),
+    port: int = typer.Option(8080, "--port"),
+    max_active: int = typer.Option(16, "--max-active", help="requests decoded together (more wait)"),
+    name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory "
+                                    "name)"),
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models): one base
+    model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass together."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.server import serve as run_server
+
+    names = adapters if adapters in (None, "all") else [a.strip() for a in adapters.split(",") if a.strip()]
+    run_server(model or DEFAULT_MODEL, names, host=host, port=port, max_active=max_active, name=name)
+
+
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     from mlx_specstream.errors import USER_ERRORS, OptionError

@@ -1,0 +1,97 @@
+"""One base model in memory, many adapters: the models a server picks from by id.
+
+Each adapter gets its own module tree whose base layers hold the *same* arrays as the base model
+(:func:`share_base`), so an adapter costs only its own parameters and requests for different
+adapters never swap weights under each other. Adapters are never fused here: folding a
+shared-mode LoRA into the base weights would give that adapter a private copy of them.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .adapter import CONFIG_FILE, adapter_size, load_adapter
+
+
+class UnknownModelError(ValueError):
+    """A request names a model id that this pool does not serve."""
+
+
+def share_base(model: nn.Module) -> nn.Module:
+    """A new module tree over the same parameter arrays (nothing is copied): attaching an
+    adapter to the result leaves ``model`` as it was."""
+
+    def clone(x):
+        if isinstance(x, nn.Module):
+            c = copy.copy(x)  # a new container with the same entries and attributes
+            for k, v in x.items():
+                c[k] = clone(v)
+            return c
+        if isinstance(x, list):
+            return [clone(v) for v in x]
+        if isinstance(x, dict):
+            return {k: clone(v) for k, v in x.items()}
+        return x  # arrays (and settings) are shared
+
+    return clone(model)
+
+
+def base_name(path: Path) -> str:
+    """The base model's id: its directory's name (the parent's for ``NAME/mlx``)."""
+    path = path.resolve()
+    return path.parent.name if path.name == "mlx" else path.name
+
+
+class ModelPool:
+    """The base model and the requested adapters over it, by model id (``base``, ``base:ADAPTER``)."""
+
+    def __init__(self, path: str | Path, adapters: str | list[str] | None = None, name: str | None = None):
+        from .api import load
+
+        self.path = Path(path)
+        self.base, self.tokenizer = load(self.path)
+        self.base_id = name or base_name(self.path)
+        names = available_adapters(self.path) if adapters == "all" else list(adapters or [])
+        self.models: dict[str, nn.Module] = {self.base_id: self.base}
+        for adapter in names:
+            model = share_base(self.base)
+            cfg = load_adapter(model, adapter, model_path=self.path)
+            self.models[f"{self.base_id}:{cfg.name}"] = model
+        for model in self.models.values():
+            warm_up(model)
+
+    def get(self, model_id: str) -> nn.Module:
+        if model_id not in self.models:
+            raise UnknownModelError(f"the model '{model_id}' does not exist; this server has: "
+                                    f"{', '.join(self.models)}")
+        return self.models[model_id]
+
+    def describe(self) -> list[dict]:
+        """One entry per model id: its adapter's mode and size (0 for the base)."""
+        out = []
+        for model_id, model in self.models.items():
+            cfg = getattr(model, "adapter_config", None)
+            out.append({"id": model_id, "adapter_mode": cfg.mode if cfg else None,
+                        "adapter_params": adapter_size(model) if cfg else 0,
+                        "speculative": bool(cfg and cfg.gamma)})
+        return out
+
+
+def warm_up(model: nn.Module) -> None:
+    """Decode two tokens on this thread: every array a decode touches is computed here, since
+    MLX cannot evaluate, on the scheduler's thread, a lazy array built on another (and the
+    first requests do not pay for the first passes)."""
+    from .api import generate
+
+    cfg = getattr(model, "adapter_config", None)
+    mx.eval(model.parameters())
+    generate(model, None, [0], max_tokens=2, mode="ss" if cfg is not None and cfg.gamma else "ar")
+
+
+def available_adapters(path: Path) -> list[str]:
+    """Names of the adapters under ``path/adapters``."""
+    return sorted(p.parent.name for p in (Path(path) / "adapters").glob(f"*/{CONFIG_FILE}"))

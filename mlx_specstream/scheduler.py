@@ -1,0 +1,109 @@
+"""Pass-by-pass scheduling of concurrent generations on one thread.
+
+Every active request is a generator of :class:`~mlx_specstream.api.StreamResponse` (one per
+forward pass, from :func:`~mlx_specstream.api._responses` over its own
+:class:`~mlx_specstream.engine.Decoder`: own KV cache, tree, sampler and statistics). The
+scheduler thread advances them in turn, one pass each, so requests join and leave between
+passes and no request waits for another to finish. All MLX work of the server runs on this
+thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from .api import StreamResponse
+
+# emit(response, error): called on the scheduler thread after each pass; (None, None) at the end.
+Emit = Callable[[StreamResponse | None, BaseException | None], None]
+
+
+@dataclass
+class Job:
+    responses: Iterator[StreamResponse]
+    emit: Emit
+    cancelled: threading.Event = field(default_factory=threading.Event)
+
+    def cancel(self) -> None:
+        """Drop the request before its next pass (e.g. the client went away)."""
+        self.cancelled.set()
+
+
+class Scheduler:
+    """Round-robin over at most ``max_active`` generations; more wait in a queue."""
+
+    def __init__(self, max_active: int = 16):
+        if max_active < 1:
+            raise ValueError(f"max_active must be >= 1, not {max_active}")
+        self.max_active = max_active
+        self._waiting: queue.Queue[Job | None] = queue.Queue()
+        self._active: list[Job] = []
+        self._thread = threading.Thread(target=self._loop, name="specstream-scheduler", daemon=True)
+        self._stopping = False
+
+    @property
+    def active(self) -> int:
+        return len(self._active)
+
+    @property
+    def waiting(self) -> int:
+        return self._waiting.qsize()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, job: Job) -> None:
+        if self._stopping:
+            raise RuntimeError("the scheduler is stopping")
+        self._waiting.put(job)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish every submitted request, then end the thread."""
+        self._stopping = True
+        self._waiting.put(None)
+        self._thread.join(timeout)
+
+    def _admit(self) -> bool:
+        """Move waiting jobs into free slots (blocking while idle); False once told to stop and
+        nothing is left."""
+        while len(self._active) < self.max_active:
+            try:
+                job = self._waiting.get(block=not self._active)
+            except queue.Empty:
+                return True
+            if job is None:
+                if self._active or not self._waiting.empty():
+                    self._waiting.put(None)  # finish what is left first
+                    return True
+                return False
+            self._active.append(job)
+        return True
+
+    def _loop(self) -> None:
+        while self._admit():
+            for job in list(self._active):
+                if self._advance(job):
+                    self._active.remove(job)
+
+    @staticmethod
+    def _advance(job: Job) -> bool:
+        """One pass of ``job``; True when it is done (finished, failed or cancelled)."""
+        if job.cancelled.is_set():
+            job.responses.close()
+            return True
+        try:
+            response = next(job.responses)
+        except StopIteration:
+            job.emit(None, None)
+            return True
+        except Exception as e:  # one bad request must not stop the others
+            job.emit(None, e)
+            return True
+        job.emit(response, None)
+        if response.finish_reason is not None:
+            job.emit(None, None)
+            return True
+        return False

@@ -1,0 +1,355 @@
+"""An OpenAI-compatible HTTP server: ``specstream-mlx serve`` (Starlette on uvicorn).
+
+Routes: ``GET /v1/models``, ``GET /health``, ``POST /v1/completions``,
+``POST /v1/chat/completions`` (streaming as server-sent events, or not). A request names the
+base model or an adapter by ``model`` (:class:`~mlx_specstream.pool.ModelPool`); its
+decoder is built and checked here (a bad request is a 4xx error in OpenAI's shape) and
+decoded by the :class:`~mlx_specstream.scheduler.Scheduler` pass by pass among the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from .api import StreamResponse, _decoder, _responses
+from .engine import Stats
+from .errors import _OPTION, OptionError
+from .pool import ModelPool, UnknownModelError
+from .scheduler import Job, Scheduler
+from .tokenizer import TokenizerError
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+class APIError(Exception):
+    """A request the server refuses, rendered as ``{"error": {message, type, param, code}}``."""
+
+    def __init__(self, message: str, param: str | None = None, code: str | None = None,
+                 status: int = 400, kind: str = "invalid_request_error"):
+        super().__init__(message)
+        self.status, self.param, self.code, self.kind = status, param, code, kind
+
+    def response(self) -> JSONResponse:
+        return error_response(str(self), self.status, self.kind, self.param, self.code)
+
+
+def error_response(message: str, status: int, kind: str, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
+                        status_code=status)
+
+
+# -- request parsing -------------------------------------------------------------------------
+def _field(body: dict, name: str, kinds: tuple[type, ...], default=None, what: str = ""):
+    """``body[name]`` checked for type (None and absent give ``default``; bool is not a number)."""
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
+        raise APIError(f"'{name}' must be {what or ' or '.join(k.__name__ for k in kinds)}", name)
+    return value
+
+
+def _stop(body: dict) -> list[str]:
+    stop = body.get("stop")
+    if stop is None:
+        return []
+    stop = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stop, list) or len(stop) > 4 or any(not isinstance(s, str) or not s for s in stop):
+        raise APIError("'stop' must be a non-empty string or a list of up to 4 of them", "stop")
+    return stop
+
+
+def _prompt(body: dict) -> str | list[int]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]  # a batch of one
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
+                                                   for t in prompt):
+        return prompt
+    raise APIError("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def _chat_prompt(body: dict, tokenizer) -> str:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
+    flat = []
+    for m in messages:
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise APIError("each message must be an object with a 'role' and a 'content'", "messages")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: only text is understood
+            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
+                raise APIError("only text content parts are supported", "messages")
+            content = "".join(str(p.get("text", "")) for p in content)
+        if not isinstance(content, str):
+            raise APIError("a message's 'content' must be a string or a list of text parts", "messages")
+        flat.append({**m, "content": content})
+    if not tokenizer.chat_template:
+        raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
+                       "plain-text prompt", "messages", "no_chat_template")
+    try:
+        return tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+    except TokenizerError as e:
+        raise APIError(str(e), "messages") from None
+
+
+@dataclass
+class Generation:
+    """A validated request: the decoder's responses, and what the reply needs."""
+
+    responses: object
+    stats: Stats
+    model_id: str
+    chat: bool
+    stream: bool
+    include_usage: bool
+
+
+def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
+    """Check a request body and build its decoder (errors: :class:`APIError`)."""
+    model_id = _field(body, "model", (str,), what="a model id")
+    if model_id is None:
+        raise APIError("'model' is required", "model")
+    try:
+        model = pool.get(model_id)
+    except UnknownModelError as e:
+        raise APIError(str(e), "model", "model_not_found", status=404) from None
+    tok = pool.tokenizer
+    if tok is None:
+        raise APIError("the model has no tokenizer files", "model")
+    prompt = _chat_prompt(body, tok) if chat else _prompt(body)
+    if _field(body, "n", (int,), 1) != 1:
+        raise APIError("'n' must be 1", "n")
+    max_key = "max_tokens"
+    if chat and body.get("max_completion_tokens") is not None:
+        max_key = "max_completion_tokens"  # the newer name
+    cfg = getattr(model, "adapter_config", None)
+    options = dict(
+        max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
+        temperature=float(_field(body, "temperature", (int, float), 0.0)),
+        top_p=float(_field(body, "top_p", (int, float), 1.0)),
+        seed=_field(body, "seed", (int,), 0),
+        # an extra field: "ss" (where the adapter has streams) or "ar"
+        mode=_field(body, "mode", (str,), "ss" if cfg is not None and cfg.gamma else "ar"),
+    )
+    stop = _stop(body)
+    stream = _field(body, "stream", (bool,), False)
+    usage = _field(body, "stream_options", (dict,), {}).get("include_usage") is True
+    try:
+        decoder = _decoder(model, tok, tok.encode(prompt) if isinstance(prompt, str) else prompt, **options)
+    except OptionError as e:
+        named = _OPTION.search(e.template)
+        param = named.group(1) if named else None
+        param = max_key if param == "max_tokens" else param if param in options else "model"
+        raise APIError(e.render(cli=False), param) from None
+    except ValueError as e:
+        limit = getattr(model, "max_positions", None)
+        code = "context_length_exceeded" if "context" in str(e) and limit else None
+        raise APIError(str(e), "messages" if chat else "prompt", code) from None
+    return Generation(_responses(decoder, tok, stop), decoder.stats, model_id, chat, stream, usage)
+
+
+# -- replies ---------------------------------------------------------------------------------
+def usage(stats: Stats) -> dict:
+    return {"prompt_tokens": stats.prompt_tokens, "completion_tokens": stats.generated_tokens,
+            "total_tokens": stats.prompt_tokens + stats.generated_tokens}
+
+
+def speculative(stats: Stats) -> dict:
+    """The extra field every reply carries: how the decoding went."""
+    return {"passes": stats.calls, "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
+            "accepted_length_histogram": {str(k): v for k, v in sorted(stats.accepted_lengths.items())},
+            "prefill_time_s": round(stats.prefill_time, 6), "decode_time_s": round(stats.decode_time, 6)}
+
+
+class Reply:
+    """Builds the OpenAI objects of one generation (whole, or chunk by chunk)."""
+
+    def __init__(self, gen: Generation):
+        self.gen = gen
+        self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
+        self.created = int(time.time())
+
+    def _base(self, kind: str) -> dict:
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model_id}
+
+    def whole(self, text: str, finish_reason: str | None) -> dict:
+        if self.gen.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": finish_reason, "logprobs": None}
+            out = self._base("chat.completion")
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            out = self._base("text_completion")
+        stats = self.gen.stats
+        return {**out, "choices": [choice], "usage": usage(stats), "speculative": speculative(stats)}
+
+    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False) -> dict:
+        if self.gen.chat:
+            delta = {"role": "assistant", "content": ""} if first else (
+                {"content": text} if text is not None else {})
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            out = {**self._base("chat.completion.chunk"), "choices": [choice]}
+        else:
+            choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+            out = {**self._base("text_completion"), "choices": [choice]}
+        if finish_reason is not None:
+            out["speculative"] = speculative(self.gen.stats)
+        return out
+
+    def usage_chunk(self) -> dict:
+        kind = "chat.completion.chunk" if self.gen.chat else "text_completion"
+        return {**self._base(kind), "choices": [], "usage": usage(self.gen.stats),
+                "speculative": speculative(self.gen.stats)}
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+
+
+# -- the app ---------------------------------------------------------------------------------
+def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
+    """The ASGI app over a model pool; the scheduler thread is started and drained with it."""
+
+    def submit(gen: Generation) -> tuple[Job, asyncio.Queue]:
+        loop = asyncio.get_running_loop()
+        out: asyncio.Queue = asyncio.Queue()
+
+        def emit(response: StreamResponse | None, error: BaseException | None) -> None:
+            loop.call_soon_threadsafe(out.put_nowait, (response, error))
+
+        job = Job(gen.responses, emit)
+        scheduler.submit(job)
+        return job, out
+
+    async def passes(job: Job, out: asyncio.Queue):
+        """The responses of a job as they come; the job is dropped if the caller stops early."""
+        try:
+            while True:
+                response, error = await out.get()
+                if error is not None:
+                    raise error
+                if response is None:
+                    return
+                yield response
+        finally:
+            job.cancel()
+
+    async def body_of(request: Request) -> dict:
+        try:
+            body = json.loads(await request.body())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise APIError(f"the request body is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise APIError("the request body must be a JSON object")
+        return body
+
+    async def generation(request: Request, chat: bool) -> Response:
+        gen = parse(await body_of(request), pool, chat)
+        job, out = submit(gen)
+        reply = Reply(gen)
+        if not gen.stream:
+            text, finish = [], None
+            async for r in passes(job, out):
+                text.append(r.text)
+                finish = r.finish_reason
+            return JSONResponse(reply.whole("".join(text), finish))
+
+        async def events():
+            try:
+                if chat:
+                    yield sse(reply.chunk(None, None, first=True))
+                async for r in passes(job, out):
+                    if r.text:
+                        yield sse(reply.chunk(r.text, None))
+                    if r.finish_reason is not None:
+                        yield sse(reply.chunk(None if chat else "", r.finish_reason))
+                if gen.include_usage:
+                    yield sse(reply.usage_chunk())
+            except Exception as e:  # after the headers: the error goes into the stream
+                yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+            yield sse("[DONE]")
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    async def completions(request: Request) -> Response:
+        return await generation(request, chat=False)
+
+    async def chat_completions(request: Request) -> Response:
+        return await generation(request, chat=True)
+
+    async def models(request: Request) -> Response:
+        created = int(time.time())
+        data = [{"object": "model", "created": created, "owned_by": "specstream-mlx", **m}
+                for m in pool.describe()]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "active": scheduler.active, "waiting": scheduler.waiting})
+
+    async def api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    async def http_error(request: Request, exc: HTTPException) -> Response:
+        return error_response(exc.detail, exc.status_code, "invalid_request_error")
+
+    async def server_error(request: Request, exc: Exception) -> Response:
+        return error_response(f"internal error: {exc}", 500, "server_error")
+
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def lifespan(app):
+        scheduler.start()
+        yield
+        await asyncio.to_thread(scheduler.stop)
+
+    routes = [Route("/v1/models", models), Route("/health", health),
+              Route("/v1/completions", completions, methods=["POST"]),
+              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+    return Starlette(routes=routes, lifespan=lifespan,
+                     exception_handlers={APIError: api_error, HTTPException: http_error,
+                                         Exception: server_error})
+
+
+def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.0.0.1", port: int = 8080,
+          max_active: int = 16, name: str | None = None) -> None:
+    """Load the base model and adapters once, then serve until SIGINT/SIGTERM (which lets
+    in-flight requests finish)."""
+    import uvicorn
+
+    if not 1 <= port <= 65535:
+        raise OptionError(f"{{port}} must be in 1..65535, not {port}")
+    if max_active < 1:
+        raise OptionError(f"{{max_active}} must be >= 1, not {max_active}")
+    pool = ModelPool(model, adapters, name=name)
+    app = create_app(pool, Scheduler(max_active))
+    where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
+    print(f"serving {', '.join(pool.models)} on {where}", file=sys.stderr, flush=True)
+    if host not in LOOPBACK:
+        print(f"warning: --host {host} accepts connections from other machines; the server has no "
+              "authentication", file=sys.stderr, flush=True)
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame) -> None:
+            super().handle_exit(sig, frame)
+            self._captured_signals.clear()  # in-flight requests drain: then exit 0, not by the signal
+
+    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)).run()
+    print("stopped", file=sys.stderr, flush=True)

@@ -1,0 +1,155 @@
+"""Throughput of ``specstream-mlx serve`` at several concurrency levels, SS against AR.
+
+Starts a loopback server (the base model and the adapters benchmarked), then for each
+concurrency level sends the same test prompts, ``concurrency`` at a time, for every method in
+turn (interleaved: one level, all methods, then the next level), and reports aggregate tokens/s
+(all generated tokens / wall time) and per-request latency and speed. Greedy; the lossless
+method's texts are checked against AR's. At concurrency 1 the same prompts are also decoded by
+``generate`` in this process (with the server idle): the server's overhead.
+
+    .venv/bin/python scripts/bench_serve.py [--n 8 --max-tokens 64 --concurrency 1,4,8] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from importlib.metadata import version
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+
+# isort: split
+from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
+from mlx_specstream.pool import base_name  # noqa: E402
+
+
+def post(url: str, body: dict) -> tuple[dict, float]:
+    req = urllib.request.Request(url, data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    t = time.perf_counter()
+    with urllib.request.urlopen(req, timeout=600) as r:
+        reply = json.loads(r.read())
+    return reply, time.perf_counter() - t
+
+
+def run_level(url: str, model_id: str, prompts: list[str], concurrency: int, max_tokens: int) -> dict:
+    body = {"model": model_id, "max_tokens": max_tokens, "temperature": 0}
+    t = time.perf_counter()
+    with ThreadPoolExecutor(concurrency) as pool:
+        replies = list(pool.map(lambda p: post(url + "/v1/completions", {**body, "prompt": p}), prompts))
+    wall = time.perf_counter() - t
+    tokens = [r["usage"]["completion_tokens"] for r, _ in replies]
+    latency = [s for _, s in replies]
+    passes = sum(r["speculative"]["passes"] for r, _ in replies)
+    return {"tokens": sum(tokens), "wall_s": round(wall, 3),
+            "aggregate_tokens_per_s": round(sum(tokens) / wall, 2),
+            "mean_latency_s": round(statistics.mean(latency), 3),
+            "per_request_tokens_per_s": round(statistics.mean(n / s for n, s in zip(tokens, latency)), 2),
+            "mean_accepted_tokens": round(sum(tokens) / max(passes, 1), 3),
+            "texts": [r["choices"][0]["text"] for r, _ in replies]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--task", default="sql", help="test prompts from data/TASK/test.jsonl")
+    ap.add_argument("--n", type=int, default=8, help="prompts per concurrency level and method")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--methods", default="ss-lossless=sql-lossless,ss-shared=sql,ar=",
+                    help="NAME=ADAPTER pairs (empty adapter: the base model, decoded token by token)")
+    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    args = ap.parse_args()
+
+    levels = [int(c) for c in args.concurrency.split(",")]
+    methods = dict(m.split("=", 1) for m in args.methods.split(","))
+    base = base_name(args.model)
+    ids = {name: f"{base}:{a}" if a else base for name, a in methods.items()}
+    lines = (ROOT / "data" / args.task / "test.jsonl").open()
+    prompts = [json.loads(next(lines))["prompt"] for _ in range(args.n)]
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    adapters = ",".join(a for a in methods.values() if a)
+    cmd = [sys.executable, "-c", "from mlx_specstream.cli import main; main()", "serve", "--model",
+           str(args.model), "--port", str(port), *(["--adapters", adapters] if adapters else [])]
+    server = subprocess.Popen(cmd, cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(300):
+            try:
+                urllib.request.urlopen(url + "/health", timeout=5).read()
+                break
+            except OSError:
+                time.sleep(0.2)
+        load_before = os.getloadavg()
+        for model_id in ids.values():  # warm-up
+            post(url + "/v1/completions", {"model": model_id, "prompt": prompts[0], "max_tokens": 8})
+        rows = []
+        for c in levels:
+            for name, model_id in ids.items():
+                res = run_level(url, model_id, prompts, c, args.max_tokens)
+                rows.append({"method": name, "model": model_id, "concurrency": c, **res})
+                print(f"c={c} {name}: {res['aggregate_tokens_per_s']} tok/s aggregate, "
+                      f"{res['per_request_tokens_per_s']} tok/s per request", file=sys.stderr)
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(60)
+
+    direct = None
+    if 1 in levels:  # the same prompts through generate, one after another, in this process
+        for name, adapter in methods.items():
+            model, tok = load(args.model, adapter=adapter or None, fuse=False)
+            generate(model, tok, prompts[0], max_tokens=8)
+            t = time.perf_counter()
+            tokens = sum(len(generate(model, tok, p, max_tokens=args.max_tokens).tokens) for p in prompts)
+            wall = time.perf_counter() - t
+            served = next(r for r in rows if r["method"] == name and r["concurrency"] == 1)
+            served["generate_tokens_per_s"] = round(tokens / wall, 2)
+            served["server_overhead"] = round(served["wall_s"] / wall - 1, 4)
+        direct = "generate_tokens_per_s / server_overhead: concurrency-1 rows"
+    ar_texts = {r["concurrency"]: r["texts"] for r in rows if r["method"] == "ar"}
+    for r in rows:
+        if r["method"].startswith("ss-lossless") and r["concurrency"] in ar_texts:
+            r["identical_to_ar"] = r["texts"] == ar_texts[r["concurrency"]]
+    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
+            "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+            "versions": {p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
+            "blas": active_blas(), "model": str(args.model), "task": args.task, "n": args.n,
+            "max_tokens": args.max_tokens, "direct": direct}
+    print(table(rows))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
+        tmp.replace(args.out)
+
+
+def table(rows: list[dict]) -> str:
+    cols = ["concurrency", "method", "aggregate_tokens_per_s", "per_request_tokens_per_s", "mean_latency_s",
+            "mean_accepted_tokens", "identical_to_ar", "generate_tokens_per_s", "server_overhead"]
+    out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,279 @@
+"""``specstream-mlx serve`` through the official ``openai`` client against a loopback server.
+
+Oracles: plain autoregressive decoding of the base model in this process (lossless adapters must
+give exactly its tokens), and the adapter decoded alone in this process (shared mode). Every
+server is started by the test on a free port and stops by itself (SIGTERM, then kill).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from mlx_specstream.api import DEFAULT_MODEL, generate, load
+
+openai = pytest.importorskip("openai")
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = DEFAULT_MODEL
+pytestmark = pytest.mark.skipif(not (MODEL / "adapters" / "sql").is_dir(), reason="no default model")
+SERVE = [sys.executable, "-c", "from mlx_specstream.cli import main; main()", "serve"]
+TEMPLATE = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+            "{% if add_generation_prompt %}### SQL:\n{% endif %}")
+SQL = [json.loads(line)["prompt"] for line in (ROOT / "data" / "sql" / "test.jsonl").open()][:8]
+CODE = [json.loads(line)["prompt"] for line in (ROOT / "data" / "code" / "test.jsonl").open()][:2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """A ``serve`` subprocess on a free loopback port."""
+
+    def __init__(self, *args: str, timeout: float = 90):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = subprocess.Popen([*SERVE, *args, "--port", str(self.port)], cwd=ROOT,
+                                     stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self.get("/health")
+                return
+            except OSError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"the server did not start: {self.proc.stderr.read()}") from None
+                time.sleep(0.2)
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def post_raw(self, path: str, data: bytes) -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """The shipped model with a chat template added (files linked, nothing copied)."""
+    d = tmp_path_factory.mktemp("served") / "specstream-tiny"
+    d.mkdir()
+    for f in MODEL.iterdir():
+        (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_text(TEMPLATE)
+    return d
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    s = Server("--model", str(model_dir), "--adapters", "sql,sql-lossless,code")
+    yield s
+    assert s.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def base(model_dir):
+    return load(model_dir)
+
+
+def ar(base, prompt, n: int) -> str:
+    """The oracle: the base model decoded token by token, alone, in this process."""
+    model, tok = base
+    return generate(model, tok, prompt, max_tokens=n, mode="ar").text
+
+
+def test_models_and_health(server):
+    ids = [m.id for m in server.client().models.list().data]
+    assert ids == ["specstream-tiny", "specstream-tiny:sql", "specstream-tiny:sql-lossless",
+                   "specstream-tiny:code"]
+    assert server.get("/health")["status"] == "ok"
+
+
+def test_completion_equals_plain_decoding(server, base):
+    client = server.client()
+    r = client.completions.create(model="specstream-tiny:sql-lossless", prompt=SQL[0], max_tokens=24)
+    assert r.choices[0].text == ar(base, SQL[0], 24)
+    spec = r.model_extra["speculative"]
+    assert r.usage.completion_tokens <= 24 and r.usage.prompt_tokens == len(base[1].encode(SQL[0]))
+    assert 1 <= spec["passes"] < r.usage.completion_tokens and spec["mean_accepted_tokens"] > 1
+    plain = client.completions.create(model="specstream-tiny", prompt=SQL[0], max_tokens=24)
+    assert plain.choices[0].text == r.choices[0].text
+    assert plain.model_extra["speculative"]["mean_accepted_tokens"] == 1.0
+
+
+def test_streaming_matches_whole(server):
+    client = server.client()
+    kw = dict(model="specstream-tiny:sql-lossless", prompt=SQL[1], max_tokens=20)
+    whole = client.completions.create(**kw)
+    chunks = list(client.completions.create(**kw, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.choices[0].finish_reason
+    assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+    assert len(chunks) > 3  # pass by pass, not all at once
+
+
+def test_chat_through_template(server, base):
+    messages = [{"role": "user", "content": "List the names of all employees."}]
+    prompt = base[1].apply_chat_template(messages)
+    client = server.client()
+    r = client.chat.completions.create(model="specstream-tiny:sql-lossless", messages=messages, max_tokens=16)
+    assert r.choices[0].message.content == ar(base, prompt, 16) and r.choices[0].message.role == "assistant"
+    stream = client.chat.completions.create(model="specstream-tiny:sql-lossless", messages=messages,
+                                            max_tokens=16, stream=True)
+    assert "".join(c.choices[0].delta.content or "" for c in stream) == r.choices[0].message.content
+
+
+def test_adapters_by_model_id(server, base, model_dir):
+    """Each id decodes with its own adapter over the one base: shared mode equals that adapter
+    decoded alone; the lossless code adapter equals the base."""
+    client = server.client()
+    shared, tok = load(model_dir, adapter="sql", fuse=False)
+    r = client.completions.create(model="specstream-tiny:sql", prompt=SQL[2], max_tokens=20)
+    assert r.choices[0].text == generate(shared, tok, SQL[2], max_tokens=20).text
+    r = client.completions.create(model="specstream-tiny:code", prompt=CODE[0], max_tokens=20)
+    assert r.choices[0].text == ar(base, CODE[0], 20)
+
+
+def test_stop_seed_and_sampling(server, base, model_dir):
+    client = server.client()
+    full = ar(base, SQL[0], 24)
+    stop = full.split()[2]
+    r = client.completions.create(model="specstream-tiny:sql-lossless", prompt=SQL[0], max_tokens=24,
+                                  stop=[stop])
+    assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
+    assert full.startswith(r.choices[0].text)
+    kw = dict(model="specstream-tiny:sql-lossless", prompt=SQL[3], max_tokens=16, temperature=0.9, top_p=0.95)
+    a = client.completions.create(**kw, seed=7).choices[0].text
+    model, tok = load(model_dir, adapter="sql-lossless")
+    assert a == generate(model, tok, SQL[3], max_tokens=16, temperature=0.9, top_p=0.95, seed=7).text
+    assert a == client.completions.create(**kw, seed=7).choices[0].text
+
+
+@pytest.mark.parametrize("body, status, param", [
+    (b"{not json", 400, None),
+    (b"[1, 2]", 400, None),
+    (json.dumps({"model": "nope", "prompt": "x"}).encode(), 404, "model"),
+    (json.dumps({"prompt": "x"}).encode(), 400, "model"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": 0}).encode(), 400, "max_tokens"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_p": 1.5}).encode(), 400, "top_p"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": "9"}).encode(), 400, "max_tokens"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "n": 2}).encode(), 400, "n"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "stop": ["a"] * 5}).encode(), 400, "stop"),
+    (json.dumps({"model": "specstream-tiny", "prompt": {"a": 1}}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "fast"}).encode(), 400, "mode"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode(), 400, "model"),
+])
+def test_bad_requests_are_openai_errors(server, body, status, param):
+    code, reply = server.post_raw("/v1/completions", body)
+    assert code == status
+    assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["message"]
+    assert reply["error"]["param"] == param
+
+
+def test_errors_through_the_client_and_still_serving(server):
+    client = server.client()
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="specstream-tiny:nope", prompt="x", max_tokens=2)
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="specstream-tiny", prompt="word " * 3000, max_tokens=2)
+    assert e.value.code == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="specstream-tiny", messages=[], max_tokens=2)
+    r = client.completions.create(model="specstream-tiny", prompt=SQL[0], max_tokens=4)
+    assert r.usage.completion_tokens == 4
+
+
+def test_sixteen_concurrent_streams_equal_single_decoding(server, base):
+    """16 streaming clients at once over three model ids: all complete; every greedy lossless
+    output equals the base decoded alone."""
+    ids = ["specstream-tiny", "specstream-tiny:sql-lossless", "specstream-tiny:code"]
+    jobs = [(ids[i % 3], (SQL + CODE)[i % 10]) for i in range(16)]
+    client = server.client()
+    seen = []
+
+    def one(job):
+        model, prompt = job
+        text = ""
+        for c in client.completions.create(model=model, prompt=prompt, max_tokens=12, stream=True):
+            text += c.choices[0].text
+            if len(seen) < 64:
+                seen.append(server.get("/health")["active"])
+        return text
+
+    with ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(one, jobs, timeout=120))
+    assert texts == [ar(base, p, 12) for _, p in jobs]
+    assert max(seen) > 1  # decoded together, not one after another
+    assert server.get("/health")["active"] == 0
+
+
+def test_disconnect_frees_the_slot(server):
+    client = server.client()
+    stream = client.completions.create(model="specstream-tiny", prompt="1, 2, 3, 4,", max_tokens=1500,
+                                       temperature=1.0, seed=1, stream=True)
+    next(iter(stream))
+    assert server.get("/health")["active"] == 1
+    stream.close()
+    deadline = time.monotonic() + 10  # the whole generation would take about a minute
+    while server.get("/health")["active"] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert server.get("/health")["active"] == 0
+
+
+def test_sigterm_drains_in_flight_requests(model_dir):
+    s = Server("--model", str(model_dir))
+    result = {}
+
+    def run():
+        stream = s.client().completions.create(model="specstream-tiny", prompt="1, 2, 3, 4,", max_tokens=40,
+                                               temperature=1.0, seed=1, stream=True)
+        chunks = list(stream)
+        result["finish"] = chunks[-1].choices[0].finish_reason
+        result["tokens"] = sum(1 for c in chunks if c.choices[0].text)
+
+    t = threading.Thread(target=run)
+    t.start()
+    deadline = time.monotonic() + 30
+    while not s.get("/health")["active"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert "finish" not in result
+    s.proc.send_signal(signal.SIGTERM)
+    t.join(60)
+    assert s.proc.wait(30) == 0
+    assert result["finish"] == "length" and result["tokens"] > 1
+    stderr = s.proc.stderr.read()
+    assert "http://127.0.0.1:" in stderr  # loopback unless --host says otherwise
