@@ -218,7 +218,8 @@ def _make_batch(step: int) -> np.ndarray:
 
 def batches(batcher: Batcher, start: int, workers: int, depth: int = 16):
     """Yield (step, batch) from ``start`` on; with workers, made ``depth`` steps ahead in other
-    processes (generating SQL costs about 0.6 ms an example, more than a GPU step takes)."""
+    processes (an SQL example costs about 0.4 ms of CPU: the ~320 of a 96 x 512 batch take 0.13 s,
+    twice an H100 step of the 14M model)."""
     if workers == 0:
         step = start
         while True:
