@@ -23,11 +23,12 @@ down by ``--min-delta`` for ``--patience`` evaluations (or at ``--steps``), and 
 the lowest such score are the ones saved. On CUDA: bf16 autocast, batches made ahead by ``--workers``
 processes.
 
-Short runs: ``--max-minutes`` ends a run in time with a checkpoint; ``--resume`` continues from
-``--work``/ckpt.pt (weights, optimizer, best weights) or, when that is missing (a run on another
-machine), from ``--out`` (the best weights so far in fp16 and train_log.json: step, history, best
-loss), with fresh optimizer moments warmed up again over ``--warmup`` steps. Every run, finished or
-not, ends by saving the best weights so far to ``--out``.
+Short runs: ``--max-minutes`` (or ``--run-steps``) ends a run with a checkpoint; ``--resume``
+continues from ``--work``/ckpt.pt (weights, optimizer, best weights) or, when that is missing (a
+run on another machine), from ``--out`` (the best weights so far in fp16 and train_log.json:
+step, history, best loss), with fresh optimizer moments warmed up again over ``--warmup`` steps.
+Every run, finished or not, ends by saving the best weights so far to ``--out``. A run cut into
+short runs ends with the weights of the uninterrupted run (tested).
 
 Outputs: ``--out`` (default models/specstream-tiny/hf): config.json, model.safetensors (fp16;
 ``--max-shard-size 15MB`` for pieces that fit the device tool's 16 MiB files), generation_config.json,
@@ -301,7 +302,7 @@ def load_resume_state(args, model, opt, device) -> dict | None:
         return None
     from transformers import LlamaForCausalLM
 
-    state = log["resume"]
+    state = log["resume"] | {"history": log["history"]}
     hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
     model.load_state_dict(hf.state_dict())
     state["best_weights"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
@@ -385,12 +386,15 @@ def cmd_train(args) -> None:
     model.train()
     ema = None
     logf = open(args.work / "log.jsonl", "a")
-    stream = batches(batcher, st["step"], workers)
+    first_step = st["step"]
+    stream = batches(batcher, first_step, workers)
     while st["stopped"] is None:
         if st["step"] >= args.steps:
             st["stopped"] = f"reached --steps {args.steps}"
             break
         if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - args.reserve_s:
+            break
+        if args.run_steps is not None and st["step"] >= first_step + args.run_steps:
             break
         step, xb = next(stream)
         assert step == st["step"]
@@ -438,7 +442,6 @@ def cmd_train(args) -> None:
     logf.close()
     stream.close()
     save_ckpt()
-    last_step_weights = model.state_dict()
     if best_weights is not None:
         model.load_state_dict(best_weights)
     final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
@@ -450,8 +453,8 @@ def cmd_train(args) -> None:
         "saved_step": st["best_step"] or st["step"], "valid_loss": final,
         "train_code_loss": evaluate_loss(model, train_code, device, amp), "history": st["history"],
         "code_stream_tokens": int(streams["code"].size),
-        "resume": {k: st[k] for k in ("step", "tokens", "elapsed", "history", "best_score", "best_step",
-                                      "bad_evals")},
+        "resume": {k: st[k] for k in ("step", "tokens", "best_score", "best_step", "bad_evals", "stopped")}
+        | {"elapsed": elapsed()},
         "command": "python scripts/train_base.py " + " ".join(sys.argv[1:]),
     }
     save_hf(model, args.out, args.max_shard_size)
@@ -459,7 +462,6 @@ def cmd_train(args) -> None:
     if st["stopped"] and args.eval_n:
         log["eval"] = run_eval(model, sp, args.data, "valid", args.eval_n, device, args.eval_batch)
     write_text_atomic(args.out / "train_log.json", json.dumps(log, indent=1) + "\n")
-    model.load_state_dict(last_step_weights)
     what = f"finished ({st['stopped']})" if st["stopped"] else "paused (continue with --resume)"
     print(f"{what}: step {st['step']}, {st['tokens'] / 1e6:.1f}M tokens, {elapsed():.0f}s; saved the "
           f"weights of step {log['saved_step']} to {args.out}; valid {final}; total {time.time() - T0:.0f}s",
@@ -672,6 +674,8 @@ def main(argv=None) -> None:
                    help="end this run within this many minutes (start-up included) with a checkpoint; "
                         "--resume continues it")
     r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for the final save")
+    r.add_argument("--run-steps", type=int, default=None,
+                   help="end this run after this many steps with a checkpoint; --resume continues it")
     r.add_argument("--sql-frac", type=float, default=0.75, help="share of rows that are generated SQL")
     r.add_argument("--workers", type=int, default=None,
                    help="processes generating batches (default: 0 on CPU, all cores but two on CUDA)")

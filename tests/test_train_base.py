@@ -1,0 +1,97 @@
+"""scripts/train_base.py train: a run cut into short runs ends where the uninterrupted run ends,
+and training stops by held-out validation (patience)."""
+
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKENIZER = ROOT / "models" / "specstream-tiny" / "hf"
+pytestmark = pytest.mark.skipif(not (TOKENIZER / "tokenizer.model").exists(), reason="no shipped tokenizer")
+TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--kv-heads", "1", "--intermediate", "64",
+        "--ctx", "64", "--batch", "4", "--eval-every", "3", "--eval-windows", "2", "--warmup", "2",
+        "--eval-n", "0", "--threads", "1", "--tokenizer", str(TOKENIZER)]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("train_base", ROOT / "scripts" / "train_base.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["train_base"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tb = _load()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    """A small data folder: a few stdlib documents and the first valid rows of both tasks."""
+    d = tmp_path_factory.mktemp("data")
+    docs = [{"text": p.read_text(), "src": "stdlib"} for p in sorted(Path(json.__file__).parent.glob("*.py"))]
+    with gzip.open(d / "pretrain.jsonl.gz", "wt") as f:
+        f.writelines(json.dumps(x) + "\n" for x in docs)
+    for task in ("sql", "code"):
+        (d / task).mkdir()
+        rows = (ROOT / "data" / task / "valid.jsonl").read_text().splitlines()[:8]
+        (d / task / "valid.jsonl").write_text("\n".join(rows) + "\n")
+    return d
+
+
+def _train(data: Path, run: Path, *extra: str) -> dict:
+    tb.main(["train", "--data", str(data), "--out", str(run / "hf"), "--work", str(run / "work"), *TINY,
+             *extra])
+    return json.loads((run / "hf" / "train_log.json").read_text())
+
+
+def _weights(run: Path) -> dict:
+    import torch
+
+    return torch.load(run / "work" / "ckpt.pt", weights_only=False)["model"]
+
+
+def test_batches_depend_on_seed_and_step_only(data):
+    import numpy as np
+
+    code = np.arange(5000, dtype=np.uint16) % 4000
+    b = tb.Batcher(code, TOKENIZER, seed=3, ctx=64, bsz=6, sql_frac=0.5)
+    x = b(7)
+    assert x.shape == (6, 65) and (x == tb.Batcher(code, TOKENIZER, 3, 64, 6, 0.5)(7)).all()
+    assert not (x == b(8)).all()
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    sql_rows = [r for r in x if r[0] == tb.BOS]  # generated SQL rows start a document
+    assert sql_rows
+    assert all(sp.decode(r[1:].tolist()).startswith("### Context:\nCREATE TABLE ") for r in sql_rows)
+
+
+def test_short_runs_end_where_one_run_ends(data, tmp_path):
+    import torch
+
+    whole = _train(data, tmp_path / "whole", "--steps", "9")
+    assert whole["finished"] and whole["stopped"] == "reached --steps 9"
+    first = _train(data, tmp_path / "cut", "--steps", "9", "--run-steps", "5")
+    assert not first["finished"] and first["steps"] == 5
+    rest = _train(data, tmp_path / "cut", "--steps", "9", "--resume")
+    assert rest["finished"] and rest["steps"] == 9
+    assert [h["valid_sql"] for h in rest["history"]] == [h["valid_sql"] for h in whole["history"]]
+    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "cut")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # from the compact checkpoint alone (fp16 best weights + train_log.json), as on another machine
+    (tmp_path / "cut" / "work" / "ckpt.pt").unlink()
+    again = _train(data, tmp_path / "cut", "--steps", "9", "--resume")
+    assert again["finished"]  # a finished run stays finished
+
+
+def test_stops_by_validation(data, tmp_path):
+    log = _train(data, tmp_path / "p", "--steps", "60", "--patience", "2", "--min-delta", "100")
+    # the first evaluation sets the best score; two more without a 100-nat gain stop the run
+    assert log["finished"] and log["steps"] == 9 and "2 evaluations" in log["stopped"]
+    assert log["saved_step"] == 3
