@@ -98,6 +98,20 @@ def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: in
                                   "peak": max(r["peak"] for r in runs[m.name])})
 
 
+def best_time(fn: Callable[[], object], repeats: int = REPEATS,
+              clock: Callable[[], float] = time.perf_counter) -> float:
+    """Seconds of the fastest of ``repeats`` calls of ``fn`` after one warm-up call: the rule of
+    :func:`time_methods` for a single operation (a forward pass, a kernel)."""
+    check_repeats(repeats)
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = clock()
+        fn()
+        best = min(best, clock() - t)
+    return best
+
+
 def reference(methods: list[Method]) -> Method:
     """The speed reference: the fastest plain AR decoder of the run (ours or mlx-lm's), by
     generated tokens per summed best time; the first method when none is marked ``plain_ar``."""

@@ -10,9 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import statistics
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
@@ -28,19 +26,10 @@ from tqdm import tqdm  # noqa: E402
 from mlx_specstream.adapter import new_adapter  # noqa: E402
 from mlx_specstream.api import generate  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
+from mlx_specstream.bench import best_time  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
-
-
-def timed(fn, reps: int) -> float:
-    fn()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -51,7 +40,7 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=128, help="cached tokens before each pass")
     ap.add_argument("--gamma", type=int, default=4)
     ap.add_argument("--msa-layers", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--reps", type=int, default=30, help="timed runs of each pass; the fastest counts")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -76,16 +65,16 @@ def main() -> None:
             c.offset = n  # drop what the pass appended
 
     rows = []
-    one = timed(lambda: run(chain([1]), 0), args.reps)
+    one = best_time(lambda: run(chain([1]), 0), args.reps)
     rows.append(("1-token pass (AR)", 1, one))
     levels = [list(range(10 + 4 * j, 14 + 4 * j)) for j in range(args.gamma)]
     scores = [[-0.1, -0.5, -1.0, -2.0]] * args.gamma
     for nodes in (1, 16, 32):
         tree = build_tree(3, levels, scores, nodes)
-        t = timed(lambda tree=tree: run(tree, args.gamma), args.reps)
+        t = best_time(lambda tree=tree: run(tree, args.gamma), args.reps)
         rows.append((f"SS pass, {nodes}-node tree, {args.gamma} streams/node", nodes, t))
     tree = build_tree(3, levels, scores, 32)
-    t = timed(lambda: run(tree, args.gamma, threshold=0.05), args.reps)
+    t = best_time(lambda: run(tree, args.gamma, threshold=0.05), args.reps)
     rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32, t))
 
     def deferred(tree):
@@ -99,7 +88,7 @@ def main() -> None:
 
     for nodes in (16, 32):
         tree = build_tree(3, levels, scores, nodes)
-        t = timed(lambda tree=tree: deferred(tree), args.reps)
+        t = best_time(lambda tree=tree: deferred(tree), args.reps)
         rows.append((f"SS pass, {nodes}-node tree, deferred streams", nodes, t))
 
     decode = []

@@ -12,6 +12,7 @@ from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import DEFAULT_MODEL, load
 from mlx_specstream.bench import (
     Method,
+    best_time,
     markdown_table,
     reference,
     run_bench,
@@ -124,6 +125,15 @@ def test_each_prompt_runs_every_method_repeatedly_interleaved_and_the_fastest_ru
     assert a.records[1]["times"] == [5.0, 6.0, 4.0]
     with pytest.raises(ValueError, match="--repeats must be >= 1"):
         time_methods([a], [[0]], 16, repeats=0, clock=clock)
+
+
+def test_best_time_is_the_fastest_run_after_a_warm_up():
+    clock, durations = FakeClock(), iter([9.0, 3.0, 1.5, 2.0])  # the first call warms up
+
+    def fn():
+        clock.now += next(durations)
+
+    assert best_time(fn, repeats=3, clock=clock) == 1.5
 
 
 def timed(clock, name, best_times, **kw):
