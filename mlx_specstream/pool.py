@@ -77,7 +77,7 @@ class ModelPool:
             cfg = getattr(model, "adapter_config", None)
             out.append({"id": model_id, "adapter_mode": cfg.mode if cfg else None,
                         "adapter_params": adapter_size(model) if cfg else 0,
-                        "speculative": bool(cfg and cfg.gamma)})
+                        "speculative": default_mode(model) == "ss"})
         return out
 
 
@@ -87,9 +87,14 @@ def warm_up(model: nn.Module) -> None:
     first requests do not pay for the first passes)."""
     from .api import generate
 
-    cfg = getattr(model, "adapter_config", None)
     mx.eval(model.parameters())
-    generate(model, None, [0], max_tokens=2, mode="ss" if cfg is not None and cfg.gamma else "ar")
+    generate(model, None, [0], max_tokens=2, mode=default_mode(model))
+
+
+def default_mode(model: nn.Module) -> str:
+    """How a model id decodes by default: "ss" where its adapter has streams, else "ar"."""
+    cfg = getattr(model, "adapter_config", None)
+    return "ss" if cfg is not None and cfg.gamma else "ar"
 
 
 def available_adapters(path: Path) -> list[str]:

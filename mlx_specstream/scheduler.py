@@ -85,7 +85,11 @@ class Scheduler:
     def _loop(self) -> None:
         while self._admit():
             for job in list(self._active):
-                if self._advance(job):
+                try:
+                    done = self._advance(job)
+                except Exception:  # its caller is gone (e.g. the event loop closed): drop it
+                    done = True
+                if done:
                     self._active.remove(job)
 
     @staticmethod

@@ -25,7 +25,7 @@ from starlette.routing import Route
 from .api import StreamResponse, _decoder, _responses
 from .engine import Stats
 from .errors import _OPTION, OptionError
-from .pool import ModelPool, UnknownModelError
+from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
 
@@ -138,14 +138,13 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     max_key = "max_tokens"
     if chat and body.get("max_completion_tokens") is not None:
         max_key = "max_completion_tokens"  # the newer name
-    cfg = getattr(model, "adapter_config", None)
     options = dict(
         max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
         temperature=float(_field(body, "temperature", (int, float), 0.0)),
         top_p=float(_field(body, "top_p", (int, float), 1.0)),
         seed=_field(body, "seed", (int,), 0),
         # an extra field: "ss" (where the adapter has streams) or "ar"
-        mode=_field(body, "mode", (str,), "ss" if cfg is not None and cfg.gamma else "ar"),
+        mode=_field(body, "mode", (str,), default_mode(model)),
     )
     stop = _stop(body)
     stream = _field(body, "stream", (bool,), False)
@@ -266,6 +265,9 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         if not gen.stream:
             text, finish = [], None
             async for r in passes(job, out):
+                if await request.is_disconnected():  # nobody to answer: free the slot
+                    job.cancel()
+                    return Response(status_code=499)
                 text.append(r.text)
                 finish = r.finish_reason
             return JSONResponse(reply.whole("".join(text), finish))

@@ -4,8 +4,8 @@ Starts a loopback server (the base model and the adapters benchmarked), then for
 concurrency level sends the same test prompts, ``concurrency`` at a time, for every method in
 turn (interleaved: one level, all methods, then the next level), and reports aggregate tokens/s
 (all generated tokens / wall time) and per-request latency and speed. Greedy; the lossless
-method's texts are checked against AR's. At concurrency 1 the same prompts are also decoded by
-``generate`` in this process (with the server idle): the server's overhead.
+method's texts are checked against AR's. Then each prompt is decoded by ``generate`` in this
+process and by the idle server, alternately: the server's overhead at concurrency 1.
 
     .venv/bin/python scripts/bench_serve.py [--n 8 --max-tokens 64 --concurrency 1,4,8] [--out FILE]
 """
@@ -35,7 +35,7 @@ from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized
 
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.pool import base_name  # noqa: E402
+from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
 
 def post(url: str, body: dict) -> tuple[dict, float]:
@@ -62,6 +62,25 @@ def run_level(url: str, model_id: str, prompts: list[str], concurrency: int, max
             "per_request_tokens_per_s": round(statistics.mean(n / s for n, s in zip(tokens, latency)), 2),
             "mean_accepted_tokens": round(sum(tokens) / max(passes, 1), 3),
             "texts": [r["choices"][0]["text"] for r, _ in replies]}
+
+
+def overhead(url: str, model_id: str, path: Path, adapter: str, prompts: list[str], max_tokens: int) -> dict:
+    """Each prompt decoded by ``generate`` in this process, then by the idle server (alternately,
+    so load from other processes hits both alike): the time the server adds."""
+    model, tok = load(path, adapter=adapter or None, fuse=False)
+    mode = default_mode(model)
+    generate(model, tok, prompts[0], max_tokens=8, mode=mode)
+    direct = served = 0.0
+    tokens = 0
+    for p in prompts:
+        t = time.perf_counter()
+        tokens += len(generate(model, tok, p, max_tokens=max_tokens, mode=mode).tokens)
+        direct += time.perf_counter() - t
+        served += post(url + "/v1/completions", {"model": model_id, "prompt": p, "max_tokens": max_tokens,
+                                                 "temperature": 0})[1]
+    return {"generate_tokens_per_s": round(tokens / direct, 2),
+            "served_tokens_per_s": round(tokens / served, 2),
+            "server_overhead": round(served / direct - 1, 4)}
 
 
 def main() -> None:
@@ -108,22 +127,14 @@ def main() -> None:
                 rows.append({"method": name, "model": model_id, "concurrency": c, **res})
                 print(f"c={c} {name}: {res['aggregate_tokens_per_s']} tok/s aggregate, "
                       f"{res['per_request_tokens_per_s']} tok/s per request", file=sys.stderr)
+        for name, adapter in methods.items():  # the server's overhead, prompt by prompt
+            row = next((r for r in rows if r["method"] == name and r["concurrency"] == 1), None)
+            if row is not None:
+                row.update(overhead(url, ids[name], args.model, adapter, prompts, args.max_tokens))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
 
-    direct = None
-    if 1 in levels:  # the same prompts through generate, one after another, in this process
-        for name, adapter in methods.items():
-            model, tok = load(args.model, adapter=adapter or None, fuse=False)
-            generate(model, tok, prompts[0], max_tokens=8)
-            t = time.perf_counter()
-            tokens = sum(len(generate(model, tok, p, max_tokens=args.max_tokens).tokens) for p in prompts)
-            wall = time.perf_counter() - t
-            served = next(r for r in rows if r["method"] == name and r["concurrency"] == 1)
-            served["generate_tokens_per_s"] = round(tokens / wall, 2)
-            served["server_overhead"] = round(served["wall_s"] / wall - 1, 4)
-        direct = "generate_tokens_per_s / server_overhead: concurrency-1 rows"
     ar_texts = {r["concurrency"]: r["texts"] for r in rows if r["method"] == "ar"}
     for r in rows:
         if r["method"].startswith("ss-lossless") and r["concurrency"] in ar_texts:
@@ -134,7 +145,7 @@ def main() -> None:
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "versions": {p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
             "blas": active_blas(), "model": str(args.model), "task": args.task, "n": args.n,
-            "max_tokens": args.max_tokens, "direct": direct}
+            "max_tokens": args.max_tokens}
     print(table(rows))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -145,7 +156,8 @@ def main() -> None:
 
 def table(rows: list[dict]) -> str:
     cols = ["concurrency", "method", "aggregate_tokens_per_s", "per_request_tokens_per_s", "mean_latency_s",
-            "mean_accepted_tokens", "identical_to_ar", "generate_tokens_per_s", "server_overhead"]
+            "mean_accepted_tokens", "identical_to_ar", "generate_tokens_per_s", "served_tokens_per_s",
+            "server_overhead"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(out)

@@ -7,10 +7,14 @@ The set-up block is what CI runs (``.ci/run``), so it is compared with that scri
 run inside the suite.
 """
 
+import contextlib
 import json
+import os
 import re
 import shlex
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -77,7 +81,26 @@ def test_readme_block_runs(index, tmp_path):
                              timeout=600)
         assert res.returncode == 0, res.stderr
         return
+    if "specstream-mlx serve" in block:  # one script: a server in the background, a client, SIGTERM
+        run_server_block(block)
+        return
     for line in block.strip().splitlines():
         line = sized(line).replace('"..."', shlex.quote(prompt))
         res = subprocess.run(["bash", "-c", line], cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert res.returncode == 0, f"{line}\n{res.stderr[-3000:]}"
+
+
+def run_server_block(block: str) -> None:
+    """Run a ``serve`` block as one bash script on a free port; whatever it leaves is killed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(["bash", "-c", block.replace("8080", str(port))], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err[-3000:]
+    assert '"speculative"' in out, out
