@@ -26,6 +26,11 @@ tracing:
 
 Rotary embeddings gather cos/sin from tables computed by MLX itself (fp16 arithmetic on positions
 drifts); all attention is explicit matmul + masked softmax over the whole cache (fixed shapes).
+
+Each layer is read off the MLX block (:meth:`SpecStreamGraph._read_block`): its projections and
+norms, q/k norms (Qwen3, Gemma 3), its rotary table or none (SmolLM3's NoPE layers), its scale
+and sliding window (Gemma 3: the window applies to main and stream rows by key position, as
+``arch.base.window_mask`` does). Gemma's ``1 + w`` norms are exported as their effective weights.
 """
 
 from __future__ import annotations
@@ -38,7 +43,8 @@ import torch.nn.functional as F
 
 from mlx_specstream.arch.base import UnsupportedModelError
 
-LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3")
+LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "qwen3", "smollm3")
+EXPORTABLE = (*LLAMA_FAMILY, "gemma3_text")
 
 
 @dataclass
@@ -88,6 +94,8 @@ class GraphConfig:
     prune_threshold: float = 0.0
     shared: bool = False
     sampling: bool = False  # also output full main/stream logits (sampling needs them)
+    embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden)
+    logit_softcap: float | None = None  # Gemma: logits -> tanh(logits / cap) * cap
     extra: dict = field(default_factory=dict)
 
     @property
@@ -120,6 +128,14 @@ def unpack_quantized(layer) -> QuantizedWeight:
     return QuantizedWeight(q, _np(layer.scales), _np(layer.biases), bits, gs)
 
 
+def _norm_weight(norm) -> np.ndarray:
+    """The effective weight of an RMS norm (Gemma's stores ``w - 1``)."""
+    from mlx_specstream.arch import gemma3
+
+    w = 1.0 + norm.weight if isinstance(norm, gemma3.RMSNorm) else norm.weight
+    return _np(w)
+
+
 def _linear(layer) -> Linear:
     import mlx.nn as nn
 
@@ -142,16 +158,17 @@ def _linear(layer) -> Linear:
 def graph_config(model, context: int, tree_size: int, chunk: int, sampling: bool = False,
                  branch: int | None = None, prune_threshold: float | None = None) -> GraphConfig:
     """Read the model (and its attached adapter) into a :class:`GraphConfig`; checks the family."""
-    from mlx_specstream.arch import llama
+    from mlx_specstream.arch import gemma3, llama
 
     cfg = model.config
     mt = cfg.get("model_type")
-    if not isinstance(model, llama.Model) or mt not in LLAMA_FAMILY:
+    if not isinstance(model, (llama.Model, gemma3.Model)) or mt not in EXPORTABLE:
         raise UnsupportedModelError(
-            f"Core ML export supports the llama family ({', '.join(LLAMA_FAMILY)}), not '{mt}'")
+            f"Core ML export supports the llama family ({', '.join(LLAMA_FAMILY)}) and gemma3_text, "
+            f"not '{mt}'")
     attn = model.layers[0].self_attn
-    rope = attn.rope
-    act = cfg.get("hidden_act", "silu")
+    ropes = [layer.self_attn.rope for layer in model.layers if layer.self_attn.rope is not None]
+    act = model.args.hidden_act
     if act not in ACTS:
         raise UnsupportedModelError(f"activation '{act}' cannot be exported (supported: {', '.join(ACTS)})")
     acfg = getattr(model, "adapter_config", None)
@@ -161,8 +178,11 @@ def graph_config(model, context: int, tree_size: int, chunk: int, sampling: bool
     g = GraphConfig(
         hidden=cfg["hidden_size"], n_heads=attn.n_heads, n_kv_heads=attn.n_kv_heads,
         head_dim=attn.head_dim, n_layers=len(model.layers), vocab=cfg["vocab_size"],
-        eps=float(model.model.norm.eps), act=act, rope_dims=rope.dims, context=context,
+        eps=float(model.model.norm.eps), act=act, rope_dims=ropes[0].dims if ropes else 0, context=context,
         tree_size=tree_size, chunk=chunk, sampling=sampling)
+    if isinstance(model, gemma3.Model):
+        g.embed_scale = float(model.args.hidden_size**0.5)
+        g.logit_softcap = model.args.final_logit_softcapping
     if acfg is not None:
         g.gamma, g.msa_layers = acfg.gamma, acfg.msa_layers
         g.branch = branch or acfg.branch
@@ -220,21 +240,22 @@ class SpecStreamGraph(torch.nn.Module):
         self._register("embed_tokens", self.embed)
         if not self.tied:
             self._register("lm_head", self.lm_head)
-        self.norm_w = self._param("norm", _np(model.model.norm.weight))
-        self.blocks = []
-        for i, blk in enumerate(layers):
-            b = {}
-            for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-                b[name] = f"l{i}.{name}"
-                self.linears[b[name]] = _linear(getattr(blk.self_attn, name))
-                self._register(b[name], self.linears[b[name]])
-            for name in ("gate_proj", "up_proj", "down_proj"):
-                b[name] = f"l{i}.{name}"
-                self.linears[b[name]] = _linear(getattr(blk.mlp, name))
-                self._register(b[name], self.linears[b[name]])
-            b["ln1"] = self._param(f"l{i}.ln1", _np(blk.input_layernorm.weight))
-            b["ln2"] = self._param(f"l{i}.ln2", _np(blk.post_attention_layernorm.weight))
-            self.blocks.append(b)
+        self.norm_w = self._param("norm", _norm_weight(model.model.norm))
+        # Rotary tables, computed by MLX exactly as the model computes its angles: one per
+        # distinct rotary embedding (Gemma: local and global), shared by the layers that use it.
+        self.rope_tables: dict[int, tuple[str, str]] = {}
+        n_pos = gc.context + gc.gamma + 1
+        for blk in layers:
+            rope = blk.self_attn.rope
+            if rope is None or id(rope) in self.rope_tables:
+                continue
+            names = (f"rope_cos_{len(self.rope_tables)}", f"rope_sin_{len(self.rope_tables)}")
+            ang = mx.arange(n_pos).astype(mx.float32)[:, None] * rope.inv_freq[None, :]
+            self.register_buffer(names[0], torch.from_numpy(_np(mx.cos(ang) * rope.attention_factor)))
+            self.register_buffer(names[1], torch.from_numpy(_np(mx.sin(ang) * rope.attention_factor)))
+            self.rope_tables[id(rope)] = names
+        self.blocks = [self._read_block(i, blk) for i, blk in enumerate(layers)]
+        self.windows = sorted({b["window"] for b in self.blocks if b["window"] is not None})
         self.act = ACTS[gc.act]
         adapter = getattr(model, "adapter", None)
         if gc.gamma:
@@ -245,17 +266,36 @@ class SpecStreamGraph(torch.nn.Module):
                                   self._param("init_b", _np(adapter.init_b)))
             self.prune_a = self._param("prune_a", _np(adapter.prune_a))
             self.prune_b = self._param("prune_b", _np(adapter.prune_b))
-        # Rotary tables, computed by MLX exactly as the model computes its angles.
-        rope = layers[0].self_attn.rope
-        n_pos = gc.context + gc.gamma + 1
-        ang = mx.arange(n_pos).astype(mx.float32)[:, None] * rope.inv_freq[None, :]
-        self.register_buffer("rope_cos", torch.from_numpy(_np(mx.cos(ang) * rope.attention_factor)))
-        self.register_buffer("rope_sin", torch.from_numpy(_np(mx.sin(ang) * rope.attention_factor)))
         shape = (gc.n_layers, gc.n_kv_heads, gc.context, gc.head_dim)
         self.register_buffer("k_cache", torch.zeros(shape, dtype=cache_dtype))
         self.register_buffer("v_cache", torch.zeros(shape, dtype=cache_dtype))
 
     # -- parameters --------------------------------------------------------------------------
+    def _read_block(self, i: int, blk) -> dict:
+        """Layer ``i`` of the MLX model: names of its linears, its norm weights, rotary table,
+        scale and window. Norms: ``ln1`` before attention, ``ln2`` before the MLP; ``attn_out``
+        / ``mlp_out`` (Gemma) on the outputs of attention / MLP, before the residual add."""
+        attn = blk.self_attn
+        b = {"rope": self.rope_tables.get(id(attn.rope)), "scale": float(attn.scale), "window": attn.window}
+        for parent, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
+                              (blk.mlp, ("gate_proj", "up_proj", "down_proj"))):
+            for name in names:
+                b[name] = f"l{i}.{name}"
+                self.linears[b[name]] = _linear(getattr(parent, name))
+                self._register(b[name], self.linears[b[name]])
+        norms = {"ln1": "input_layernorm", "q_norm": "self_attn.q_norm", "k_norm": "self_attn.k_norm"}
+        if "pre_feedforward_layernorm" in blk:
+            norms.update(attn_out="post_attention_layernorm", ln2="pre_feedforward_layernorm",
+                         mlp_out="post_feedforward_layernorm")
+        else:
+            norms["ln2"] = "post_attention_layernorm"
+        for key, path in norms.items():
+            module = blk
+            for part in path.split("."):
+                module = module.get(part) if module is not None else None
+            b[key] = self._param(f"l{i}.{key}", _norm_weight(module)) if module is not None else None
+        return b
+
     def _param(self, name: str, value: np.ndarray) -> torch.nn.Parameter:
         p = torch.nn.Parameter(torch.from_numpy(np.ascontiguousarray(value, dtype=np.float32)),
                                requires_grad=False)
@@ -313,19 +353,43 @@ class SpecStreamGraph(torch.nn.Module):
 
     def head(self, h: torch.Tensor) -> torch.Tensor:
         h = self._norm(h, self.norm_w)
-        return F.linear(h, self.lm_head.t_weight)
+        logits = F.linear(h, self.lm_head.t_weight)
+        cap = self.gc.logit_softcap
+        return logits if cap is None else torch.tanh(logits / cap) * cap
 
-    def _layer(self, i: int, x, cos, sin, mask, start, n_main: int) -> torch.Tensor:
+    def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
+        h = F.embedding(tokens, self.embed.t_weight)
+        return h * self.gc.embed_scale if self.gc.embed_scale != 1.0 else h
+
+    def _tables(self, pos: torch.Tensor) -> dict:
+        """cos/sin rows of each rotary table at ``pos``."""
+        return {names: (getattr(self, names[0])[pos], getattr(self, names[1])[pos])
+                for names in self.rope_tables.values()}
+
+    def _biases(self, visible: torch.Tensor, qpos: torch.Tensor, kpos: torch.Tensor) -> dict:
+        """Additive masks by window (None: no window) from boolean ``visible`` (R, S): a window
+        also hides keys at ``window`` or more positions behind the row (``kpos`` per key)."""
+        out = {None: additive(visible)}
+        for w in self.windows:
+            out[w] = additive(torch.logical_and(visible, (qpos[:, None] - kpos[None, :]) < w))
+        return out
+
+    def _layer(self, i: int, x, tables, biases, start, n_main: int) -> torch.Tensor:
         """One block. Rows [0, n_main) are main rows (K/V written to the cache at ``start``),
-        the rest stream rows (attended, never cached). ``mask``: additive (R, context + R - n_main)
-        (see :func:`additive`)."""
+        the rest stream rows (attended, never cached). ``tables``: :meth:`_tables` of the rows;
+        ``biases``: :meth:`_biases`, additive (R, context + R - n_main)."""
         gc, b = self.gc, self.blocks[i]
         R = x.shape[0]
         h = self._norm(x, b["ln1"])
-        q = self._lin(b["q_proj"], h, n_main).reshape(R, gc.n_heads, gc.head_dim).transpose(0, 1)
-        k = self._lin(b["k_proj"], h, n_main).reshape(R, gc.n_kv_heads, gc.head_dim).transpose(0, 1)
+        q = self._lin(b["q_proj"], h, n_main).reshape(R, gc.n_heads, gc.head_dim)
+        k = self._lin(b["k_proj"], h, n_main).reshape(R, gc.n_kv_heads, gc.head_dim)
+        if b["q_norm"] is not None:
+            q, k = self._norm(q, b["q_norm"]), self._norm(k, b["k_norm"])
+        q, k = q.transpose(0, 1), k.transpose(0, 1)
         v = self._lin(b["v_proj"], h, n_main).reshape(R, gc.n_kv_heads, gc.head_dim).transpose(0, 1)
-        q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
+        if b["rope"] is not None:
+            cos, sin = tables[b["rope"]]
+            q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
         dt = self.k_cache.dtype
         self.k_cache[i, :, start:start + n_main] = k[:, :n_main].to(dt)
         self.v_cache[i, :, start:start + n_main] = v[:, :n_main].to(dt)
@@ -336,15 +400,17 @@ class SpecStreamGraph(torch.nn.Module):
             values = torch.cat([values, v[:, n_main:]], dim=1)
         rep = gc.n_heads // gc.n_kv_heads
         qg = q.reshape(gc.n_kv_heads, rep * R, gc.head_dim)
-        scores = (qg @ keys.transpose(1, 2)) * (gc.head_dim ** -0.5)
+        scores = (qg @ keys.transpose(1, 2)) * b["scale"]
         scores = scores.reshape(gc.n_kv_heads, rep, R, -1)
-        scores = scores + mask  # additive: 0 where visible, -MASKED elsewhere
+        scores = scores + biases[b["window"]]  # additive: 0 where visible, -MASKED elsewhere
         p = torch.softmax(scores, dim=-1).reshape(gc.n_kv_heads, rep * R, -1)
         o = (p @ values).reshape(gc.n_heads, R, gc.head_dim).transpose(0, 1).reshape(R, -1)
-        h = x + self._lin(b["o_proj"], o, n_main)
+        o = self._lin(b["o_proj"], o, n_main)
+        h = x + (self._norm(o, b["attn_out"]) if b.get("attn_out") is not None else o)
         m = self._norm(h, b["ln2"])
         g = self.act(self._lin(b["gate_proj"], m, n_main)) * self._lin(b["up_proj"], m, n_main)
-        return h + self._lin(b["down_proj"], g, n_main)
+        d = self._lin(b["down_proj"], g, n_main)
+        return h + (self._norm(d, b["mlp_out"]) if b.get("mlp_out") is not None else d)
 
     # -- the two functions -------------------------------------------------------------------
     def forward(self, *args):
@@ -354,11 +420,12 @@ class SpecStreamGraph(torch.nn.Module):
         gc = self.gc
         n = tokens.shape[0]
         pos = start + torch.arange(n, dtype=torch.int32)
-        cos, sin = self.rope_cos[pos], self.rope_sin[pos]
-        bias = additive(torch.arange(gc.context, dtype=torch.int32)[None, :] <= pos[:, None])
-        h = F.embedding(tokens, self.embed.t_weight)
+        slots = torch.arange(gc.context, dtype=torch.int32)  # prefill: a slot holds its position
+        biases = self._biases(slots[None, :] <= pos[:, None], pos, slots)
+        tables = self._tables(pos)
+        h = self._embed(tokens)
         for i in range(gc.n_layers):
-            h = self._layer(i, h, cos, sin, bias, start, n)
+            h = self._layer(i, h, tables, biases, start, n)
         last = torch.index_select(h, 0, (length - 1).clamp(0, n - 1))
         logits = self.head(last)
         top = torch.argmax(logits, dim=-1).to(torch.int32)
@@ -384,16 +451,20 @@ class SpecStreamGraph(torch.nn.Module):
         in_tree = torch.logical_and(rel >= 0, rel < T)
         cols = torch.index_select(anc.to(torch.int32), 1, rel.clamp(0, T - 1)) > 0  # (T, C)
         cmask = torch.logical_or((rel < 0)[None, :], torch.logical_and(in_tree[None, :], cols))
-        cos, sin = self.rope_cos[positions], self.rope_sin[positions]
-        cbias = additive(cmask)
+        # key positions of the cache slots: committed slots hold their position, tree slots
+        # their node's (a window compares them with the row's position)
+        kpos = torch.where(in_tree, torch.index_select(positions, 0, rel.clamp(0, T - 1)),
+                           torch.arange(C, dtype=torch.int32))
+        tables = self._tables(positions)
+        cbias = self._biases(cmask, positions, kpos)
 
-        h = F.embedding(tokens, self.embed.t_weight)
+        h = self._embed(tokens)
         kept = valid > 0
         msa_start = gc.n_layers - gc.msa_layers if G else gc.n_layers
         for i in range(msa_start):
             if G and i == gc.prune_layer and gc.prune_threshold > 0 and T > 1:
                 kept = self._prune(h, tokens, positions - n, anc, eye, kept)
-            h = self._layer(i, h, cos, sin, cbias, n, T)
+            h = self._layer(i, h, tables, cbias, n, T)
         if G and gc.prune_layer >= msa_start and gc.prune_threshold > 0 and T > 1:
             kept = self._prune(h, tokens, positions - n, anc, eye, kept)
         outputs = {}
@@ -405,10 +476,10 @@ class SpecStreamGraph(torch.nn.Module):
             h = torch.cat([h, s], dim=0)
             spos = (positions[:, None] + torch.arange(1, G + 1, dtype=torch.int32)[None, :]).reshape(-1)
             allpos = torch.cat([positions, spos])
-            cos, sin = self.rope_cos[allpos], self.rope_sin[allpos]
-            mask = additive(self._stream_mask(cmask))
+            tables = self._tables(allpos)
+            biases = self._biases(self._stream_mask(cmask), allpos, torch.cat([kpos, spos]))
             for i in range(msa_start, gc.n_layers):
-                h = self._layer(i, h, cos, sin, mask, n, T)
+                h = self._layer(i, h, tables, biases, n, T)
             logits = self.head(h)
             main, streams = logits[:T], logits[T:]
             logp = torch.log_softmax(streams, dim=-1)
@@ -419,7 +490,7 @@ class SpecStreamGraph(torch.nn.Module):
                 outputs["stream_logits"] = streams.reshape(T, G, gc.vocab)
         else:
             for i in range(msa_start, gc.n_layers):
-                h = self._layer(i, h, cos, sin, cbias, n, T)
+                h = self._layer(i, h, tables, cbias, n, T)
             main = self.head(h)
         outputs["main_token"] = torch.argmax(main, dim=-1).to(torch.int32)
         outputs["node_kept"] = kept.to(torch.int32)

@@ -6,6 +6,10 @@ Tiny random fp32 models are made with ``transformers`` from configs (no download
 weights are randomised too (HF initialises them to one or zero, which would hide Gemma's
 ``1 + w``). Gemma's sliding window (8) is shorter than the prompts, so every check below also
 covers windowed layers, on main rows and on stream rows.
+
+Core ML export: the torch graph that coremltools converts equals the engine on every family
+(fp32 cache, fast); the saved package, run by the package evaluator, equals the engine with an
+fp16 cache (Gemma in the default suite, the others with ``-m slow``: an export takes ~15 s).
 """
 
 import json
@@ -34,7 +38,7 @@ TOL = 1e-4
 WINDOW = 8
 SMALL = dict(hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
              num_hidden_layers=4, vocab_size=100, initializer_range=0.2, pad_token_id=0, bos_token_id=1,
-             eos_token_id=2)
+             eos_token_id=None)  # no EOS: every generation runs its whole length
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 # name: (config, how the checkpoint is saved)
@@ -50,10 +54,13 @@ FAMILIES = {
 PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
 
 
-def make_hf(name, root):
+def make_hf(name, root, **overrides):
     config_fn, fmt = FAMILIES[name]
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config_fn()).eval()
+    config = config_fn()
+    for key, value in overrides.items():
+        setattr(config, key, value)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
@@ -102,6 +109,19 @@ def test_windows_and_norms_are_exercised(families):
     assert np.abs(mlx_logits(model, PROMPT) - ref).max() > 100 * TOL
     smol, _ = load(families["smollm3"][2])
     assert [layer.self_attn.rope is None for layer in smol.layers] == [False, True, False, True]
+
+
+def test_mistral_sliding_window(tmp_path):
+    """Mistral's ``sliding_window`` covers every layer (its configs have no ``layer_types``)."""
+    torch.manual_seed(0)
+    cfg = transformers.MistralConfig(**{**SMALL, "head_dim": None}, sliding_window=WINDOW)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    model, _ = load(convert(tmp_path / "hf", tmp_path / "mlx"))
+    assert {layer.self_attn.window for layer in model.layers} == {WINDOW}
+    ref = torch_logits(hf, PROMPT)
+    for prefill in (None, 5):
+        assert np.abs(mlx_logits(model, PROMPT, prefill) - ref).max() < TOL
 
 
 def test_gemma3_multimodal_checkpoint(families, tmp_path):
@@ -214,3 +234,56 @@ def test_quantized_load(families, tmp_path, name):
         assert np.abs(got - mlx_logits(dequantized, PROMPT)).max() < TOL
         rel[bits] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert rel[8] < 0.1 and rel[8] < rel[4] / 4, rel
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_coreml_graph_equals_engine(families, name):
+    """Prefill past the window, tree steps with commits, pruning and streams on every node."""
+    from test_coreml_graph import check_graph
+
+    model, _ = load(families[name][2])
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=2, seed=1, prune_threshold=0.05)
+    check_graph(model, tree_size=8, context=64, max_tokens=36)
+    detach(model)
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "gemma3" else pytest.mark.slow)
+                                  for n in FAMILIES])
+def test_coreml_package_equals_engine(tmp_path, name):
+    """Two layers (a conversion takes ~7 s a layer), the top one a sliding layer for Gemma."""
+    pytest.importorskip("coremltools")
+    from test_coreml_common import record_engine, replay
+
+    from mlx_specstream.adapter import save_adapter
+    from mlx_specstream.convert.coreml_export import export_coreml, load_for_export
+    from mlx_specstream.convert.mil_eval import Package
+
+    _, src = make_hf(name, tmp_path, num_hidden_layers=2, layer_types=[GLOBAL, SLIDING])
+    dst = convert(src, tmp_path / "mlx")
+    model, _ = load(dst)
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=1, seed=1)
+    save_adapter(model, tmp_path / "adapter")
+    sizes = dict(context=32, tree_size=8, chunk=4)
+    res = export_coreml(dst, tmp_path / "m.mlpackage", adapter=tmp_path / "adapter", precision="float32",
+                        sampling=True, progress=None, **sizes)
+    assert res.metadata["specstream.model_type"] == model.config["model_type"]
+    pkg = Package(res.package)
+    state = pkg.new_state()
+    model = load_for_export(dst, tmp_path / "adapter", precision="float32")
+    prompt = PROMPT[0, :10].tolist()
+    rec = record_engine(model, prompt, max_tokens=16, tree_budget=8, fp16_state=True)
+    err = replay(lambda function, inputs: pkg.predict(inputs, state, function=function), rec, prompt,
+                 accept_max=4, **sizes)
+    # both sides round keys/values to fp16; a value on the other side of a rounding boundary moves
+    # by one fp16 ulp, the logits (|x| <= 11 here) by ~1e-3; a wrong layer moves them by > 0.1
+    assert err["steps"] >= 4 and max(err["prefill"], err["main"], err["stream"]) <= 5e-3, err
+
+
+def test_coreml_export_refuses_other_families():
+    from helpers import tiny_model
+
+    from mlx_specstream.arch.base import UnsupportedModelError
+    from mlx_specstream.convert.torch_graph import graph_config
+
+    with pytest.raises(UnsupportedModelError, match="gemma3_text, not 'opt'"):
+        graph_config(tiny_model("opt"), 64, 4, 4)

@@ -68,6 +68,11 @@ class Args(BaseArgs):
                                       self.head_dim)
                       for kind in set(self.layer_types)}
 
+    @property
+    def hidden_act(self) -> str:
+        """The MLP activation, under the name the llama family's configs use."""
+        return self.hidden_activation
+
 
 class RMSNorm(nn.Module):
     """Gemma's RMS norm: ``x / rms(x) * (1 + weight)``, the weight stored as an offset from 1."""
@@ -90,7 +95,7 @@ class Block(nn.Module):
             a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.attention_bias,
             a.attention_bias, a.ropes[kind], qk_norm=norm, scale=a.query_pre_attn_scalar**-0.5,
             window=a.sliding_window if kind == SLIDING else None)
-        self.mlp = MLP(a.hidden_size, a.intermediate_size, False, a.hidden_activation)
+        self.mlp = MLP(a.hidden_size, a.intermediate_size, False, a.hidden_act)
         self.input_layernorm = norm(a.hidden_size)
         self.post_attention_layernorm = norm(a.hidden_size)
         self.pre_feedforward_layernorm = norm(a.hidden_size)

@@ -44,8 +44,12 @@ class Args(BaseArgs):
         self.o_bias = self.attention_bias and not qwen2
 
     def window(self, layer: int) -> int | None:
-        """The sliding window of a layer that ``layer_types`` marks "sliding_attention"."""
-        sliding = self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+        """The sliding window of a layer: of those ``layer_types`` marks "sliding_attention", or of
+        every layer of a mistral config without ``layer_types`` (as transformers reads them)."""
+        if self.layer_types is not None:
+            sliding = self.layer_types[layer] == "sliding_attention"
+        else:
+            sliding = self.model_type == "mistral"
         return self.sliding_window if sliding and self.use_sliding_window and self.sliding_window else None
 
 
