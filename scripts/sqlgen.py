@@ -217,6 +217,7 @@ def plural(word: str) -> str:
 # --------------------------------------------------------------------------------------------
 UNITS = {
     "m": ["in metres", "in meters", "in m"],
+    "sqm": ["in square meters", "in square metres"],
     "km": ["in kilometres", "in km", "in kilometers"],
     "cm": ["in centimetres", "in cm"],
     "kg": ["in kilograms", "in kg"],
@@ -242,7 +243,7 @@ MEASURES = {
     "depth": "m km",
     "weight": "kg t",
     "distance": "km m",
-    "area": "km",
+    "area": "sqm",
     "capacity": "mw kw l",
     "speed": "kmh mph",
     "volume": "l",
@@ -290,6 +291,21 @@ EVENTS = (
     "start end birth release opening hire signup launch purchase delivery visit join due issue "
     "expiry arrival departure renewal inspection".split()
 )
+EVENT_VERBS = {
+    "filed": "filing",
+    "listed": "listing",
+    "signed": "signing",
+    "booked": "booking",
+    "shipped": "shipping",
+    "posted": "posting",
+    "hired": "hiring",
+    "opened": "opening",
+    "closed": "closing",
+    "registered": "registration",
+    "scheduled": "scheduling",
+}
+QUALIFIERS_BEFORE = "annual recorded reported current official estimated average".split()
+QUALIFIERS_AFTER = "caught sought country rating level amount value figure".split()
 CATEGORIES = (
     "type kind status category level tier mode grade class genre material shape style group "
     "zone format section division sector size_class variant".split()
@@ -432,10 +448,25 @@ def compose(rng: random.Random, head: str, ent: str) -> tuple[str, str]:
         return f"{m}_{head}", f"{m} {head.replace('_', ' ')}"
     if r < 0.3:
         return f"{ent}_{head}", f"{ent.replace('_', ' ')} {head.replace('_', ' ')}"
+    if r < 0.36:  # "years_experience" -> "years of experience"
+        m = piece(rng)
+        return f"{head}_{m}", f"{head.replace('_', ' ')} of {m}"
     return head, head.replace("_", " ")
 
 
 def make_column(rng: random.Random, ent: str) -> Column:
+    """A column of a random role (``role_column``); now and then a number's phrase has a word more
+    than its name, as people say it ("tonnes" -> "tonnes caught", "visitors" -> "annual visitors")."""
+    col = role_column(rng, ent)
+    if col.role == "number" and " in " not in col.phrase and rng.random() < 0.12:
+        if rng.random() < 0.5:
+            col.phrase = f"{rng.choice(QUALIFIERS_BEFORE)} {col.phrase}"
+        else:
+            col.phrase = f"{col.phrase} {rng.choice(QUALIFIERS_AFTER)}"
+    return col
+
+
+def role_column(rng: random.Random, ent: str) -> Column:
     """A column of a random role; its name, type, values and phrase follow from the role."""
     role = rng.choices(
         ["name", "category", "measure", "money", "rating", "count", "year", "date", "made_up"],
@@ -443,13 +474,17 @@ def make_column(rng: random.Random, ent: str) -> Column:
     )[0]
     if role == "made_up":  # a bare made-up word whose meaning only its type and values tell
         name = pseudo_word(rng, 2, 3)
+        phrase = name
+        if rng.random() < 0.25:  # an acronym, said in capitals ("gpa" -> "GPA")
+            name = "".join(rng.choice("abcdefghiklmnoprstuvwxyz") for _ in range(rng.randint(2, 4)))
+            phrase = name.upper()
         kind = rng.choice(["name", "category", "number"])
         if kind == "number":
             lo, hi = number_range(rng, 0, 1e5)
-            return Column(name, rng.choice(["INTEGER", "REAL"]), "number", name, lo=lo, hi=hi)
-        return Column(name, "TEXT", kind, name, text_pool(rng, "word" if kind == "name" else ""))
+            return Column(name, rng.choice(["INTEGER", "REAL"]), "number", phrase, lo=lo, hi=hi)
+        return Column(name, "TEXT", kind, phrase, text_pool(rng, "word" if kind == "name" else ""))
     if role == "name":
-        head = rng.choice(list(NAMES))
+        head = "name" if rng.random() < 0.35 else rng.choice(list(NAMES))  # the commonest column
         name, phrase = compose(rng, head, ent)
         return Column(name, "TEXT", "name", phrase, text_pool(rng, rng.choice(NAMES[head].split())))
     if role == "category":
@@ -460,8 +495,9 @@ def make_column(rng: random.Random, ent: str) -> Column:
         head = rng.choice(list(MEASURES))
         unit = rng.choice(MEASURES[head].split()) if rng.random() < 0.6 else None
         name, phrase = compose(rng, head, ent)
-        if unit:
-            name, phrase = f"{name}_{unit}", f"{phrase} {rng.choice(UNITS[unit])}"
+        if unit:  # in the name and the phrase, or, now and then, in the phrase alone
+            name = name if rng.random() < 0.2 else f"{name}_{unit}"
+            phrase = f"{phrase} {rng.choice(UNITS[unit])}"
         lo, hi = number_range(rng, 0, 1e6)
         return Column(name, rng.choice(["INTEGER", "REAL"]), "number", phrase, lo=lo, hi=hi)
     if role == "money":
@@ -470,6 +506,9 @@ def make_column(rng: random.Random, ent: str) -> Column:
         if rng.random() < 0.25:
             unit = rng.choice(["usd", "eur"])
             name, phrase = f"{name}_{unit}", f"{phrase} {rng.choice(UNITS[unit])}"
+        elif rng.random() < 0.15:  # "budget" -> "budget in millions"
+            phrase = f"{phrase} in millions"
+            return Column(name, "REAL", "number", phrase, lo=1, hi=rng.choice([50, 200, 900]))
         lo, hi = number_range(rng, rng.choice([0, 1, 10, 100]), 5e6)
         return Column(name, rng.choice(["REAL", "REAL", "INTEGER"]), "number", phrase, lo=lo, hi=hi)
     if role == "rating":
@@ -479,9 +518,10 @@ def make_column(rng: random.Random, ent: str) -> Column:
         return Column(name, "REAL" if hi <= 10 else "INTEGER", "number", phrase, lo=lo, hi=hi)
     if role == "count":
         what = rng.choice(COUNTS) if rng.random() < 0.6 else plural(piece(rng))
-        style = rng.randrange(4)
+        style = rng.randrange(5)
         name, phrase = [
             (what, what),
+            (what, f"number of {what}"),
             (f"num_{what}", f"number of {what}"),
             (f"{what}_count", f"number of {what}"),
             (f"total_{what}", f"total {what}"),
@@ -498,7 +538,16 @@ def make_column(rng: random.Random, ent: str) -> Column:
         lo = rng.choice([1800, 1900, 1950])
         return Column(name, "INTEGER", "number", phrase, lo=lo, hi=2024)
     ev = rng.choice(EVENTS)
-    name, phrase = (f"{ev}_date", f"{ev} date") if rng.random() < 0.7 else (f"date_of_{ev}", f"date of {ev}")
+    r = rng.random()
+    if r < 0.55:
+        name, phrase = f"{ev}_date", f"{ev} date"
+    elif r < 0.7:
+        name, phrase = f"date_of_{ev}", f"date of {ev}"
+    elif r < 0.85:  # "check_in" -> "check-in date"
+        name, phrase = ev, f"{ev} date"
+    else:  # "filed_date" -> "filing date"
+        done, doing = rng.choice(list(EVENT_VERBS.items()))
+        name, phrase = f"{done}_date", f"{doing} date"
     lo = rng.choice([1950, 1980, 2000])
     return Column(name, "DATE", "date", phrase, lo=lo, hi=2024)
 
