@@ -74,6 +74,8 @@ def generate(
     node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
                                            "one-node pass; 0: always the whole budget (default: "
                                            "0.07 or 0.15 on a CPU, measured in docs/engine.md; 0 on Metal)"),
+    lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
+                                       help="ss: prompt-lookup candidates beside the streams' (default on)"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="colour accepted (green) and rejected (red) drafts; stats"),
 ) -> None:
@@ -93,7 +95,7 @@ def generate(
         raise ValueError(f"{model}: the model has no tokenizer files")
     gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                           seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                          prune_threshold=prune_threshold, node_cost=node_cost)
+                          prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup)
     decoder_stats = None
     try:
         for step in gen:

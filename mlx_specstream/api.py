@@ -80,12 +80,12 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
              top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
              prune_threshold: float | None = None, streams: str = "auto",
-             node_cost: float | None = None) -> Decoder:
+             node_cost: float | None = None, lookup: bool | None = None) -> Decoder:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                          prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
-                         node_cost=node_cost)
+                         node_cost=node_cost, lookup=lookup)
     return Decoder(model, _prompt_ids(tokenizer, prompt), opts)
 
 

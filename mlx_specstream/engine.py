@@ -18,7 +18,7 @@ import numpy as np
 
 from .errors import OptionError
 from .kv_cache import make_cache
-from .lookup import prompt_lookup
+from .lookup import LookupScore, lookup_match
 from .streams import ForwardOut, forward, stream_pass
 from .tree import Tree, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
@@ -31,6 +31,8 @@ class DecodeOptions:
     top_p: float = 1.0
     seed: int = 0
     mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
+    # ss: prompt-lookup candidates merged into the streams' draft tree (hybrid drafts); None: on
+    lookup: bool | None = None
     gamma: int | None = None  # streams used for drafting (<= the adapter's)
     branch: int | None = None  # k: candidates per stream
     tree_budget: int | None = None  # max nodes per tree (root included)
@@ -119,6 +121,8 @@ class _Draft:
     scores: list[list[float]]  # their log-probabilities
     draws: list[list[int]]  # sampling: the i.i.d. draws per level, in order
     q: list[np.ndarray]  # sampling: the stream distributions
+    chain: list[int] = field(default_factory=list)  # prompt-lookup continuation (deterministic)
+    chain_scores: list[float] = field(default_factory=list)  # their log-probabilities
 
 
 class Decoder:
@@ -174,6 +178,8 @@ class Decoder:
         if self.node_cost is None:
             policy = "deferred" if self.deferred else "tree"
             self.node_cost = default_node_costs()[policy] if opts.mode == "ss" else 0.0
+        self.lookup = opts.mode == "lookup" or (opts.mode == "ss" and opts.lookup is not False)
+        self.lookup_score = LookupScore()
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
@@ -211,14 +217,15 @@ class Decoder:
                              self.opts.top_p)
 
     def _draft(self, out: ForwardOut, node: int) -> _Draft:
-        """Candidates for each level from the streams of ``node`` (an index into out.tree)."""
-        if self.opts.mode == "ar":
-            return _Draft([], [], [], [])
-        if self.opts.mode == "lookup":
-            toks = prompt_lookup(self.history, num_draft=self.budget - 1)
-            vocab = out.main_logits.shape[-1]
-            return _Draft([[t] for t in toks], [[0.0]] * len(toks), [[t] for t in toks],
-                          [np.eye(1, vocab, t)[0] for t in toks])
+        """Candidates for each level from the streams of ``node`` (an index into out.tree), and
+        the prompt-lookup chain after the history."""
+        draft = self._stream_draft(out, node) if self.opts.mode == "ss" else _Draft([], [], [], [])
+        if self.lookup:
+            draft.chain, n = lookup_match(self.history, num_draft=self.budget - 1)
+            draft.chain_scores = [self.lookup_score.logp(n)] * len(draft.chain)
+        return draft
+
+    def _stream_draft(self, out: ForwardOut, node: int) -> _Draft:
         logits = self._stream_logits(out, node).astype(mx.float32)
         k = self.branch
         if self.opts.temperature == 0:
@@ -264,9 +271,9 @@ class Decoder:
             return
         while step.finished is None:
             t_step = time.perf_counter()
-            depth = len(draft.levels) if self.limit is None else self.limit - 1 - self.n
+            depth = None if self.limit is None else self.limit - 1 - self.n  # the context's room
             tree = build_tree(root, draft.levels[:depth], draft.scores[:depth], self.budget,
-                              self.node_cost)
+                              self.node_cost, draft.chain[:depth], draft.chain_scores[:depth])
             t_model = time.perf_counter()
             out = self._run(tree, stream_nodes="all", prune=opts.mode == "ss")
             target = self._target(out.main_logits)
@@ -274,13 +281,17 @@ class Decoder:
             if opts.temperature == 0:
                 path, root = verify_greedy(out.tree, target)
             else:
-                path, root = verify_sampling(out.tree, target, draft.draws, draft.q, self.rng)
+                path, root = verify_sampling(out.tree, target, draft.draws, draft.q, self.rng,
+                                             draft.chain)
             stats.calls += 1
             stats.tree_nodes += len(tree)
             stats.kept_nodes += len(out.tree)
             stats.accepted_lengths[len(path)] += 1
             accepted = out.tree.tokens[path[1:]].tolist()
-            rejected = [lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels else []
+            if draft.chain:
+                self._learn_lookup(draft.chain, out.tree, accepted)
+            rejected = ([lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels
+                        else draft.chain[len(path) - 1:])
             self._commit(out, path)
             self.history += accepted + [root]
             draft = self._draft(out, path[-1])
@@ -288,6 +299,20 @@ class Decoder:
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step
             yield step
+
+    def _learn_lookup(self, chain: list[int], tree: Tree, accepted: list[int]) -> None:
+        """Count the lookup tokens this pass verified (its chain's nodes in the tree) and the ones
+        it accepted."""
+        v, proposed = 0, 0
+        for t in chain:
+            kids = tree.children(v)
+            match = kids[tree.tokens[kids] == t]
+            if len(match) == 0:
+                break
+            v, proposed = int(match[0]), proposed + 1
+        hits = next((i for i, (a, c) in enumerate(zip(accepted, chain)) if a != c), min(len(accepted),
+                                                                                      len(chain)))
+        self.lookup_score.update(proposed, min(hits, proposed))
 
     def _greedy_ar_steps(self, root: int, emitted: int) -> Iterator[Step]:
         """Plain greedy decoding, pipelined as in mlx-lm's ``generate_step``: each pass is queued

@@ -1,14 +1,48 @@
 """Prompt-lookup drafts (Saxena, 2023): the tokens that followed the latest earlier occurrence
-of the sequence's last n-gram. A model-free baseline that shares the engine's verification."""
+of the sequence's last n-gram. Alone, a model-free baseline (``mode="lookup"``); beside the
+streams, a chain of deterministic candidates merged into the draft tree (hybrid drafts), scored
+by how long the match is and how often lookup has been right in this generation."""
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+def lookup_match(history: list[int], max_ngram: int = 3, num_draft: int = 10) -> tuple[list[int], int]:
+    """``(continuation, n)``: what followed the latest earlier occurrence of the longest (up to
+    ``max_ngram``) suffix n-gram of ``history``, and n; ``([], 0)`` when there is none."""
+    for n in range(min(max_ngram, len(history) - 1), 0, -1):
+        suffix = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start: start + n] == suffix:
+                return history[start + n: start + n + num_draft], n
+    return [], 0
 
 
 def prompt_lookup(history: list[int], max_ngram: int = 3, num_draft: int = 10) -> list[int]:
     """Continuation of the longest (up to ``max_ngram``) suffix n-gram seen earlier, or []."""
-    for n in range(min(max_ngram, len(history) - 1), 0, -1):
-        suffix = history[-n:]
-        for start in range(len(history) - n - 1, -1, -1):
-            if history[start : start + n] == suffix:
-                return history[start + n : start + n + num_draft]
-    return []
+    return lookup_match(history, max_ngram, num_draft)[0]
+
+
+# How often a lookup token is right before any evidence, by match length (1, 2, >= 3 tokens).
+PRIOR = (0.25, 0.45, 0.6)
+PRIOR_WEIGHT = 2.0
+
+
+@dataclass
+class LookupScore:
+    """Per-token log-probability of lookup drafts: the prior of the match length, updated by the
+    tokens lookup proposed and got right so far in this generation (a Beta posterior mean)."""
+
+    hits: int = 0
+    tries: int = 0
+
+    def logp(self, n: int) -> float:
+        prior = PRIOR[min(n, len(PRIOR)) - 1]
+        return math.log((self.hits + PRIOR_WEIGHT * prior) / (self.tries + PRIOR_WEIGHT))
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """``proposed`` chain tokens were in the verified tree; the first ``accepted`` matched."""
+        self.hits += accepted
+        self.tries += min(proposed, accepted + 1)

@@ -39,37 +39,51 @@ def chain(tokens) -> Tree:
 
 
 def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], budget: int,
-               node_cost: float = 0.0) -> Tree:
-    """Tree of drafts under ``root``: every node at depth j-1 gets ``levels[j-1]`` as children.
+               node_cost: float = 0.0, chain: list[int] = (), chain_scores: list[float] = ()) -> Tree:
+    """Tree of drafts under ``root``: every node at depth j-1 gets ``levels[j-1]`` as children,
+    and the nodes of ``chain`` (a path under the root, e.g. a prompt-lookup continuation) get
+    their next chain token too.
 
-    ``scores[j-1][i]`` is the log-probability of ``levels[j-1][i]``. With more nodes than
-    ``budget`` the best nodes by path score (sum of log-probabilities from the root, as in
-    EAGLE-2's re-ranking) are kept; scores only decrease along a path, so the kept set always
-    contains each kept node's parent. Ties go to the earlier-expanded node. With ``node_cost``
-    > 0 the tree is cut further to the size :func:`best_size` picks.
+    ``scores[j-1][i]`` is the log-probability of ``levels[j-1][i]``, ``chain_scores[j-1]`` that of
+    ``chain[j-1]``; a token that is both a stream candidate and the chain's is one node with the
+    higher score. With more nodes than ``budget`` the best nodes by path score (sum of
+    log-probabilities from the root, as in EAGLE-2's re-ranking) are kept; scores only decrease
+    along a path, so the kept set always contains each kept node's parent. Ties go to the
+    earlier-expanded node. With ``node_cost`` > 0 the tree is cut further to the size
+    :func:`best_size` picks.
+
+    Example: root 7, levels [[1, 2], [3]], chain [2, 5]: nodes 7; 1, 2 (depth 1); then 3 under
+    1, and 3 and 5 under 2 (the chain's node 2 also gets its chain child 5).
     """
     if budget < 1:
         raise ValueError("tree budget must be >= 1")
     tokens, parents, depths = [root], [-1], [0]
-    heap: list[tuple[float, int, int, int, int]] = []  # (-score, seq, parent, depth, cand)
+    heap: list[tuple[float, int, int, int, int, bool]] = []  # (-score, seq, parent, depth, token, on chain)
     seq = 0
 
-    def push_children(parent: int, depth: int, score: float) -> None:
+    def push_children(parent: int, depth: int, score: float, on_chain: bool) -> None:
         nonlocal seq
+        cands: dict[int, float] = {}
         if depth < len(levels):
-            for i, s in enumerate(scores[depth]):
-                heapq.heappush(heap, (-(score + s), seq, parent, depth + 1, i))
-                seq += 1
+            for t, s in zip(levels[depth], scores[depth]):
+                cands.setdefault(t, s)
+        if on_chain and depth < len(chain):
+            t = chain[depth]
+            cands[t] = max(cands.get(t, -np.inf), chain_scores[depth])
+        for t, s in cands.items():
+            follows = on_chain and depth < len(chain) and t == chain[depth]
+            heapq.heappush(heap, (-(score + s), seq, parent, depth + 1, t, follows))
+            seq += 1
 
-    push_children(0, 0, 0.0)
+    push_children(0, 0, 0.0, True)
     path_score = [0.0]
     while heap and len(tokens) < budget:
-        neg, _, parent, depth, i = heapq.heappop(heap)
-        tokens.append(levels[depth - 1][i])
+        neg, _, parent, depth, t, on_chain = heapq.heappop(heap)
+        tokens.append(t)
         parents.append(parent)
         depths.append(depth)
         path_score.append(-neg)
-        push_children(len(tokens) - 1, depth, -neg)
+        push_children(len(tokens) - 1, depth, -neg, on_chain)
     if node_cost > 0:  # nodes were taken best first, each after its parent: keep a prefix
         m = best_size(path_score, node_cost)
         tokens, parents, depths = tokens[:m], parents[:m], depths[:m]

@@ -5,7 +5,8 @@ Sampling: at each node, try the drafts of the next level in the order they were 
 multi-candidate speculative sampling (Stratos' notes §2, SpecInfer): accept draft x with
 probability min(1, p(x)/q(x)), otherwise p <- norm(max(p - q, 0)) and try the next draft; if
 every draft is rejected, sample the residual. The drafts of one level are i.i.d. draws from the
-stream distribution q, so the emitted tokens are distributed exactly as the base model's p.
+stream distribution q, so the emitted tokens are distributed exactly as the base model's p. A
+prompt-lookup draft is a deterministic candidate (q one-hot), tried first on its path.
 An accepted draft that has no node (pruned, or cut by the budget) ends the path: it becomes the
 next root, unverified beyond itself.
 """
@@ -31,17 +32,23 @@ def verify_greedy(tree: Tree, argmax: np.ndarray) -> tuple[list[int], int]:
 
 
 def verify_sampling(tree: Tree, p: np.ndarray, draws: list[list[int]], q: list[np.ndarray],
-                    rng: np.random.Generator) -> tuple[list[int], int]:
+                    rng: np.random.Generator, chain: list[int] = ()) -> tuple[list[int], int]:
     """Multi-candidate rejection sampling over the tree; ``p`` is (M, V) target probabilities,
-    ``draws[d]`` the draws of level d+1 from ``q[d]``."""
-    v, path = 0, [0]
+    ``draws[d]`` the draws of level d+1 from ``q[d]``. ``chain`` holds deterministic drafts along
+    one path (a prompt-lookup continuation, q one-hot): at a node on that path its next token is
+    tried first, then the level's draws against the residual."""
+    v, path, on_chain = 0, [0], True
     while True:
         d = int(tree.depths[v])
-        if d >= len(draws):
-            return path, sample(p[v], rng)
-        accepted, residual = residual_accept(p[v], draws[d], q[d], rng)
+        residual = p[v]
+        accepted = None
+        if on_chain and d < len(chain):
+            accepted, residual = residual_accept(residual, [chain[d]], None, rng)
+        if accepted is None and d < len(draws):
+            accepted, residual = residual_accept(residual, draws[d], q[d], rng)
         if accepted is None:
             return path, sample(residual, rng)
+        on_chain = on_chain and d < len(chain) and accepted == chain[d]
         kids = tree.children(v)
         match = kids[tree.tokens[kids] == accepted]
         if len(match) == 0:
@@ -50,13 +57,19 @@ def verify_sampling(tree: Tree, p: np.ndarray, draws: list[list[int]], q: list[n
         path.append(v)
 
 
-def residual_accept(p: np.ndarray, draws: list[int], q: np.ndarray, rng: np.random.Generator):
-    """Try ``draws`` (i.i.d. from q) in order; return (accepted token or None, residual p)."""
+def residual_accept(p: np.ndarray, draws: list[int], q: np.ndarray | None, rng: np.random.Generator):
+    """Try ``draws`` (i.i.d. from q; q None: deterministic drafts, q one-hot at each) in order;
+    return (accepted token or None, residual p)."""
     p = p.astype(np.float64)
     for x in draws:
-        if rng.random() * q[x] < p[x]:  # accept with probability min(1, p/q)
+        qx = 1.0 if q is None else q[x]
+        if rng.random() * qx < p[x]:  # accept with probability min(1, p/q)
             return int(x), p
-        p = np.maximum(p - q, 0.0)
+        if q is None:  # max(p - onehot(x), 0)
+            p = p.copy()
+            p[x] = 0.0
+        else:
+            p = np.maximum(p - q, 0.0)
         total = p.sum()
         if total <= 0.0:  # p <= q everywhere means p == q: the residual is never needed
             return int(x), p

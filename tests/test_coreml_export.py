@@ -153,11 +153,13 @@ def test_evaluator_equals_engine_steps(packages, model_dir):
 
 def _check_tokens(model, runner, tok, prompt, n=40, **kw):
     with fp16_kv():
-        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
+        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0,
+                       lookup=False, **kw)
     got = generate_package(runner, tok, prompt, max_tokens=n, **kw)
     assert got.tokens == ref.tokens
     assert got.stats.calls == ref.stats.calls and got.stats.kept_nodes == ref.stats.kept_nodes
-    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
+    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0,
+                     lookup=False, **kw)
     return got, plain
 
 

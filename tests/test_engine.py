@@ -41,7 +41,7 @@ GRID = list(itertools.product([1, 2, 4], [1, 3], [0.0, 0.2], [6, 32], ["tree", "
 def test_lossless_greedy_llama(llama, gamma, branch, threshold, budget, streams):
     new_adapter(llama, gamma=4, msa_layers=2, seed=gamma * 7 + branch)
     ss = check_lossless(llama, [5, 9, 2, 7], gamma=gamma, branch=branch, prune_threshold=threshold,
-                        tree_budget=budget, streams=streams, node_cost=0.0)
+                        tree_budget=budget, streams=streams, node_cost=0.0, lookup=False)
     expected_nodes = min(budget, 1 + sum(branch**g for g in range(1, gamma + 1)))
     assert ss.stats.tree_nodes == expected_nodes * ss.stats.calls
     if threshold == 0:
@@ -53,7 +53,7 @@ def test_tree_size_follows_node_cost(llama):
     new_adapter(llama, gamma=4, msa_layers=2, seed=5)
     sizes = []
     for cost in (0.0, 0.05, 0.3, 100.0):
-        ss = check_lossless(llama, [2, 8], n=120, branch=3, tree_budget=16, node_cost=cost)
+        ss = check_lossless(llama, [2, 8], n=120, branch=3, tree_budget=16, node_cost=cost, lookup=False)
         sizes.append(ss.stats.tree_nodes / ss.stats.calls)
     assert sizes[0] == 16 and sizes[-1] == 1  # the whole budget; the root alone (AR with streams)
     assert sizes == sorted(sizes, reverse=True) and sizes[1] > sizes[2]
@@ -197,6 +197,19 @@ def test_prompt_lookup_is_lossless_and_drafts_from_history():
     pl = generate(model, None, [1, 2, 3, 1, 2], max_tokens=120, mode="lookup")
     assert pl.tokens == ar.tokens
     assert pl.stats.calls < ar.stats.calls  # repetitive random-model output is easy to look up
+
+
+def test_hybrid_drafts_are_lossless_and_add_lookup_candidates(llama):
+    """Prompt-lookup candidates merged into the streams' tree (the default): the output is still
+    the base model's, and on the repetitive output of a random model they are accepted, so more
+    tokens advance per pass than with the (random) streams alone."""
+    new_adapter(llama, gamma=3, msa_layers=2, seed=4)
+    prompt = [1, 2, 3, 1, 2]
+    both = check_lossless(llama, prompt, n=120, branch=2, tree_budget=12)
+    streams = check_lossless(llama, prompt, n=120, branch=2, tree_budget=12, lookup=False)
+    assert both.stats.mean_accepted_tokens > streams.stats.mean_accepted_tokens
+    # sampling runs too (exact in distribution: tests/test_sampling.py)
+    assert len(generate(llama, None, prompt, max_tokens=40, temperature=0.7, seed=1).tokens) == 40
 
 
 @pytest.mark.parametrize("eos_at,max_tokens", [(None, 20), (6, 20), (0, 20), (None, 1)])

@@ -89,6 +89,8 @@ def exact(model):
 
 
 def test_ss_sampling_matches_exact_distribution(model, exact):
+    """Hybrid drafts (the default): stream draws and prompt-lookup chains (a 5-token vocabulary
+    repeats, so lookup proposes nearly every pass)."""
     counts = sample_counts(model, branch=2, tree_budget=16)
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
@@ -112,7 +114,7 @@ def test_top_p_sampling_matches(model):
 def wrong_no_residual(p, draws, q, rng):
     """Bug: after a rejection, resample from p instead of the residual max(p - q, 0)."""
     for x in draws:
-        if rng.random() * q[x] < p[x]:
+        if rng.random() * (1.0 if q is None else q[x]) < p[x]:
             return int(x), p
     return None, p
 
@@ -120,7 +122,7 @@ def wrong_no_residual(p, draws, q, rng):
 def wrong_accept_if_likely(p, draws, q, rng):
     """Bug: accept a draft whenever it is at least as likely under p as under q."""
     for x in draws:
-        if p[x] >= q[x]:
+        if p[x] >= (1.0 if q is None else q[x]):
             return int(x), p
     return None, p
 
@@ -144,5 +146,20 @@ def test_residual_accept_is_exact_in_distribution():
     for _ in range(n):
         draws = [verify.sample(q, rng) for _ in range(2)]
         tok, resid = verify.residual_accept(p, draws, q, rng)
+        counts[tok if tok is not None else verify.sample(resid, rng)] += 1
+    assert np.abs(counts / n - p).max() < 0.01
+
+
+def test_deterministic_then_random_drafts_are_exact():
+    """A prompt-lookup token (q one-hot) tried first, then i.i.d. stream draws on the residual."""
+    rng = np.random.default_rng(1)
+    p = np.array([0.1, 0.6, 0.2, 0.1])
+    q = np.array([0.4, 0.1, 0.1, 0.4])
+    counts = np.zeros(4)
+    n = 40000
+    for _ in range(n):
+        tok, resid = verify.residual_accept(p, [3], None, rng)  # lookup proposes an unlikely token
+        if tok is None:
+            tok, resid = verify.residual_accept(resid, [verify.sample(q, rng)], q, rng)
         counts[tok if tok is not None else verify.sample(resid, rng)] += 1
     assert np.abs(counts / n - p).max() < 0.01

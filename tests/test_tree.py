@@ -138,3 +138,26 @@ def test_reorder_requires_parents():
     assert sub.parents.tolist()[0] == -1
     with pytest.raises(ValueError):
         reorder(t, [0, 3])  # node 3's parent is missing
+
+
+def test_chain_candidates_merge_into_the_tree():
+    """A prompt-lookup chain joins the stream candidates: shared tokens are one node (the higher
+    score), the chain's nodes get their next chain token, and the budget ranks both by path score."""
+    t = build_tree(7, [[1, 2], [3]], [[-0.1, -0.5], [-0.2]], budget=16, chain=[2, 5],
+                   chain_scores=[-0.05, -0.05])
+    paths = {tuple(t.tokens[[v for v in _path(t, u)]]) for u in range(len(t))}
+    assert paths == {(7,), (7, 1), (7, 2), (7, 1, 3), (7, 2, 3), (7, 2, 5)}
+    # the chain's token 2 now outranks stream token 1: with room for 3 nodes, 2 and its chain child
+    small = build_tree(7, [[1, 2], [3]], [[-0.1, -0.5], [-0.2]], budget=3, chain=[2, 5],
+                       chain_scores=[-0.01, -0.01])
+    assert sorted(small.tokens.tolist()) == [2, 5, 7]
+    # a chain alone is a path (the lookup baseline)
+    alone = build_tree(7, [], [], budget=4, chain=[4, 4, 9, 1, 2], chain_scores=[0.0] * 5)
+    assert alone.tokens.tolist() == [7, 4, 4, 9] and alone.parents.tolist() == [-1, 0, 1, 2]
+
+
+def _path(t, v):
+    out = [v]
+    while t.parents[out[-1]] >= 0:
+        out.append(int(t.parents[out[-1]]))
+    return out[::-1]
