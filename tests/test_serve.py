@@ -333,3 +333,23 @@ def test_scheduler_interleaves_pass_by_pass():
     sched.submit(d)
     sched.stop(timeout=10)
     assert "d0" not in log and sched.active == 0
+
+
+def test_adapters_share_the_base_arrays():
+    """Every model id's base layers hold the base model's own arrays (nothing copied); the base
+    keeps no adapter; each adapter adds only its own parameters."""
+    from mlx.utils import tree_flatten
+
+    from mlx_specstream.adapter import adapter_weights
+    from mlx_specstream.pool import ModelPool
+
+    pool = ModelPool(MODEL, ["sql", "code"])
+    base = dict(tree_flatten(pool.base.parameters()))
+    assert getattr(pool.base, "adapter", None) is None
+    for model_id in ("specstream-tiny:sql", "specstream-tiny:code"):
+        model = pool.get(model_id)
+        own = adapter_weights(model)
+        params = {k.replace(".base.", "."): v for k, v in tree_flatten(model.parameters()) if k not in own}
+        assert params.keys() == base.keys() and all(params[k] is base[k] for k in base)
+    with pytest.raises(ValueError, match="this server has"):
+        pool.get("specstream-tiny:sql-lossless")

@@ -1,0 +1,93 @@
+"""Would batching forward passes across requests pay on this machine? The time of one pass over
+B sequences (each with its own cached context, T new rows) against B one-sequence passes.
+
+T = 1 is a batched autoregressive step; T = 4 a chain of three drafts after the root (the
+paper's rule for batched Speculative Streaming: trees off, one chain per sequence). Contexts are
+of equal length here (a ragged batch would mask padding: a little more attention work).
+
+    .venv/bin/python scripts/bench_batch_pass.py [--model DIR --context 128 --batch 1,2,4,8,16] [--out FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+
+from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
+from mlx_specstream.kv_cache import make_cache  # noqa: E402
+from mlx_specstream.loader import load_model  # noqa: E402
+
+
+def pass_time(model, batch: int, rows: int, context: int, reps: int) -> float:
+    """Median seconds of one pass of ``rows`` new rows for each of ``batch`` cached sequences."""
+    cache = make_cache(model)
+    vocab = model.config["vocab_size"]
+    mx.eval(model(mx.random.randint(0, vocab, (batch, context)), cache=cache))
+    tokens = mx.random.randint(0, vocab, (batch, rows))
+    times = []
+    for _ in range(reps + 1):
+        t = time.perf_counter()
+        mx.eval(model(tokens, cache=cache))
+        times.append(time.perf_counter() - t)
+        for c in cache:
+            c.trim(rows)
+    return statistics.median(times[1:])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--batch", default="1,2,4,8,16")
+    ap.add_argument("--rows", default="1,4", help="new rows per sequence and pass")
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+
+    model = load_model(args.model)
+    load_before = os.getloadavg()
+    results = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        for batch in (int(b) for b in args.batch.split(",")):
+            one, many = [], []
+            for _ in range(3):  # interleaved: the machine's load hits both alike
+                one.append(pass_time(model, 1, rows, args.context, args.reps))
+                many.append(pass_time(model, batch, rows, args.context, args.reps))
+            t1, tb = statistics.median(one), statistics.median(many)
+            results.append({"rows": rows, "batch": batch, "one_sequence_ms": round(t1 * 1e3, 3),
+                            "batched_ms": round(tb * 1e3, 3), "cost_vs_one_pass": round(tb / t1, 3),
+                            "throughput_gain": round(batch * t1 / tb, 3)})
+            print(results[-1], file=sys.stderr)
+    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
+            "blas": active_blas(), "model": str(args.model), "context": args.context,
+            "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    print("| rows per sequence | batch | one sequence (ms) | batched (ms) | cost vs one pass | "
+          "throughput gain |\n|---|---|---|---|---|---|")
+    for r in results:
+        print(f"| {r['rows']} | {r['batch']} | {r['one_sequence_ms']} | {r['batched_ms']} | "
+              f"{r['cost_vs_one_pass']} | {r['throughput_gain']} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
+        tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
