@@ -13,6 +13,7 @@ fp16 cache (Gemma in the default suite, the others with ``-m slow``: an export t
 """
 
 import json
+import shutil
 
 import mlx.core as mx
 import numpy as np
@@ -111,6 +112,16 @@ def test_windows_and_norms_are_exercised(families):
     assert [layer.self_attn.rope is None for layer in smol.layers] == [False, True, False, True]
 
 
+def test_unsupported_option_is_one_line(families, tmp_path):
+    from test_import import bad
+
+    src = tmp_path / "src"
+    shutil.copytree(families["gemma3"][1], src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 50.0}))
+    bad(src, tmp_path / "out", "gemma3 with attn_logit_softcapping is not supported")
+
+
 def test_mistral_sliding_window(tmp_path):
     """Mistral's ``sliding_window`` covers every layer (its configs have no ``layer_types``)."""
     torch.manual_seed(0)
@@ -141,6 +152,20 @@ def test_gemma3_multimodal_checkpoint(families, tmp_path):
     model, _ = load(convert(src, tmp_path / "mm-mlx"))
     assert json.loads((tmp_path / "mm-mlx" / "config.json").read_text())["model_type"] == "gemma3_text"
     assert np.abs(mlx_logits(model, PROMPT) - torch_logits(hf, PROMPT)).max() < TOL
+
+
+def test_converted_directories_load_in_mlx_lm(families, tmp_path):
+    """mlx-lm reads our converted directories and computes the same logits (its Gemma 3 takes
+    the every-6th-layer-global pattern and has no logit softcap, as released Gemma 3 models)."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    _, src = make_hf("gemma3", tmp_path, num_hidden_layers=6, layer_types=[SLIDING] * 5 + [GLOBAL],
+                     final_logit_softcapping=None)
+    dirs = [families["qwen3"][2], families["smollm3"][2], convert(src, tmp_path / "gemma3-mlx")]
+    for dst in dirs:
+        ours, _ = load(dst)
+        theirs, _ = mlx_lm_load(dst)
+        assert np.abs(mlx_logits(ours, PROMPT) - np.array(theirs(mx.array(PROMPT)))).max() < 1e-5, dst
 
 
 def check_lossless(model, prompt, n=48, **kw):

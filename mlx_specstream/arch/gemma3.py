@@ -117,12 +117,22 @@ class Inner(nn.Module):
 
 
 def text_config(cfg: dict) -> dict:
-    """The text model's config: a ``gemma3`` config's ``text_config`` over its other keys."""
-    if cfg.get("model_type") != "gemma3":
-        return cfg
-    text = cfg.get("text_config") or {}
-    top = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "architectures")}
-    return {**top, **text, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
+    """The config of the text model, as a converted directory holds it: a ``gemma3`` config's
+    ``text_config`` over its other keys; transformers-5 ``rope_parameters`` (per layer kind) also
+    written under the older top-level keys, which mlx-lm reads."""
+    if cfg.get("model_type") == "gemma3":
+        text = cfg.get("text_config") or {}
+        top = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "architectures")}
+        cfg = {**top, **text, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
+    params = cfg.get("rope_parameters") or {}
+    if GLOBAL in params and "rope_theta" not in cfg:
+        glob = dict(params[GLOBAL])
+        cfg = {**cfg, "rope_theta": glob.pop("rope_theta", Args.rope_theta)}
+        if glob.get("rope_type", "default") != "default":
+            cfg["rope_scaling"] = glob
+    if SLIDING in params and "rope_local_base_freq" not in cfg:
+        cfg = {**cfg, "rope_local_base_freq": params[SLIDING].get("rope_theta", Args.rope_local_base_freq)}
+    return cfg
 
 
 class Model(CausalLM):
