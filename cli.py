@@ -309,7 +309,7 @@ def serve(
                                         "names or paths, comma-separated, or 'all' (under MODEL/adapters)"),
     host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (other than loopback "
                              "only when given)"),
-    port: int = typer.Option(8080, "--port"),
+    port: int = typer.Option(8080, "--port", help="0: any free port (printed at start-up)"),
     max_active: int = typer.Option(16, "--max-active", help="requests decoded together (more wait)"),
     name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory "
                                     "name)"),

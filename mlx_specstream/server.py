@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import sys
 import time
 import uuid
@@ -336,10 +337,12 @@ def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.
     in-flight requests finish)."""
     import uvicorn
 
-    if not 1 <= port <= 65535:
-        raise OptionError(f"{{port}} must be in 1..65535, not {port}")
+    if not 0 <= port <= 65535:
+        raise OptionError(f"{{port}} must be in 0..65535 (0: any free port), not {port}")
     if max_active < 1:
         raise OptionError(f"{{max_active}} must be >= 1, not {max_active}")
+    sock = listen(host, port)
+    port = sock.getsockname()[1]
     pool = ModelPool(model, adapters, name=name)
     app = create_app(pool, Scheduler(max_active))
     where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
@@ -353,5 +356,20 @@ def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.
             super().handle_exit(sig, frame)
             self._captured_signals.clear()  # in-flight requests drain: then exit 0, not by the signal
 
-    Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)).run()
+    Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
     print("stopped", file=sys.stderr, flush=True)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A listening socket on ``host:port``, bound before the server says where it is (a taken
+    port is one error line, not a server that starts and dies)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise ValueError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+    sock.listen(2048)
+    return sock

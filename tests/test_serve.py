@@ -35,30 +35,20 @@ SQL = [json.loads(line)["prompt"] for line in (ROOT / "data" / "sql" / "test.jso
 CODE = [json.loads(line)["prompt"] for line in (ROOT / "data" / "code" / "test.jsonl").open()][:2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class Server:
     """A ``serve`` subprocess on a free loopback port."""
 
-    def __init__(self, *args: str, timeout: float = 90):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([*SERVE, *args, "--port", str(self.port)], cwd=ROOT,
-                                     stderr=subprocess.PIPE, text=True)
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([*SERVE, *args, "--port", "0"], cwd=ROOT, stderr=subprocess.PIPE,
+                                     text=True)
+        for line in self.proc.stderr:  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
+            if line.startswith("serving "):
+                self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+                self.url = f"http://127.0.0.1:{self.port}"
                 self.get("/health")
                 return
-            except OSError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError(f"the server did not start: {self.proc.stderr.read()}") from None
-                time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"the server did not start (status {self.proc.returncode})")
 
     def get(self, path: str) -> dict:
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
@@ -293,8 +283,19 @@ def test_sigterm_drains_in_flight_requests(model_dir):
     t.join(60)
     assert s.proc.wait(30) == 0
     assert result["finish"] == "length" and result["tokens"] > 1
-    stderr = s.proc.stderr.read()
-    assert "http://127.0.0.1:" in stderr  # loopback unless --host says otherwise
+    assert s.url.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
+    assert "stopped" in s.proc.stderr.read()
+
+
+def test_taken_port_is_one_error_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        res = subprocess.run([*SERVE, "--port", str(port)], cwd=ROOT, capture_output=True, text=True,
+                             timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.strip() == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
 
 
 def test_scheduler_interleaves_pass_by_pass():
