@@ -18,7 +18,7 @@ tracing:
     the previous tree) by compaction: K/V rows ``prev + accepted[i]`` move to ``prev + i``
     (``prev = positions[0] - n_accepted``) in every layer. Then runs a fixed-size flattened tree
     (node 0 is the root at position ``n = positions[0]``; ``tree_mask[v, u]`` = u is v or an
-    ancestor of v; ``valid`` masks padding nodes) as in DESIGN.md §3 with streams on every node
+    ancestor of v; ``valid`` masks padding nodes) as in docs/design.md#decode-step with streams on every node
     (the engine's ``streams="tree"`` policy): tree-masked layers, optional early-exit pruning
     (``node_kept``), gamma streams per node in the top ``msa_layers`` layers, heads. Nodes are
     kept in place: the tree's main K/V is written at slots ``n..n+T-1``; the next call's commit
@@ -511,7 +511,7 @@ class SpecStreamGraph(torch.nn.Module):
         return torch.cat([main, streams], dim=0)
 
     def _prune(self, h, tokens, depth, anc, eye, kept):
-        """Early-exit pruning (DESIGN.md §3 step 3) without dynamic shapes: a node is kept when
+        """Early-exit pruning (docs/design.md#pruning) without dynamic shapes: a node is kept when
         it is valid and neither it nor an ancestor has a transition probability below the
         threshold. Its parent is its deepest strict ancestor."""
         gc = self.gc

@@ -1,4 +1,4 @@
-"""The Speculative Streaming decode loop (DESIGN.md §3), and plain autoregressive decoding
+"""The Speculative Streaming decode loop (docs/design.md#decode-step), and plain autoregressive decoding
 through the same code path (``mode="ar"``) as its reference.
 
 Each step: build the draft tree under the root from the last accepted node's streams, run it

@@ -1,6 +1,6 @@
 """Speculative streams: stream-identifier embeddings, stream initialisation, the early-exit
 pruning adapter, and the forward pass of a draft tree through tree-masked and multi-stream
-attention layers (DESIGN.md §3 steps 1-5).
+attention layers (docs/design.md#multi-stream-architecture).
 
 Lossless mode: main rows never see stream rows and the stream adapters touch stream rows only,
 so the main stream computes exactly the base model. Shared mode: a LoRA adapts every row of

@@ -1,4 +1,4 @@
-"""Verification of a draft tree against the main stream (DESIGN.md §3 step 6).
+"""Verification of a draft tree against the main stream (docs/design.md#verification).
 
 Greedy: walk from the root while some child carries the main stream's argmax at its parent.
 Sampling: at each node, try the drafts of the next level in the order they were drawn, with
