@@ -354,3 +354,30 @@ def test_adapters_share_the_base_arrays():
         assert params.keys() == base.keys() and all(params[k] is base[k] for k in base)
     with pytest.raises(ValueError, match="this server has"):
         pool.get("specstream-tiny:sql-lossless")
+
+
+@pytest.mark.slow
+def test_load_mixed_requests(server, base, model_dir):
+    """Heavier: 32 requests, 16 at a time, greedy and sampled, streaming and not, over every id,
+    64 tokens: all complete; greedy lossless texts equal the base alone, sampled ones equal the
+    same request decoded alone."""
+    ids = ["specstream-tiny", "specstream-tiny:sql-lossless", "specstream-tiny:code", "specstream-tiny:sql"]
+    alone = {i: load(model_dir, adapter=i.split(":")[1], fuse=False) if ":" in i else base for i in ids}
+    jobs = [(ids[i % 4], SQL[i % 8], 0.8 if i % 3 == 0 else 0.0, i, i % 2 == 0) for i in range(32)]
+    client = server.client()
+
+    def one(job):
+        model, prompt, temp, seed, stream = job
+        kw = dict(model=model, prompt=prompt, max_tokens=64, temperature=temp, seed=seed)
+        if stream:
+            return "".join(c.choices[0].text for c in client.completions.create(**kw, stream=True))
+        return client.completions.create(**kw).choices[0].text
+
+    with ThreadPoolExecutor(16) as pool:
+        texts = list(pool.map(one, jobs, timeout=600))
+    for (model_id, prompt, temp, seed, _), text in zip(jobs, texts):
+        m, tok = alone[model_id]
+        mode = "ar" if model_id == "specstream-tiny" else "ss"
+        assert text == generate(m, tok, prompt, max_tokens=64, temperature=temp, seed=seed, mode=mode).text
+        if temp == 0 and model_id != "specstream-tiny:sql":
+            assert text == ar(base, prompt, 64)
