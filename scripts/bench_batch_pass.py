@@ -20,7 +20,8 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
 
@@ -75,7 +76,7 @@ def main() -> None:
     meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
-            "blas": active_blas(), "model": str(args.model), "context": args.context,
+            "blas": active_blas(), "model": shown(args.model), "context": args.context,
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
     print("| rows per sequence | batch | one sequence (ms) | batched (ms) | cost vs one pass | "
           "throughput gain |\n|---|---|---|---|---|---|")
@@ -87,6 +88,12 @@ def main() -> None:
         tmp = args.out.with_suffix(".tmp")
         tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
         tmp.replace(args.out)
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (results files name no local paths)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":

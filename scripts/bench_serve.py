@@ -144,7 +144,7 @@ def main() -> None:
             "machine": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "versions": {p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
-            "blas": active_blas(), "model": str(args.model), "task": args.task, "n": args.n,
+            "blas": active_blas(), "model": shown(args.model), "task": args.task, "n": args.n,
             "max_tokens": args.max_tokens}
     print(table(rows))
     if args.out:
@@ -161,6 +161,12 @@ def table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(out)
+
+
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (results files name no local paths)."""
+    path = path.resolve()
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":
