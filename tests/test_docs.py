@@ -1,0 +1,91 @@
+"""The design lives in the repository: no tracked file points outside it (the design notes it was
+first read from, a shared folder, this machine's directories), and every ``docs/design.md#anchor``
+that code or docs cite is a heading of docs/design.md."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DESIGN = ROOT / "docs" / "design.md"
+# Spelled in pieces so that this file does not match itself.
+OUTSIDE = ("DESIGN" + ".md", ".." + "/shared", "/" + "work/")
+CITED = re.compile(r"docs/design\.md#([\w-]+)")
+LINKED = re.compile(r"\]\((?:\.\./docs/|docs/|\./)?design\.md#([\w-]+)\)")  # [x](design.md#y)
+SELF = re.compile(r"\]\(#([\w-]+)\)")  # links inside design.md
+
+
+def tracked_text_files() -> dict[str, str]:
+    """Path -> text of every tracked regular file that is text (symlinks and binaries skipped)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True,
+                           ).stdout.decode().split("\0")
+    out = {}
+    for name in filter(None, names):
+        path = ROOT / name
+        if path.is_symlink() or not path.is_file():
+            continue
+        data = path.read_bytes()
+        if b"\0" in data[:8192]:
+            continue
+        out[name] = data.decode("utf-8", errors="replace")
+    return out
+
+
+def anchors(markdown: str) -> set[str]:
+    """GitHub's heading anchors: lower case, punctuation dropped, spaces as '-', repeats numbered."""
+    seen: dict[str, int] = {}
+    out = set()
+    in_code = False
+    for line in markdown.splitlines():
+        if line.startswith("```"):
+            in_code = not in_code
+        m = re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)
+        if in_code or not m:
+            continue
+        slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+        n = seen.get(slug, 0)
+        seen[slug] = n + 1
+        out.add(slug if n == 0 else f"{slug}-{n}")
+    return out
+
+
+def citations(name: str, text: str) -> set[str]:
+    """Anchors of docs/design.md that ``text`` (the file ``name``) cites."""
+    found = set(CITED.findall(text)) | set(LINKED.findall(text))
+    if name == "docs/design.md":
+        found |= set(SELF.findall(text))
+    return found
+
+
+def test_anchor_rules():
+    """The helpers above find what they must (so the real checks below can fail)."""
+    assert anchors("# A\n## Draft tree\n```\n# not a heading\n```\n## Draft tree\n### KV-cache commit") == {
+        "a", "draft-tree", "draft-tree-1", "kv-cache-commit"}
+    assert citations("x.py", "see docs/design.md#masks, [d](design.md#pruning).") == {"masks", "pruning"}
+    assert citations("docs/design.md", "[m](#masks)") == {"masks"}
+    assert any(s in "see ../" + "shared/papers" for s in OUTSIDE)
+
+
+def test_no_file_points_outside_the_repository():
+    bad = [f"{name}:{i}: {line.strip()[:100]}"
+           for name, text in tracked_text_files().items()
+           for i, line in enumerate(text.splitlines(), 1)
+           if any(s in line for s in OUTSIDE)]
+    assert not bad, "files that point outside the repository:\n" + "\n".join(bad)
+
+
+def test_cited_design_sections_exist():
+    headings = anchors(DESIGN.read_text(encoding="utf-8"))
+    files = tracked_text_files()
+    files.setdefault("docs/design.md", DESIGN.read_text(encoding="utf-8"))  # before it is committed
+    cited = {(name, a) for name, text in files.items() for a in citations(name, text)}
+    assert cited, "nothing cites docs/design.md"
+    missing = sorted(f"{name}: #{a}" for name, a in cited if a not in headings)
+    assert not missing, "cited sections missing from docs/design.md:\n" + "\n".join(missing)
