@@ -34,7 +34,7 @@ from .adapter import adapter_size
 from .api import _decoder, load
 from .blas import active_blas
 from .engine import default_node_costs
-from .outputs import check_replaceable_file, is_results_json
+from .outputs import check_replaceable_file, is_results_json, recorded_path
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
 REPEATS = 3  # runs of each (prompt, method); the fastest counts
@@ -225,7 +225,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
                             ("tree+prune", dict(branch=3, prune_threshold=PRUNE_THRESHOLD))):
             methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, lossless=True))
     else:
-        skipped["ss-lossless"] = f"no adapter {adapters / lossless_name}"
+        skipped["ss-lossless"] = f"no adapter {recorded_path(adapters / lossless_name)}"
     if (adapters / shared_name).exists():
         m, _ = load(model_path, adapter=shared_name)
         n = adapter_size(m)
@@ -233,13 +233,13 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
         shared_ar = load(model_path, adapter=shared_name)[0]
         methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n, task_model="shared"))
     else:
-        skipped["ss-shared"] = f"no adapter {adapters / shared_name}"
+        skipped["ss-shared"] = f"no adapter {recorded_path(adapters / shared_name)}"
     if (adapters / f"{task}-lora").exists():
         m, _ = load(model_path, adapter=f"{task}-lora")
         n = adapter_size(m)
         methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n, task_model="lora"))
     else:
-        skipped["lora-ar"] = f"no adapter {adapters / f'{task}-lora'}"
+        skipped["lora-ar"] = f"no adapter {recorded_path(adapters / f'{task}-lora')}"
     return methods, {"tokenizer": tok, "skipped": skipped}
 
 
@@ -294,7 +294,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
         "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
-        "versions": _versions(), "model": str(model_path), "task": task, "prompts": len(rows),
+        "versions": _versions(), "model": recorded_path(model_path), "task": task, "prompts": len(rows),
         "max_tokens": max_tokens, "repeats": repeats, "reference": reference(methods).name,
         "outputs_compared_with": methods[0].name, "bootstrap": BOOTSTRAP,
         "skipped": info["skipped"],

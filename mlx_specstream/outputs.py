@@ -82,3 +82,13 @@ def is_results_json(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(data, dict) and isinstance(data.get("meta"), dict) and "command" in data["meta"]
+
+
+REPOSITORY = Path(__file__).resolve().parent.parent
+
+
+def recorded_path(path: str | Path) -> str:
+    """``path`` as a results file records it: relative to the repository when inside it, so a
+    committed result names no directory of the machine that wrote it (tests/test_docs.py)."""
+    full = Path(path).resolve()
+    return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(path)

@@ -37,6 +37,7 @@ from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.blas import active_blas  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
+from mlx_specstream.outputs import recorded_path  # noqa: E402
 from mlx_specstream.train import MODES, _resolve_alphas, epoch_batches, length_keys, set_trainable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -116,7 +117,8 @@ def main() -> None:
              "peak_memory_mb": round(peak[n], 1)} for n, s in best.items()]
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
             "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
-            "blas": active_blas(), "model": str(DEFAULT_MODEL), "data": str(args.data / "valid.jsonl"),
+            "blas": active_blas(), "model": recorded_path(DEFAULT_MODEL),
+            "data": recorded_path(args.data / "valid.jsonl"),
             "batch_size": args.batch_size, "steps": args.steps, "reps": args.reps,
             "mean_tokens_per_batch": round(tokens, 1)}
     lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "

@@ -85,7 +85,16 @@ def test_cited_design_sections_exist():
     headings = anchors(DESIGN.read_text(encoding="utf-8"))
     files = tracked_text_files()
     files.setdefault("docs/design.md", DESIGN.read_text(encoding="utf-8"))  # before it is committed
+    files.pop(Path(__file__).relative_to(ROOT).as_posix(), None)  # this file's examples cite nothing
     cited = {(name, a) for name, text in files.items() for a in citations(name, text)}
     assert cited, "nothing cites docs/design.md"
     missing = sorted(f"{name}: #{a}" for name, a in cited if a not in headings)
     assert not missing, "cited sections missing from docs/design.md:\n" + "\n".join(missing)
+
+
+def test_results_record_paths_inside_the_repository_relative_to_it(tmp_path):
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.outputs import recorded_path
+
+    assert recorded_path(DEFAULT_MODEL.resolve()) == "models/specstream-tiny/mlx"
+    assert recorded_path(tmp_path / "m") == str(tmp_path / "m")  # outside: as given
