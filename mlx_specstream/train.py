@@ -70,14 +70,14 @@ MODES = ("lossless", "shared", "lora")
 class TrainConfig:
     mode: str = "lossless"
     gamma: int = 4
-    msa_layers: int = 4
+    msa_layers: int = 2
     rank: int = 8
     lora_alpha: float = 16.0
     stream_init_rank: int = 0
     prune_rank: int = 8
     iters: int = 0
     batch_size: int = 8
-    lr: float = 5e-4
+    lr: float = 1e-3
     warmup: int = 0
     weight_decay: float = 0.0
     grad_clip: float | None = None
@@ -85,7 +85,7 @@ class TrainConfig:
     length_policy: str = "truncate"
     chat_template: bool = False
     self_distill: bool = False
-    distill_tokens: int = 128  # self-distillation: tokens the base writes for a prompt given alone
+    distill_tokens: int = 64  # self-distillation: tokens the base writes for a prompt given alone
     seed: int = 0
     alphas: list[float] = field(default_factory=list)  # alpha_0 (main), alpha_1..alpha_gamma
     prune_weight: float = 1.0
@@ -633,7 +633,7 @@ def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
     return max(1, min(want, max_seq_len - e.n_prompt))
 
 
-def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 128, *,
+def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 64, *,
                     key: dict | None = None, indices: list[int] | None = None, cache: Path | None = None,
                     group=None, desc: str = "self-distill", progress: bool = True, say=None) -> Dataset:
     """The dataset with the completions of ``indices`` (default: all) replaced by the base model's
@@ -725,8 +725,8 @@ def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
 
 
 # A run given neither iters nor epochs (tuned on the project's code and sql data: docs/training.md)
-DEFAULT_STEPS = 400
-MAX_EPOCHS = 30
+DEFAULT_STEPS = 200
+MAX_EPOCHS = 20
 
 
 def default_iters(n_train: int, batch_size: int) -> int:
@@ -807,10 +807,11 @@ def _group(distributed):
 
 
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
-          msa_layers: int = 4, rank: int = 8, iters: int | None = None, epochs: float | None = None,
-          batch_size: int = 8, lr: float = 5e-4, max_seq_len: int = 512,
+          msa_layers: int = TrainConfig.msa_layers, rank: int = 8, iters: int | None = None,
+          epochs: float | None = None, batch_size: int = 8, lr: float = TrainConfig.lr,
+          max_seq_len: int = 512,
           length_policy: str = "truncate", chat_template: bool = False,
-          self_distill: bool | None = None, distill_tokens: int = 128,
+          self_distill: bool | None = None, distill_tokens: int = TrainConfig.distill_tokens,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
           prune_weight: float = 1.0, segment_len: int | None = 32, group_by_length: bool = True,
           warmup: int | None = None,
