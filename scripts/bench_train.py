@@ -1,13 +1,16 @@
 """Training step cost on this machine: steps/s, tokens/s and peak memory per mode, on the
 shipped model and the project's data (a fixed set of batches, warmed up, methods interleaved).
 
-    .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 8] [--reps 3] [--out FILE]
+    .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 12] [--reps 3]
+        [--before REV] [--out FILE]
 
-Rows: lossless with the base recomputed every step (``--state-cache-mb 0``), lossless with the
-base states kept across epochs (the default; the steps timed are a later epoch's, so every
-state is kept), shared mode and the LoRA baseline. ``--before REV`` adds the lossless rows of
-the training step at git revision REV, timed in the same rounds, so a change is measured before
-and after on the same machine state. Each figure is the fastest of ``--reps`` interleaved
+Rows: lossless with 4 MSA layers (the default before 2026-11-23) with the base recomputed every
+step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
+steps timed are a later epoch's, so every state is kept); lossless with today's default MSA
+layers; shared mode and the LoRA baseline. Every row trains on the same examples, batched as
+train() batches them for its mode. ``--before REV`` adds the lossless rows of the training step
+at git revision REV, timed in the same rounds, so a change is measured before and after on the
+same machine state. Each figure is the fastest of ``--reps`` interleaved
 rounds; the ratio column is against the first row (the oldest recomputing lossless step).
 """
 
@@ -77,22 +80,29 @@ def main() -> None:
         return [sub[b].tolist() for b in epoch_batches(len(sub), args.batch_size, 0, 0, keys)]
 
     batches = {mode: grouped(mode) for mode in MODES}
+    # name -> (mode, base states kept, train module, batch grouping, MSA layers)
     runs = {}
     if args.before:
         old = train_module_at(args.before)
-        runs |= {f"lossless at {args.before} (base every step)": ("lossless", False, old, "shared"),
-                 f"lossless at {args.before} (base states kept)": ("lossless", True, old, "shared")}
-    runs |= {"lossless (base every step)": ("lossless", False, current, "lossless"),
-             "lossless (base states kept)": ("lossless", True, current, "lossless"),
-             "shared": ("shared", False, current, "shared"), "lora": ("lora", False, current, "lora")}
+        runs |= {f"lossless at {args.before}, 4 MSA layers (base every step)":
+                 ("lossless", False, old, "shared", 4),
+                 f"lossless at {args.before}, 4 MSA layers (base states kept)":
+                 ("lossless", True, old, "shared", 4)}
+    n_s = current.TrainConfig.msa_layers
+    runs |= {"lossless, 4 MSA layers (base every step)": ("lossless", False, current, "lossless", 4),
+             "lossless, 4 MSA layers (base states kept)": ("lossless", True, current, "lossless", 4),
+             f"lossless, {n_s} MSA layers (base states kept; the default)":
+             ("lossless", True, current, "lossless", n_s),
+             f"shared, {n_s} MSA layers": ("shared", False, current, "shared", n_s),
+             "lora": ("lora", False, current, "lora", n_s)}
     best: dict[str, float] = {}
     peak: dict[str, float] = {}
     for _ in range(args.reps):
-        for name, (mode, keep, module, grouping) in runs.items():
+        for name, (mode, keep, module, grouping, msa) in runs.items():
             gamma = 0 if mode == "lora" else 4
-            attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=4), seed=0)
+            attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa), seed=0)
             set_trainable(model)
-            tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=4,
+            tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=msa,
                                     alphas=_resolve_alphas(None, mode, gamma))
             cache = module.BaseStateCache(4 << 30) if keep else None
             steps = []
