@@ -41,6 +41,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from mlx_specstream import layout
 from mlx_specstream.arch.base import UnsupportedModelError
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "qwen3", "smollm3")
@@ -474,8 +475,8 @@ class SpecStreamGraph(torch.nn.Module):
                 s = s + (s @ self.init_lora[0]) @ self.init_lora[1]
             s = (s[:, None, :] + self.stream_embed[None, :, :]).reshape(T * G, gc.hidden)
             h = torch.cat([h, s], dim=0)
-            spos = (positions[:, None] + torch.arange(1, G + 1, dtype=torch.int32)[None, :]).reshape(-1)
-            allpos = torch.cat([positions, spos])
+            allpos = self._pass_positions(positions)
+            spos = allpos[T:]
             tables = self._tables(allpos)
             biases = self._biases(self._stream_mask(cmask), allpos, torch.cat([kpos, spos]))
             for i in range(msa_start, gc.n_layers):
@@ -498,17 +499,26 @@ class SpecStreamGraph(torch.nn.Module):
             outputs["main_logits"] = main
         return tuple(outputs[k] for k in step_output_names(gc))
 
-    def _stream_mask(self, cmask: torch.Tensor) -> torch.Tensor:
+    def _rows(self) -> np.ndarray:
+        """``layout.rows`` of the step: streams on every one of the T nodes."""
         gc = self.gc
-        T, G = gc.tree_size, gc.gamma
-        tri = np.tril(np.ones((G, G), bool))
-        ss = np.kron(np.eye(T, dtype=bool), tri)  # stream (v, j) sees streams (v, 1..j)
-        own = np.kron(np.eye(T, dtype=bool), np.ones((1, G), bool))
-        ms = own if gc.shared else np.zeros((T, T * G), bool)  # shared: main rows see their streams
-        main = torch.cat([cmask, torch.from_numpy(ms)], dim=1)
-        scache = cmask[:, None, :].expand(T, G, gc.context).reshape(T * G, gc.context)
-        streams = torch.cat([scache, torch.from_numpy(ss)], dim=1)
-        return torch.cat([main, streams], dim=0)
+        return layout.rows(gc.tree_size, np.arange(gc.tree_size), gc.gamma, own=gc.shared)
+
+    def _pass_positions(self, positions: torch.Tensor) -> torch.Tensor:
+        """Positions of main and stream rows (``layout.pass_positions``): the row's node's plus
+        how far ahead it sits."""
+        r = self._rows()
+        node = torch.from_numpy(r[:, layout.NODE].astype(np.int32))
+        return torch.index_select(positions, 0, node) + torch.from_numpy(r[:, layout.AHEAD].astype(np.int32))
+
+    def _stream_mask(self, cmask: torch.Tensor) -> torch.Tensor:
+        """``layout.pass_mask`` with the main keys of each node given by ``cmask`` (T, context)."""
+        gc = self.gc
+        r = self._rows()
+        node = torch.from_numpy(r[:, layout.NODE].astype(np.int32))
+        main = torch.index_select(cmask.to(torch.int32), 0, node) > 0
+        streams = torch.from_numpy(layout.range_mask(r[:, layout.LO:], gc.tree_size * gc.gamma))
+        return torch.cat([main, streams], dim=1)
 
     def _prune(self, h, tokens, depth, anc, eye, kept):
         """Early-exit pruning (docs/design.md#pruning) without dynamic shapes: a node is kept when

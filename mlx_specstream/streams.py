@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from . import layout
 from .kernels.attention import AttentionPlan
 from .tree import Tree, positions, reorder
 
@@ -153,7 +154,7 @@ def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array
     adapter, cfg = model.adapter, model.adapter_config
     layers = model.layers
     h = adapter.init_streams(h_node[None, None], gamma)
-    pos = mx.arange(n, n + gamma)  # stream j of the node at n - 1 sits at n - 1 + j
+    pos = mx.array(layout.stream_positions(np.array([n - 1]), gamma).astype(np.int32))
     mask = AttentionPlan.deferred(n, gamma)
     for i in range(len(layers) - cfg.msa_layers, len(layers)):
         h = layers[i](h, pos, mask, caches[i], n_main=0)

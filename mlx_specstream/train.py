@@ -56,6 +56,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
+from . import layout
 from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
 from .arch.base import causal_mask
 from .data import Dataset, Example, load_datasets
@@ -281,19 +282,15 @@ def _rows(x: mx.array, t: np.ndarray) -> mx.array:
 
 def segment_layout(t: np.ndarray, gamma: int, n_keys: int) -> tuple[mx.array, mx.array]:
     """Rotary positions (B, L*gamma) and mask (B, 1, L*gamma, n_keys + L*gamma) of the stream
-    rows of positions ``t`` (B, L), node-major.
+    rows of positions ``t`` (B, L), node-major (``layout.pass_mask`` without main rows, main keys
+    by position).
 
     Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are
     ``[main 0..n_keys-1 | streams]``. Example, t = [[2, 3]], gamma = 2: rows (2,1) (2,2) (3,1)
     (3,2) at positions 3 4 4 5; row (3,2) sees main keys 0..3 and the streams (3,1) (3,2).
     """
-    B, L = t.shape
-    ts = np.repeat(t, gamma, axis=1)  # (B, L*g)
-    j = np.tile(np.arange(1, gamma + 1), L)
-    main = np.arange(n_keys)[None, None, :] <= ts[..., None]
-    streams = np.kron(np.eye(L, dtype=bool), np.tril(np.ones((gamma, gamma), dtype=bool)))
-    mask = np.concatenate([main, np.broadcast_to(streams, (B, *streams.shape))], axis=2)
-    return mx.array((ts + j).astype(np.int32)), mx.array(mask[:, None])
+    mask = layout.pass_mask(layout.keys_by_position(t, n_keys), np.arange(t.shape[1]), gamma, main_rows=False)
+    return mx.array(layout.stream_positions(t, gamma).astype(np.int32)), mx.array(mask[:, None])
 
 
 def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int) -> mx.array:
@@ -314,24 +311,16 @@ def stream_logits_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int
 
 def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
     """Positions and per-row mask (B, 1, R, R) of a shared-mode pass: T main rows, then the
-    streams of positions ``[w0, w1)`` node-major. Main row t sees its own streams only where the
-    row's prompt has ended (t >= n_prompt - 1), as at generation time."""
+    streams of positions ``[w0, w1)`` node-major (``layout.pass_mask``, main keys by position).
+    Main row t sees its own streams only where the row's prompt has ended (t >= n_prompt - 1), as
+    at generation time."""
     B, T = batch.tokens.shape
     w0, w1 = batch.window
-    W = w1 - w0
-    R = T + W * gamma
-    t_s = np.repeat(np.arange(w0, w1), gamma)
-    pos = np.concatenate([np.arange(T), t_s + np.tile(np.arange(1, gamma + 1), W)])
-    m = np.zeros((R, R), dtype=bool)
-    m[:T, :T] = np.tril(np.ones((T, T), dtype=bool))
-    m[T:, :T] = np.arange(T)[None, :] <= t_s[:, None]
-    m[T:, T:] = np.kron(np.eye(W, dtype=bool), np.tril(np.ones((gamma, gamma), dtype=bool)))
-    mask = np.repeat(m[None], B, axis=0)
-    rows = np.arange(w0, w1)
-    own = np.repeat(np.eye(W, dtype=bool), gamma, axis=1)  # (W, W*g): main row -> its streams
-    for i in range(B):
-        sees = rows >= batch.n_prompt[i] - 1
-        mask[i, rows, T:] = own & sees[:, None]
+    t = np.arange(T)
+    own = t[None, :] >= batch.n_prompt[:, None] - 1  # (B, T)
+    sees = layout.keys_by_position(np.broadcast_to(t, (B, T)), T)  # (B, T, T): causal
+    mask = layout.pass_mask(sees, np.arange(w0, w1), gamma, own=own)
+    pos = layout.pass_positions(t, np.arange(w0, w1), gamma)
     return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
 
 

@@ -4,10 +4,9 @@ A tree is flattened breadth-first (parents before children); node 0 is the root.
 depth ``d`` sits at position ``n + d`` after ``n`` cached tokens and sees the cache, its
 ancestors and itself. All functions here are pure (numpy in, numpy/mx out).
 
-Rows of a multi-stream pass are ordered ``[main rows of the M nodes | stream rows]`` with the
-stream rows node-major: stream ``j`` (1-based) of stream-node ``s`` is row ``M + s*gamma + j-1``.
-Stream ``j`` of a node at position ``t`` is given rotary position ``t + j``: it stands for the token
-``j`` places ahead (it predicts position ``t + j + 1``). The papers leave this choice open.
+The rows, positions and visibility of a multi-stream pass follow :mod:`mlx_specstream.layout`
+(main rows of the M nodes, then stream rows node-major; stream ``j`` of a node at ``t`` sits at
+``t + j``); the functions here apply it to a tree.
 """
 
 from __future__ import annotations
@@ -17,6 +16,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import numpy as np
+
+from . import layout
+from .layout import ancestors
 
 
 @dataclass(frozen=True)
@@ -119,17 +121,6 @@ def reorder(tree: Tree, order) -> Tree:
     return Tree(tree.tokens[order], new_parents, tree.depths[order])
 
 
-def ancestors(parents: np.ndarray) -> np.ndarray:
-    """Boolean (M, M): ``a[i, j]`` iff node j is node i or one of its ancestors."""
-    m = len(parents)
-    a = np.eye(m, dtype=bool)
-    for i in range(m):
-        p = parents[i]
-        if p >= 0:
-            a[i] |= a[p]
-    return a
-
-
 def ancestor_bits(parents: np.ndarray) -> np.ndarray:
     """The ancestor matrix packed as uint32 words per node (bit j%32 of word j//32)."""
     a = ancestors(parents)
@@ -143,38 +134,22 @@ def ancestor_bits(parents: np.ndarray) -> np.ndarray:
 
 def tree_mask(parents: np.ndarray, n_prefix: int) -> mx.array:
     """Boolean (M, n_prefix + M): every node sees the cache prefix, its ancestors and itself."""
-    a = ancestors(parents)
-    return mx.array(np.concatenate([np.ones((len(parents), n_prefix), bool), a], axis=1))
+    return mx.array(layout.keys_by_ancestry(parents, n_prefix))
 
 
 def stream_mask(parents: np.ndarray, n_prefix: int, stream_nodes: np.ndarray, gamma: int,
                 shared: bool) -> mx.array:
-    """Boolean mask of a multi-stream pass (rows and columns ordered as in the module doc).
+    """Boolean mask of a multi-stream pass over a tree (``layout.pass_mask``; main keys by ancestry).
 
     Main row v: cache, ancestors of v and v; in shared mode also every stream of v.
     Stream row (s, j): cache, ancestors of s and s, and streams (s, 1..j).
     """
-    m, k = len(parents), len(stream_nodes)
-    a = ancestors(parents)
-    rows = m + k * gamma
-    mask = np.zeros((rows, n_prefix + rows), dtype=bool)
-    mask[:, :n_prefix] = True
-    mask[:m, n_prefix : n_prefix + m] = a
-    mask[m:, n_prefix : n_prefix + m] = np.repeat(a[stream_nodes], gamma, axis=0)
-    tri = np.tril(np.ones((gamma, gamma), dtype=bool))
-    for s in range(k):
-        lo = n_prefix + m + s * gamma
-        mask[m + s * gamma : m + (s + 1) * gamma, lo : lo + gamma] = tri
-        if shared:
-            mask[stream_nodes[s], lo : lo + gamma] = True
-    return mx.array(mask)
+    return mx.array(layout.pass_mask(layout.keys_by_ancestry(parents, n_prefix), stream_nodes, gamma,
+                                     own=shared))
 
 
 def positions(depths: np.ndarray, n_prefix: int, stream_nodes: np.ndarray | None = None,
               gamma: int = 0) -> mx.array:
     """Rotary positions of the main rows (n + depth) then of the stream rows (t + j)."""
-    pos = n_prefix + np.asarray(depths)
-    if stream_nodes is not None and gamma:
-        streams = (pos[stream_nodes][:, None] + np.arange(1, gamma + 1)[None, :]).reshape(-1)
-        pos = np.concatenate([pos, streams])
+    pos = layout.pass_positions(n_prefix + np.asarray(depths), stream_nodes, gamma)
     return mx.array(pos.astype(np.int32))

@@ -13,8 +13,9 @@ Backends (``backend=`` on each function, or the global :func:`set_backend` that
 
 Shapes: q (B, H, R, D); k, v (B, Hkv, n_prefix + M, D): the cache prefix followed by the M tree
 nodes (the cache after appending the nodes' keys); k_streams, v_streams (B, Hkv, K * gamma, D):
-the stream rows, never written to the cache. Rows of q are ordered as in :mod:`mlx_specstream.tree`
-(main rows of the M nodes, then stream rows node-major). H must be a multiple of Hkv (GQA).
+the stream rows, never written to the cache. Rows of q and who sees what follow
+:mod:`mlx_specstream.layout` (main rows of the M nodes, then stream rows node-major). H must be a
+multiple of Hkv (GQA).
 Supported: float32, float16, bfloat16; any head dim up to 128 (tested: 16, 64, 80, 96, 128);
 any cache length.
 """
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .. import layout
 from .. import tree as tree_mod
 from . import metal_available, metal_kernel, read_metal
 from .emulator import to_mx
@@ -79,30 +81,26 @@ def unpack_bits(anc_bits: np.ndarray, m: int) -> np.ndarray:
 
 def row_table(m: int, stream_nodes, gamma: int, shared: bool) -> np.ndarray:
     """(R, 3) int32 per query row: the node whose ancestors it sees, and the range
-    [lo, lo + count) of stream keys it sees."""
-    k = 0 if stream_nodes is None else len(stream_nodes)
-    rows = np.zeros((m + k * gamma, 3), np.int32)
-    rows[:m, 0] = np.arange(m)
-    for s in range(k):
-        node = int(stream_nodes[s])
-        if shared and 0 <= node < m:
-            rows[node, 1:] = (s * gamma, gamma)
-        for j in range(1, gamma + 1):
-            rows[m + s * gamma + j - 1] = (max(node, 0), s * gamma, j)
+    [lo, lo + count) of stream keys it sees: the ``NODE, LO, COUNT`` columns of ``layout.rows``
+    (M = 0: the streams of the last cached token, stream node -1)."""
+    nodes = np.zeros(0, np.int64) if stream_nodes is None else np.asarray(stream_nodes, np.int64)
+    table = layout.rows(m, nodes, gamma, own=shared) if m else layout.rows(0, nodes, gamma, main_rows=False)
+    rows = table[:, [layout.NODE, layout.LO, layout.COUNT]].astype(np.int32)
+    rows[:, 0] = np.maximum(rows[:, 0], 0)
     return rows
 
 
 def dense_mask(parents: np.ndarray, n_prefix: int, stream_nodes=None, gamma: int = 0,
                shared: bool = False) -> mx.array:
-    """The boolean mask of the dense path, from tree.py (M = 0: streams of the last cached token)."""
+    """The boolean mask of the dense path, from tree.py (M = 0: streams of the last cached token,
+    which sees the whole cache)."""
     m = len(parents)
     if stream_nodes is None or gamma == 0:
         return tree_mod.tree_mask(parents, n_prefix)
     if m == 0:
         if len(stream_nodes) != 1:
             raise ValueError("with no tree nodes, streams belong to one cached token")
-        tri = np.tril(np.ones((gamma, gamma), bool))
-        return mx.array(np.concatenate([np.ones((gamma, n_prefix), bool), tri], axis=1))
+        return mx.array(layout.pass_mask(np.ones((1, n_prefix), bool), [0], gamma, main_rows=False))
     return tree_mod.stream_mask(parents, n_prefix, np.asarray(stream_nodes), gamma, shared)
 
 
