@@ -1,12 +1,13 @@
-"""Host decode loop over an exported Core ML package (``specstream-mlx convert --to coreml``).
+"""Decoding with an exported Core ML package (``specstream-mlx convert --to coreml``).
 
-The same Speculative Streaming loop as :class:`mlx_specstream.engine.Decoder` with
-``streams="tree"``, with the package doing the forward passes: prefill the prompt but its last
-token in chunks, run the last prompt token as a one-node tree (its main stream gives the first
-root, its streams the first draft), then repeat: build the draft tree (``tree.build_tree``),
-flatten it to the package's fixed size, run ``step`` (which first commits the previous accepted
-path inside the model), verify (``verify.verify_greedy`` / ``verify_sampling``) on the nodes that
-survived pruning, emit, and draft again from the last accepted node's streams.
+:class:`PackageRunner` is a :class:`~mlx_specstream.runner.Runner`: the engine's own decode loop
+(:class:`mlx_specstream.engine.Decoder`: drafting from the streams and prompt lookup, the tree,
+verification, sampling, statistics, stop strings) runs with the package doing the forward passes.
+``start`` prefills the prompt but its last token in chunks and runs the last prompt token as a
+one-node tree; ``step`` flattens a tree to the package's fixed size and runs the package's
+``step``, which first commits the previous accepted path inside the model (streams on every node,
+pruning in place, ``node_kept``); greedy drafts read its top-``branch`` stream tokens, sampling its
+stream logits.
 
 The package runs on Core ML through coremltools on macOS 15+, and on the reference evaluator
 (:mod:`mlx_specstream.convert.mil_eval`, numpy, slow) everywhere else; :attr:`PackageRunner.backend`
@@ -17,17 +18,17 @@ from __future__ import annotations
 
 import json
 import platform
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from .api import StreamResponse
-from .engine import DecodeOptions, Decoder, Stats, Step
-from .tree import Tree, ancestors, build_tree, chain, reorder
-from .verify import probabilities, sample, verify_greedy, verify_sampling
+from .adapter import AdapterConfig
+from .api import StreamResponse, _responses
+from .engine import DecodeOptions, Decoder, Stats
+from .runner import Runner
+from .tree import Tree, ancestors, chain, reorder
 
 
 class PackageError(ValueError):
@@ -83,12 +84,19 @@ def core_ml_available() -> bool:
     return True
 
 
-class PackageRunner:
-    """Calls the package's ``prefill`` and ``step`` functions on one KV-cache state.
+class PackageRunner(Runner):
+    """Calls the package's ``prefill`` and ``step`` functions on one KV-cache state; the decode
+    loop's runner for one generation at a time.
 
     ``backend``: "coreml" (macOS), "reference" (the numpy evaluator) or "auto".
     ``compute_units`` (Core ML only): "cpu_and_gpu" (default), "cpu_only", "all",
     "cpu_and_ne" — the Neural Engine is offered but fragile with states and blockwise int4.
+
+    Fixed at export: the adapter, its streams and pruning, ``tree_size`` nodes per step (the
+    tree budget's bound), top-``branch`` stream tokens, and ``accept_max``, the longest path a
+    step can commit (so drafts, prompt-lookup chains included, are at most ``accept_max - 1``
+    deep). A step writes ``tree_size`` cache slots after the ``n`` committed ones, so the context
+    holds ``context - tree_size + 2`` tokens (the last root is never cached).
     """
 
     def __init__(self, path: str | Path, backend: str = "auto", compute_units: str = "cpu_and_gpu"):
@@ -116,7 +124,13 @@ class PackageRunner:
             self._models = {f: ct.models.MLModel(str(self.path), function_name=f,
                                                  compute_units=units[compute_units])
                             for f in ("prefill", "step")}
-        self.info = PackageInfo.from_metadata(self.metadata, self.path)
+        self.info = info = PackageInfo.from_metadata(self.metadata, self.path)
+        if info.gamma:
+            self.adapter_config = AdapterConfig(mode=info.mode, gamma=info.gamma, msa_layers=info.msa_layers,
+                                                branch=info.branch, tree_budget=info.tree_size)
+        self.limit = info.context - info.tree_size + 2
+        self.tree_size, self.max_depth = info.tree_size, info.accept_max - 1
+        self.node_costs = {"tree": 0.0}  # a step costs the same at any tree size (padded)
         self.reset()
 
     def reset(self) -> None:
@@ -137,6 +151,60 @@ class PackageRunner:
         if self.backend == "coreml":
             return "Core ML (coremltools)"
         return "the reference evaluator (numpy; Core ML needs macOS 15+)"
+
+    # -- the decode loop's runner ---------------------------------------------------------------
+    def check(self, temperature: float, branch: int | None, tree_budget: int | None,
+              prune_threshold: float | None) -> None:
+        info = self.info
+        if temperature > 0 and not info.sampling:
+            raise PackageError("this package was exported for greedy decoding only "
+                               "(export with --sampling for --temp > 0)")
+        if branch is not None and branch > info.branch:
+            raise PackageError(f"branch {branch}: the package drafts at most {info.branch} tokens per stream")
+        if tree_budget is not None and tree_budget > info.tree_size:
+            raise PackageError(f"tree budget {tree_budget}: the package runs trees of at most "
+                               f"{info.tree_size} nodes")
+        if prune_threshold is not None:
+            raise PackageError("a package prunes with the threshold it was exported with")
+
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
+        self.reset()
+        self.gamma = gamma
+        for inputs in prefill_chunks(prompt[:-1], self.info.chunk, self.info.context):
+            self("prefill", inputs)
+        self.n, self._pending = len(prompt) - 1, []
+        self.step(chain(prompt[-1:]), 0.0)
+        self.commit([0])
+
+    def step(self, tree: Tree, prune_threshold: float) -> Tree:
+        """The package prunes as exported (``prune_threshold`` is the engine's, unused)."""
+        inputs = {**tree_inputs(tree, self.n, self.info.tree_size),
+                  **commit_inputs(self._pending, self.info.accept_max)}
+        self._out = self("step", inputs)
+        kept = np.nonzero(self._out["node_kept"][: len(tree)])[0]
+        if len(kept) == 0 or kept[0] != 0:
+            raise PackageError("the package pruned the root of a tree (corrupt outputs?)")
+        self._kept = kept
+        return reorder(tree, kept) if len(kept) < len(tree) else tree
+
+    def commit(self, path: list[int]) -> None:
+        """Held until the next ``step``, which commits it inside the package."""
+        self._pending = self._kept[path].tolist()
+        self.n += len(path)
+
+    def main_tokens(self) -> np.ndarray:
+        return self._out["main_token"][self._kept]
+
+    def main_logits(self) -> np.ndarray:
+        return self._out["main_logits"][self._kept].astype(np.float32)
+
+    def stream_topk(self, node: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        v = self._kept[node]
+        return (self._out["stream_tokens"][v, : self.gamma, :k],
+                self._out["stream_logprobs"][v, : self.gamma, :k].astype(np.float64))
+
+    def stream_logits(self, node: int) -> np.ndarray:
+        return self._out["stream_logits"][self._kept[node], : self.gamma].astype(np.float32)
 
 
 # -- fixed-size inputs -----------------------------------------------------------------------
@@ -180,130 +248,6 @@ def prefill_chunks(tokens: list[int], chunk: int, context: int) -> Iterator[dict
 
 
 @dataclass
-class _Draft:
-    levels: list[list[int]]
-    scores: list[list[float]]
-    draws: list[list[int]]
-    q: list[np.ndarray]
-
-
-class PackageDecoder:
-    """One generation over a package; iterate :meth:`steps` (yields engine ``Step`` objects)."""
-
-    def __init__(self, runner: PackageRunner, prompt: list[int], opts: DecodeOptions):
-        info = runner.info
-        if not prompt:
-            raise ValueError("the prompt is empty")
-        if opts.temperature < 0 or not 0 < opts.top_p <= 1:
-            raise ValueError("temperature must be >= 0 and top_p in (0, 1]")
-        if opts.temperature > 0 and not info.sampling:
-            raise PackageError("this package was exported for greedy decoding only "
-                               "(export with --sampling for --temp > 0)")
-        if opts.mode not in ("ss", "ar"):
-            raise ValueError(f"a Core ML package decodes with mode 'ss' or 'ar', not '{opts.mode}'")
-        self.runner, self.info, self.opts = runner, info, opts
-        self.prompt, self.limit = list(prompt), None  # the package checks its own context
-        self.gamma = info.gamma if opts.mode == "ss" else 0
-        self.branch = min(opts.branch or info.branch, info.branch)
-        self.budget = min(opts.tree_budget or info.tree_size, info.tree_size)
-        room = info.context - info.tree_size + 1
-        if len(self.prompt) > room:
-            raise PackageError(f"a prompt of {len(self.prompt)} tokens does not fit the package's context "
-                               f"of {info.context} (at most {room} tokens)")
-        self.rng = np.random.default_rng(opts.seed)
-        self.stats = Stats(prompt_tokens=len(prompt))
-
-    # -- pieces -------------------------------------------------------------------------------
-    def _step(self, tree: Tree, n: int, prev_path: list[int]) -> dict[str, np.ndarray]:
-        inputs = {**tree_inputs(tree, n, self.info.tree_size),
-                  **commit_inputs(prev_path, self.info.accept_max)}
-        return self.runner("step", inputs)
-
-    def _target(self, out: dict, rows: np.ndarray) -> np.ndarray:
-        if self.opts.temperature == 0:
-            return out["main_token"][rows]
-        return probabilities(out["main_logits"][rows].astype(np.float32), self.opts.temperature,
-                             self.opts.top_p)
-
-    def _draft(self, out: dict, node: int) -> _Draft:
-        """Candidates per level from the streams of ``node`` (an index into the padded tree)."""
-        if self.gamma == 0:
-            return _Draft([], [], [], [])
-        k = self.branch
-        if self.opts.temperature == 0:
-            ids = out["stream_tokens"][node, : self.gamma, :k]
-            lps = out["stream_logprobs"][node, : self.gamma, :k].astype(np.float64)
-            return _Draft(ids.tolist(), lps.tolist(), [], [])
-        q = probabilities(out["stream_logits"][node, : self.gamma].astype(np.float32),
-                          self.opts.temperature, self.opts.top_p)
-        levels, scores, draws = [], [], []
-        for j in range(self.gamma):
-            d = [sample(q[j], self.rng) for _ in range(k)]
-            uniq = list(dict.fromkeys(d))
-            levels.append(uniq)
-            scores.append([float(np.log(q[j][t])) for t in uniq])
-            draws.append(d)
-        return _Draft(levels, scores, draws, list(q))
-
-    def _emit(self, tokens, accepted, rejected, emitted) -> Step:
-        return Decoder._emit(self, tokens, accepted, rejected, emitted)
-
-    # -- the loop -------------------------------------------------------------------------------
-    def steps(self) -> Iterator[Step]:
-        info, opts, stats = self.info, self.opts, self.stats
-        self.runner.reset()
-        t0 = time.perf_counter()
-        prompt = self.prompt
-        for inputs in prefill_chunks(prompt[:-1], info.chunk, info.context):
-            self.runner("prefill", inputs)
-        n = len(prompt) - 1
-        out = self._step(chain([prompt[-1]]), n, [])
-        target = self._target(out, np.array([0]))
-        root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
-        draft = self._draft(out, 0)
-        prev_path, n = [0], n
-        stats.prefill_time = time.perf_counter() - t0
-        stats.model_time = 0.0
-
-        t_step = time.perf_counter()
-        step = self._emit([root], [], [], 0)
-        emitted = len(step.tokens)
-        stats.decode_time += time.perf_counter() - t_step
-        yield step
-        while step.finished is None:
-            t_step = time.perf_counter()
-            n += len(prev_path)
-            if n + info.tree_size > info.context:
-                yield Step([], [], [], "length")
-                return
-            tree = build_tree(root, draft.levels, draft.scores, self.budget) if self.gamma else chain([root])
-            t_model = time.perf_counter()
-            out = self._step(tree, n, prev_path)
-            stats.model_time += time.perf_counter() - t_model
-            kept = np.nonzero(out["node_kept"][: len(tree)])[0]
-            if len(kept) == 0 or kept[0] != 0:
-                raise PackageError("the package pruned the root of a tree (corrupt outputs?)")
-            pruned = reorder(tree, kept) if len(kept) < len(tree) else tree
-            target = self._target(out, kept)
-            if opts.temperature == 0:
-                path, root = verify_greedy(pruned, target)
-            else:
-                path, root = verify_sampling(pruned, target, draft.draws, draft.q, self.rng)
-            stats.calls += 1
-            stats.tree_nodes += len(tree)
-            stats.kept_nodes += len(pruned)
-            stats.accepted_lengths[len(path)] += 1
-            accepted = pruned.tokens[path[1:]].tolist()
-            rejected = [lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels else []
-            prev_path = kept[path].tolist()
-            draft = self._draft(out, prev_path[-1])
-            step = self._emit(accepted + [root], accepted, rejected, emitted)
-            emitted += len(step.tokens)
-            stats.decode_time += time.perf_counter() - t_step
-            yield step
-
-
-@dataclass
 class PackageResult:
     tokens: list[int]
     text: str
@@ -328,9 +272,11 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
 
 def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int = 256,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, mode: str = "ss",
-                   branch: int | None = None, tree_budget: int | None = None) -> Iterator[StreamResponse]:
-    """Yield, per package call, the tokens accepted and their text (as :func:`api.stream_generate`);
-    ``prompt`` is text or token ids."""
+                   branch: int | None = None, tree_budget: int | None = None, lookup: bool | None = None,
+                   stop: list[str] | None = None) -> Iterator[StreamResponse]:
+    """Yield, per package call, the tokens accepted and their text (as :func:`api.stream_generate`,
+    through the same decode loop); ``prompt`` is text or token ids. A package without streams
+    decodes token by token (``mode="ss"`` means ``"ar"`` there)."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
@@ -338,15 +284,10 @@ def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int 
     else:
         ids = [int(t) for t in prompt]
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else runner.info.eos_token_ids
+    mode = "ar" if mode == "ss" and not runner.info.gamma else mode
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, mode=mode,
-                         branch=branch, tree_budget=tree_budget, eos_token_ids=eos, streams="tree")
-    dec = PackageDecoder(runner, ids, opts)
-    detok = tokenizer.detokenizer() if tokenizer is not None else None
-    for step in dec.steps():
-        piece = "".join(detok.add_token(t) for t in step.tokens) if detok else ""
-        if detok and step.finished:
-            piece += detok.finalize()
-        yield StreamResponse(step.tokens, piece, step.accepted, step.rejected, step.finished, dec.stats)
+                         branch=branch, tree_budget=tree_budget, eos_token_ids=eos, lookup=lookup)
+    yield from _responses(Decoder(runner, ids, opts), tokenizer, stop)
 
 
 def generate_package(runner: PackageRunner, tokenizer, prompt, **options) -> PackageResult:
@@ -356,6 +297,6 @@ def generate_package(runner: PackageRunner, tokenizer, prompt, **options) -> Pac
                          steps[-1].stats, steps[-1].finish_reason, runner.backend)
 
 
-__all__ = ["PackageDecoder", "PackageError", "PackageInfo", "PackageResult", "PackageRunner",
+__all__ = ["PackageError", "PackageInfo", "PackageResult", "PackageRunner",
            "commit_inputs", "core_ml_available", "generate_package", "load_package", "prefill_chunks",
            "stream_package", "tree_inputs"]

@@ -3,7 +3,9 @@ through the same code path (``mode="ar"``) as its reference.
 
 Each step: build the draft tree under the root from the last accepted node's streams, run it
 (tree attention, pruning, streams), verify, commit the accepted path's K/V in every layer, and
-take the next root and the next draft from the last accepted node.
+take the next root and the next draft from the last accepted node. The forward passes go through
+a :class:`~mlx_specstream.runner.Runner`: an MLX model, or an exported Core ML package
+(``coreml_driver.PackageRunner``); everything else exists once, here.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ import mlx.core as mx
 import numpy as np
 
 from .errors import OptionError
-from .kv_cache import make_cache
 from .lookup import LookupScore, lookup_match
-from .streams import ForwardOut, forward, stream_pass
+from .runner import MLXRunner, Runner
+from .streams import forward
 from .tree import Tree, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
@@ -126,7 +128,8 @@ class _Draft:
 
 
 class Decoder:
-    """Runs one generation; iterate :meth:`steps` to get tokens pass by pass."""
+    """Runs one generation; iterate :meth:`steps` to get tokens pass by pass. ``model``: an MLX
+    model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's)."""
 
     def __init__(self, model, prompt: list[int], opts: DecodeOptions):
         if not prompt:
@@ -139,12 +142,14 @@ class Decoder:
             raise OptionError(f"{{temperature}} must be >= 0, not {opts.temperature}")
         if not 0 < opts.top_p <= 1:
             raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
-        self.limit = getattr(model, "max_positions", None)
+        self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
+        runner.check(opts.temperature, opts.branch, opts.tree_budget, opts.prune_threshold)
+        self.limit = runner.limit
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
-        self.model, self.prompt, self.opts = model, list(prompt), opts
-        self.cfg = cfg = getattr(model, "adapter_config", None)
+        self.prompt, self.opts = list(prompt), opts
+        self.cfg = cfg = runner.adapter_config
         if opts.mode == "ss" and (cfg is None or cfg.gamma == 0):
             raise OptionError("speculative decoding needs an adapter with streams: load one "
                               "({adapter}) or use {mode=ar}")
@@ -160,6 +165,8 @@ class Decoder:
                                   "drop {gamma}")
         self.branch = opts.branch if opts.branch is not None else (cfg.branch if cfg else 1)
         default_budget = 11 if opts.mode == "lookup" else (cfg.tree_budget if cfg else 1)
+        if runner.tree_size is not None:
+            default_budget = min(default_budget, runner.tree_size)
         self.budget = opts.tree_budget if opts.tree_budget is not None else default_budget
         self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
             cfg.prune_threshold if cfg else 0.0)
@@ -170,74 +177,53 @@ class Decoder:
             raise OptionError(f"{{prune_threshold}} must be in [0, 1], not {self.threshold}")
         if opts.streams not in ("auto", "tree", "deferred"):
             raise OptionError("{streams} must be auto, tree or deferred")
-        self.deferred = opts.mode == "ss" and not self.shared and (
+        costs = runner.node_costs if runner.node_costs is not None else default_node_costs()
+        if opts.streams not in ("auto", *costs):
+            raise OptionError(f"{{streams}} must be auto or {' or '.join(costs)} here, not '{opts.streams}'")
+        self.deferred = opts.mode == "ss" and not self.shared and "deferred" in costs and (
             opts.streams == "deferred" or (opts.streams == "auto" and not mx.metal.is_available()))
         if opts.node_cost is not None and opts.node_cost < 0:
             raise OptionError(f"{{node_cost}} must be >= 0, not {opts.node_cost}")
         self.node_cost = opts.node_cost
         if self.node_cost is None:
             policy = "deferred" if self.deferred else "tree"
-            self.node_cost = default_node_costs()[policy] if opts.mode == "ss" else 0.0
+            self.node_cost = costs[policy] if opts.mode == "ss" else 0.0
         self.lookup = opts.mode == "lookup" or (opts.mode == "ss" and opts.lookup is not False)
         self.lookup_score = LookupScore()
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
-    # -- one forward pass --------------------------------------------------------------------
-    def _run(self, tree: Tree, stream_nodes: str, prune: bool) -> ForwardOut:
-        out = forward(self.model, tree, self.caches, self.n, gamma=0 if self.deferred else self.gamma,
-                      stream_nodes=stream_nodes, prune_threshold=self.threshold if prune else 0.0)
-        mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
-        return out
-
-    def _stream_logits(self, out: ForwardOut, node: int) -> mx.array:
-        """(gamma, V) stream logits of ``node`` (index into out.tree), after the commit."""
-        if self.deferred:
-            t = time.perf_counter()
-            logits = stream_pass(self.model, out.msa_input[node], self.caches, self.n, self.gamma)
-            mx.eval(logits)
-            self.stats.model_time += time.perf_counter() - t
-            return logits
-        s = int(np.nonzero(out.stream_nodes == node)[0][0])
-        return out.stream_logits[s, : self.gamma]
-
-    def _commit(self, out: ForwardOut, path: list[int]) -> None:
-        """Keep the accepted nodes' K/V in contiguous slots, in every layer (step 7)."""
-        upper = np.asarray(path)
-        lower = out.kept[upper]
-        for i, cache in enumerate(self.caches):
-            cache.commit(self.n, lower if i < out.prune_layer else upper)
-        self.n += len(path)
-
-    def _target(self, logits: mx.array) -> np.ndarray:
-        """Greedy: argmax per row. Sampling: the sampling distribution per row."""
+    # -- pieces of a step ---------------------------------------------------------------------
+    def _target(self) -> np.ndarray:
+        """Greedy: argmax per surviving node of the last pass. Sampling: the sampling
+        distribution per node."""
         if self.opts.temperature == 0:
-            return np.array(mx.argmax(logits, axis=-1))
-        return probabilities(np.array(logits.astype(mx.float32)), self.opts.temperature,
-                             self.opts.top_p)
+            return self.runner.main_tokens()
+        return probabilities(self.runner.main_logits(), self.opts.temperature, self.opts.top_p)
 
-    def _draft(self, out: ForwardOut, node: int) -> _Draft:
-        """Candidates for each level from the streams of ``node`` (an index into out.tree), and
-        the prompt-lookup chain after the history."""
-        draft = self._stream_draft(out, node) if self.opts.mode == "ss" else _Draft([], [], [], [])
+    def _draft(self, node: int) -> _Draft:
+        """Candidates for each level from the streams of ``node`` (surviving node of the last
+        pass), and the prompt-lookup chain after the history."""
+        draft = self._stream_draft(node) if self.opts.mode == "ss" else _Draft([], [], [], [])
         if self.lookup:
             draft.chain, n = lookup_match(self.history, num_draft=self.budget - 1)
             draft.chain_scores = [self.lookup_score.logp(n)] * len(draft.chain)
         return draft
 
-    def _stream_draft(self, out: ForwardOut, node: int) -> _Draft:
-        logits = self._stream_logits(out, node).astype(mx.float32)
+    def _stream_draft(self, node: int) -> _Draft:
+        """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once."""
         k = self.branch
+        t = time.perf_counter()
         if self.opts.temperature == 0:
-            logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-            top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k] if k > 1 else mx.argmax(
-                logp, axis=-1, keepdims=True)
-            vals = mx.take_along_axis(logp, top, axis=-1)
-            top, vals = np.array(top), np.array(vals)
-            order = np.argsort(-vals, axis=-1, kind="stable")
-            top, vals = np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
+            top, vals = self.runner.stream_topk(node, k)
+            logits = None
+        else:
+            logits = self.runner.stream_logits(node)
+        if self.deferred:  # a stream pass ran
+            self.stats.model_time += time.perf_counter() - t
+        if logits is None:
             return _Draft(top.tolist(), vals.tolist(), [], [])
-        q = probabilities(np.array(logits), self.opts.temperature, self.opts.top_p)
+        q = probabilities(logits, self.opts.temperature, self.opts.top_p)
         levels, scores, draws = [], [], []
         for j in range(self.gamma):
             d = [sample(q[j], self.rng) for _ in range(k)]
@@ -249,15 +235,13 @@ class Decoder:
 
     # -- the loop -------------------------------------------------------------------------
     def steps(self) -> Iterator[Step]:
-        opts, stats = self.opts, self.stats
-        self.caches, self.n = make_cache(self.model), 0
+        opts, stats, runner = self.opts, self.stats, self.runner
         t0 = time.perf_counter()
-        out = self._run(chain(self.prompt), stream_nodes="last", prune=False)
-        self._commit(out, list(range(len(self.prompt))))
-        target = self._target(out.main_logits[-1:])
+        runner.start(self.prompt, self.gamma, self.deferred)
+        target = self._target()
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         self.history = self.prompt + [root]
-        draft = self._draft(out, len(self.prompt) - 1)
+        draft = self._draft(0)
         stats.prefill_time = time.perf_counter() - t0
         stats.model_time = 0.0
 
@@ -266,35 +250,37 @@ class Decoder:
         emitted = len(step.tokens)
         stats.decode_time += time.perf_counter() - t_step
         yield step
-        if opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None:
+        if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
+                and isinstance(runner, MLXRunner)):
             yield from self._greedy_ar_steps(root, emitted)
             return
         while step.finished is None:
             t_step = time.perf_counter()
-            depth = None if self.limit is None else self.limit - 1 - self.n  # the context's room
+            # the deepest draft: inside the context, and a path the runner can commit
+            depth = min((d for d in (None if self.limit is None else self.limit - 1 - runner.n,
+                                     runner.max_depth) if d is not None), default=None)
             tree = build_tree(root, draft.levels[:depth], draft.scores[:depth], self.budget,
                               self.node_cost, draft.chain[:depth], draft.chain_scores[:depth])
             t_model = time.perf_counter()
-            out = self._run(tree, stream_nodes="all", prune=opts.mode == "ss")
-            target = self._target(out.main_logits)
+            kept = runner.step(tree, self.threshold if opts.mode == "ss" else 0.0)
+            target = self._target()
             stats.model_time += time.perf_counter() - t_model
             if opts.temperature == 0:
-                path, root = verify_greedy(out.tree, target)
+                path, root = verify_greedy(kept, target)
             else:
-                path, root = verify_sampling(out.tree, target, draft.draws, draft.q, self.rng,
-                                             draft.chain)
+                path, root = verify_sampling(kept, target, draft.draws, draft.q, self.rng, draft.chain)
             stats.calls += 1
             stats.tree_nodes += len(tree)
-            stats.kept_nodes += len(out.tree)
+            stats.kept_nodes += len(kept)
             stats.accepted_lengths[len(path)] += 1
-            accepted = out.tree.tokens[path[1:]].tolist()
+            accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:
-                self._learn_lookup(draft.chain, out.tree, accepted)
+                self._learn_lookup(draft.chain, kept, accepted)
             rejected = ([lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels
                         else draft.chain[len(path) - 1:])
-            self._commit(out, path)
+            runner.commit(path)
             self.history += accepted + [root]
-            draft = self._draft(out, path[-1])
+            draft = self._draft(path[-1])
             step = self._emit(accepted + [root], accepted, rejected, emitted)
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step
@@ -320,14 +306,14 @@ class Decoder:
         so building the graph and the bookkeeping overlap the model's compute. The passes, the
         tokens and the cache are those of the loop in :meth:`steps`; a pass queued behind an EOS
         is dropped from the cache."""
-        stats = self.stats
+        stats, runner = self.stats, self.runner
         total = self.opts.max_tokens
         if self.limit is not None:
             total = min(total, self.limit - len(self.prompt))
 
         def launch(token: mx.array) -> mx.array:
-            out = forward(self.model, chain([root]), self.caches, self.n, tokens=token)
-            self.n += 1  # the one node is committed in place
+            out = forward(runner.model, chain([root]), runner.caches, runner.n, tokens=token)
+            runner.n += 1  # the one node is committed in place
             nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
             mx.async_eval(nxt)
             return nxt
@@ -348,8 +334,8 @@ class Decoder:
             step = self._emit([root], [], [], emitted)
             emitted += len(step.tokens)
             if step.finished is not None and queued is not None:
-                self.n -= 1
-                for cache in self.caches:
+                runner.n -= 1
+                for cache in runner.caches:
                     cache.trim(1)
             stats.decode_time += time.perf_counter() - t_step
             yield step

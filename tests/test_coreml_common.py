@@ -9,10 +9,11 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from mlx_specstream import engine
+from mlx_specstream import runner
 from mlx_specstream.coreml_driver import commit_inputs, prefill_chunks, tree_inputs
 from mlx_specstream.engine import DecodeOptions, Decoder
 from mlx_specstream.kv_cache import KVCache
+from mlx_specstream.runner import MLXRunner
 from mlx_specstream.tree import chain
 
 
@@ -26,12 +27,12 @@ class Fp16KVCache(KVCache):
 @contextlib.contextmanager
 def fp16_kv():
     """Make the MLX engine store its KV cache in fp16 (values), like the package's state."""
-    orig = engine.make_cache
-    engine.make_cache = lambda model: [Fp16KVCache() for _ in model.layers]
+    orig = runner.make_cache
+    runner.make_cache = lambda model: [Fp16KVCache() for _ in model.layers]
     try:
         yield
     finally:
-        engine.make_cache = orig
+        runner.make_cache = orig
 
 
 @dataclass
@@ -43,25 +44,25 @@ class Recording:
 def record_engine(model, prompt, *, max_tokens=24, tree_budget=16, fp16_state=False, **opts) -> Recording:
     """Run the MLX ``Decoder`` (streams="tree") and record every forward pass and commit."""
     rec = Recording([])
-    orig_forward, orig_commit = engine.forward, Decoder._commit
+    orig_forward, orig_commit = runner.forward, MLXRunner.commit
 
     def forward(model, tree, caches, n, **kw):
         out = orig_forward(model, tree, caches, n, **kw)
         rec.passes.append({"tree": tree, "n": n, "out": out})
         return out
 
-    def commit(self, out, path):
+    def commit(self, path):
         rec.passes[-1]["path"] = list(path)
-        return orig_commit(self, out, path)
+        return orig_commit(self, path)
 
-    engine.forward, Decoder._commit = forward, commit
+    runner.forward, MLXRunner.commit = forward, commit
     try:
         with fp16_kv() if fp16_state else contextlib.nullcontext():
             dec = Decoder(model, list(prompt), DecodeOptions(max_tokens=max_tokens, tree_budget=tree_budget,
                                                              streams="tree", **opts))
             rec.tokens = [t for s in dec.steps() for t in s.tokens]
     finally:
-        engine.forward, Decoder._commit = orig_forward, orig_commit
+        runner.forward, MLXRunner.commit = orig_forward, orig_commit
     return rec
 
 

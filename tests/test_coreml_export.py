@@ -20,6 +20,8 @@ from test_coreml_common import fp16_kv, record_engine, replay, write_tokenizer
 from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.loader import atomic_dir, save_model
+from mlx_specstream.runner import MLXRunner
+from mlx_specstream.tree import chain
 
 pytest.importorskip("torch")
 pytest.importorskip("coremltools")
@@ -31,7 +33,13 @@ from mlx_specstream.convert.coreml_export import (  # noqa: E402
     tokenizer_dir,
 )
 from mlx_specstream.convert.mil_eval import OPS, Package, UnsupportedOpError  # noqa: E402
-from mlx_specstream.coreml_driver import PackageError, PackageRunner, generate_package  # noqa: E402
+from mlx_specstream.coreml_driver import (  # noqa: E402
+    PackageError,
+    PackageRunner,
+    commit_inputs,
+    generate_package,
+    tree_inputs,
+)
 from mlx_specstream.tokenizer import load_tokenizer  # noqa: E402
 
 PROMPTS = [[5, 9, 2, 7, 11, 3, 8, 1, 4], [12], [33, 33, 2, 60, 17]]
@@ -152,14 +160,17 @@ def test_evaluator_equals_engine_steps(packages, model_dir):
 
 
 def _check_tokens(model, runner, tok, prompt, n=40, **kw):
+    """The package and the MLX model through the same decode loop (hybrid drafts on): the same
+    tokens and passes when the MLX runner drafts no deeper than the package can commit."""
+    mlx = MLXRunner(model)
+    mlx.max_depth = runner.max_depth
     with fp16_kv():
-        ref = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0,
-                       lookup=False, **kw)
+        ref = generate(mlx, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
     got = generate_package(runner, tok, prompt, max_tokens=n, **kw)
     assert got.tokens == ref.tokens
     assert got.stats.calls == ref.stats.calls and got.stats.kept_nodes == ref.stats.kept_nodes
-    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0,
-                     lookup=False, **kw)
+    assert got.stats.accepted_lengths == ref.stats.accepted_lengths
+    plain = generate(model, tok, prompt, max_tokens=n, streams="tree", tree_budget=16, node_cost=0.0, **kw)
     return got, plain
 
 
@@ -181,6 +192,27 @@ def test_greedy_and_sampled_tokens_equal_engine(packages, model_dir):
             assert top[1] - top[0] < 0.05, f"differs at {i} with margin {top[1] - top[0]}"
         _check_tokens(model, runner, tok, prompt, temperature=0.8, seed=7)
     assert longest >= 2, "no draft was ever accepted: the comparison would not exercise commits"
+
+
+def test_lookup_drafts_run_on_the_package(packages, model_dir):
+    """Prompt-lookup chains reach the package through the shared loop: the lookup baseline equals
+    the MLX engine's (and plain decoding's) tokens in fewer passes. A chain as deep as the tree
+    fits the step's inputs; paths longer than the package commits are never drafted."""
+    model = load_for_export(model_dir, "shared", precision="float32")
+    tok = _tok(model_dir)
+    runner = PackageRunner(packages["f32"].package, backend="reference")
+    prompt = [5, 9, 2, 5, 9, 2, 5]
+    with fp16_kv():
+        ar = generate(model, tok, prompt, max_tokens=30, mode="ar")
+    got = generate_package(runner, tok, prompt, max_tokens=30, mode="lookup")
+    assert got.tokens == ar.tokens and got.stats.calls < ar.stats.calls
+    assert max(got.stats.accepted_lengths) <= runner.info.accept_max == runner.max_depth + 1
+    deep = chain(list(range(16)))
+    inputs = tree_inputs(deep, 7, 16)
+    assert inputs["positions"].tolist() == list(range(7, 23))
+    assert np.array_equal(inputs["tree_mask"], np.tril(np.ones((16, 16), np.int32)))
+    with pytest.raises(PackageError, match="exceeds"):
+        commit_inputs(list(range(runner.info.accept_max + 1)), runner.info.accept_max)
 
 
 @pytest.mark.parametrize("bits", [4, 8])

@@ -158,12 +158,12 @@ def test_kv_commit_equals_recomputed_cache(llama):
         emitted += step.tokens
     # the cache holds the prompt and every emitted token except the last root
     seq = prompt + emitted[:-1]
-    assert dec.n == len(seq)
+    assert dec.runner.n == len(seq)
     fresh = make_cache(llama)
     detach_cfg = llama.adapter_config
     llama(mx.array([seq]), cache=fresh)
     assert detach_cfg is llama.adapter_config
-    for c_ss, c_ref in zip(dec.caches, fresh):
+    for c_ss, c_ref in zip(dec.runner.caches, fresh):
         k1, v1 = c_ss.state
         k2, v2 = c_ref.state
         np.testing.assert_allclose(np.array(k1), np.array(k2), atol=1e-5)
@@ -232,8 +232,8 @@ def test_greedy_ar_equals_recomputing_every_token(eos_at, max_tokens):
     assert tokens == ref
     assert steps[-1].finished == ("stop" if eos else "length") and all(s.finished is None for s in steps[:-1])
     held = len(prompt) + len(tokens) - (0 if eos else 1)  # an EOS root is not cached either
-    assert dec.n == held and all(c.offset == held for c in dec.caches)
+    assert dec.runner.n == held and all(c.offset == held for c in dec.runner.caches)
     fresh = make_cache(model)
     model(mx.array([(prompt + tokens)[:held]]), cache=fresh)
-    for c, f in zip(dec.caches, fresh):
+    for c, f in zip(dec.runner.caches, fresh):
         np.testing.assert_allclose(np.array(c.state[0]), np.array(f.state[0]), atol=1e-5)

@@ -1,0 +1,135 @@
+"""What the decode loop needs from a model: a :class:`Runner` runs the forward passes of one
+generation over its own KV cache (docs/design.md#decode-step). The loop (``engine.Decoder``)
+drafts, builds trees, verifies, samples, counts and emits; a runner only computes.
+
+- :class:`MLXRunner`: an MLX model (``streams.forward``, the deferred ``streams.stream_pass``,
+  ``KVCache.commit``).
+- ``coreml_driver.PackageRunner``: an exported Core ML package (``prefill`` chunks, then ``step``,
+  which commits the previous accepted path inside the package; fixed tree size, in-place pruning).
+
+Shapes below: M is the number of tree nodes that survived the last pass's pruning, V the
+vocabulary, gamma the streams drafted with (``start``), k the candidates per stream.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from .adapter import AdapterConfig
+from .kv_cache import make_cache
+from .streams import ForwardOut, forward, stream_pass
+from .tree import Tree, chain
+
+
+class Runner:
+    """The forward passes of one generation (one at a time) over one KV cache of length ``n``."""
+
+    adapter_config: AdapterConfig | None = None  # streams, mode, default branch / budget / pruning
+    limit: int | None = None  # tokens the context holds, prompt and generated together
+    tree_size: int | None = None  # nodes every pass runs (padded), which bounds the tree budget
+    max_depth: int | None = None  # deepest draft node whose accepted path the runner can commit
+    # Cost of one more tree node relative to a one-node pass, per stream policy offered ("tree":
+    # streams on every node; "deferred": a stream pass for the accepted node only); None: the
+    # costs measured on this machine (engine.default_node_costs), both policies.
+    node_costs: dict[str, float] | None = None
+
+    def check(self, temperature: float, branch: int | None, tree_budget: int | None,
+              prune_threshold: float | None) -> None:
+        """Refuse, in one line, options this runner cannot serve."""
+
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
+        """Empty the cache, run ``prompt`` (streams on its last token only, ``gamma`` of them; 0:
+        none) and commit it. The last pass then reads as a one-node tree: the last prompt token."""
+        raise NotImplementedError
+
+    def step(self, tree: Tree, prune_threshold: float) -> Tree:
+        """Run a draft tree whose root sits at position ``n``; return the nodes that survived
+        pruning, re-indexed breadth-first (node 0 the root). Their K/V wait for :meth:`commit`."""
+        raise NotImplementedError
+
+    def commit(self, path: list[int]) -> None:
+        """Keep the K/V of ``path`` (surviving nodes, from the root) at ``n, n+1, ...``; drop the
+        rest of the last pass. ``n`` grows by ``len(path)``."""
+        raise NotImplementedError
+
+    def main_tokens(self) -> np.ndarray:
+        """(M,) int: argmax of the main stream's next-token logits per surviving node."""
+        raise NotImplementedError
+
+    def main_logits(self) -> np.ndarray:
+        """(M, V) float32: the main stream's next-token logits per surviving node."""
+        raise NotImplementedError
+
+    def stream_topk(self, node: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """((gamma, k) token ids, (gamma, k) log-probabilities), best first per stream, of the
+        streams of surviving ``node``; called after :meth:`commit`, for its last node."""
+        raise NotImplementedError
+
+    def stream_logits(self, node: int) -> np.ndarray:
+        """(gamma, V) float32: the stream logits of surviving ``node`` (as for stream_topk)."""
+        raise NotImplementedError
+
+
+class MLXRunner(Runner):
+    """An MLX model with its stream adapter (if any); ``caches`` per layer, ``n`` rows committed."""
+
+    def __init__(self, model):
+        self.model = model
+        self.adapter_config = getattr(model, "adapter_config", None)
+        self.limit = getattr(model, "max_positions", None)
+
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
+        self.gamma, self.deferred = gamma, deferred
+        self.caches, self.n = make_cache(self.model), 0
+        self.out = out = self._run(chain(prompt), "last", 0.0)
+        self.commit(list(range(len(prompt))))
+        last = len(prompt) - 1
+        self.out = ForwardOut(chain(prompt[-1:]), np.array([last]), out.main_logits[last:], out.stream_logits,
+                              np.zeros(len(out.stream_nodes), np.int64), out.prune_layer,
+                              None if out.msa_input is None else out.msa_input[last:])
+
+    def step(self, tree: Tree, prune_threshold: float) -> Tree:
+        self.out = self._run(tree, "all", prune_threshold)
+        return self.out.tree
+
+    def _run(self, tree: Tree, stream_nodes: str, prune_threshold: float) -> ForwardOut:
+        out = forward(self.model, tree, self.caches, self.n, gamma=0 if self.deferred else self.gamma,
+                      stream_nodes=stream_nodes, prune_threshold=prune_threshold)
+        mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
+        return out
+
+    def commit(self, path: list[int]) -> None:
+        """Layers below the pruning layer index the tree as fed, the others the pruned one."""
+        upper = np.asarray(path)
+        lower = self.out.kept[upper]
+        for i, cache in enumerate(self.caches):
+            cache.commit(self.n, lower if i < self.out.prune_layer else upper)
+        self.n += len(path)
+
+    def main_tokens(self) -> np.ndarray:
+        return np.array(mx.argmax(self.out.main_logits, axis=-1))
+
+    def main_logits(self) -> np.ndarray:
+        return np.array(self.out.main_logits.astype(mx.float32))
+
+    def _streams(self, node: int) -> mx.array:
+        out = self.out
+        if self.deferred:
+            logits = stream_pass(self.model, out.msa_input[node], self.caches, self.n, self.gamma)
+        else:
+            logits = out.stream_logits[int(np.nonzero(out.stream_nodes == node)[0][0]), : self.gamma]
+        return logits.astype(mx.float32)
+
+    def stream_topk(self, node: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+        logits = self._streams(node)
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k] if k > 1 else mx.argmax(
+            logp, axis=-1, keepdims=True)
+        vals = mx.take_along_axis(logp, top, axis=-1)
+        top, vals = np.array(top), np.array(vals)
+        order = np.argsort(-vals, axis=-1, kind="stable")
+        return np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
+
+    def stream_logits(self, node: int) -> np.ndarray:
+        return np.array(self._streams(node))
