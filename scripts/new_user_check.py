@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import random
 import shutil
@@ -109,9 +110,11 @@ def main() -> None:
         (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train_rows))
         cmd = [str(ROOT / ".venv/bin/specstream-mlx"), "train", "--model", str(model_dir),
                "--data", str(data), "--out", "mine", *extra]
+        load_before = os.getloadavg()[0]
         t = time.perf_counter()
         subprocess.run(cmd, check=True)
         seconds = time.perf_counter() - t
+        load_after = os.getloadavg()[0]
         adapter = model_dir / "adapters" / "mine"
         report = json.loads((adapter / "training_report.json").read_text())
         prompts = [r["prompt"] for r in test_rows]
@@ -129,7 +132,8 @@ def main() -> None:
             "machine": platform.platform(), "mlx": mx.__version__, "blas": active_blas(),
             "source": "data/code (train / valid)" if args.project_code else args.packages,
             "n_train": len(train_rows), "n_test": len(test_rows),
-            "max_tokens": args.max_tokens},
+            "max_tokens": args.max_tokens,
+            "load_average_1min_before_and_after_train": [round(load_before, 2), round(load_after, 2)]},
         "train_seconds": round(seconds, 1),
         "iters": cfg["iters"],
         "trained_mean_accepted_tokens": round(trained, 3),
