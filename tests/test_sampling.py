@@ -136,30 +136,28 @@ def test_wrong_verifiers_are_detected(model, exact, monkeypatch, bug):
     assert chi2_pvalue(counts, exact, N_SAMPLES) < 1e-3
 
 
-def test_residual_accept_is_exact_in_distribution():
-    """Single-node check with many draws per level: emitted token ~ p exactly."""
+def two_random_drafts(p, q, rng):
+    """Two i.i.d. stream draws."""
+    return verify.residual_accept(p, [verify.sample(q, rng) for _ in range(2)], q, rng)
+
+
+def lookup_then_random_draft(p, q, rng):
+    """A prompt-lookup token (q one-hot) tried first, then a stream draw on the residual."""
+    tok, resid = verify.residual_accept(p, [3], None, rng)
+    return (tok, resid) if tok is not None else verify.residual_accept(resid, [verify.sample(q, rng)], q, rng)
+
+
+@pytest.mark.parametrize("drafts,p,q", [
+    (two_random_drafts, [0.5, 0.3, 0.15, 0.05], [0.05, 0.15, 0.3, 0.5]),
+    (lookup_then_random_draft, [0.1, 0.6, 0.2, 0.1], [0.4, 0.1, 0.1, 0.4]),  # lookup: unlikely token
+])
+def test_residual_accept_is_exact_in_distribution(drafts, p, q):
+    """Single-node check: the emitted token (accepted draft, else a residual sample) ~ p exactly."""
     rng = np.random.default_rng(0)
-    p = np.array([0.5, 0.3, 0.15, 0.05])
-    q = np.array([0.05, 0.15, 0.3, 0.5])
+    p, q = np.array(p), np.array(q)
     counts = np.zeros(4)
     n = 40000
     for _ in range(n):
-        draws = [verify.sample(q, rng) for _ in range(2)]
-        tok, resid = verify.residual_accept(p, draws, q, rng)
-        counts[tok if tok is not None else verify.sample(resid, rng)] += 1
-    assert np.abs(counts / n - p).max() < 0.01
-
-
-def test_deterministic_then_random_drafts_are_exact():
-    """A prompt-lookup token (q one-hot) tried first, then i.i.d. stream draws on the residual."""
-    rng = np.random.default_rng(1)
-    p = np.array([0.1, 0.6, 0.2, 0.1])
-    q = np.array([0.4, 0.1, 0.1, 0.4])
-    counts = np.zeros(4)
-    n = 40000
-    for _ in range(n):
-        tok, resid = verify.residual_accept(p, [3], None, rng)  # lookup proposes an unlikely token
-        if tok is None:
-            tok, resid = verify.residual_accept(resid, [verify.sample(q, rng)], q, rng)
+        tok, resid = drafts(p, q, rng)
         counts[tok if tok is not None else verify.sample(resid, rng)] += 1
     assert np.abs(counts / n - p).max() < 0.01
