@@ -196,17 +196,28 @@ def test_greedy_and_sampled_tokens_equal_engine(packages, model_dir):
 
 def test_lookup_drafts_run_on_the_package(packages, model_dir):
     """Prompt-lookup chains reach the package through the shared loop: the lookup baseline equals
-    the MLX engine's (and plain decoding's) tokens in fewer passes. A chain as deep as the tree
-    fits the step's inputs; paths longer than the package commits are never drafted."""
+    plain decoding's tokens in fewer passes, up to the package's context (a step writes
+    ``tree_size`` slots after the committed ones). A chain as deep as the tree fits the step's
+    inputs; paths longer than the package commits are never drafted. Stop strings end it as they
+    end the MLX engine."""
     model = load_for_export(model_dir, "shared", precision="float32")
     tok = _tok(model_dir)
     runner = PackageRunner(packages["f32"].package, backend="reference")
     prompt = [5, 9, 2, 5, 9, 2, 5]
+    room = SIZES["context"] - SIZES["tree_size"] + 2 - len(prompt)
+    assert runner.limit - len(prompt) == room
     with fp16_kv():
-        ar = generate(model, tok, prompt, max_tokens=30, mode="ar")
-    got = generate_package(runner, tok, prompt, max_tokens=30, mode="lookup")
+        ar = generate(model, tok, prompt, max_tokens=room, mode="ar")
+    got = generate_package(runner, tok, prompt, max_tokens=1000, mode="lookup")
     assert got.tokens == ar.tokens and got.stats.calls < ar.stats.calls
+    assert got.finish_reason == "length" and got.stats.context_limit == runner.limit
     assert max(got.stats.accepted_lengths) <= runner.info.accept_max == runner.max_depth + 1
+    stop = got.text[len(got.text) // 5:][:4]
+    with fp16_kv():
+        ref = generate(model, tok, prompt, max_tokens=30, mode="lookup", stop=[stop])
+    cut = generate_package(runner, tok, prompt, max_tokens=30, mode="lookup", stop=[stop])
+    assert cut.finish_reason == ref.finish_reason == "stop" and stop not in cut.text
+    assert cut.tokens == ref.tokens and cut.text == ref.text and got.text.startswith(cut.text)
     deep = chain(list(range(16)))
     inputs = tree_inputs(deep, 7, 16)
     assert inputs["positions"].tolist() == list(range(7, 23))
