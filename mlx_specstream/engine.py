@@ -212,18 +212,15 @@ class Decoder:
 
     def _stream_draft(self, node: int) -> _Draft:
         """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once."""
-        k = self.branch
+        k, greedy = self.branch, self.opts.temperature == 0
         t = time.perf_counter()
-        if self.opts.temperature == 0:
-            top, vals = self.runner.stream_topk(node, k)
-            logits = None
-        else:
-            logits = self.runner.stream_logits(node)
+        streams = self.runner.stream_topk(node, k) if greedy else self.runner.stream_logits(node)
         if self.deferred:  # a stream pass ran
             self.stats.model_time += time.perf_counter() - t
-        if logits is None:
+        if greedy:
+            top, vals = streams
             return _Draft(top.tolist(), vals.tolist(), [], [])
-        q = probabilities(logits, self.opts.temperature, self.opts.top_p)
+        q = probabilities(streams, self.opts.temperature, self.opts.top_p)
         levels, scores, draws = [], [], []
         for j in range(self.gamma):
             d = [sample(q[j], self.rng) for _ in range(k)]
@@ -256,9 +253,10 @@ class Decoder:
             return
         while step.finished is None:
             t_step = time.perf_counter()
-            # the deepest draft: inside the context, and a path the runner can commit
-            depth = min((d for d in (None if self.limit is None else self.limit - 1 - runner.n,
-                                     runner.max_depth) if d is not None), default=None)
+            depth = runner.max_depth  # the deepest path the runner can commit, inside the context
+            if self.limit is not None:
+                room = self.limit - 1 - runner.n
+                depth = room if depth is None else min(depth, room)
             tree = build_tree(root, draft.levels[:depth], draft.scores[:depth], self.budget,
                               self.node_cost, draft.chain[:depth], draft.chain_scores[:depth])
             t_model = time.perf_counter()
