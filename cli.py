@@ -88,7 +88,7 @@ def generate(
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
         _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
-                         mode=mode, branch=branch, tree_budget=tree_budget, verbose=verbose)
+                         mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup, verbose=verbose)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
@@ -124,7 +124,8 @@ def _coloured(step, tok) -> str:
 
 
 def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
-                     mode: str, branch: int | None, tree_budget: int | None, verbose: bool) -> None:
+                     mode: str, branch: int | None, tree_budget: int | None, lookup: bool | None,
+                     verbose: bool) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.coreml_driver import load_package, stream_package
 
@@ -133,7 +134,7 @@ def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, 
         raise ValueError(f"{package}: no tokenizer directory beside the package")
     stats = None
     for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget):
+                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup):
         if stats is None:  # said once the request was accepted, so errors stay one line
             typer.echo(f"running {package.name} on {runner.description}", err=True)
         stats = resp.stats
