@@ -67,6 +67,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--before", metavar="REV", help="also time the lossless step at git revision REV")
+    ap.add_argument("--lossless-only", action="store_true", help="time the lossless rows only")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model, tok = load(DEFAULT_MODEL)
@@ -95,6 +96,8 @@ def main() -> None:
              ("lossless", True, current, "lossless", n_s),
              f"shared, {n_s} MSA layers": ("shared", False, current, "shared", n_s),
              "lora": ("lora", False, current, "lora", n_s)}
+    if args.lossless_only:
+        runs = {k: v for k, v in runs.items() if v[0] == "lossless"}
     best: dict[str, float] = {}
     peak: dict[str, float] = {}
     for _ in range(args.reps):
