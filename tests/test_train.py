@@ -655,12 +655,12 @@ def test_two_processes_equal_one(tmp_path, mode):
     a = mx.load(str(tmp_path / "one" / "adapter.safetensors"))
     b = mx.load(str(tmp_path / "two" / "adapter.safetensors"))
     assert set(a) == set(b)
-    # Adam divides by the root of the squared gradients, so where a gradient is ~0 rounding shows
-    # up amplified: compare within 1% of how far 3 steps at lr 1e-3 move a parameter (3e-3).
-    for k in a:
-        np.testing.assert_allclose(np.array(b[k]), np.array(a[k]), rtol=1e-4, atol=3e-5, err_msg=k)
-    worst = max(float(mx.abs(a[k] - b[k]).max()) for k in a)
-    assert worst < 3e-5
+    # Adam divides by the root of the squared gradients, so where a gradient is ~0 the rounding of
+    # a sum over two processes shows up amplified, up to a step's length for a few elements: all
+    # within 10 % of how far 3 steps at lr 1e-3 move a parameter (3e-3), and 99.9 % within 1 %. A
+    # wrong reduction (a shard's gradient lost, a process on other batches) moves most by far more.
+    diff = np.concatenate([np.abs(np.array(a[k]) - np.array(b[k])).ravel() for k in a])
+    assert diff.max() < 3e-4 and np.mean(diff > 3e-5) < 1e-3, (diff.max(), np.mean(diff > 3e-5))
 
 
 def test_base_state_cache_gives_the_same_step():

@@ -194,6 +194,10 @@ def test_empty_completions_are_counted_and_reported(tmp_path):
                  + '{"prompt": [1, 2], "completion": [5, 6]}\n')
     ds = load_jsonl(f, None)
     assert ds.n_empty == 3 and ds.summary()["empty_completions"] == 3
-    said = []
-    train(tiny_model(), tmp_path, iters=1, progress=False, log=said.append, gamma=2, msa_layers=2)
+    said = []  # trained on as given, empty completions teach the model to stop: said so
+    train(tiny_model(), tmp_path, iters=1, progress=False, log=said.append, gamma=2, msa_layers=2,
+          self_distill=False)
     assert any("3 of 4 examples have an empty completion" in s for s in said), said
+    said.clear()  # lossless mode's default self-distillation gives them the base's continuation
+    train(tiny_model(), tmp_path, iters=1, progress=False, log=said.append, gamma=2, msa_layers=2)
+    assert not any("empty completion" in s for s in said) and any("self-distill" in s for s in said), said
