@@ -63,6 +63,7 @@ def _same_tokens(package, model, tok, prompts):
         assert len(got.tokens) >= 4
 
 
+@pytest.mark.slow  # the default model exported (~50 s); tiny-model packages equal MLX by default
 def test_float32_package_equals_mlx(prompts, out_dir):
     from mlx_specstream.convert.coreml_export import load_for_export
     from mlx_specstream.convert.mil_eval import Package

@@ -270,6 +270,7 @@ def test_unknown_op_fails_loudly(packages, monkeypatch):
                      "length": np.ones(1, np.int32)}, pkg.new_state(), function="prefill")
 
 
+@pytest.mark.slow  # three exports (~40 s); quantized packages equal quantized MLX by default
 def test_size_ratios(tmp_path_factory):
     """int4 <= 0.35x and int8 <= 0.6x the fp16 package, on a model whose weights dominate."""
     d = tmp_path_factory.mktemp("size") / "m"

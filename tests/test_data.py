@@ -37,6 +37,7 @@ def made(tmp_path_factory):
     return out, manifest
 
 
+@pytest.mark.slow  # a second full build (~25 s); tests/test_sqlgen.py checks generation by seed by default
 def test_deterministic(made, tmp_path):
     out, manifest = made
     again = md.main(["--out", str(tmp_path), *SMALL])

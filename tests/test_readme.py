@@ -2,7 +2,8 @@
 
 Placeholders become real paths (``MODEL_DIR``: a copy of the shipped model; ``HF_DIR``: its
 Hugging Face directory; ``PROMPT.txt``, ``SQL.mlpackage``, ``"..."``: a test prompt) and sizes
-shrink (``--iters 2`` and one validation batch, ``--n 1``, 8 new tokens); nothing else changes.
+shrink (``--iters 2``, one validation batch and two acceptance prompts, ``--n 1``, 8 new
+tokens); nothing else changes.
 The set-up block is what CI runs (``.ci/run``), so it is compared with that script instead of
 run inside the suite.
 """
@@ -37,7 +38,7 @@ def sized(line: str) -> str:
     if re.search(r"specstream-mlx (generate|bench)", line) and "--max-tokens" not in line:
         line = line.split("#")[0].rstrip() + " --max-tokens 8"
     if "specstream-mlx train" in line:
-        line += " --val-batches 1"
+        line += " --val-batches 1 --accept-prompts 2"
     return line
 
 

@@ -95,6 +95,7 @@ def test_ss_sampling_matches_exact_distribution(model, exact):
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow  # the SS check above covers the sampler by default; this is its AR reference
 def test_ar_sampling_matches_exact_distribution(model, exact):
     counts = sample_counts(model, mode="ar")
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
