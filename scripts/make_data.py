@@ -59,7 +59,7 @@ import sql_domains  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import sqlgen  # noqa: E402
-from sqlgen import check_sql, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
+from sqlgen import check_sql, create_table, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
 
 SEED = 1234
 SPLIT_SEED = 7  # which domains / modules are held out
@@ -88,6 +88,10 @@ class Column:
     @property
     def is_key(self) -> bool:
         return self.gen == "key" or self.gen.startswith("fk:")
+
+    @property
+    def role(self) -> str:  # what sqlgen.create_table reads: a table's own key leads its columns
+        return "key" if self.gen == "key" else self.gen
 
     @property
     def numeric(self) -> bool:
@@ -798,20 +802,6 @@ JOIN_FORMS = {
     "join_agg": (f_join_agg, 1.5), "join_cmp": (f_join_cmp, 1.5), "join_top": (f_join_top, 1),
 }
 ALL_FORMS = {**SINGLE_FORMS, **JOIN_FORMS}
-
-
-def create_table(rng: random.Random, t: Table, needed: set[Column]) -> str:
-    """``CREATE TABLE`` with the needed columns plus a random number of the others."""
-    others = [c for c in t.columns if c not in needed]
-    n_extra = rng.randint(max(0, 3 - len(needed)), len(others))
-    chosen = set(needed) | set(rng.sample(others, n_extra))
-    cols = [c for c in t.columns if c in chosen]
-    if rng.random() < 0.5:  # shuffle all but a leading key
-        head = cols[:1] if cols and cols[0].gen == "key" else []
-        tail = cols[len(head):]
-        rng.shuffle(tail)
-        cols = head + tail
-    return f"CREATE TABLE {t.name} ({', '.join(f'{c.name} {c.type}' for c in cols)});"
 
 
 def sql_example(rng: random.Random, tables: list[Table]) -> dict | None:
