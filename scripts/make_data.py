@@ -59,7 +59,7 @@ import sql_domains  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import sqlgen  # noqa: E402
-from sqlgen import check_sql, create_table, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
+from sqlgen import check_sql, create_table, q, say, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
 
 SEED = 1234
 SPLIT_SEED = 7  # which domains / modules are held out
@@ -209,21 +209,6 @@ def two_ordered(rng: random.Random, col: Column) -> tuple[str, str]:
     a = ordered_value(rng, col, 0.0, 0.45)
     b = ordered_value(rng, col, 0.55, 1.0)
     return a, b
-
-
-def q(v: str) -> str:
-    """A SQL string literal."""
-    return "'" + v.replace("'", "''") + "'"
-
-
-def say(rng: random.Random, literal: str) -> str:
-    """How the question writes a value: strings unquoted or double-quoted, dates bare."""
-    if literal.startswith("'"):
-        v = literal[1:-1].replace("''", "'")
-        if re.match(r"^\d{4}-\d\d-\d\d$", v):
-            return v
-        return f'"{v}"' if rng.random() < 0.3 else v
-    return literal
 
 
 # --------------------------------------------------------------------------------------------
