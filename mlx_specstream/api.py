@@ -10,6 +10,7 @@ from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .engine import DecodeOptions, Decoder, Stats
 from .loader import load_model
+from .runner import PassRequest
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
 
@@ -80,13 +81,13 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
              top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
              prune_threshold: float | None = None, streams: str = "auto",
-             node_cost: float | None = None, lookup: bool | None = None) -> Decoder:
+             node_cost: float | None = None, lookup: bool | None = None, batched: bool = False) -> Decoder:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                          prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
                          node_cost=node_cost, lookup=lookup)
-    return Decoder(model, _prompt_ids(tokenizer, prompt), opts)
+    return Decoder(model, _prompt_ids(tokenizer, prompt), opts, batched)
 
 
 def _held(text: str, stop: list[str]) -> int:
@@ -94,7 +95,7 @@ def _held(text: str, stop: list[str]) -> int:
     return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
-def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[StreamResponse]:
+def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[StreamResponse | PassRequest]:
     """Pass by pass: detokenize token by token and end at a stop string. Output stops at the
     last token that ends before the stop string, so tokens and text always agree; with stop
     strings, text that could begin one is held back until it cannot."""
@@ -107,6 +108,9 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[
     out = ""  # text yielded so far
     held: list[tuple[int, str, bool]] = []  # (token, piece, drafted) not yielded yet
     for step in decoder.steps():
+        if isinstance(step, PassRequest):  # a batched decoder's pass: for the caller to run
+            yield step
+            continue
         pieces = [detok.add_token(t) for t in step.tokens] if detok else [""] * len(step.tokens)
         if detok and step.finished and pieces:
             pieces[-1] += detok.finalize()

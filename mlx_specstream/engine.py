@@ -20,7 +20,7 @@ import numpy as np
 
 from .errors import OptionError
 from .lookup import LookupScore, lookup_match
-from .runner import MLXRunner, Runner
+from .runner import MLXRunner, PassRequest, Runner
 from .streams import forward
 from .tree import Tree, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
@@ -129,9 +129,11 @@ class _Draft:
 
 class Decoder:
     """Runs one generation; iterate :meth:`steps` to get tokens pass by pass. ``model``: an MLX
-    model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's)."""
+    model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's). ``batched``:
+    :meth:`steps` also yields a :class:`~mlx_specstream.runner.PassRequest` before each tree pass
+    and goes on once the caller has run it (with other generations' passes: the server)."""
 
-    def __init__(self, model, prompt: list[int], opts: DecodeOptions):
+    def __init__(self, model, prompt: list[int], opts: DecodeOptions, batched: bool = False):
         if not prompt:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
@@ -148,7 +150,7 @@ class Decoder:
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
-        self.prompt, self.opts = list(prompt), opts
+        self.prompt, self.opts, self.batched = list(prompt), opts, batched
         self.cfg = cfg = runner.adapter_config
         if opts.mode == "ss" and (cfg is None or cfg.gamma == 0):
             raise OptionError("speculative decoding needs an adapter with streams: load one "
@@ -231,7 +233,15 @@ class Decoder:
         return _Draft(levels, scores, draws, list(q))
 
     # -- the loop -------------------------------------------------------------------------
-    def steps(self) -> Iterator[Step]:
+    def _pass(self, tree: Tree, prune_threshold: float) -> Iterator[PassRequest]:
+        """Run one tree pass (or hand it to the caller when batched); returns the kept tree."""
+        if not self.batched:
+            return self.runner.step(tree, prune_threshold)
+        request = PassRequest(self.runner, tree, prune_threshold)
+        yield request
+        return request.kept
+
+    def steps(self) -> Iterator[Step | PassRequest]:
         opts, stats, runner = self.opts, self.stats, self.runner
         t0 = time.perf_counter()
         runner.start(self.prompt, self.gamma, self.deferred)
@@ -248,7 +258,7 @@ class Decoder:
         stats.decode_time += time.perf_counter() - t_step
         yield step
         if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
-                and isinstance(runner, MLXRunner)):
+                and isinstance(runner, MLXRunner) and not self.batched):
             yield from self._greedy_ar_steps(root, emitted)
             return
         while step.finished is None:
@@ -260,7 +270,7 @@ class Decoder:
             tree = build_tree(root, draft.levels[:depth], draft.scores[:depth], self.budget,
                               self.node_cost, draft.chain[:depth], draft.chain_scores[:depth])
             t_model = time.perf_counter()
-            kept = runner.step(tree, self.threshold if opts.mode == "ss" else 0.0)
+            kept = yield from self._pass(tree, self.threshold if opts.mode == "ss" else 0.0)
             target = self._target()
             stats.model_time += time.perf_counter() - t_model
             if opts.temperature == 0:

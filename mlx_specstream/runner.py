@@ -13,12 +13,14 @@ vocabulary, gamma the streams drafted with (``start``), k the candidates per str
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import mlx.core as mx
 import numpy as np
 
 from .adapter import AdapterConfig
 from .kv_cache import make_cache
-from .streams import ForwardOut, forward, stream_pass
+from .streams import ForwardOut, forward, forward_batch, stream_pass
 from .tree import Tree, chain
 
 
@@ -47,6 +49,9 @@ class Runner:
         """Run a draft tree whose root sits at position ``n``; return the nodes that survived
         pruning, re-indexed breadth-first (node 0 the root). Their K/V wait for :meth:`commit`."""
         raise NotImplementedError
+
+    def discard(self) -> None:
+        """Forget a pass that failed, so that the next one starts from the committed cache."""
 
     def commit(self, path: list[int]) -> None:
         """Keep the K/V of ``path`` (surviving nodes, from the root) at ``n, n+1, ...``; drop the
@@ -93,11 +98,21 @@ class MLXRunner(Runner):
         self.out = self._run(tree, "all", prune_threshold)
         return self.out.tree
 
+    @property
+    def pass_gamma(self) -> int:
+        """Streams in a tree pass: none when they are deferred to a pass of their own."""
+        return 0 if self.deferred else self.gamma
+
     def _run(self, tree: Tree, stream_nodes: str, prune_threshold: float) -> ForwardOut:
-        out = forward(self.model, tree, self.caches, self.n, gamma=0 if self.deferred else self.gamma,
+        out = forward(self.model, tree, self.caches, self.n, gamma=self.pass_gamma,
                       stream_nodes=stream_nodes, prune_threshold=prune_threshold)
         mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
         return out
+
+    def discard(self) -> None:
+        """Drop whatever a pass left in the cache after the committed ``n`` rows."""
+        for cache in self.caches:
+            cache.trim(cache.offset - self.n)
 
     def commit(self, path: list[int]) -> None:
         """Layers below the pruning layer index the tree as fed, the others the pruned one."""
@@ -133,3 +148,34 @@ class MLXRunner(Runner):
 
     def stream_logits(self, node: int) -> np.ndarray:
         return np.array(self._streams(node))
+
+
+@dataclass(eq=False)
+class PassRequest:
+    """A tree pass a decode loop hands to its caller instead of running it (``Decoder(...,
+    batched=True)``), so that the passes of several generations run as one batch
+    (:func:`run_passes`); ``kept`` is filled in with what :meth:`Runner.step` would return."""
+
+    runner: Runner
+    tree: Tree
+    prune_threshold: float
+    kept: Tree | None = None
+
+
+def run_passes(requests: list[PassRequest]) -> None:
+    """Run the requested passes: those of MLX runners over the same model, the same streams and
+    no pruning in one batched forward (``streams.forward_batch``); any other alone."""
+    groups: dict[tuple, list[PassRequest]] = {}
+    for req in requests:
+        r = req.runner
+        if isinstance(r, MLXRunner) and req.prune_threshold == 0:
+            groups.setdefault((id(r.model), r.pass_gamma), []).append(req)
+        else:
+            req.kept = r.step(req.tree, req.prune_threshold)
+    for group in groups.values():
+        runners = [req.runner for req in group]
+        outs = forward_batch(runners[0].model, [req.tree for req in group], [r.caches for r in runners],
+                             [r.n for r in runners], gamma=runners[0].pass_gamma)
+        mx.eval([o.main_logits for o in outs], [o.stream_logits for o in outs if o.stream_logits is not None])
+        for req, r, out in zip(group, runners, outs):
+            r.out, req.kept = out, out.tree

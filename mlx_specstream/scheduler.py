@@ -1,11 +1,13 @@
-"""Pass-by-pass scheduling of concurrent generations on one thread.
+"""Pass-by-pass scheduling of concurrent generations on one thread, their passes batched.
 
-Every active request is a generator of :class:`~mlx_specstream.api.StreamResponse` (one per
-forward pass, from :func:`~mlx_specstream.api._responses` over its own
-:class:`~mlx_specstream.engine.Decoder`: own KV cache, tree, sampler and statistics). The
-scheduler thread advances them in turn, one pass each, so requests join and leave between
-passes and no request waits for another to finish. All MLX work of the server runs on this
-thread.
+Every active request is a generator from :func:`~mlx_specstream.api._responses` over its own
+batched :class:`~mlx_specstream.engine.Decoder` (own KV cache, tree, sampler and statistics):
+it yields a :class:`~mlx_specstream.runner.PassRequest` before each forward pass and a
+:class:`~mlx_specstream.api.StreamResponse` after it. Each round, the scheduler thread advances
+every active request to its next pass, then runs all those passes as one batch
+(:func:`~mlx_specstream.runner.run_passes`: one forward per model), so requests join and leave
+between passes and no request waits for another to finish. All MLX work of the server runs on
+this thread.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .api import StreamResponse
+from .runner import PassRequest, run_passes
 
 # emit(response, error): called on the scheduler thread after each pass; (None, None) at the end.
 Emit = Callable[[StreamResponse | None, BaseException | None], None]
@@ -23,7 +26,7 @@ Emit = Callable[[StreamResponse | None, BaseException | None], None]
 
 @dataclass
 class Job:
-    responses: Iterator[StreamResponse]
+    responses: Iterator[StreamResponse | PassRequest]
     emit: Emit
     cancelled: threading.Event = field(default_factory=threading.Event)
 
@@ -33,7 +36,7 @@ class Job:
 
 
 class Scheduler:
-    """Round-robin over at most ``max_active`` generations; more wait in a queue."""
+    """Batched rounds over at most ``max_active`` generations; more wait in a queue."""
 
     def __init__(self, max_active: int = 16):
         if max_active < 1:
@@ -84,30 +87,54 @@ class Scheduler:
 
     def _loop(self) -> None:
         while self._admit():
+            waiting: list[tuple[Job, PassRequest]] = []
             for job in list(self._active):
                 try:
-                    done = self._advance(job)
+                    request = self._advance(job)
                 except Exception:  # its caller is gone (e.g. the event loop closed): drop it
-                    done = True
-                if done:
+                    request = None
+                if request is None:
                     self._active.remove(job)
+                else:
+                    waiting.append((job, request))
+            self._run(waiting)
+
+    def _run(self, waiting: list[tuple[Job, PassRequest]]) -> None:
+        """The passes of all waiting jobs as one batch; if that fails, each alone (from its
+        committed cache), so that one bad request fails alone."""
+        try:
+            run_passes([request for _, request in waiting])
+            return
+        except Exception:
+            pass
+        for job, request in waiting:
+            try:
+                request.runner.discard()
+                run_passes([request])
+            except Exception as e:
+                job.emit(None, e)
+                job.responses.close()
+                self._active.remove(job)
 
     @staticmethod
-    def _advance(job: Job) -> bool:
-        """One pass of ``job``; True when it is done (finished, failed or cancelled)."""
-        if job.cancelled.is_set():
-            job.responses.close()
-            return True
-        try:
-            response = next(job.responses)
-        except StopIteration:
-            job.emit(None, None)
-            return True
-        except Exception as e:  # one bad request must not stop the others
-            job.emit(None, e)
-            return True
-        job.emit(response, None)
-        if response.finish_reason is not None:
-            job.emit(None, None)
-            return True
-        return False
+    def _advance(job: Job) -> PassRequest | None:
+        """Run ``job`` up to its next forward pass, emitting what it produced on the way; return
+        that pass, or None when the job is done (finished, failed or cancelled)."""
+        while True:
+            if job.cancelled.is_set():
+                job.responses.close()
+                return None
+            try:
+                item = next(job.responses)
+            except StopIteration:
+                job.emit(None, None)
+                return None
+            except Exception as e:  # one bad request must not stop the others
+                job.emit(None, e)
+                return None
+            if isinstance(item, PassRequest):
+                return item
+            job.emit(item, None)
+            if item.finish_reason is not None:
+                job.emit(None, None)
+                return None

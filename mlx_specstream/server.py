@@ -151,7 +151,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     stream = _field(body, "stream", (bool,), False)
     usage = _field(body, "stream_options", (dict,), {}).get("include_usage") is True
     try:
-        decoder = _decoder(model, tok, tok.encode(prompt) if isinstance(prompt, str) else prompt, **options)
+        ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        decoder = _decoder(model, tok, ids, batched=True, **options)
     except OptionError as e:
         named = _OPTION.search(e.template)
         param = named.group(1) if named else None

@@ -16,7 +16,7 @@ import mlx.nn as nn
 import numpy as np
 
 from . import layout
-from .kernels.attention import AttentionPlan
+from .kernels.attention import AttentionPlan, BatchPlan
 from .tree import Tree, positions, reorder
 
 
@@ -142,6 +142,54 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
     logits = model.head(h[0])
     return ForwardOut(tree, kept, logits[:m], logits[m:].reshape(len(snodes), gamma, -1), snodes,
                       min(prune_at, n_layers))
+
+
+def forward_batch(model, trees: list[Tree], caches: list[list], n_prefix: list[int], *,
+                  gamma: int = 0) -> list[ForwardOut]:
+    """:func:`forward` of B draft trees of B sequences, each with its own caches and length, in one
+    batched pass (no pruning; streams, when ``gamma`` > 0, on every node).
+
+    The trees are padded to the largest, M nodes (a padding node is token 0 at the sequence's
+    next position): tokens (B, M), then M * gamma stream rows, node-major, so that every row
+    index means the same in every sequence and one (B, T) batch runs through each layer. The
+    attention runs per sequence with its own plan and cache (:class:`BatchPlan`); the padding
+    rows are never cached. Returns each sequence's :class:`ForwardOut`, as :func:`forward` would.
+    """
+    adapter = getattr(model, "adapter", None)
+    cfg = getattr(model, "adapter_config", None)
+    layers = model.layers
+    if adapter is not None and cfg.mode == "shared":
+        gamma = cfg.gamma
+    use_streams = adapter is not None and gamma > 0
+    msa_start = len(layers) - cfg.msa_layers if adapter is not None else len(layers)
+    sizes = [len(t) for t in trees]
+    m = max(sizes)
+    node_pos = np.array([[n + d for d in t.depths] + [n] * (m - len(t)) for t, n in zip(trees, n_prefix)])
+    tokens = np.array([list(t.tokens) + [0] * (m - len(t)) for t in trees], np.int32)
+    pos = mx.array(node_pos.astype(np.int32))
+    plan = BatchPlan([AttentionPlan.for_tree(t.parents, n) if len(t) > 1 else None
+                      for t, n in zip(trees, n_prefix)], sizes, [0] * len(trees), m)
+    h = model.embed(mx.array(tokens), pos)
+    msa_input, n_main = None, None
+    for i, layer in enumerate(layers):
+        if i == msa_start:
+            msa_input = h
+            if use_streams:
+                h = mx.concatenate([h, adapter.init_streams(h, gamma)], axis=1)
+                pos = mx.array(layout.pass_positions(node_pos, np.arange(m), gamma).astype(np.int32))
+                plan = BatchPlan([AttentionPlan.for_streams(t.parents, n, np.arange(len(t)), gamma,
+                                                            cfg.mode == "shared")
+                                  for t, n in zip(trees, n_prefix)], sizes, [k * gamma for k in sizes], m)
+                n_main = m
+        h = layer(h, pos, plan, [c[i] for c in caches], n_main=n_main)
+    logits = model.head(h)
+    outs = []
+    for b, (t, k) in enumerate(zip(trees, sizes)):
+        streams = logits[b, m:m + k * gamma].reshape(k, gamma, -1) if use_streams else None
+        outs.append(ForwardOut(t, np.arange(k), logits[b, :k], streams,
+                               np.arange(k) if use_streams else np.zeros(0, np.int64), len(layers),
+                               None if msa_input is None or use_streams else msa_input[b, :k]))
+    return outs
 
 
 def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array:

@@ -17,11 +17,12 @@ freshly generated text-to-SQL (``scripts/sqlgen.py``: procedural schemas and nam
 fly, so no SQL example is seen twice), else a random window of the code stream: the code train
 split, the train-split standard library modules and the stdlib's own tests (data/pretrain.jsonl.gz,
 no third-party package). The batch of step s depends only on (``--seed``, s). LR: linear warm-up,
-then cosine to ``--min-lr-frac`` at ``--steps``. Every ``--eval-every`` steps the loss on the
-held-out valid splits is measured; training stops when sql + ``--code-weight`` x code has not gone
-down by ``--min-delta`` for ``--patience`` evaluations (or at ``--steps``), and the weights with
-the lowest such score are the ones saved. On CUDA: bf16 autocast, batches made ahead by ``--workers``
-processes.
+then cosine to ``--min-lr-frac`` at ``--steps``. Every ``--eval-every`` steps the completion loss
+(answers given their prompts) of ``--eval-examples`` held-out valid examples per task is
+measured; training stops when sql + ``--code-weight`` x code has not gone down by ``--min-delta``
+for ``--patience`` evaluations (or at ``--steps``), and the weights with the lowest such score
+are the ones saved. ``--init`` starts a new run from trained weights (continued pretraining).
+On CUDA: bf16 autocast, batches made ahead by ``--workers`` processes.
 
 Short runs: ``--max-minutes`` (or ``--run-steps``) ends a run with a checkpoint; ``--resume``
 continues from ``--work``/ckpt.pt (weights, optimizer, best weights) or, when that is missing (a
@@ -57,6 +58,7 @@ DATA = ROOT / "data"
 OUT = ROOT / "models" / "specstream-tiny" / "hf"
 WORK = ROOT / "runs" / "base"
 UNK, BOS, EOS = 0, 1, 2
+SCORE = "completion loss"  # what the validation score measures (a resumed run scored otherwise starts afresh)
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import sqlgen  # noqa: E402
@@ -155,19 +157,14 @@ def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
     return arr
 
 
-def build_streams(args, sp) -> dict[str, np.ndarray]:
-    """The code stream (stdlib documents of data/pretrain.jsonl.gz) and the held-out valid streams."""
+def build_code_stream(args, sp) -> np.ndarray:
+    """The code stream: the stdlib documents of data/pretrain.jsonl.gz, as one array of ids."""
     t = time.time()
     code = [d["text"] for d in read_jsonl(args.data / "pretrain.jsonl.gz") if d["src"] != "sql"]
-    valid = {task: [r["prompt"] + r["completion"] for r in read_jsonl(args.data / task / "valid.jsonl")]
-             for task in ("sql", "code")}
-    streams = {"code": encode_docs(sp, code, args.threads),
-               "valid_sql": encode_docs(sp, valid["sql"], args.threads),
-               "valid_code": encode_docs(sp, valid["code"], args.threads)}
-    sizes = {k: int(v.size) for k, v in streams.items()}
-    print(f"data: {sizes} tokens ({len(code)} code docs; SQL generated on the fly) in {time.time() - t:.1f}s",
-          flush=True)
-    return streams
+    stream = encode_docs(sp, code, args.threads)
+    print(f"data: {stream.size} code tokens ({len(code)} docs; SQL generated on the fly) in "
+          f"{time.time() - t:.1f}s", flush=True)
+    return stream
 
 
 class Batcher:
@@ -265,6 +262,47 @@ def lr_at(step: int, total: int, args) -> float:
     return args.lr * (args.min_lr_frac + (1 - args.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
+def completion_examples(data: Path, split: str, sp, n: int) -> list[tuple[list[int], int]]:
+    """The first n examples of each held-out split as (``<s> prompt completion </s>`` ids, index
+    of the first completion token)."""
+    out = {}
+    for task in ("sql", "code"):
+        out[task] = []
+        for r in read_jsonl(data / task / f"{split}.jsonl")[:n]:
+            prompt = [BOS, *sp.encode(r["prompt"])]
+            out[task].append((prompt + sp.encode(r["completion"]) + [EOS], len(prompt)))
+    return out
+
+
+def completion_loss(model, examples: list[tuple[list[int], int]], device, amp, bsz: int = 32) -> float:
+    """Mean cross-entropy of the completion tokens (and EOS) given their prompts: what greedy
+    decoding of the held-out prompts is judged on. The loss of whole windows also counts the
+    table and column names of the context, which no model can predict and which a model that
+    learns to copy them gets no better at, so it can rise while the answers get better."""
+    import torch
+
+    model.eval()
+    tot, n = 0.0, 0
+    with torch.no_grad():
+        for i in range(0, len(examples), bsz):
+            part = examples[i:i + bsz]
+            width = max(len(ids) for ids, _ in part)
+            x = torch.full((len(part), width), EOS, dtype=torch.long)
+            y = torch.full((len(part), width), -100, dtype=torch.long)
+            for r, (ids, start) in enumerate(part):
+                x[r, :len(ids)] = torch.tensor(ids)
+                y[r, start:len(ids)] = torch.tensor(ids[start:])
+            x, y = x.to(device), y.to(device)
+            with amp():
+                logits = model(input_ids=x[:, :-1]).logits.float()
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)),
+                                                     y[:, 1:].reshape(-1), ignore_index=-100, reduction="sum")
+            tot += loss.item()
+            n += int((y[:, 1:] != -100).sum())
+    model.train()
+    return tot / n
+
+
 def evaluate_loss(model, windows: np.ndarray, device, amp, bsz: int = 32) -> float:
     import torch
 
@@ -332,14 +370,21 @@ def cmd_train(args) -> None:
         return torch.autocast("cpu", enabled=False)
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer / "tokenizer.model"))
-    streams = build_streams(args, sp)
-    valid = {k: fixed_windows(streams[f"valid_{k}"], args.ctx, args.eval_windows) for k in ("sql", "code")}
-    train_code = fixed_windows(streams["code"], args.ctx, args.eval_windows)
+    code = build_code_stream(args, sp)
+    valid = completion_examples(args.data, "valid", sp, args.eval_examples)
+    train_code = fixed_windows(code, args.ctx, args.eval_windows)
 
     from transformers import LlamaForCausalLM
 
-    config = llama_config(args, sp.get_piece_size())
-    model = LlamaForCausalLM(config).to(device)
+    if args.init is not None:  # a new run from trained weights (its architecture, not the flags')
+        model = LlamaForCausalLM.from_pretrained(str(args.init), dtype=torch.float32).to(device)
+        config = model.config
+        if config.vocab_size != sp.get_piece_size():
+            raise SystemExit(f"train_base: --init {args.init} has {config.vocab_size} token ids, the "
+                             f"tokenizer {sp.get_piece_size()}")
+    else:
+        config = llama_config(args, sp.get_piece_size())
+        model = LlamaForCausalLM(config).to(device)
     n_params = sum(p.numel() for p in model.parameters())
     if n_params > args.max_params:
         raise SystemExit(f"train_base: {n_params / 1e6:.1f}M parameters, more than --max-params "
@@ -352,7 +397,7 @@ def cmd_train(args) -> None:
                              {"params": no_decay, "weight_decay": 0.0}],
                             lr=args.lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda")
     args.work.mkdir(parents=True, exist_ok=True)
-    st = {"step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "best_score": float("inf"),
+    st = {"score": SCORE, "step": 0, "tokens": 0, "elapsed": 0.0, "history": [], "best_score": float("inf"),
           "best_step": None, "bad_evals": 0, "stopped": None, "rewarm_from": None}
     best_weights = None
     if args.resume:
@@ -362,6 +407,8 @@ def cmd_train(args) -> None:
         else:
             best_weights = loaded.pop("best_weights")
             st.update(loaded)
+            if st.get("score") != SCORE:  # a run scored another way: its best no longer compares
+                st.update(best_score=float("inf"), best_step=None, bad_evals=0)
     fwd = torch.compile(model) if args.compile else model
     t_start = time.time()
 
@@ -380,7 +427,7 @@ def cmd_train(args) -> None:
             lr *= (step - st["rewarm_from"] + 1) / args.warmup
         return lr
 
-    batcher = Batcher(streams["code"], args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac)
+    batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else
                                                               max(1, (os.cpu_count() or 2) - 2))
     model.train()
@@ -424,7 +471,7 @@ def cmd_train(args) -> None:
             rec = {"step": step, "tokens": st["tokens"], "loss_ema": ema, "lr": lr,
                    "elapsed_s": round(elapsed(), 1)}
             for k in ("sql", "code"):
-                rec[f"valid_{k}"] = evaluate_loss(model, valid[k], device, amp)
+                rec[f"valid_{k}"] = completion_loss(model, valid[k], device, amp)
             score = rec["valid_sql"] + args.code_weight * rec["valid_code"]
             if score < st["best_score"] - args.min_delta:
                 st.update(best_score=score, best_step=step, bad_evals=0)
@@ -444,7 +491,7 @@ def cmd_train(args) -> None:
     save_ckpt()
     if best_weights is not None:
         model.load_state_dict(best_weights)
-    final = {k: evaluate_loss(model, valid[k], device, amp) for k in ("sql", "code")}
+    final = {k: completion_loss(model, valid[k], device, amp) for k in ("sql", "code")}
     log = {
         "date": date.today().isoformat(), "device": device_name(device), "torch": torch.__version__,
         "python": platform.python_version(), "params": n_params, "config": config.to_dict(),
@@ -452,9 +499,9 @@ def cmd_train(args) -> None:
         "steps": st["step"], "tokens_seen": st["tokens"], "train_seconds": round(elapsed(), 1),
         "saved_step": st["best_step"] or st["step"], "valid_loss": final,
         "train_code_loss": evaluate_loss(model, train_code, device, amp), "history": st["history"],
-        "code_stream_tokens": int(streams["code"].size),
-        "resume": {k: st[k] for k in ("step", "tokens", "best_score", "best_step", "bad_evals", "stopped")}
-        | {"elapsed": elapsed()},
+        "code_stream_tokens": int(code.size),
+        "resume": {k: st[k] for k in ("score", "step", "tokens", "best_score", "best_step", "bad_evals",
+                                      "stopped")} | {"elapsed": elapsed()},
         "command": "python scripts/train_base.py " + " ".join(sys.argv[1:]),
     }
     save_hf(model, args.out, args.max_shard_size)
@@ -656,6 +703,9 @@ def main(argv=None) -> None:
     r.add_argument("--untie", dest="tie", action="store_false",
                    help="separate input and output embeddings (tied by default: with tied embeddings a "
                         "small model learns to copy names it rarely or never had to predict)")
+    r.add_argument("--init", type=Path, default=None,
+                   help="start a new run from this HF checkpoint's weights and architecture (continued "
+                        "pretraining, e.g. on new data); the model flags are then ignored")
     r.add_argument("--ctx", type=int, default=512)
     r.add_argument("--batch", type=int, default=96)
     r.add_argument("--lr", type=float, default=2e-3)
@@ -681,7 +731,10 @@ def main(argv=None) -> None:
                    help="processes generating batches (default: 0 on CPU, all cores but two on CUDA)")
     r.add_argument("--max-params", type=int, default=40_000_000)
     r.add_argument("--eval-every", type=int, default=500)
-    r.add_argument("--eval-windows", type=int, default=64)
+    r.add_argument("--eval-windows", type=int, default=64, help="windows of the train code stream whose loss "
+                   "the log reports (overfitting)")
+    r.add_argument("--eval-examples", type=int, default=200,
+                   help="held-out valid examples per task whose completion loss decides when to stop")
     r.add_argument("--eval-n", type=int, default=200, help="greedy-decoded valid prompts per task at the end")
     r.add_argument("--log-every", type=int, default=100)
     r.add_argument("--seed", type=int, default=0)

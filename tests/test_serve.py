@@ -299,19 +299,29 @@ def test_taken_port_is_one_error_line():
 
 
 def test_scheduler_interleaves_pass_by_pass():
-    """One pass per request in turn; a request joins when a slot frees and a failing one ends
-    alone; a cancelled one is dropped before its next pass."""
+    """Every request advances to its next pass, then the passes run; a request joins when a slot
+    frees and a failing one ends alone; a cancelled one is dropped before its next pass."""
     from mlx_specstream.api import StreamResponse
+    from mlx_specstream.runner import PassRequest, Runner
     from mlx_specstream.scheduler import Job, Scheduler
 
     log, ends = [], {}
     finished = threading.Semaphore(0)
+
+    class Logged(Runner):
+        def __init__(self, name):
+            self.name = name
+
+        def step(self, tree, prune_threshold):
+            log.append(f"pass {self.name}")
+            return tree
 
     def passes(name, n, fail_at=None):
         for i in range(n):
             log.append(f"{name}{i}")
             if i == fail_at:
                 raise RuntimeError("boom")
+            yield PassRequest(Logged(name), None, 1.0)
             yield StreamResponse([i], str(i), [], [], "length" if i == n - 1 else None)
 
     def job(name, *args):
@@ -327,7 +337,8 @@ def test_scheduler_interleaves_pass_by_pass():
     sched.start()
     for _ in range(3):
         assert finished.acquire(timeout=10)
-    assert log == ["a0", "b0", "a1", "b1", "a2", "c0", "c1"]
+    assert log == ["a0", "b0", "pass a", "pass b", "a1", "b1", "pass a", "a2", "c0", "pass a", "pass c",
+                   "c1", "pass c"]
     assert ends["a"] is None and ends["c"] is None and str(ends["b"]) == "boom"
     d = job("d", 100)
     d.cancel()

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..kernels.attention import AttentionPlan, attend_with_cache
+from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache
 from ..lora import project
 
 
@@ -147,8 +147,17 @@ def attention(
     cache (after appending) followed by the uncached rows; None means "see every key"; an
     :class:`AttentionPlan` describes a tree / multi-stream pass. ``window`` (with the rows'
     ``positions``) applies a sliding window: a plan whose rows all lie inside the window runs as
-    is (kernels or dense path), else its dense mask is windowed.
+    is (kernels or dense path), else its dense mask is windowed. A :class:`BatchPlan` runs each
+    sequence of a batched pass with its own plan; ``cache`` is then one cache per sequence.
     """
+    if isinstance(mask, BatchPlan):  # several sequences, each with its own cache and plan
+        outs = []
+        for b, plan in enumerate(mask.plans):
+            pos = None if positions is None else mask.gather(positions, b, axis=-1)
+            o = attention(mask.gather(q, b), mask.gather(k, b), mask.gather(v, b), cache[b], plan,
+                          mask.main[b], scale, pos, window)
+            outs.append(mask.scatter(o, b, q.shape[2]))
+        return mx.concatenate(outs, axis=0)
     if isinstance(mask, AttentionPlan):  # tree / multi-stream structure: kernels or dense path
         if window is None or mask.n_prefix + mask.n_rows <= window:
             return attend_with_cache(q, k, v, cache, mask, n_main, scale)

@@ -190,6 +190,41 @@ class AttentionPlan:
         return self._get(("inputs", on_device), build)
 
 
+@dataclass(eq=False)
+class BatchPlan:
+    """The attention of a batched pass over B sequences, each with its own cache and plan.
+
+    Rows are laid out (B, T): sequence b's main rows are ``[0, main[b])`` and its stream rows
+    ``[n_main, n_main + streams[b])``; the rest are padding, which attends to nothing and is
+    never cached. ``plans[b]`` is sequence b's :class:`AttentionPlan` (None: its rows see every
+    key, as a one-node tree does). Example: trees of 3 and 1 nodes with 2 streams each give
+    n_main 3, T 9, main [3, 1], streams [6, 2]: rows 0-2 and 3-8 of sequence 0, rows 0 and 3-4
+    of sequence 1.
+    """
+
+    plans: list[AttentionPlan | None]
+    main: list[int]
+    streams: list[int]
+    n_main: int
+
+    def gather(self, x: mx.array, b: int, axis: int = 2) -> mx.array:
+        """Sequence b's rows of x (B, ..., T, ...) along ``axis``, main rows then stream rows."""
+        first = mx.take(x[b:b + 1], mx.arange(self.main[b]), axis=axis)
+        if not self.streams[b]:
+            return first
+        rest = mx.take(x[b:b + 1], mx.arange(self.n_main, self.n_main + self.streams[b]), axis=axis)
+        return mx.concatenate([first, rest], axis=axis)
+
+    def scatter(self, o: mx.array, b: int, n_rows: int) -> mx.array:
+        """Sequence b's rows o (1, H, main + streams, D) back in place in (1, H, T, D), zeros elsewhere."""
+        def zeros(n):
+            return mx.zeros((*o.shape[:2], n, o.shape[3]), o.dtype)
+
+        m, s = self.main[b], self.streams[b]
+        parts = [o[:, :, :m], zeros(self.n_main - m), o[:, :, m:], zeros(n_rows - self.n_main - s)]
+        return mx.concatenate([p for p in parts if p.shape[2]], axis=2)
+
+
 # ---- the kernels -----------------------------------------------------------------------------
 
 _kernels: dict = {}
