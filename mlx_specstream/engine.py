@@ -203,19 +203,22 @@ class Decoder:
             return self.runner.main_tokens()
         return probabilities(self.runner.main_logits(), self.opts.temperature, self.opts.top_p)
 
-    def _draft(self, node: int) -> _Draft:
+    def _draft(self, node: int) -> Iterator[PassRequest]:
         """Candidates for each level from the streams of ``node`` (surviving node of the last
-        pass), and the prompt-lookup chain after the history."""
-        draft = self._stream_draft(node) if self.opts.mode == "ss" else _Draft([], [], [], [])
+        pass), and the prompt-lookup chain after the history; returns the :class:`_Draft`."""
+        draft = (yield from self._stream_draft(node)) if self.opts.mode == "ss" else _Draft([], [], [], [])
         if self.lookup:
             draft.chain, n = lookup_match(self.history, num_draft=self.budget - 1)
             draft.chain_scores = [self.lookup_score.logp(n)] * len(draft.chain)
         return draft
 
-    def _stream_draft(self, node: int) -> _Draft:
-        """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once."""
+    def _stream_draft(self, node: int) -> Iterator[PassRequest]:
+        """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once.
+        Deferred streams of a batched decoder: their pass is handed to the caller first."""
         k, greedy = self.branch, self.opts.temperature == 0
         t = time.perf_counter()
+        if self.batched and self.deferred:
+            yield PassRequest(self.runner, None, node=node)
         streams = self.runner.stream_topk(node, k) if greedy else self.runner.stream_logits(node)
         if self.deferred:  # a stream pass ran
             self.stats.model_time += time.perf_counter() - t
@@ -248,7 +251,7 @@ class Decoder:
         target = self._target()
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         self.history = self.prompt + [root]
-        draft = self._draft(0)
+        draft = yield from self._draft(0)
         stats.prefill_time = time.perf_counter() - t0
         stats.model_time = 0.0
 
@@ -288,7 +291,7 @@ class Decoder:
                         else draft.chain[len(path) - 1:])
             runner.commit(path)
             self.history += accepted + [root]
-            draft = self._draft(path[-1])
+            draft = yield from self._draft(path[-1])
             step = self._emit(accepted + [root], accepted, rejected, emitted)
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step

@@ -20,7 +20,7 @@ import numpy as np
 
 from .adapter import AdapterConfig
 from .kv_cache import make_cache
-from .streams import ForwardOut, forward, forward_batch, stream_pass
+from .streams import ForwardOut, forward, forward_batch, stream_pass, stream_pass_batch
 from .tree import Tree, chain
 
 
@@ -99,6 +99,15 @@ class MLXRunner(Runner):
         return self.out.tree
 
     @property
+    def out(self) -> ForwardOut:
+        return self._out
+
+    @out.setter
+    def out(self, out: ForwardOut) -> None:
+        """A new pass: deferred stream logits computed for the last one no longer apply."""
+        self._out, self.ready_streams = out, None
+
+    @property
     def pass_gamma(self) -> int:
         """Streams in a tree pass: none when they are deferred to a pass of their own."""
         return 0 if self.deferred else self.gamma
@@ -130,7 +139,9 @@ class MLXRunner(Runner):
 
     def _streams(self, node: int) -> mx.array:
         out = self.out
-        if self.deferred:
+        if self.deferred and self.ready_streams is not None and self.ready_streams[0] == node:
+            logits = self.ready_streams[1]  # computed in a batch (run_passes)
+        elif self.deferred:
             logits = stream_pass(self.model, out.msa_input[node], self.caches, self.n, self.gamma)
         else:
             logits = out.stream_logits[int(np.nonzero(out.stream_nodes == node)[0][0]), : self.gamma]
@@ -152,30 +163,45 @@ class MLXRunner(Runner):
 
 @dataclass(eq=False)
 class PassRequest:
-    """A tree pass a decode loop hands to its caller instead of running it (``Decoder(...,
+    """A pass a decode loop hands to its caller instead of running it (``Decoder(...,
     batched=True)``), so that the passes of several generations run as one batch
-    (:func:`run_passes`); ``kept`` is filled in with what :meth:`Runner.step` would return."""
+    (:func:`run_passes`). A tree pass: ``kept`` is filled in with what :meth:`Runner.step`
+    returns. ``tree`` None: the deferred stream pass of surviving node ``node``, after
+    :meth:`Runner.commit`; its logits wait in the runner for ``stream_topk``/``stream_logits``."""
 
     runner: Runner
-    tree: Tree
-    prune_threshold: float
+    tree: Tree | None
+    prune_threshold: float = 0.0
+    node: int = 0
     kept: Tree | None = None
 
 
 def run_passes(requests: list[PassRequest]) -> None:
-    """Run the requested passes: those of MLX runners over the same model, the same streams and
-    no pruning in one batched forward (``streams.forward_batch``); any other alone."""
+    """Run the requested passes: those of MLX runners over the same model and the same streams
+    (and no pruning) as one batched pass (``streams.forward_batch``, ``stream_pass_batch``); any
+    other, or one alone, as the runner runs it by itself."""
     groups: dict[tuple, list[PassRequest]] = {}
     for req in requests:
         r = req.runner
         if isinstance(r, MLXRunner) and req.prune_threshold == 0:
-            groups.setdefault((id(r.model), r.pass_gamma), []).append(req)
-        else:
+            groups.setdefault((id(r.model), req.tree is None, r.pass_gamma), []).append(req)
+        elif req.tree is not None:
             req.kept = r.step(req.tree, req.prune_threshold)
-    for group in groups.values():
+    for (_, streams_only, gamma), group in groups.items():
         runners = [req.runner for req in group]
-        outs = forward_batch(runners[0].model, [req.tree for req in group], [r.caches for r in runners],
-                             [r.n for r in runners], gamma=runners[0].pass_gamma)
-        mx.eval([o.main_logits for o in outs], [o.stream_logits for o in outs if o.stream_logits is not None])
-        for req, r, out in zip(group, runners, outs):
-            r.out, req.kept = out, out.tree
+        if streams_only:
+            if len(group) > 1:
+                h = mx.stack([r.out.msa_input[req.node] for req, r in zip(group, runners)])
+                logits = stream_pass_batch(runners[0].model, h, [r.caches for r in runners],
+                                           [r.n for r in runners], runners[0].gamma)
+                mx.eval(logits)
+                for b, (req, r) in enumerate(zip(group, runners)):
+                    r.ready_streams = (req.node, logits[b])
+        elif len(group) == 1:
+            group[0].kept = runners[0].step(group[0].tree, 0.0)
+        else:
+            outs = forward_batch(runners[0].model, [req.tree for req in group], [r.caches for r in runners],
+                                 [r.n for r in runners], gamma=gamma)
+            mx.eval([[o.main_logits, o.stream_logits, o.msa_input] for o in outs])
+            for req, r, out in zip(group, runners, outs):
+                r.out, req.kept = out, out.tree

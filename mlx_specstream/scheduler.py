@@ -86,18 +86,30 @@ class Scheduler:
         return True
 
     def _loop(self) -> None:
+        """Each round moves every active request one decode step: its deferred stream pass (if
+        it has one) in a batch with the others', then its tree pass in a batch with all others'."""
         while self._admit():
-            waiting: list[tuple[Job, PassRequest]] = []
-            for job in list(self._active):
-                try:
-                    request = self._advance(job)
-                except Exception:  # its caller is gone (e.g. the event loop closed): drop it
-                    request = None
-                if request is None:
-                    self._active.remove(job)
-                else:
-                    waiting.append((job, request))
+            waiting = self._advance_all(self._active)
+            streams = [(job, request) for job, request in waiting if request.tree is None]
+            if streams:
+                self._run(streams)
+                waiting = [w for w in waiting if w[1].tree is not None] + self._advance_all(
+                    [job for job, _ in streams if job in self._active])
             self._run(waiting)
+
+    def _advance_all(self, jobs: list[Job]) -> list[tuple[Job, PassRequest]]:
+        """Each job up to its next pass; the jobs that are done leave the active list."""
+        waiting = []
+        for job in list(jobs):
+            try:
+                request = self._advance(job)
+            except Exception:  # its caller is gone (e.g. the event loop closed): drop it
+                request = None
+            if request is None:
+                self._active.remove(job)
+            else:
+                waiting.append((job, request))
+        return waiting
 
     def _run(self, waiting: list[tuple[Job, PassRequest]]) -> None:
         """The passes of all waiting jobs as one batch; if that fails, each alone (from its

@@ -199,11 +199,21 @@ def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array
     there the main stream never sees streams, so streams of just the last accepted node can be
     computed after verification (deferred streams) instead of for every tree node.
     """
+    return stream_pass_batch(model, h_node[None], [caches], [n], gamma)[0]
+
+
+def stream_pass_batch(model, h_nodes: mx.array, caches: list[list], n: list[int], gamma: int) -> mx.array:
+    """:func:`stream_pass` of B nodes of B sequences (each with its own caches and length) in one
+    batched pass: h_nodes (B, h) -> stream logits (B, gamma, V)."""
     adapter, cfg = model.adapter, model.adapter_config
     layers = model.layers
-    h = adapter.init_streams(h_node[None, None], gamma)
-    pos = mx.array(layout.stream_positions(np.array([n - 1]), gamma).astype(np.int32))
-    mask = AttentionPlan.deferred(n, gamma)
+    h = adapter.init_streams(h_nodes[:, None], gamma)
+    pos = mx.array(layout.stream_positions(np.array(n)[:, None] - 1, gamma).astype(np.int32))
+    if len(n) == 1:  # one sequence: its own plan and cache, (T,) positions
+        pos, mask, per_layer = pos[0], AttentionPlan.deferred(n[0], gamma), caches[0]
+    else:
+        mask = BatchPlan([AttentionPlan.deferred(k, gamma) for k in n], [0] * len(n), [gamma] * len(n), 0)
+        per_layer = [list(c) for c in zip(*caches)]
     for i in range(len(layers) - cfg.msa_layers, len(layers)):
-        h = layers[i](h, pos, mask, caches[i], n_main=0)
-    return model.head(h[0])
+        h = layers[i](h, pos, mask, per_layer[i], n_main=0)
+    return model.head(h)

@@ -303,6 +303,7 @@ def test_scheduler_interleaves_pass_by_pass():
     frees and a failing one ends alone; a cancelled one is dropped before its next pass."""
     from mlx_specstream.api import StreamResponse
     from mlx_specstream.runner import PassRequest, Runner
+    from mlx_specstream.tree import chain
     from mlx_specstream.scheduler import Job, Scheduler
 
     log, ends = [], {}
@@ -321,7 +322,7 @@ def test_scheduler_interleaves_pass_by_pass():
             log.append(f"{name}{i}")
             if i == fail_at:
                 raise RuntimeError("boom")
-            yield PassRequest(Logged(name), None, 1.0)
+            yield PassRequest(Logged(name), chain([i]), 1.0)
             yield StreamResponse([i], str(i), [], [], "length" if i == n - 1 else None)
 
     def job(name, *args):

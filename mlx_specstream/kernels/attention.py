@@ -209,11 +209,11 @@ class BatchPlan:
 
     def gather(self, x: mx.array, b: int, axis: int = 2) -> mx.array:
         """Sequence b's rows of x (B, ..., T, ...) along ``axis``, main rows then stream rows."""
-        first = mx.take(x[b:b + 1], mx.arange(self.main[b]), axis=axis)
-        if not self.streams[b]:
-            return first
-        rest = mx.take(x[b:b + 1], mx.arange(self.n_main, self.n_main + self.streams[b]), axis=axis)
-        return mx.concatenate([first, rest], axis=axis)
+        if self.main[b] == self.n_main and self.n_main + self.streams[b] == x.shape[axis]:
+            return x[b:b + 1]  # no padding in this sequence
+        spans = [(0, self.main[b]), (self.n_main, self.n_main + self.streams[b])]
+        parts = [mx.take(x[b:b + 1], mx.arange(lo, hi), axis=axis) for lo, hi in spans if hi > lo]
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=axis)
 
     def scatter(self, o: mx.array, b: int, n_rows: int) -> mx.array:
         """Sequence b's rows o (1, H, main + streams, D) back in place in (1, H, T, D), zeros elsewhere."""
@@ -221,6 +221,8 @@ class BatchPlan:
             return mx.zeros((*o.shape[:2], n, o.shape[3]), o.dtype)
 
         m, s = self.main[b], self.streams[b]
+        if m == self.n_main and m + s == n_rows:
+            return o
         parts = [o[:, :, :m], zeros(self.n_main - m), o[:, :, m:], zeros(n_rows - self.n_main - s)]
         return mx.concatenate([p for p in parts if p.shape[2]], axis=2)
 
