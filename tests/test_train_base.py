@@ -3,6 +3,7 @@ and training stops by held-out validation (patience)."""
 
 from __future__ import annotations
 
+import argparse
 import gzip
 import importlib.util
 import json
@@ -95,3 +96,41 @@ def test_stops_by_validation(data, tmp_path):
     # the first evaluation sets the best score; two more without a 100-nat gain stop the run
     assert log["finished"] and log["steps"] == 9 and "2 evaluations" in log["stopped"]
     assert log["saved_step"] == 3
+
+
+def test_completion_loss_is_the_answer_tokens_cross_entropy(data):
+    """Oracle: transformers' own loss with the prompt tokens masked, one example at a time."""
+    import sentencepiece as spm
+    import torch
+    from transformers import LlamaForCausalLM
+
+    torch.manual_seed(0)
+    args = argparse.Namespace(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_positions=512,
+                              tie=True)
+    model = LlamaForCausalLM(tb.llama_config(args, 4096)).eval()
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    examples = tb.completion_examples(data, "valid", sp, 5)["sql"]
+    no_amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
+    got = tb.completion_loss(model, examples, torch.device("cpu"), no_amp, bsz=3)  # padded batches
+    total = count = 0.0
+    with torch.no_grad():
+        for ids, start in examples:
+            labels = torch.tensor([[-100] * start + ids[start:]])
+            n = len(ids) - start
+            total += model(input_ids=torch.tensor([ids]), labels=labels).loss.item() * n
+            count += n
+    assert got == pytest.approx(total / count, rel=1e-5)
+    assert all(ids[0] == tb.BOS and ids[-1] == tb.EOS and 1 < start < len(ids) for ids, start in examples)
+
+
+def test_init_starts_a_new_run_from_trained_weights(data, tmp_path):
+    """--init: the run's first weights are the given checkpoint's (lr 0 keeps them), at step 0."""
+    import torch
+
+    first = _train(data, tmp_path / "a", "--steps", "3")
+    log = _train(data, tmp_path / "b", "--init", str(tmp_path / "a" / "hf"), "--steps", "3", "--lr", "0")
+    assert log["steps"] == 3 and log["history"][0]["step"] == 3
+    init = torch.load(tmp_path / "a" / "work" / "ckpt.pt", weights_only=False)["best_weights"]
+    for k, v in _weights(tmp_path / "b").items():
+        torch.testing.assert_close(v, init[k].float(), atol=1e-3, rtol=0)  # fp16 round trip of --out
+    assert first["valid_loss"] == pytest.approx(log["valid_loss"], rel=1e-3)
