@@ -303,8 +303,8 @@ def test_scheduler_interleaves_pass_by_pass():
     frees and a failing one ends alone; a cancelled one is dropped before its next pass."""
     from mlx_specstream.api import StreamResponse
     from mlx_specstream.runner import PassRequest, Runner
-    from mlx_specstream.tree import chain
     from mlx_specstream.scheduler import Job, Scheduler
+    from mlx_specstream.tree import chain
 
     log, ends = [], {}
     finished = threading.Semaphore(0)
