@@ -348,6 +348,49 @@ def test_scheduler_interleaves_pass_by_pass():
     assert "d0" not in log and sched.active == 0
 
 
+def test_scheduler_batches_stream_passes_then_tree_passes(monkeypatch):
+    """A round runs the deferred stream passes first (one batch), moves those requests on to their
+    tree pass, then runs every tree pass as one batch: requests out of phase still share it."""
+    import mlx_specstream.scheduler as scheduler
+    from mlx_specstream.api import StreamResponse
+    from mlx_specstream.runner import PassRequest, Runner
+    from mlx_specstream.tree import chain
+
+    batches = []
+    monkeypatch.setattr(scheduler, "run_passes", lambda reqs: batches.append(
+        sorted(("streams" if r.tree is None else "tree", r.runner.name) for r in reqs)))
+    finished = threading.Semaphore(0)
+
+    class Named(Runner):
+        def __init__(self, name):
+            self.name = name
+
+    def steps(name, n, streams_first):
+        """A lossless decoder with deferred streams: (stream pass, response, tree pass) per step."""
+        runner = Named(name)
+        if streams_first:
+            yield PassRequest(runner, None)
+        for i in range(n):
+            yield StreamResponse([i], str(i), [], [], None)
+            yield PassRequest(runner, chain([i]))
+            yield PassRequest(runner, None)
+        yield StreamResponse([n], str(n), [], [], "length")
+
+    def emit(response, error):
+        if response is None:
+            finished.release()
+
+    sched = scheduler.Scheduler(max_active=2)
+    sched.submit(scheduler.Job(steps("a", 2, True), emit))  # waits on a stream pass first
+    sched.submit(scheduler.Job(steps("b", 2, False), emit))  # on a tree pass first
+    sched.start()
+    for _ in range(2):
+        assert finished.acquire(timeout=10)
+    sched.stop(timeout=10)
+    assert batches[:4] == [[("streams", "a")], [("tree", "a"), ("tree", "b")],
+                           [("streams", "a"), ("streams", "b")], [("tree", "a"), ("tree", "b")]]
+
+
 def test_adapters_share_the_base_arrays():
     """Every model id's base layers hold the base model's own arrays (nothing copied); the base
     keeps no adapter; each adapter adds only its own parameters."""
