@@ -277,3 +277,22 @@ def test_sweep(dtype, dim, gqa, mode):
     n_prefix = int(rng.integers(0, 200))
     nodes = None if mode == "tree" else np.sort(rng.choice(len(parents), min(len(parents), 8), replace=False))
     check(make_case(parents, n_prefix, 2 * gqa, 2, dim, dtype, nodes, 3, mode == "shared", seed=dim))
+
+
+@pytest.mark.parametrize("rows", [1, 4, 20, 40])
+@pytest.mark.parametrize("mask_kind", ["none", "2d-bool", "4d-bool", "2d-additive", "per-head"])
+def test_sdpa_with_folded_groups_equals_plain_sdpa(rows, mask_kind):
+    """Folding the query heads of a KV group into the rows changes nothing but the speed."""
+    from mlx_specstream.kernels.attention import sdpa
+
+    rng = np.random.default_rng(rows)
+    B, H, Hkv, S, D = 2, 6, 2, 37 + rows, 16
+    q = mx.array(rng.normal(size=(B, H, rows, D)).astype(np.float32))
+    k, v = (mx.array(rng.normal(size=(B, Hkv, S, D)).astype(np.float32)) for _ in range(2))
+    see = rng.random((B, 1, rows, S)) < 0.7
+    see[..., -1] = True  # no empty row
+    mask = {"none": None, "2d-bool": mx.array(see[0, 0]), "4d-bool": mx.array(see),
+            "2d-additive": mx.array(np.where(see[0, 0], 0.0, -np.inf).astype(np.float32)),
+            "per-head": mx.array(np.broadcast_to(see, (B, H, rows, S)))}[mask_kind]
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+    np.testing.assert_allclose(np.array(sdpa(q, k, v, mask, 0.25)), np.array(want), atol=2e-6)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache
+from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, sdpa
 from ..lora import project
 
 
@@ -174,7 +174,7 @@ def attention(
         mask = window_mask(mask, positions, keys.shape[2] - k.shape[2], window)
     if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)
-    return mx.fast.scaled_dot_product_attention(q, keys, values, scale=scale, mask=mask)
+    return sdpa(q, keys, values, mask, scale)
 
 
 class SelfAttention(nn.Module):

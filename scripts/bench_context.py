@@ -1,0 +1,109 @@
+"""Cost of the decode passes as the context grows: a plain AR pass, a 4-node chain without
+streams, the same chain with streams on every node, and an AR-sized pass plus its deferred
+stream pass, after 128, 512 and 2,000 cached tokens (the shipped model and a lossless adapter).
+
+    .venv/bin/python scripts/bench_context.py [--adapter sql-lossless --contexts 128,512,2000] [--out FILE]
+
+Each figure is the median of ``--reps`` passes; the cache is trimmed back after each, so every
+pass sees the same context.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+import numpy as np  # noqa: E402
+
+from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
+from mlx_specstream.kv_cache import make_cache  # noqa: E402
+from mlx_specstream.streams import forward, stream_pass  # noqa: E402
+from mlx_specstream.tree import chain  # noqa: E402
+
+
+def filled(model, n: int, rng) -> list:
+    """A cache holding n random tokens, written 256 at a time."""
+    caches = make_cache(model)
+    for a in range(0, n, 256):
+        b = min(n, a + 256)
+        forward(model, chain(rng.integers(5, 4000, b - a)), caches, a)
+        for c in caches:
+            c.commit(a, list(range(b - a)))
+    return caches
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, default=DEFAULT_MODEL)
+    ap.add_argument("--adapter", default="sql-lossless")
+    ap.add_argument("--contexts", default="128,512,2000")
+    ap.add_argument("--gamma", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    model, _ = load(args.model, adapter=args.adapter)
+    rng = np.random.default_rng(0)
+    g = args.gamma
+
+    def deferred(caches, n):
+        out = forward(model, chain([5]), caches, n)
+        mx.eval(out.msa_input)
+        for c in caches:
+            c.commit(n, [0])
+        mx.eval(stream_pass(model, out.msa_input[0], caches, n + 1, g))
+
+    passes = {
+        "ar_ms": lambda c, n: mx.eval(forward(model, chain([5]), c, n).main_logits),
+        "chain4_ms": lambda c, n: mx.eval(forward(model, chain([5, 6, 7, 8]), c, n).main_logits),
+        "chain4_streams_ms": lambda c, n: mx.eval(
+            forward(model, chain([5, 6, 7, 8]), c, n, gamma=g).stream_logits),
+        "ar_deferred_streams_ms": deferred,
+    }
+    load_before = os.getloadavg()
+    rows = []
+    for n in (int(x) for x in args.contexts.split(",")):
+        caches = filled(model, n, rng)
+        row = {"context": n}
+        for name, run in passes.items():
+            times = []
+            for _ in range(args.reps + 1):
+                t = time.perf_counter()
+                run(caches, n)
+                times.append(time.perf_counter() - t)
+                for c in caches:
+                    c.trim(c.offset - n)
+            row[name] = round(statistics.median(times[1:]) * 1e3, 2)
+        rows.append(row)
+        print(row, file=sys.stderr)
+    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.platform(),
+            "cpus": os.cpu_count(), "mlx": mx.__version__, "blas": active_blas(), "adapter": args.adapter,
+            "gamma": g, "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    print("| cached tokens | AR pass (ms) | 4-node chain | + streams on every node | AR + deferred stream "
+          "pass |\n|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['context']} | {r['ar_ms']} | {r['chain4_ms']} | {r['chain4_streams_ms']} | "
+              f"{r['ar_deferred_streams_ms']} |")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = args.out.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+        tmp.replace(args.out)
+
+
+if __name__ == "__main__":
+    main()
