@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from pathlib import Path
 
 # Files a model directory's tokenizer may consist of (copied along by import and export).
@@ -92,3 +93,19 @@ def recorded_path(path: str | Path) -> str:
     committed result names no directory of the machine that wrote it (tests/test_docs.py)."""
     full = Path(path).resolve()
     return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(path)
+
+
+def write_results_file(path: Path, meta: dict, results: list) -> None:
+    """A benchmark script's results file, ``{"meta", "results"}`` as JSON, written whole (a temp
+    file, then a rename): an interrupted run leaves the previous file as it was."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    os.replace(tmp, path)
+
+
+def markdown_table(columns: dict[str, str], rows: list[dict]) -> str:
+    """A Markdown table of ``rows``: ``columns`` maps each header to the key of its values."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(str(r[k]) for k in columns.values()) + " |" for r in rows]
+    return "\n".join(lines)

@@ -15,7 +15,6 @@ paper's rule for batched Speculative Streaming: trees off, one chain per sequenc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -36,6 +35,7 @@ import numpy as np  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
+from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, forward_batch  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -108,16 +108,12 @@ def main() -> None:
             "machine": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
             "blas": active_blas(), "model": shown(args.model), "context": args.context,
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
-    print("| rows per sequence | batch | one sequence (ms) | ideal batch (ms) | ideal cost vs one pass | "
-          "engine batch (ms) | engine cost vs one pass |\n|---|---|---|---|---|---|---|")
-    for r in results:
-        print(f"| {r['rows']} | {r['batch']} | {r['one_sequence_ms']} | {r['batched_ms']} | "
-              f"{r['cost_vs_one_pass']} | {r['engine_ms']} | {r['engine_cost_vs_one_pass']} |")
+    columns = {"rows per sequence": "rows", "batch": "batch", "one sequence (ms)": "one_sequence_ms",
+               "ideal batch (ms)": "batched_ms", "ideal cost vs one pass": "cost_vs_one_pass",
+               "engine batch (ms)": "engine_ms", "engine cost vs one pass": "engine_cost_vs_one_pass"}
+    print(markdown_table(columns, results))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-        tmp.replace(args.out)
+        write_results_file(args.out, meta, results)
 
 
 def shown(path: Path) -> str:

@@ -11,7 +11,6 @@ pass sees the same context.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import statistics
@@ -31,6 +30,7 @@ import numpy as np  # noqa: E402
 
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
+from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -93,16 +93,11 @@ def main() -> None:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.platform(),
             "cpus": os.cpu_count(), "mlx": mx.__version__, "blas": active_blas(), "adapter": args.adapter,
             "gamma": g, "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
-    print("| cached tokens | AR pass (ms) | 4-node chain | + streams on every node | AR + deferred stream "
-          "pass |\n|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['context']} | {r['ar_ms']} | {r['chain4_ms']} | {r['chain4_streams_ms']} | "
-              f"{r['ar_deferred_streams_ms']} |")
+    print(markdown_table({"cached tokens": "context", "AR pass (ms)": "ar_ms", "4-node chain": "chain4_ms",
+                          "+ streams on every node": "chain4_streams_ms",
+                          "AR + deferred stream pass": "ar_deferred_streams_ms"}, rows))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
-        tmp.replace(args.out)
+        write_results_file(args.out, meta, rows)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import recorded_path  # noqa: E402
+from mlx_specstream.outputs import recorded_path, write_results_file  # noqa: E402
 
 ADAPTERS = {"sql-lossless": "sql", "sql": "sql", "code": "code"}
 VARIANTS = {"streams only": {"lookup": False}, "lookup only": {"mode": "lookup"},
@@ -64,9 +64,7 @@ def main() -> None:
         lines.append(f"| {adapter} | {task} | " + " | ".join(str(got[v]) for v in VARIANTS) + " |")
     print("\n".join(lines))
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
-        tmp.replace(args.out)
+        write_results_file(args.out, meta, rows)
 
 
 if __name__ == "__main__":

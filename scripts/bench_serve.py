@@ -35,6 +35,7 @@ from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized
 
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
+from mlx_specstream.outputs import write_results_file  # noqa: E402
 from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
 
@@ -148,10 +149,7 @@ def main() -> None:
             "max_tokens": args.max_tokens}
     print(table(rows))
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-        tmp.replace(args.out)
+        write_results_file(args.out, meta, rows)
 
 
 def table(rows: list[dict]) -> str:
