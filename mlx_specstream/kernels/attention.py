@@ -370,7 +370,8 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     """``mx.fast.scaled_dot_product_attention`` with grouped-query heads folded into the rows: for a
     pass of at most ``FOLD_MAX_ROWS`` rows, q (B, H, T, D) runs as (B, Hkv, G*T, D) against the
     Hkv key/value heads, so K/V are read once per KV head instead of once per query head (on a
-    CPU, a ~20 % faster AR pass at 2,000 cached tokens: docs/engine.md). The mask (T, S) or (B|1, 1, T, S) is repeated for the G heads of a group; other masks run as is."""
+    CPU, a ~20 % faster AR pass at 2,000 cached tokens: docs/engine.md). The mask (T, S) or
+    (B|1, 1, T, S) is repeated for the G heads of a group; other masks run as is."""
     B, H, T, D = q.shape
     G = H // k.shape[1]
     foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)
