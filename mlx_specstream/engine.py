@@ -131,7 +131,8 @@ class Decoder:
     """Runs one generation; iterate :meth:`steps` to get tokens pass by pass. ``model``: an MLX
     model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's). ``batched``:
     :meth:`steps` also yields a :class:`~mlx_specstream.runner.PassRequest` before each tree pass
-    and goes on once the caller has run it (with other generations' passes: the server)."""
+    and each deferred stream pass, and goes on once the caller has run it (with other
+    generations' passes: the server)."""
 
     def __init__(self, model, prompt: list[int], opts: DecodeOptions, batched: bool = False):
         if not prompt:
