@@ -60,6 +60,7 @@ from . import layout
 from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
 from .arch.base import causal_mask
 from .data import Dataset, Example, load_datasets
+from .kernels import host_math
 from .lora import LoRALinear
 from .outputs import check_replaceable
 
@@ -182,12 +183,6 @@ class _Fixed:
         return self.k, self.v
 
 
-def _ce(logits: mx.array, targets: mx.array) -> mx.array:
-    logits = logits.astype(mx.float32)
-    picked = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
-    return mx.logsumexp(logits, axis=-1) - picked
-
-
 def _msa_start(model) -> int:
     return len(model.layers) - model.adapter_config.msa_layers
 
@@ -199,19 +194,20 @@ def base_states(model, tokens: mx.array):
     T = tokens.shape[1]
     pos = mx.arange(T)
     mask = causal_mask(T, 0) if T > 1 else None
-    h = model.embed(tokens, pos)
-    msa = _msa_start(model)
-    h_prune = h_msa = None
-    kvs = []
-    for i, layer in enumerate(model.layers):
-        if i == cfg.prune_layer:
-            h_prune = h
-        if i == msa:
-            h_msa = h
-        rec = _Recorder() if i >= msa else None
-        h = layer(h, pos, mask, rec)
-        if rec is not None:
-            kvs.append((rec.k, rec.v))
+    with host_math.enabled():  # a training pass: NumPy's exponentials on a CPU
+        h = model.embed(tokens, pos)
+        msa = _msa_start(model)
+        h_prune = h_msa = None
+        kvs = []
+        for i, layer in enumerate(model.layers):
+            if i == cfg.prune_layer:
+                h_prune = h
+            if i == msa:
+                h_msa = h
+            rec = _Recorder() if i >= msa else None
+            h = layer(h, pos, mask, rec)
+            if rec is not None:
+                kvs.append((rec.k, rec.v))
     out = (mx.stop_gradient(h_prune), mx.stop_gradient(h_msa),
            [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs], mx.stop_gradient(h))
     mx.eval(out[0], out[1], out[2], out[3])
@@ -414,13 +410,13 @@ def _weighted_loss(model, batch, t, main_h, stream_h, prune_h, tc: TrainConfig,
     if "streams" in terms:
         logits, tgt, j = terms["streams"]
         w = (alphas[1:] * inv[1:])[j].astype(np.float32)
-        loss = loss + (_ce(logits, mx.array(tgt)) * mx.array(w)).sum()
+        loss = loss + (host_math.cross_entropy(logits, mx.array(tgt)) * mx.array(w)).sum()
     if "prune" in terms and tc.prune_weight:
         logits, tgt = terms["prune"]
-        loss = loss + _ce(logits, mx.array(tgt)).sum() * float(tc.prune_weight * inv[0])
+        loss = loss + host_math.cross_entropy(logits, mx.array(tgt)).sum() * float(tc.prune_weight * inv[0])
     if "main" in terms:
         logits, tgt = terms["main"]
-        loss = loss + _ce(logits, mx.array(tgt)).sum() * float(alphas[0] * inv[0])
+        loss = loss + host_math.cross_entropy(logits, mx.array(tgt)).sum() * float(alphas[0] * inv[0])
     return loss
 
 
@@ -433,17 +429,18 @@ def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, s
     ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
     if batch is None:
         return mx.array(0.0), _zeros_like_trainable(model)
-    if tc.mode == "lossless" and states is None:
-        states = base_states(model, mx.array(batch.tokens))
-    total, grads = mx.array(0.0), None
-    for seg in _segments_of(batch, tc):
-        def loss_fn(seg=seg):
-            return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
+    with host_math.enabled():
+        if tc.mode == "lossless" and states is None:
+            states = base_states(model, mx.array(batch.tokens))
+        total, grads = mx.array(0.0), None
+        for seg in _segments_of(batch, tc):
+            def loss_fn(seg=seg):
+                return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
 
-        loss, g = nn.value_and_grad(model, loss_fn)()
-        grads = g if grads is None else tree_map(mx.add, grads, g)
-        total = total + loss
-        mx.eval(total, grads)
+            loss, g = nn.value_and_grad(model, loss_fn)()
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            total = total + loss
+            mx.eval(total, grads)
     return total, grads
 
 
@@ -460,32 +457,33 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
         batches = batches[:max_batches]
     # sums: ce_main, ce_prune, ce_s[g], ok_main, ok_prune, ok_s[g], n_main, n_s[g]
     sums = np.zeros(3 * g + 5)
-    for k, ids in enumerate(batches):
-        if k % size != rank:
-            continue
-        batch = Batch.of([dataset.examples[i] for i in ids])
-        states = None
-        if tc.mode == "lossless":
-            states = base_states(model, mx.array(batch.tokens))
-        for seg in _segments_of(batch, tc):
-            t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
-            if main_h is None:  # lossless: the main stream is the base's last hidden state
-                main_h = _rows(states[3], t)
-            terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
-            if "main" in terms:
-                for i, name in ((0, "main"), (1, "prune")):
-                    logits, tgt = terms[name]
+    with host_math.enabled():
+        for k, ids in enumerate(batches):
+            if k % size != rank:
+                continue
+            batch = Batch.of([dataset.examples[i] for i in ids])
+            states = None
+            if tc.mode == "lossless":
+                states = base_states(model, mx.array(batch.tokens))
+            for seg in _segments_of(batch, tc):
+                t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
+                if main_h is None:  # lossless: the main stream is the base's last hidden state
+                    main_h = _rows(states[3], t)
+                terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
+                if "main" in terms:
+                    for i, name in ((0, "main"), (1, "prune")):
+                        logits, tgt = terms[name]
+                        tgt = mx.array(tgt)
+                        sums[i] += host_math.cross_entropy(logits, tgt).sum().item()
+                        sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
+                if "streams" in terms:
+                    logits, tgt, j = terms["streams"]
                     tgt = mx.array(tgt)
-                    sums[i] += _ce(logits, tgt).sum().item()
-                    sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
-            if "streams" in terms:
-                logits, tgt, j = terms["streams"]
-                tgt = mx.array(tgt)
-                ce = np.array(_ce(logits, tgt))
-                ok = np.array(mx.argmax(logits, -1) == tgt)
-                sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
-                sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
-        sums[2 * g + 4:] += batch.counts(g)
+                    ce = np.array(host_math.cross_entropy(logits, tgt))
+                    ok = np.array(mx.argmax(logits, -1) == tgt)
+                    sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
+                    sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
+            sums[2 * g + 4:] += batch.counts(g)
     if size > 1:
         sums = np.array(mx.distributed.all_sum(mx.array(sums.astype(np.float32)), group=group),
                         dtype=np.float64)

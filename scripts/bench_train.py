@@ -7,7 +7,8 @@ shipped model and the project's data (a fixed set of batches, warmed up, methods
 Rows: lossless with 4 MSA layers (the default before 2026-11-23) with the base recomputed every
 step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
 steps timed are a later epoch's, so every state is kept); lossless with today's default MSA
-layers; shared mode and the LoRA baseline. Every row trains on the same examples, batched as
+layers, also with the exponentials left to MLX (``kernels/host_math.py`` off); shared mode and the
+LoRA baseline. Every row trains on the same examples, batched as
 train() batches them for its mode. ``--before REV`` adds the lossless rows of the training step
 at git revision REV, timed in the same rounds, so a change is measured before and after on the
 same machine state. Each figure is the fastest of ``--reps`` interleaved
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import platform
 import subprocess
 import sys
@@ -40,7 +40,8 @@ from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.blas import active_blas  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
-from mlx_specstream.outputs import recorded_path  # noqa: E402
+from mlx_specstream.kernels import host_math  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
 from mlx_specstream.train import MODES, _resolve_alphas, epoch_batches, length_keys, set_trainable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -94,6 +95,8 @@ def main() -> None:
              "lossless, 4 MSA layers (base states kept)": ("lossless", True, current, "lossless", 4),
              f"lossless, {n_s} MSA layers (base states kept; the default)":
              ("lossless", True, current, "lossless", n_s),
+             f"lossless, {n_s} MSA layers (base states kept), exponentials in MLX":
+             ("lossless", True, current, "lossless", n_s),
              f"shared, {n_s} MSA layers": ("shared", False, current, "shared", n_s),
              "lora": ("lora", False, current, "lora", n_s)}
     if args.lossless_only:
@@ -108,6 +111,7 @@ def main() -> None:
             tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=msa,
                                     alphas=_resolve_alphas(None, mode, gamma))
             cache = module.BaseStateCache(4 << 30) if keep else None
+            host_math.set_allowed("exponentials in MLX" not in name)
             steps = []
             for warm in (True, False):  # a first pass warms up (and fills the cache)
                 mx.reset_peak_memory()
@@ -134,18 +138,13 @@ def main() -> None:
             "data": recorded_path(args.data / "valid.jsonl"),
             "batch_size": args.batch_size, "steps": args.steps, "reps": args.reps,
             "mean_tokens_per_batch": round(tokens, 1)}
-    lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
-             f"BLAS {meta['blas']}, batch {args.batch_size}, {meta['mean_tokens_per_batch']} tokens per "
-             f"batch, best of {args.reps}", "",
-             f"| mode | ms/step | steps/s | tokens/s | vs {rows[0]['mode']} | peak MB |",
-             "|---|---:|---:|---:|---:|---:|"]
-    lines += [f"| {r['mode']} | {r['ms_per_step']} | {r['steps_per_s']} | {r['tokens_per_s']} | "
-              f"{r['speedup']}x | {r['peak_memory_mb']} |" for r in rows]
-    print("\n".join(lines))
+    print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}, "
+          f"batch {args.batch_size}, {meta['mean_tokens_per_batch']} tokens per batch, best of {args.reps}\n")
+    print(markdown_table({"mode": "mode", "ms/step": "ms_per_step", "steps/s": "steps_per_s",
+                          "tokens/s": "tokens_per_s", f"vs {rows[0]['mode']}": "speedup",
+                          "peak MB": "peak_memory_mb"}, [r | {"speedup": f"{r['speedup']}x"} for r in rows]))
     if args.out:
-        tmp = args.out.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"meta": meta, "results": rows}, indent=2))
-        tmp.replace(args.out)
+        write_results_file(args.out, meta, rows)
 
 
 if __name__ == "__main__":

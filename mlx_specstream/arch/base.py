@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels import host_math
 from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, sdpa
 from ..lora import project
 
@@ -220,8 +221,8 @@ class SelfAttention(nn.Module):
 
 
 ACTIVATIONS = {
-    "silu": nn.silu,
-    "swish": nn.silu,
+    "silu": host_math.silu,  # nn.silu, or NumPy's inside a CPU training step
+    "swish": host_math.silu,
     "relu": nn.relu,
     "gelu": nn.gelu,
     "gelu_new": nn.gelu_approx,

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import layout
 from .. import tree as tree_mod
-from . import metal_available, metal_kernel, read_metal
+from . import host_math, metal_available, metal_kernel, read_metal
 from .emulator import to_mx
 
 BACKENDS = ("auto", "mlx", "metal", "emulator")
@@ -371,7 +371,10 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     pass of at most ``FOLD_MAX_ROWS`` rows, q (B, H, T, D) runs as (B, Hkv, G*T, D) against the
     Hkv key/value heads, so K/V are read once per KV head instead of once per query head (on a
     CPU, a ~20 % faster AR pass at 2,000 cached tokens: docs/engine.md). The mask (T, S) or
-    (B|1, 1, T, S) is repeated for the G heads of a group; other masks run as is."""
+    (B|1, 1, T, S) is repeated for the G heads of a group; other masks run as is. Inside
+    ``host_math.enabled()`` (a training step on a CPU) the softmax runs in NumPy."""
+    if host_math.active():
+        return host_math.attention(q, k, v, mask, scale)
     B, H, T, D = q.shape
     G = H // k.shape[1]
     foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)

@@ -1,0 +1,194 @@
+"""The exponential-heavy operations of a training step (cross-entropy over the vocabulary, SiLU,
+the attention softmax) computed by NumPy when MLX runs on the CPU, with their own gradients.
+
+Why: MLX's CPU ``exp`` runs at ~14 ns per element on this project's 2-core x86 machine against
+~1.5 ns for NumPy's vectorised one (``scripts/bench_train.py``, docs/training.md), and a lossless
+step over ~1,000 stream rows spends most of its time there: the softmax of 1,000 x 4,096 logits
+(and its gradient), the gates of the MLP, the attention scores. Matrix products stay in MLX.
+
+Each operation is an ``mx.custom_function`` whose forward (and, where it needs an exponential,
+backward) evaluates its inputs and runs in NumPy; it is a synchronisation point, so it is used only
+inside :func:`enabled` (the training step turns it on) and only on a CPU device. Everywhere else,
+and for every inference pass (whose greedy output must not change), the MLX operations run as
+before; ``MLX_SPECSTREAM_HOST_MATH=0`` (or :func:`set_allowed`) keeps them in training too.
+Off host math, :func:`cross_entropy`, :func:`silu` and :func:`attention` compute the same
+functions with MLX operations.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+_enabled = False
+_allowed = os.environ.get("MLX_SPECSTREAM_HOST_MATH", "1") != "0"  # "0": MLX's operations everywhere
+_THREADS = max(1, min(8, os.cpu_count() or 1))
+_pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="host-math") if _THREADS > 1 else None
+_MIN_SPLIT = 1 << 15  # elements below which one thread does the whole array
+
+
+@contextmanager
+def enabled(on: bool = True) -> Iterator[None]:
+    """Use the NumPy versions inside this block when the default device is a CPU."""
+    global _enabled
+    old, _enabled = _enabled, on and _allowed and mx.default_device() == mx.cpu
+    try:
+        yield
+    finally:
+        _enabled = old
+
+
+def active() -> bool:
+    return _enabled
+
+
+def set_allowed(allowed: bool) -> bool:
+    """Allow (the default) or forbid the NumPy versions; returns the previous setting."""
+    global _allowed
+    old, _allowed = _allowed, allowed
+    return old
+
+
+def _np(x: mx.array) -> np.ndarray:
+    return np.array(x.astype(mx.float32) if x.dtype != mx.float32 else x, copy=False)
+
+
+def _by_rows(f: Callable[..., None], out: np.ndarray, *inputs: np.ndarray) -> np.ndarray:
+    """``f(out_chunk, *input_chunks)`` over contiguous row ranges, on the cores (NumPy's ufuncs
+    release the GIL); rows are the first axis of ``out`` and of every input."""
+    n = len(out)
+    if _pool is None or out.size < _MIN_SPLIT or n < 2:
+        f(out, *inputs)
+        return out
+    cuts = np.linspace(0, n, min(_THREADS, n) + 1).astype(int)
+    list(_pool.map(lambda i: f(out[cuts[i]:cuts[i + 1]], *(x[cuts[i]:cuts[i + 1]] for x in inputs)),
+                   range(len(cuts) - 1)))
+    return out
+
+
+def _softmax_into(out: np.ndarray, x: np.ndarray) -> None:
+    """Softmax of ``x`` over its last axis into ``out``; a row with no finite entry gives zeros."""
+    m = x.max(axis=-1, keepdims=True)
+    m[~np.isfinite(m)] = 0.0
+    np.subtract(x, m, out=out)
+    np.exp(out, out=out)
+    s = out.sum(axis=-1, keepdims=True)
+    s[s == 0] = 1.0
+    out /= s
+
+
+def _softmax_rows(x: np.ndarray) -> np.ndarray:
+    x = x.reshape(-1, x.shape[-1])
+    return _by_rows(_softmax_into, np.empty_like(x), x)
+
+
+# -- cross-entropy ----------------------------------------------------------------------------
+
+def _ce_into(out: np.ndarray, x: np.ndarray, t: np.ndarray) -> None:
+    m = x.max(axis=-1)
+    out[:] = np.log(np.exp(x - m[:, None]).sum(axis=-1)) + m - x[np.arange(len(t)), t]
+
+
+def _ce_grad_into(out: np.ndarray, x: np.ndarray, t: np.ndarray, c: np.ndarray) -> None:
+    _softmax_into(out, x)
+    out[np.arange(len(t)), t] -= 1.0
+    out *= c[:, None]
+
+
+@mx.custom_function
+def _ce_host(logits: mx.array, targets: mx.array) -> mx.array:
+    x = _np(logits)
+    return mx.array(_by_rows(_ce_into, np.empty(len(x), np.float32), x, np.array(targets)))
+
+
+@_ce_host.vjp
+def _ce_host_vjp(primals, cotangent, output):
+    logits, targets = primals
+    x = _np(logits)
+    c = np.array(cotangent, dtype=np.float32)
+    g = _by_rows(_ce_grad_into, np.empty_like(x), x, np.array(targets), c)
+    return mx.array(g).astype(logits.dtype), mx.zeros_like(targets)
+
+
+def cross_entropy(logits: mx.array, targets: mx.array) -> mx.array:
+    """Per-row cross-entropy (N,) of logits (N, V) against integer targets (N,), in float32."""
+    if _enabled and logits.ndim == 2:
+        return _ce_host(logits, targets)
+    logits = logits.astype(mx.float32)
+    picked = mx.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+# -- SiLU -------------------------------------------------------------------------------------
+
+def _silu_into(out: np.ndarray, x: np.ndarray) -> None:
+    with np.errstate(over="ignore"):
+        np.exp(-x, out=out)
+    out += 1.0
+    np.divide(x, out, out=out)
+
+
+def _silu_grad_into(out: np.ndarray, x: np.ndarray) -> None:
+    """d silu / dx = s (1 + x (1 - s)), s = sigmoid(x)."""
+    with np.errstate(over="ignore"):
+        np.exp(-x, out=out)
+    out += 1.0
+    np.reciprocal(out, out=out)
+    out *= 1.0 + x * (1.0 - out)
+
+
+def _flat(x: mx.array) -> np.ndarray:
+    return _np(x).reshape(-1)
+
+
+@mx.custom_function
+def _silu_host(x: mx.array) -> mx.array:
+    xn = _flat(x)
+    return mx.array(_by_rows(_silu_into, np.empty_like(xn), xn)).reshape(x.shape).astype(x.dtype)
+
+
+@_silu_host.vjp
+def _silu_host_vjp(x, cotangent, output):  # one input: given and returned bare
+    xn = _flat(x)
+    d = _by_rows(_silu_grad_into, np.empty_like(xn), xn)
+    return cotangent * mx.array(d).reshape(x.shape).astype(cotangent.dtype)
+
+
+def silu(x: mx.array) -> mx.array:
+    """``x * sigmoid(x)``."""
+    return _silu_host(x) if _enabled else nn.silu(x)
+
+
+# -- attention --------------------------------------------------------------------------------
+
+@mx.custom_function
+def _softmax_host(scores: mx.array) -> mx.array:
+    return mx.array(_softmax_rows(_np(scores))).reshape(scores.shape).astype(scores.dtype)
+
+
+@_softmax_host.vjp
+def _softmax_host_vjp(scores, cotangent, output):
+    return output * (cotangent - (output * cotangent).sum(axis=-1, keepdims=True))
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scale: float) -> mx.array:
+    """Softmax attention with a boolean mask (or None): q (B, H, T, D); k, v (B, Hkv, S, D), H a
+    multiple of Hkv (grouped-query heads share their key/value head); mask broadcastable to
+    (B, 1, T, S). Returns (B, H, T, D). Off host math: ``mx.fast.scaled_dot_product_attention``."""
+    if not _enabled or (mask is not None and mask.dtype != mx.bool_):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    B, H, T, D = q.shape
+    hkv = k.shape[1]
+    qg = q.reshape(B, hkv, H // hkv, T, D)  # heads of a group next to each other, as HF orders them
+    scores = (qg * scale) @ k[:, :, None].swapaxes(-1, -2)  # (B, Hkv, G, T, S)
+    if mask is not None:  # (T, S) or (B|1, 1, T, S) -> broadcastable to the scores
+        mask = mask[None, None, None] if mask.ndim == 2 else mask[:, :, None]
+        scores = mx.where(mask, scores, mx.array(-mx.inf, scores.dtype))
+    p = _softmax_host(scores)
+    return (p @ v[:, :, None]).reshape(B, H, T, D)

@@ -1,0 +1,93 @@
+"""NumPy versions of the training step's exponential-heavy operations (kernels/host_math.py)
+against MLX's own operations: values and gradients, float32 tolerance."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlx_specstream.kernels import host_math
+
+
+def close(a, b, tol=2e-5):
+    a, b = np.array(a), np.array(b)
+    np.testing.assert_allclose(a, b, atol=tol * max(1.0, float(np.abs(b).max())), rtol=tol)
+
+
+def mlx_ce(logits, targets):
+    picked = mx.take_along_axis(logits, targets[:, None], axis=-1)[:, 0]
+    return mx.logsumexp(logits, axis=-1) - picked
+
+
+@pytest.mark.parametrize("n", [3, 700])  # one thread, and rows split between threads
+def test_cross_entropy_value_and_gradient(n):
+    rng = np.random.default_rng(0)
+    logits = mx.array(rng.normal(0, 4, (n, 512)).astype(np.float32))
+    targets = mx.array(rng.integers(0, 512, n).astype(np.int32))
+    w = mx.array(rng.uniform(0, 1, n).astype(np.float32))
+
+    def loss(x, ce):
+        return (ce(x, targets) * w).sum()
+
+    with host_math.enabled():
+        got, g_got = mx.value_and_grad(lambda x: loss(x, host_math.cross_entropy))(logits)
+    ref, g_ref = mx.value_and_grad(lambda x: loss(x, mlx_ce))(logits)
+    close(got, ref)
+    close(g_got, g_ref)
+    x = np.array(logits, np.float64)  # float64 oracle of the per-row values
+    lse = np.log(np.exp(x - x.max(-1, keepdims=True)).sum(-1)) + x.max(-1)
+    with host_math.enabled():
+        close(host_math.cross_entropy(logits, targets), lse - x[np.arange(n), np.array(targets)])
+
+
+def test_silu_value_and_gradient():
+    x = mx.array(np.random.default_rng(1).normal(0, 30, (64, 1024)).astype(np.float32))  # overflowing exp(-x)
+    with host_math.enabled():
+        got, g_got = mx.value_and_grad(lambda x: (host_math.silu(x) ** 2).sum())(x)
+    ref, g_ref = mx.value_and_grad(lambda x: (nn.silu(x) ** 2).sum())(x)
+    close(got, ref)
+    close(g_got, g_ref)
+    assert np.isfinite(np.array(g_got)).all()
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "2d", "4d"])
+def test_attention_value_and_gradients(mask_kind):
+    rng = np.random.default_rng(2)
+    B, H, Hkv, T, S, D = 2, 6, 2, 5, 9, 16
+    q, k, v = (mx.array(rng.normal(0, 1, s).astype(np.float32))
+               for s in ((B, H, T, D), (B, Hkv, S, D), (B, Hkv, S, D)))
+    mask = None
+    if mask_kind == "2d":
+        mask = mx.array(np.arange(S)[None, :] <= np.arange(T)[:, None] + S - T)
+    elif mask_kind == "4d":  # a different mask per sequence; every row sees key 0
+        m = rng.uniform(size=(B, 1, T, S)) < 0.5
+        m[..., 0] = True
+        mask = mx.array(m)
+    probe = mx.array(rng.normal(0, 1, (B, H, T, D)).astype(np.float32))
+
+    def loss(f, q, k, v):
+        return (f(q, k, v) * probe).sum()
+
+    def host(q, k, v):
+        return host_math.attention(q, k, v, mask, 0.25)
+
+    def ref(q, k, v):
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+
+    with host_math.enabled():
+        out = host(q, k, v)
+        grads = mx.grad(lambda *a: loss(host, *a), argnums=(0, 1, 2))(q, k, v)
+    close(out, ref(q, k, v))
+    for got, want in zip(grads, mx.grad(lambda *a: loss(ref, *a), argnums=(0, 1, 2))(q, k, v)):
+        close(got, want)
+
+
+def test_enabled_is_scoped():
+    assert not host_math.active()
+    with pytest.raises(RuntimeError):
+        with host_math.enabled():
+            assert host_math.active() == (mx.default_device() == mx.cpu)
+            with host_math.enabled(False):
+                assert not host_math.active()
+            raise RuntimeError
+    assert not host_math.active()
