@@ -56,7 +56,7 @@ def set_allowed(allowed: bool) -> bool:
 
 
 def _np(x: mx.array) -> np.ndarray:
-    return np.array(x.astype(mx.float32) if x.dtype != mx.float32 else x, copy=False)
+    return np.asarray(x.astype(mx.float32) if x.dtype != mx.float32 else x)
 
 
 def _by_rows(f: Callable[..., None], out: np.ndarray, *inputs: np.ndarray) -> np.ndarray:

@@ -1,0 +1,65 @@
+"""Greedy Speculative Streaming decoding of a task's test prompts with one adapter, through the
+engine's defaults (hybrid drafts on): the mean accepted tokens per forward pass, exact match of
+the outputs against the references (sql: SQL compared as scripts/train_base.py compares it; code:
+the completion verbatim) and, with ``--check-ar``, whether every output equals plain greedy
+autoregressive decoding of the same model (a lossless adapter must).
+
+    .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--n 200]
+        [--max-tokens 96] [--no-lookup] [--check-ar]
+
+Used to compare base models (an adapter trained by the same command on each,
+results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
+from mlx_specstream.api import generate, load  # noqa: E402
+
+
+def norm_sql(s: str) -> str:
+    """As scripts/train_base.py compares SQL: whitespace runs and a final ';' do not count."""
+    return " ".join(s.strip().rstrip(";").split())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("model")
+    ap.add_argument("adapter")
+    ap.add_argument("--task", choices=("sql", "code"), default="sql")
+    ap.add_argument("--n", type=int, default=200, help="the first N test prompts")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
+    ap.add_argument("--check-ar", action="store_true",
+                    help="also decode each prompt with plain AR and compare the outputs")
+    args = ap.parse_args()
+    same = norm_sql if args.task == "sql" else (lambda s: s)
+    model, tok = load(args.model, adapter=args.adapter)
+    test = Path(__file__).resolve().parent.parent / "data" / args.task / "test.jsonl"
+    rows = [json.loads(line) for line in test.read_text().splitlines()][: args.n]
+    exact = tokens = passes = differ = 0
+    for r in rows:
+        res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup)
+        exact += same(res.text) == same(r["completion"])
+        tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
+        passes += sum(res.stats.accepted_lengths.values())
+        if args.check_ar:
+            ar = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
+            differ += ar.tokens != res.tokens
+    out = {"model": args.model, "adapter": args.adapter, "task": args.task, "n": len(rows),
+           "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
+           "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
+    if args.check_ar:
+        out["identical_to_ar"] = differ == 0
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
