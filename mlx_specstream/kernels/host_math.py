@@ -2,7 +2,7 @@
 the attention softmax) computed by NumPy when MLX runs on the CPU, with their own gradients.
 
 Why: MLX's CPU ``exp`` runs at ~14 ns per element on this project's 2-core x86 machine against
-~1.5 ns for NumPy's vectorised one (``scripts/bench_train.py``, docs/training.md), and a lossless
+~1.5 ns for NumPy's vectorised one (``scripts/bench_host_math.py``, docs/training.md), and a lossless
 step over ~1,000 stream rows spends most of its time there: the softmax of 1,000 x 4,096 logits
 (and its gradient), the gates of the MLP, the attention scores. Matrix products stay in MLX.
 
