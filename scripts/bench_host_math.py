@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
-import time
 from datetime import date
 from pathlib import Path
 
@@ -25,19 +24,14 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream.bench import best_time  # noqa: E402
 from mlx_specstream.blas import active_blas  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
 
 
 def best_ms(f, reps: int) -> float:
-    f()
-    times = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        times.append(time.perf_counter() - t)
-    return min(times) * 1e3
+    return best_time(f, reps) * 1e3
 
 
 def main() -> None:
