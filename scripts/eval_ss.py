@@ -23,10 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 from mlx_specstream.api import generate, load  # noqa: E402
 
-
-def norm_sql(s: str) -> str:
-    """As scripts/train_base.py compares SQL: whitespace runs and a final ';' do not count."""
-    return " ".join(s.strip().rstrip(";").split())
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from train_base import norm_sql  # noqa: E402  (SQL compared as the base model's evaluation compares it)
 
 
 def main() -> None:
