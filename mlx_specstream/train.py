@@ -187,6 +187,7 @@ def _msa_start(model) -> int:
     return len(model.layers) - model.adapter_config.msa_layers
 
 
+@host_math.enabled()  # a training pass: NumPy's exponentials on a CPU
 def base_states(model, tokens: mx.array):
     """Lossless mode, no gradients: the main hidden states entering the pruning layer and the MSA
     layers, the main keys/values of every MSA layer, and the final hidden states."""
@@ -194,20 +195,19 @@ def base_states(model, tokens: mx.array):
     T = tokens.shape[1]
     pos = mx.arange(T)
     mask = causal_mask(T, 0) if T > 1 else None
-    with host_math.enabled():  # a training pass: NumPy's exponentials on a CPU
-        h = model.embed(tokens, pos)
-        msa = _msa_start(model)
-        h_prune = h_msa = None
-        kvs = []
-        for i, layer in enumerate(model.layers):
-            if i == cfg.prune_layer:
-                h_prune = h
-            if i == msa:
-                h_msa = h
-            rec = _Recorder() if i >= msa else None
-            h = layer(h, pos, mask, rec)
-            if rec is not None:
-                kvs.append((rec.k, rec.v))
+    h = model.embed(tokens, pos)
+    msa = _msa_start(model)
+    h_prune = h_msa = None
+    kvs = []
+    for i, layer in enumerate(model.layers):
+        if i == cfg.prune_layer:
+            h_prune = h
+        if i == msa:
+            h_msa = h
+        rec = _Recorder() if i >= msa else None
+        h = layer(h, pos, mask, rec)
+        if rec is not None:
+            kvs.append((rec.k, rec.v))
     out = (mx.stop_gradient(h_prune), mx.stop_gradient(h_msa),
            [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs], mx.stop_gradient(h))
     mx.eval(out[0], out[1], out[2], out[3])
@@ -424,26 +424,27 @@ def _zeros_like_trainable(model):
     return tree_map(mx.zeros_like, model.trainable_parameters())
 
 
+@host_math.enabled()
 def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, states=None):
     """Loss (this process's share) and gradients of one (shard of a) global batch; lossless
     ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
     if batch is None:
         return mx.array(0.0), _zeros_like_trainable(model)
-    with host_math.enabled():
-        if tc.mode == "lossless" and states is None:
-            states = base_states(model, mx.array(batch.tokens))
-        total, grads = mx.array(0.0), None
-        for seg in _segments_of(batch, tc):
-            def loss_fn(seg=seg):
-                return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
+    if tc.mode == "lossless" and states is None:
+        states = base_states(model, mx.array(batch.tokens))
+    total, grads = mx.array(0.0), None
+    for seg in _segments_of(batch, tc):
+        def loss_fn(seg=seg):
+            return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
 
-            loss, g = nn.value_and_grad(model, loss_fn)()
-            grads = g if grads is None else tree_map(mx.add, grads, g)
-            total = total + loss
-            mx.eval(total, grads)
+        loss, g = nn.value_and_grad(model, loss_fn)()
+        grads = g if grads is None else tree_map(mx.add, grads, g)
+        total = total + loss
+        mx.eval(total, grads)
     return total, grads
 
 
+@host_math.enabled()
 def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = None,
              max_batches: int | None = None, group=None) -> dict:
     """Validation loss, per-stream top-1 accuracy (stream j predicting token t+j+1), main-stream
@@ -457,33 +458,32 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
         batches = batches[:max_batches]
     # sums: ce_main, ce_prune, ce_s[g], ok_main, ok_prune, ok_s[g], n_main, n_s[g]
     sums = np.zeros(3 * g + 5)
-    with host_math.enabled():
-        for k, ids in enumerate(batches):
-            if k % size != rank:
-                continue
-            batch = Batch.of([dataset.examples[i] for i in ids])
-            states = None
-            if tc.mode == "lossless":
-                states = base_states(model, mx.array(batch.tokens))
-            for seg in _segments_of(batch, tc):
-                t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
-                if main_h is None:  # lossless: the main stream is the base's last hidden state
-                    main_h = _rows(states[3], t)
-                terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
-                if "main" in terms:
-                    for i, name in ((0, "main"), (1, "prune")):
-                        logits, tgt = terms[name]
-                        tgt = mx.array(tgt)
-                        sums[i] += host_math.cross_entropy(logits, tgt).sum().item()
-                        sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
-                if "streams" in terms:
-                    logits, tgt, j = terms["streams"]
+    for k, ids in enumerate(batches):
+        if k % size != rank:
+            continue
+        batch = Batch.of([dataset.examples[i] for i in ids])
+        states = None
+        if tc.mode == "lossless":
+            states = base_states(model, mx.array(batch.tokens))
+        for seg in _segments_of(batch, tc):
+            t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
+            if main_h is None:  # lossless: the main stream is the base's last hidden state
+                main_h = _rows(states[3], t)
+            terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
+            if "main" in terms:
+                for i, name in ((0, "main"), (1, "prune")):
+                    logits, tgt = terms[name]
                     tgt = mx.array(tgt)
-                    ce = np.array(host_math.cross_entropy(logits, tgt))
-                    ok = np.array(mx.argmax(logits, -1) == tgt)
-                    sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
-                    sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
-            sums[2 * g + 4:] += batch.counts(g)
+                    sums[i] += host_math.cross_entropy(logits, tgt).sum().item()
+                    sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
+            if "streams" in terms:
+                logits, tgt, j = terms["streams"]
+                tgt = mx.array(tgt)
+                ce = np.array(host_math.cross_entropy(logits, tgt))
+                ok = np.array(mx.argmax(logits, -1) == tgt)
+                sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
+                sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
+        sums[2 * g + 4:] += batch.counts(g)
     if size > 1:
         sums = np.array(mx.distributed.all_sum(mx.array(sums.astype(np.float32)), group=group),
                         dtype=np.float64)

@@ -35,7 +35,8 @@ _MIN_SPLIT = 1 << 15  # elements below which one thread does the whole array
 
 @contextmanager
 def enabled(on: bool = True) -> Iterator[None]:
-    """Use the NumPy versions inside this block when the default device is a CPU."""
+    """Use the NumPy versions inside this block (or, as a decorator, during each call of the
+    function) when the default device is a CPU."""
     global _enabled
     old, _enabled = _enabled, on and _allowed and mx.default_device() == mx.cpu
     try:
