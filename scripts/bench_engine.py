@@ -1,8 +1,13 @@
-"""Cost of one Speculative Streaming forward pass relative to a 1-token pass, and the share of
-decode time spent outside the model (bookkeeping), on a ~20M-parameter llama (random weights:
-speed does not depend on what the weights say).
+"""Cost of a Speculative Streaming forward pass relative to a plain one-token (AR) pass, and where
+decode time goes (forward passes vs bookkeeping), on the shipped model and a lossless adapter
+(default) or on a random llama (``--random``: speed does not depend on what the weights say).
 
-    .venv/bin/python scripts/bench_engine.py [--hidden 512 --layers 6 --vocab 4096] [--out FILE]
+    .venv/bin/python scripts/bench_engine.py [--adapter sql-lossless] [--context 128] [--out FILE]
+    .venv/bin/python scripts/bench_engine.py --random [--hidden 512 --layers 6 --vocab 4096]
+
+Passes run over ``--context`` cached tokens; each is the fastest of ``--reps`` runs. Decode rows
+generate greedily from the first ``--prompts`` held-out sql test prompts (random tokens with
+``--random``), every method interleaved per prompt, the fastest of ``--decode-reps`` runs counting.
 """
 
 from __future__ import annotations
@@ -21,103 +26,146 @@ from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized
 # isort: split
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from mlx_specstream.adapter import new_adapter  # noqa: E402
-from mlx_specstream.api import generate  # noqa: E402
+from mlx_specstream.api import generate, load  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import best_time  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
 
+ROOT = Path(__file__).resolve().parent.parent
+TREE_SIZES = (1, 4, 16, 32)
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=6)
-    ap.add_argument("--vocab", type=int, default=4096)
-    ap.add_argument("--context", type=int, default=128, help="cached tokens before each pass")
-    ap.add_argument("--gamma", type=int, default=4)
-    ap.add_argument("--msa-layers", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=30, help="timed runs of each pass; the fastest counts")
-    ap.add_argument("--out", type=Path, help="write the results as JSON here")
-    args = ap.parse_args()
 
+def random_model(args) -> tuple[object, dict]:
     cfg = dict(model_type="llama", hidden_size=args.hidden, num_attention_heads=8, num_key_value_heads=2,
                intermediate_size=int(args.hidden * 2.75), num_hidden_layers=args.layers,
                vocab_size=args.vocab, max_position_embeddings=4096)
     mx.random.seed(0)
     model = build_model(cfg)
-    mx.eval(model.parameters())
-    n_params = sum(v.size for _, v in __import__("mlx.utils").utils.tree_flatten(model.parameters()))
     new_adapter(model, gamma=args.gamma, msa_layers=args.msa_layers, seed=0)
+    return model, cfg
+
+
+def test_prompts(n: int) -> list[str]:
+    lines = (ROOT / "data/sql/test.jsonl").read_text().splitlines()[:n]
+    return [json.loads(line)["prompt"] for line in lines]
+
+
+def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
+    """Each pass over the cached ``context``, as the decode loop runs it (outputs evaluated)."""
     caches = make_cache(model)
-    prompt = list(np.random.default_rng(0).integers(0, args.vocab, args.context))
-    forward(model, chain(prompt), caches, 0, gamma=0)
+    forward(model, chain(context), caches, 0, gamma=0)
     mx.eval([c.keys for c in caches])
-    n = args.context
+    n = len(context)
+
+    def reset(offset):
+        for c in caches:
+            c.offset = offset
 
     def run(tree, gamma, threshold=0.0):
         out = forward(model, tree, caches, n, gamma=gamma, prune_threshold=threshold)
         mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
-        for c in caches:
-            c.offset = n  # drop what the pass appended
+        reset(n)
 
-    rows = []
-    one = best_time(lambda: run(chain([1]), 0), args.reps)
-    rows.append(("1-token pass (AR)", 1, one))
-    levels = [list(range(10 + 4 * j, 14 + 4 * j)) for j in range(args.gamma)]
-    scores = [[-0.1, -0.5, -1.0, -2.0]] * args.gamma
-    for nodes in (1, 16, 32):
-        tree = build_tree(3, levels, scores, nodes)
-        t = best_time(lambda tree=tree: run(tree, args.gamma), args.reps)
-        rows.append((f"SS pass, {nodes}-node tree, {args.gamma} streams/node", nodes, t))
-    tree = build_tree(3, levels, scores, 32)
-    t = best_time(lambda: run(tree, args.gamma, threshold=0.05), args.reps)
-    rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32, t))
-
-    def deferred(tree):
+    def deferred(tree):  # tree pass without streams, then the accepted root's stream pass
         out = forward(model, tree, caches, n, gamma=0)
         mx.eval(out.main_logits)
-        for c in caches:
-            c.offset = n + 1  # as if the root alone was accepted
-        mx.eval(stream_pass(model, out.msa_input[0], caches, n + 1, args.gamma))
-        for c in caches:
-            c.offset = n
+        reset(n + 1)
+        mx.eval(stream_pass(model, out.msa_input[0], caches, n + 1, gamma))
+        reset(n)
 
-    for nodes in (16, 32):
-        tree = build_tree(3, levels, scores, nodes)
-        t = best_time(lambda tree=tree: deferred(tree), args.reps)
-        rows.append((f"SS pass, {nodes}-node tree, deferred streams", nodes, t))
+    levels = [list(range(10 + 4 * j, 14 + 4 * j)) for j in range(gamma)]
+    scores = [[-0.1, -0.5, -1.0, -2.0]] * gamma
+    rows = [("1-token pass (AR)", 1, lambda: run(chain([1]), 0))]
+    for m in TREE_SIZES:
+        tree = build_tree(3, levels, scores, m)
+        rows.append((f"SS pass, {m}-node tree, streams on every node", m, lambda t=tree: run(t, gamma)))
+        rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
+    rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32,
+                 lambda t=build_tree(3, levels, scores, 32): run(t, gamma, 0.05)))
+    times = [best_time(fn, reps) for _, _, fn in tqdm(rows, desc="passes")]
+    return [{"pass": name, "nodes": m, "ms": round(t * 1e3, 3), "x_ar_pass": round(t / times[0], 3)}
+            for (name, m, _), t in zip(rows, times)]
 
-    decode = []
-    runs = [("ar", {})] + [("ss", {"branch": 3, "tree_budget": b, "streams": s})
-                           for b in (16, 32) for s in ("tree", "deferred")]
-    for mode, kw in tqdm(runs, desc="decode runs"):
-        out = generate(model, None, prompt[:16], max_tokens=200, mode=mode, **kw)
-        decode.append({"mode": mode, **kw, **out.stats.as_dict()})
 
-    print(f"\nmodel: llama hidden {args.hidden}, {args.layers} layers, vocab {args.vocab}, "
-          f"{n_params / 1e6:.1f}M params, fp32; context {args.context}; BLAS {active_blas()}")
-    print(f"{'pass':48} {'ms':>8} {'x 1-token':>10}")
-    for name, _, t in rows:
-        print(f"{name:48} {t * 1e3:8.2f} {t / one:10.2f}")
-    print(f"\n{'decode (200 tokens)':36} {'tok/s':>8} {'calls':>6} {'bookkeeping':>12}")
-    for d in decode:
-        label = d["mode"]
-        if d["mode"] == "ss":
-            label += f" k={d['branch']} budget={d['tree_budget']} {d['streams']}"
-        print(f"{label:36} {d['tokens_per_second']:8.1f} {d['calls']:6d} {d['bookkeeping_share']:12.1%}")
-    result = {
-        "command": " ".join(sys.argv), "date": str(date.today()), "machine": platform.platform(),
-        "processor": platform.processor() or platform.machine(), "mlx": mx.__version__,
-        "blas": active_blas(), "params": n_params, "config": cfg,
-        "passes_ms": {name: round(t * 1e3, 3) for name, _, t in rows},
-        "ratio_to_1_token": {name: round(t / one, 3) for name, _, t in rows}, "decode": decode,
-    }
+def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int) -> list[dict]:
+    """Greedy decoding of every prompt by each method, interleaved; the fastest run per
+    (prompt, method) counts. Bookkeeping: decode time outside the forward passes."""
+    methods = {"ar": {"mode": "ar"}, "ss, deferred streams": {"mode": "ss", "streams": "deferred"},
+               "ss, streams on every node": {"mode": "ss", "streams": "tree"}}
+    best: dict[str, list] = {name: [] for name in methods}
+    for prompt in tqdm(prompts, desc="decode"):
+        runs: dict[str, list] = {name: [] for name in methods}
+        for _ in range(reps):
+            for name, kw in methods.items():
+                runs[name].append(generate(model, tokenizer, prompt, max_tokens=max_tokens, **kw).stats)
+        for name in methods:
+            best[name].append(min(runs[name], key=lambda s: s.decode_time))
+    out = []
+    for name, stats in best.items():
+        tokens, calls = sum(s.generated_tokens for s in stats), sum(s.calls for s in stats)
+        decode, model_time = sum(s.decode_time for s in stats), sum(s.model_time for s in stats)
+        out.append({"method": name, "tokens_per_s": round(tokens / decode, 1), "calls": calls,
+                    "tokens_per_pass": round(tokens / calls, 3),
+                    "ms_per_pass": round(decode / calls * 1e3, 2),
+                    "bookkeeping_share": round(1 - model_time / decode, 4)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", type=Path, help="MLX model directory (default: the shipped model)")
+    ap.add_argument("--adapter", default="sql-lossless", help="a lossless adapter of the model")
+    ap.add_argument("--random", action="store_true", help="a random llama instead of a trained model")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=6)
+    ap.add_argument("--vocab", type=int, default=4096)
+    ap.add_argument("--gamma", type=int, default=4, help="--random: streams")
+    ap.add_argument("--msa-layers", type=int, default=2, help="--random: multi-stream layers")
+    ap.add_argument("--context", type=int, default=128, help="cached tokens before each pass")
+    ap.add_argument("--reps", type=int, default=30, help="timed runs of each pass; the fastest counts")
+    ap.add_argument("--prompts", type=int, default=12, help="prompts decoded")
+    ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--decode-reps", type=int, default=3)
+    ap.add_argument("--out", type=Path, help="write the results file here")
+    args = ap.parse_args()
+
+    rng = np.random.default_rng(0)
+    if args.random:
+        (model, cfg), tokenizer = random_model(args), None
+        prompts = [list(rng.integers(0, args.vocab, 16)) for _ in range(args.prompts)]
+        label = f"random llama (hidden {args.hidden}, {args.layers} layers, vocab {args.vocab})"
+    else:
+        model, tokenizer = load(args.model, adapter=args.adapter)
+        cfg = model.config
+        prompts = test_prompts(args.prompts)
+        label = f"{recorded_path(model.path)} + {args.adapter}"
+    gamma = model.adapter_config.gamma
+    pool = [t for p in prompts for t in (tokenizer.encode(p) if tokenizer else p)]
+    context = (pool * (args.context // max(len(pool), 1) + 1))[: args.context]
+    passes = pass_rows(model, context, gamma, args.reps)
+    decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps)
+
+    n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
+    meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
+            "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "mlx": mx.__version__, "blas": active_blas(), "model": label, "params": int(n_params),
+            "config": {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg},
+            "gamma": gamma, "context": args.context, "reps": args.reps, "prompts": len(prompts),
+            "max_tokens": args.max_tokens}
+    print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}; "
+          f"{label}, {n_params / 1e6:.1f}M parameters, {args.context} cached tokens\n")
+    print(markdown_table({"pass": "pass", "ms": "ms", "× AR pass": "x_ar_pass"}, passes) + "\n")
+    print(markdown_table({"decode": "method", "tokens/s": "tokens_per_s", "tokens/pass": "tokens_per_pass",
+                          "ms/pass": "ms_per_pass", "bookkeeping": "bookkeeping_share"}, decode))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=2))
+        write_results_file(args.out, meta, [{"passes": passes, "decode": decode}])
 
 
 if __name__ == "__main__":
