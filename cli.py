@@ -19,10 +19,12 @@ def _root() -> None:
 @app.command()
 def blas() -> None:
     """Report which BLAS MLX's CPU backend uses in this process (and which would be preloaded)."""
-    from mlx_specstream.blas import active_blas, find_blas
+    from mlx_specstream.blas import active_blas, find_blas, small_rows_active
 
     typer.echo(f"active BLAS: {active_blas()}")
     typer.echo(f"optimized BLAS found: {find_blas() or 'none'}")
+    typer.echo(f"products of few rows as one sgemv per row (small_gemm.c): "
+               f"{'on' if small_rows_active() else 'off'}")
 
 
 def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:

@@ -10,14 +10,24 @@ imported first, it warns once with the fix.
 
 ``SPECSTREAM_BLAS`` selects: ``auto`` (default: MKL, then OpenBLAS), ``mkl``, ``openblas``,
 ``reference`` (no preload), or a path to a shared library.
+
+With OpenBLAS, products of at most 8 rows (every decode pass) go through ``small_gemm.c``: one
+sgemv per row instead of OpenBLAS's sgemm, which packs and threads them like big ones (3x slower
+for one row here). It is compiled once per machine with the system C compiler into the user's
+cache directory and loaded ahead of OpenBLAS; without a compiler MLX uses OpenBLAS alone.
+``SPECSTREAM_GEMV_ROWS=0`` turns it off (``N``: up to N rows).
 """
 
 from __future__ import annotations
 
 import ctypes
 import glob
+import hashlib
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 _OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
@@ -43,6 +53,41 @@ def find_blas(choice: str | None = None) -> str | None:
         if found[name]:
             return found[name][0]
     return None
+
+
+def small_rows_library(blas: str) -> str | None:
+    """``small_gemm.c`` built against OpenBLAS library ``blas`` (once, cached per source and
+    library), or None where it cannot be built or is turned off."""
+    if os.environ.get("SPECSTREAM_GEMV_ROWS", "").strip() == "0":
+        return None
+    cc = shutil.which(os.environ.get("CC", "cc"))
+    if cc is None:
+        return None
+    source = Path(__file__).with_name("small_gemm.c")
+    key = hashlib.sha256(source.read_bytes() + blas.encode()).hexdigest()[:16]
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-specstream"
+    lib = cache / f"small_gemm-{key}.so"
+    if lib.exists():
+        return str(lib)
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half-written
+            out = Path(tmp) / lib.name
+            subprocess.run([cc, "-O2", "-shared", "-fPIC", f'-DBLAS_LIBRARY="{blas}"', "-o", str(out),
+                            str(source), "-ldl"],
+                           check=True, capture_output=True, timeout=120)
+            os.replace(out, lib)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return str(lib)
+
+
+def small_rows_active() -> bool:
+    """Whether this process's small matrix products go through ``small_gemm.c``."""
+    try:
+        return "small_gemm-" in Path("/proc/self/maps").read_text()
+    except OSError:
+        return False
 
 
 def active_blas() -> str:
@@ -79,5 +124,9 @@ def preload_fast_blas() -> str | None:
                       f"(about 5-10x slower here): import mlx_specstream first, or start Python "
                       f"with LD_PRELOAD={lib}", RuntimeWarning, stacklevel=3)
         return None
+    if "openblas" in Path(lib).name:
+        rows = small_rows_library(lib)
+        if rows is not None:
+            ctypes.CDLL(rows, mode=ctypes.RTLD_GLOBAL)  # first: MLX's cblas_sgemm resolves to it
     ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     return lib

@@ -54,3 +54,50 @@ def test_mlx_imported_first_warns_once_with_the_fix():
     assert res.returncode == 0
     warned = [line for line in res.stderr.splitlines() if "RuntimeWarning" in line]
     assert len(warned) == 1 and "import mlx_specstream first" in warned[0] and "LD_PRELOAD=" in warned[0]
+
+
+SMALL_PRODUCTS = """
+import json, mlx_specstream, mlx.core as mx, numpy as np
+from mlx_specstream.blas import small_rows_active
+worst = 0.0
+for rows in range(1, 11):  # both sides of the 8-row bound
+    for ta in (False, True):
+        for tb in (False, True):
+            a = mx.random.normal((96, rows)).T if ta else mx.random.normal((rows, 96))
+            b = mx.random.normal((50, 96)).T if tb else mx.random.normal((96, 50))
+            bias = mx.random.normal((50,))
+            ref = np.array(a, np.float64) @ np.array(b, np.float64)
+            for got, want in ((a @ b, ref), (mx.addmm(bias, a, b), ref + np.array(bias))):
+                worst = max(worst, float(np.abs(np.array(got) - want).max()))
+print(json.dumps({"active": small_rows_active(), "worst": worst}))
+"""
+
+
+def test_small_row_products_equal_a_float64_oracle():
+    """With OpenBLAS, products of up to 8 rows run through small_gemm.c (one sgemv per row): every
+    layout MLX hands to BLAS (either operand transposed, with and without a bias), for 1-10 rows,
+    equals NumPy's float64 product to fp32 rounding."""
+    import json
+
+    if "openblas" not in (find_blas() or ""):
+        return
+    res = _plain_python(SMALL_PRODUCTS)
+    assert res.returncode == 0, res.stderr
+    out = json.loads(res.stdout)
+    assert out["worst"] < 1e-3
+    import shutil
+
+    assert out["active"] == (shutil.which("cc") is not None)
+
+
+def test_small_row_products_can_be_turned_off():
+    import os
+
+    if "openblas" not in (find_blas() or ""):
+        return
+    env = {**os.environ, "SPECSTREAM_GEMV_ROWS": "0"}
+    env.pop("LD_PRELOAD", None)
+    res = subprocess.run([sys.executable, "-c", "import mlx_specstream\nfrom mlx_specstream.blas import "
+                          "small_rows_active, active_blas\nprint(small_rows_active(), active_blas())"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert res.stdout.split() == ["False", "openblas"], res.stderr
