@@ -32,7 +32,7 @@ from mlx.utils import tree_flatten
 
 from .adapter import adapter_size
 from .api import _decoder, load
-from .blas import active_blas
+from .blas import blas_label
 from .engine import default_node_costs
 from .outputs import check_replaceable_file, is_results_json, recorded_path
 
@@ -293,7 +293,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         "command": command or " ".join(sys.argv), "date": str(date.today()),
         "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
         "cpus": os.cpu_count(), "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "python": platform.python_version(), "mlx": mx.__version__, "blas": active_blas(),
+        "python": platform.python_version(), "mlx": mx.__version__, "blas": blas_label(),
         "versions": _versions(), "model": recorded_path(model_path), "task": task, "prompts": len(rows),
         "max_tokens": max_tokens, "repeats": repeats, "reference": reference(methods).name,
         "outputs_compared_with": methods[0].name, "bootstrap": BOOTSTRAP,

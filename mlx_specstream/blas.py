@@ -90,6 +90,13 @@ def small_rows_active() -> bool:
         return False
 
 
+def blas_label() -> str:
+    """The BLAS as results files record it: :func:`active_blas`, plus the small-row path when on."""
+    if not small_rows_active():
+        return active_blas()
+    return f"{active_blas()} + small_gemm.c (<= {os.environ.get('SPECSTREAM_GEMV_ROWS', '8')} rows as sgemv)"
+
+
 def active_blas() -> str:
     """Which BLAS this process uses: 'mkl', 'openblas', 'accelerate' or 'reference'."""
     if sys.platform == "darwin":

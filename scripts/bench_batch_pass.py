@@ -26,7 +26,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -106,7 +106,7 @@ def main() -> None:
     meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
-            "blas": active_blas(), "model": shown(args.model), "context": args.context,
+            "blas": blas_label(), "model": shown(args.model), "context": args.context,
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
     columns = {"rows per sequence": "rows", "batch": "batch", "one sequence (ms)": "one_sequence_ms",
                "ideal batch (ms)": "batched_ms", "ideal cost vs one pass": "cost_vs_one_pass",

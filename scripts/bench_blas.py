@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import active_blas, find_blas  # noqa: E402
+from mlx_specstream.blas import active_blas, blas_label, find_blas  # noqa: E402
 
 ROWS = (1, 4, 16, 32)
 TOKENS = (1, 16)
@@ -81,8 +81,9 @@ def measure(reps: int, context: int) -> dict:
                 c.trim(tokens.shape[1])  # back to the same 128-token context
 
         forward[n] = timed(step, reps)
-    return {"blas": active_blas(), "library": os.environ.get("LD_PRELOAD", "") or "(bundled)",
-            "matmul_ms": matmul, "forward_ms": forward, "model_params": params, "context": context}
+    return {"blas": active_blas(), "label": blas_label(),
+            "library": os.environ.get("LD_PRELOAD", "") or "(bundled)", "matmul_ms": matmul,
+            "forward_ms": forward, "model_params": params, "context": context}
 
 
 def machine() -> str:
@@ -108,7 +109,7 @@ def table(results: list[dict]) -> str:
     def row(label, cells):
         return f"| {label} | " + " | ".join(cells) + " |"
 
-    lines = [row("", [r["blas"] for r in results]), "|---|" + "---:|" * len(results)]
+    lines = [row("", [r["label"] for r in results]), "|---|" + "---:|" * len(results)]
     for n in ROWS:
         lines.append(row(f"4096x1024 fp32 matmul, {n} row{'s' if n > 1 else ''} (ms)",
                          [f"{r['matmul_ms'][n]:.2f}" for r in results]))
@@ -148,7 +149,7 @@ def compare(args) -> None:
     print(f"Machine: {machine()}")
     print(f"Command: {' '.join(['python', 'scripts/bench_blas.py', *sys.argv[1:]])}")
     for r in results:
-        print(f"  {r['blas']}: {r['library']}")
+        print(f"  {r['label']}: {r['library']}")
     print()
     print(table(results))
 
@@ -168,7 +169,7 @@ def main() -> None:
         print(json.dumps(r))
         return
     print(f"Machine: {machine()}")
-    print(f"BLAS: {r['blas']} ({r['library']})\n")
+    print(f"BLAS: {r['label']} ({r['library']})\n")
     print(table([r]))
 
 

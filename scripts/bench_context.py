@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -91,7 +91,7 @@ def main() -> None:
         print(row, file=sys.stderr)
     meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.platform(),
-            "cpus": os.cpu_count(), "mlx": mx.__version__, "blas": active_blas(), "adapter": args.adapter,
+            "cpus": os.cpu_count(), "mlx": mx.__version__, "blas": blas_label(), "adapter": args.adapter,
             "gamma": g, "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
     print(markdown_table({"cached tokens": "context", "AR pass (ms)": "ar_ms", "4-node chain": "chain4_ms",
                           "+ streams on every node": "chain4_streams_ms",

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -155,7 +155,7 @@ def main() -> None:
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
             "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "mlx": mx.__version__, "blas": active_blas(), "model": label, "params": int(n_params),
+            "mlx": mx.__version__, "blas": blas_label(), "model": label, "params": int(n_params),
             "config": {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg},
             "gamma": gamma, "context": args.context, "reps": args.reps, "prompts": len(prompts),
             "max_tokens": args.max_tokens}

@@ -25,7 +25,7 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_specstream.bench import best_time  # noqa: E402
-from mlx_specstream.blas import active_blas  # noqa: E402
+from mlx_specstream.blas import blas_label  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
 
@@ -68,7 +68,7 @@ def main() -> None:
               "numpy": best_ms(lambda: np.exp(xn), args.reps) * 1e6 / logits.size}
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
             "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
-            "numpy": np.__version__, "blas": active_blas(), "reps": args.reps,
+            "numpy": np.__version__, "blas": blas_label(), "reps": args.reps,
             "exp_ns_per_element": {k: round(t, 2) for k, t in exp_ns.items()}}
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
           f"NumPy {meta['numpy']}, best of {args.reps}; exp per element: MLX {exp_ns['mlx']:.2f} ns, "

@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import active_blas  # noqa: E402  (first: the optimized BLAS before MLX)
+from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
@@ -145,7 +145,7 @@ def main() -> None:
             "machine": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
             "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
             "versions": {p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
-            "blas": active_blas(), "model": shown(args.model), "task": args.task, "n": args.n,
+            "blas": blas_label(), "model": shown(args.model), "task": args.task, "n": args.n,
             "max_tokens": args.max_tokens}
     print(table(rows))
     if args.out:

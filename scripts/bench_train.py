@@ -38,7 +38,7 @@ import numpy as np  # noqa: E402
 from mlx_specstream import train as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
-from mlx_specstream.blas import active_blas  # noqa: E402
+from mlx_specstream.blas import blas_label  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
@@ -134,7 +134,7 @@ def main() -> None:
              "peak_memory_mb": round(peak[n], 1)} for n, s in best.items()]
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
             "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
-            "blas": active_blas(), "model": recorded_path(DEFAULT_MODEL),
+            "blas": blas_label(), "model": recorded_path(DEFAULT_MODEL),
             "data": recorded_path(args.data / "valid.jsonl"),
             "batch_size": args.batch_size, "steps": args.steps, "reps": args.reps,
             "mean_tokens_per_batch": round(tokens, 1)}

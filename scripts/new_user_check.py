@@ -42,7 +42,7 @@ from make_data import functions_of  # noqa: E402
 
 from mlx_specstream.adapter import load_adapter, new_adapter  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.blas import active_blas  # noqa: E402
+from mlx_specstream.blas import blas_label  # noqa: E402
 
 
 def user_functions(packages: list[str], seed: int) -> list[dict]:
@@ -129,7 +129,7 @@ def main() -> None:
     result = {
         "meta": {"command": " ".join([".venv/bin/python", *sys.argv]), "train_command": " ".join(
             ["specstream-mlx", *cmd[1:]]).replace(str(tmp), "TMP"), "date": str(date.today()),
-            "machine": platform.platform(), "mlx": mx.__version__, "blas": active_blas(),
+            "machine": platform.platform(), "mlx": mx.__version__, "blas": blas_label(),
             "source": "data/code (train / valid)" if args.project_code else args.packages,
             "n_train": len(train_rows), "n_test": len(test_rows),
             "max_tokens": args.max_tokens,

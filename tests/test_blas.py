@@ -1,3 +1,6 @@
+import json
+import os
+import shutil
 import subprocess
 import sys
 
@@ -17,11 +20,10 @@ def test_cli_reports_blas():
         assert "reference" not in out.splitlines()[0]
 
 
-def _plain_python(code: str) -> subprocess.CompletedProcess:
-    """A fresh interpreter, as a notebook or script would be (no LD_PRELOAD, no pytest plugin)."""
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+def _plain_python(code: str, **env_vars: str) -> subprocess.CompletedProcess:
+    """A fresh interpreter, as a notebook or script would be (no LD_PRELOAD, no pytest plugin),
+    with ``env_vars`` added to the environment."""
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"} | env_vars
     return subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True,
                           env=env, timeout=120)
 
@@ -77,27 +79,18 @@ def test_small_row_products_equal_a_float64_oracle():
     """With OpenBLAS, products of up to 8 rows run through small_gemm.c (one sgemv per row): every
     layout MLX hands to BLAS (either operand transposed, with and without a bias), for 1-10 rows,
     equals NumPy's float64 product to fp32 rounding."""
-    import json
-
     if "openblas" not in (find_blas() or ""):
         return
     res = _plain_python(SMALL_PRODUCTS)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["worst"] < 1e-3
-    import shutil
-
     assert out["active"] == (shutil.which("cc") is not None)
 
 
 def test_small_row_products_can_be_turned_off():
-    import os
-
     if "openblas" not in (find_blas() or ""):
         return
-    env = {**os.environ, "SPECSTREAM_GEMV_ROWS": "0"}
-    env.pop("LD_PRELOAD", None)
-    res = subprocess.run([sys.executable, "-c", "import mlx_specstream\nfrom mlx_specstream.blas import "
-                          "small_rows_active, active_blas\nprint(small_rows_active(), active_blas())"],
-                         capture_output=True, text=True, env=env, timeout=120)
+    res = _plain_python("from mlx_specstream.blas import small_rows_active, active_blas\n"
+                        "print(small_rows_active(), active_blas())", SPECSTREAM_GEMV_ROWS="0")
     assert res.stdout.split() == ["False", "openblas"], res.stderr
