@@ -45,7 +45,8 @@ MAX_HALF_WIDTH = 0.10  # an interval wider than +-10% of its speed-up is flagged
 @dataclass
 class Method:
     name: str
-    run: Callable[[list[int], int], tuple[list[int], int]]  # (prompt ids, max) -> (tokens, calls)
+    # (prompt ids, max) -> (tokens, calls) or, for our decoders, (tokens, calls, engine.Stats)
+    run: Callable[[list[int], int], tuple]
     extra_params: int = 0
     lossless: bool = False  # output must equal our AR output
     task_model: str = "base"  # which model's outputs the task metric measures
@@ -53,13 +54,14 @@ class Method:
     records: list = field(default_factory=list)  # per prompt: the fastest run, and every run's time
 
 
-def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple[list[int], int]]:
-    """A bench method running our decoder with these options: (prompt ids, max) -> (tokens, passes).
-    Token ids only, as mlx-lm's methods: the text is decoded after the timings."""
+def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple]:
+    """A bench method running our decoder with these options: (prompt ids, max) -> (tokens, passes,
+    the decoder's statistics). Token ids only, as mlx-lm's methods: the text is decoded after the
+    timings."""
     def run(ids, max_tokens):
         dec = _decoder(model, tokenizer, ids, max_tokens=max_tokens, **opts)
         tokens = [t for step in dec.steps() for t in step.tokens]
-        return tokens, dec.stats.calls + 1
+        return tokens, dec.stats.calls + 1, dec.stats
 
     return run
 
@@ -74,7 +76,8 @@ def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: in
                  desc: str = "bench") -> None:
     """Run every method ``repeats`` times on each prompt, interleaved (prompt by prompt, round
     robin over the methods); append to each method's ``records`` the fastest run per prompt
-    (tokens, passes, time) with every run's time and the peak memory."""
+    (tokens, passes, time, and the decoder's statistics for our decoders) with every run's time
+    and the peak memory."""
     from tqdm import tqdm
 
     check_repeats(repeats)
@@ -87,10 +90,10 @@ def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: in
                 for m in methods:
                     mx.reset_peak_memory()
                     t = clock()
-                    tokens, calls = m.run(ids, max_tokens)
+                    tokens, calls, *stats = m.run(ids, max_tokens)
                     dt = clock() - t
                     runs[m.name].append({"tokens": tokens, "calls": calls, "time": dt,
-                                         "peak": mx.get_peak_memory()})
+                                         "peak": mx.get_peak_memory(), "stats": (stats or [None])[0]})
                     bar.update()
             for m in methods:
                 best = min(runs[m.name], key=lambda r: r["time"])

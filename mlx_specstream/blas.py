@@ -55,10 +55,23 @@ def find_blas(choice: str | None = None) -> str | None:
     return None
 
 
+def small_rows_limit() -> int:
+    """``SPECSTREAM_GEMV_ROWS``: products of at most this many rows go through ``small_gemm.c``
+    (default 8; 0: none). A value that is not a whole number >= 0 turns it off, with a warning."""
+    value = os.environ.get("SPECSTREAM_GEMV_ROWS", "8").strip()
+    if not value.isdigit():
+        import warnings
+
+        warnings.warn(f"SPECSTREAM_GEMV_ROWS={value!r} is not a whole number >= 0: small matrix "
+                      "products go through OpenBLAS's sgemm", RuntimeWarning, stacklevel=2)
+        return 0
+    return int(value)
+
+
 def small_rows_library(blas: str) -> str | None:
     """``small_gemm.c`` built against OpenBLAS library ``blas`` (once, cached per source and
-    library), or None where it cannot be built or is turned off."""
-    if os.environ.get("SPECSTREAM_GEMV_ROWS", "").strip() == "0":
+    library), or None where it cannot be built or is turned off (:func:`small_rows_limit`)."""
+    if small_rows_limit() == 0:
         return None
     cc = shutil.which(os.environ.get("CC", "cc"))
     if cc is None:
@@ -94,7 +107,7 @@ def blas_label() -> str:
     """The BLAS as results files record it: :func:`active_blas`, plus the small-row path when on."""
     if not small_rows_active():
         return active_blas()
-    return f"{active_blas()} + small_gemm.c (<= {os.environ.get('SPECSTREAM_GEMV_ROWS', '8')} rows as sgemv)"
+    return f"{active_blas()} + small_gemm.c (<= {small_rows_limit()} rows as sgemv)"
 
 
 def active_blas() -> str:

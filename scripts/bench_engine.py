@@ -30,9 +30,9 @@ from mlx.utils import tree_flatten  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from mlx_specstream.adapter import new_adapter  # noqa: E402
-from mlx_specstream.api import generate, load  # noqa: E402
+from mlx_specstream.api import load  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
-from mlx_specstream.bench import best_time  # noqa: E402
+from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
@@ -95,23 +95,20 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
 
 
 def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int) -> list[dict]:
-    """Greedy decoding of every prompt by each method, interleaved; the fastest run per
-    (prompt, method) counts. Bookkeeping: decode time outside the forward passes."""
-    methods = {"ar": {"mode": "ar"}, "ss, deferred streams": {"mode": "ss", "streams": "deferred"},
-               "ss, streams on every node": {"mode": "ss", "streams": "tree"}}
-    best: dict[str, list] = {name: [] for name in methods}
-    for prompt in tqdm(prompts, desc="decode"):
-        runs: dict[str, list] = {name: [] for name in methods}
-        for _ in range(reps):
-            for name, kw in methods.items():
-                runs[name].append(generate(model, tokenizer, prompt, max_tokens=max_tokens, **kw).stats)
-        for name in methods:
-            best[name].append(min(runs[name], key=lambda s: s.decode_time))
+    """Greedy decoding of every prompt by each method, timed by ``bench.time_methods`` (interleaved,
+    the fastest run per (prompt, method) counts). Bookkeeping: decode time outside the forward
+    passes."""
+    ids = [tokenizer.encode(p) if tokenizer else p for p in prompts]
+    methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in (
+        ("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
+        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}))]
+    time_methods(methods, ids, max_tokens, reps, desc="decode")
     out = []
-    for name, stats in best.items():
+    for m in methods:
+        stats = [r["stats"] for r in m.records]
         tokens, calls = sum(s.generated_tokens for s in stats), sum(s.calls for s in stats)
         decode, model_time = sum(s.decode_time for s in stats), sum(s.model_time for s in stats)
-        out.append({"method": name, "tokens_per_s": round(tokens / decode, 1), "calls": calls,
+        out.append({"method": m.name, "tokens_per_s": round(tokens / decode, 1), "calls": calls,
                     "tokens_per_pass": round(tokens / calls, 3),
                     "ms_per_pass": round(decode / calls * 1e3, 2),
                     "bookkeeping_share": round(1 - model_time / decode, 4)})

@@ -36,10 +36,10 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
 }
 for what in $ONLY; do
   case $what in
-    sql-lossless) train sql-lossless "600 2000" 1e-3 --data data/sql --mode lossless ;;
+    sql-lossless) train sql-lossless "600 2000" 1e-3 --data data/sql --mode lossless --no-self-distill ;;
     sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared ;;
     sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora ;;
-    code) train code 300 5e-4 --data data/code --mode lossless ;;
+    code) train code 300 5e-4 --data data/code --mode lossless --no-self-distill ;;
     draft)
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
         --tokenizer models/specstream-tiny/hf --hidden 128 --layers 2 --heads 4 --kv-heads 2 \

@@ -89,8 +89,15 @@ def test_small_row_products_equal_a_float64_oracle():
 
 
 def test_small_row_products_can_be_turned_off():
+    """``SPECSTREAM_GEMV_ROWS=0`` turns the small-row path off; a value that is not a whole number
+    does too, with one warning, and the results label says so."""
     if "openblas" not in (find_blas() or ""):
         return
-    res = _plain_python("from mlx_specstream.blas import small_rows_active, active_blas\n"
-                        "print(small_rows_active(), active_blas())", SPECSTREAM_GEMV_ROWS="0")
-    assert res.stdout.split() == ["False", "openblas"], res.stderr
+    code = ("from mlx_specstream.blas import small_rows_active, active_blas, blas_label\n"
+            "print(small_rows_active(), active_blas(), blas_label())")
+    res = _plain_python(code, SPECSTREAM_GEMV_ROWS="0")
+    assert res.stdout.split() == ["False", "openblas", "openblas"], res.stderr
+    res = _plain_python(code, SPECSTREAM_GEMV_ROWS="many")
+    assert res.stdout.split() == ["False", "openblas", "openblas"], res.stderr
+    warned = [line for line in res.stderr.splitlines() if "RuntimeWarning" in line]
+    assert len(warned) == 1 and "SPECSTREAM_GEMV_ROWS='many'" in warned[0]
