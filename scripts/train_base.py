@@ -574,10 +574,12 @@ def norm_sql(s: str) -> str:
     return " ".join(s.strip().rstrip(";").split())
 
 
-def greedy(model, sp, prompts: list[str], max_new: int, device, bsz: int) -> list[str]:
+def greedy(model, sp, prompts: list[str], max_new: int, device, bsz: int) -> tuple[list[str], list[bool]]:
+    """Greedy continuations of ``prompts`` (up to ``max_new`` tokens), and whether each ended with
+    EOS within that budget (a model caught in a repetition loop does not)."""
     import torch
 
-    outs = []
+    outs, ended = [], []
     model.eval()
     for i in range(0, len(prompts), bsz):
         enc = [[BOS] + sp.encode(p) for p in prompts[i:i + bsz]]
@@ -588,10 +590,11 @@ def greedy(model, sp, prompts: list[str], max_new: int, device, bsz: int) -> lis
             gen = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new, do_sample=False,
                                  eos_token_id=EOS, pad_token_id=EOS)
         for row in gen[:, width:].tolist():
+            ended.append(EOS in row)
             if EOS in row:
                 row = row[:row.index(EOS)]
             outs.append(sp.decode(row))
-    return outs
+    return outs, ended
 
 
 def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dict:
@@ -601,7 +604,7 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
     t = time.time()
     res = {"split": split}
     rows = read_jsonl(data / "sql" / f"{split}.jsonl")[:n]
-    preds = greedy(model, sp, [r["prompt"] for r in rows], 96, device, bsz)
+    preds, ended = greedy(model, sp, [r["prompt"] for r in rows], 96, device, bsz)
     em = [norm_sql(p) == norm_sql(r["completion"]) for p, r in zip(preds, rows)]
     runs = 0
     for p, r in zip(preds, rows):
@@ -620,11 +623,12 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
     for ok, r in zip(em, rows):
         by_form.setdefault(r["meta"]["form"], []).append(ok)
     res["sql"] = {"n": len(rows), "exact_match": sum(em) / len(rows), "valid_sql": runs / len(rows),
+                  "ends_with_eos": sum(ended) / len(rows),
                   "by_form": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_form.items())},
                   "examples": [{"prompt": r["prompt"], "ref": r["completion"], "pred": p}
                                for p, r in list(zip(preds, rows))[:5]]}
     rows = read_jsonl(data / "code" / f"{split}.jsonl")[:n]
-    preds = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
+    preds, _ = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
     em = [p.strip() == r["completion"].strip() for p, r in zip(preds, rows)]
     sim = [difflib.SequenceMatcher(None, p, r["completion"]).ratio() for p, r in zip(preds, rows)]
     res["code"] = {"n": len(rows), "exact_match": sum(em) / len(rows),
@@ -633,7 +637,8 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
                                 for p, r in list(zip(preds, rows))[:3]]}
     res["seconds"] = round(time.time() - t, 1)
     print(f"eval {split}: sql exact match {res['sql']['exact_match']:.3f} "
-          f"(valid sql {res['sql']['valid_sql']:.3f}, n={res['sql']['n']}); "
+          f"(valid sql {res['sql']['valid_sql']:.3f}, ends with EOS {res['sql']['ends_with_eos']:.3f}, "
+          f"n={res['sql']['n']}); "
           f"code exact match {res['code']['exact_match']:.3f}, edit similarity "
           f"{res['code']['edit_similarity']:.3f} (n={res['code']['n']}); {res['seconds']}s", flush=True)
     return res

@@ -134,3 +134,27 @@ def test_init_starts_a_new_run_from_trained_weights(data, tmp_path):
     for k, v in _weights(tmp_path / "b").items():
         torch.testing.assert_close(v, init[k].float(), atol=1e-3, rtol=0)  # fp16 round trip of --out
     assert first["valid_loss"] == pytest.approx(log["valid_loss"], rel=1e-3)
+
+
+def test_greedy_cuts_at_eos_and_says_which_outputs_ended():
+    """An output that reaches its token budget without EOS (a repetition loop) is reported as not
+    ended; the text stops before EOS otherwise."""
+    import sentencepiece as spm
+    import torch
+
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    a, b = sp.encode("SELECT name FROM t"), sp.encode("SELECT x FROM x FROM x")
+    loop = (b * 4)[:len(a) + 3]  # fills the budget
+    continuations = [a + [tb.EOS] + b[:2], loop]
+
+    class Scripted:  # answers generate() with fixed continuations after the (left-padded) prompts
+        def eval(self):
+            pass
+
+        def generate(self, input_ids, max_new_tokens, **_):
+            rows = [c[:max_new_tokens] + [tb.EOS] * (max_new_tokens - len(c)) for c in continuations]
+            return torch.cat([input_ids, torch.tensor(rows)], dim=1)
+
+    texts, ended = tb.greedy(Scripted(), sp, ["p1\n", "a longer prompt\n"], len(a) + 3, "cpu", 8)
+    assert texts == ["SELECT name FROM t", sp.decode(loop)]
+    assert ended == [True, False]
