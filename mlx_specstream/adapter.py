@@ -59,8 +59,8 @@ def _setting(value):
         return float(f"{value:.6g}")
     if isinstance(value, mx.array):
         return [_setting(float(x)) for x in value.astype(mx.float32).reshape(-1).tolist()]
-    if hasattr(value, "__dataclass_fields__"):  # e.g. the rotary embedding
-        return {k: _setting(getattr(value, k)) for k in value.__dataclass_fields__}
+    if hasattr(value, "__dataclass_fields__"):  # e.g. the rotary embedding (not its private memo)
+        return {k: _setting(getattr(value, k)) for k in value.__dataclass_fields__ if not k.startswith("_")}
     if callable(value):
         return getattr(value, "__name__", type(value).__name__)
     return repr(value)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -40,24 +40,37 @@ class BaseArgs:
 
 @dataclass
 class Rope:
-    """Rotary embedding of the first ``dims`` features of each head (HF "rotate_half" layout)."""
+    """Rotary embedding of the first ``dims`` features of each head (HF "rotate_half" layout).
+
+    The cos/sin tables of a positions array are computed once and reused while the same array
+    comes back: every layer of a pass, for its queries and its keys, gets the pass's one
+    ``positions`` array (``streams.forward``)."""
 
     dims: int
     inv_freq: mx.array
     attention_factor: float = 1.0
+    _tables: tuple | None = field(default=None, init=False, repr=False, compare=False)
 
-    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
-        # x: (B, H, T, D); positions: (T,) int, or (B, T) where each sequence has its own
+    def tables(self, positions: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+        """cos and sin, (T, dims) for (T,) positions or (B, 1, T, dims) for (B, T), in ``dtype``."""
+        last = self._tables
+        if last is not None and last[0] is positions and last[1] == dtype:
+            return last[2], last[3]
         ang = positions.astype(mx.float32)[..., None] * self.inv_freq
         if ang.ndim == 3:
             ang = ang[:, None]  # (B, 1, T, D/2): shared by the heads
-        cos = (mx.cos(ang) * self.attention_factor).astype(x.dtype)
-        sin = (mx.sin(ang) * self.attention_factor).astype(x.dtype)
+        ang = mx.concatenate([ang, ang], axis=-1)
+        cos = (mx.cos(ang) * self.attention_factor).astype(dtype)
+        sin = (mx.sin(ang) * self.attention_factor).astype(dtype)
+        self._tables = (positions, dtype, cos, sin)
+        return cos, sin
+
+    def __call__(self, x: mx.array, positions: mx.array) -> mx.array:
+        # x: (B, H, T, D); positions: (T,) int, or (B, T) where each sequence has its own
+        cos, sin = self.tables(positions, x.dtype)
         rot, rest = x[..., : self.dims], x[..., self.dims :]
         half = self.dims // 2
         x1, x2 = rot[..., :half], rot[..., half:]
-        cos = mx.concatenate([cos, cos], axis=-1)
-        sin = mx.concatenate([sin, sin], axis=-1)
         rotated = rot * cos + mx.concatenate([-x2, x1], axis=-1) * sin
         return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
 
