@@ -28,12 +28,15 @@ class LoRALinear(nn.Module):
     def __call__(self, x: mx.array, n_main: int | None = None) -> mx.array:
         y = self.base(x)
         if self.streams_only:
-            if n_main is None or n_main >= x.shape[1]:
+            if n_main is None or n_main >= x.shape[1]:  # no stream rows
                 return y
-            s = x[:, n_main:]
-            delta = ((s @ self.lora_a) @ self.lora_b) * self.scale
-            return mx.concatenate([y[:, :n_main], y[:, n_main:] + delta.astype(y.dtype)], axis=1)
-        return y + (((x @ self.lora_a) @ self.lora_b) * self.scale).astype(y.dtype)
+            if n_main > 0:  # main rows first: they keep the base's output
+                delta = self._delta(x[:, n_main:]).astype(y.dtype)
+                return mx.concatenate([y[:, :n_main], y[:, n_main:] + delta], axis=1)
+        return y + self._delta(x).astype(y.dtype)  # every row adapted (or stream rows only)
+
+    def _delta(self, x: mx.array) -> mx.array:
+        return ((x @ self.lora_a) @ self.lora_b) * self.scale
 
     def fused(self) -> nn.Linear:
         """A plain linear layer computing the same function, ``W + scale·(AB)ᵀ``: one matmul
