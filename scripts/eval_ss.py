@@ -5,7 +5,7 @@ the completion verbatim) and, with ``--check-ar``, whether every output equals p
 autoregressive decoding of the same model (a lossless adapter must).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--check-ar]
+        [--max-tokens 96] [--no-lookup] [--check-ar] [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md).
@@ -15,13 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
+import platform
 import sys
+from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
+from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
+
+# isort: split
+import mlx.core as mx  # noqa: E402
+
 from mlx_specstream.api import generate, load  # noqa: E402
+from mlx_specstream.outputs import write_results_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_base import norm_sql  # noqa: E402  (SQL compared as the base model's evaluation compares it)
@@ -37,6 +44,7 @@ def main() -> None:
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
     ap.add_argument("--check-ar", action="store_true",
                     help="also decode each prompt with plain AR and compare the outputs")
+    ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
     args = ap.parse_args()
     same = norm_sql if args.task == "sql" else (lambda s: s)
     model, tok = load(args.model, adapter=args.adapter)
@@ -57,6 +65,10 @@ def main() -> None:
     if args.check_ar:
         out["identical_to_ar"] = differ == 0
     print(json.dumps(out))
+    if args.out:
+        meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
+                "machine": platform.platform(), "mlx": mx.__version__, "blas": blas_label()}
+        write_results_file(args.out, meta, [out])
 
 
 if __name__ == "__main__":
