@@ -1,1 +1,347 @@
-../cli.py
+"""``specstream-mlx``: the command line. Every command parses options and calls the Python API."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Speculative Streaming for MLX: import, train adapters, generate, export.")
+
+
+@app.callback()
+def _root() -> None:
+    """Speculative Streaming for MLX: import, train adapters, generate, export."""
+
+
+@app.command()
+def blas() -> None:
+    """Report which BLAS MLX's CPU backend uses in this process (and which would be preloaded)."""
+    from mlx_specstream.blas import active_blas, find_blas, small_rows_active
+
+    typer.echo(f"active BLAS: {active_blas()}")
+    typer.echo(f"optimized BLAS found: {find_blas() or 'none'}")
+    typer.echo(f"products of few rows as one sgemv per row (small_gemm.c): "
+               f"{'on' if small_rows_active() else 'off'}")
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+    if prompt is not None and prompt_file is not None:
+        raise ValueError("give either --prompt or --prompt-file, not both")
+    if prompt_file is not None:
+        if not prompt_file.is_file():
+            raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file" if not prompt_file.exists()
+                                    else f"--prompt-file {prompt_file}: not a file")
+        try:
+            return prompt_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
+    if prompt is not None:
+        return prompt
+    if not sys.stdin.isatty():
+        return sys.stdin.read()
+    raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
+
+
+def _show_stats(stats) -> None:
+    d = stats.as_dict()
+    typer.echo("", err=True)
+    for key in ("prompt_tokens", "generated_tokens", "calls", "mean_accepted_tokens",
+                "accepted_length_histogram", "prefill_time_s", "decode_time_s", "tokens_per_second",
+                "bookkeeping_share", "mean_tree_nodes", "mean_kept_nodes"):
+        typer.echo(f"{key:>26}: {d[key]}", err=True)
+    why = f" (the model's context limit, {d['context_limit']} tokens)" if d["context_limit"] else ""
+    typer.echo(f"{'finish_reason':>26}: {d['finish_reason']}{why}", err=True)
+
+
+@app.command()
+def generate(
+    model: Path | None = typer.Option(None, "--model", "-m",
+                                         help="MLX model dir or .mlpackage (default: shipped model)"),
+    adapter: str | None = typer.Option(None, help="adapter name (under MODEL/adapters) or path"),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text"),
+    prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
+    temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
+    top_p: float = typer.Option(1.0, "--top-p"),
+    seed: int = typer.Option(0),
+    mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token; lookup: "
+                             "prompt-lookup drafts (no adapter needed)"),
+    gamma: int | None = typer.Option(None, help="streams used for drafting"),
+    branch: int | None = typer.Option(None, help="candidates per stream (k)"),
+    tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
+    prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold"),
+    node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
+                                           "one-node pass; 0: always the whole budget (default: "
+                                           "0.15 or 0.22 on a CPU, measured in docs/engine.md; 0 on Metal)"),
+    lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
+                                       help="ss: prompt-lookup candidates beside the streams' (default on)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v",
+                                 help="colour accepted (green) and rejected (red) drafts; stats"),
+) -> None:
+    """Generate text with Speculative Streaming, streaming it as it is accepted."""
+    from mlx_specstream.api import load, stream_generate
+
+    text = _read_prompt(prompt, prompt_file)
+    if model is not None and model.name.endswith(".mlpackage"):
+        if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
+            raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
+                             "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
+        _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
+                         mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup, verbose=verbose)
+        return
+    m, tok = load(model, adapter=adapter)
+    if tok is None:
+        raise ValueError(f"{model}: the model has no tokenizer files")
+    gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                          seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+                          prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup)
+    decoder_stats = None
+    try:
+        for step in gen:
+            decoder_stats = step.stats
+            typer.echo(_coloured(step, tok) if verbose else step.text, nl=False)
+    except KeyboardInterrupt:
+        typer.echo("")
+        n = decoder_stats.generated_tokens if decoder_stats is not None else 0
+        typer.echo(f"interrupted after {n} generated tokens", err=True)
+        raise typer.Exit(130) from None
+    typer.echo("")
+    if verbose and decoder_stats is not None:
+        _show_stats(decoder_stats)
+
+
+def _coloured(step, tok) -> str:
+    """The step's text with accepted draft tokens in green, then the best rejected draft in
+    red brackets: without the colour codes and the bracket, exactly the plain output."""
+    out = "".join(typer.style(p, fg=typer.colors.GREEN) if d and p else p
+                  for p, d in zip(step.pieces, step.drafted))
+    rejected = tok.decode(step.rejected, skip_special_tokens=True) if step.rejected else ""
+    rejected = rejected.replace("\n", "\\n")  # shown on one line
+    if rejected and step.finish_reason is None:
+        out += typer.style(f"[{rejected}]", fg=typer.colors.RED, dim=True)
+    return out
+
+
+def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
+                     mode: str, branch: int | None, tree_budget: int | None, lookup: bool | None,
+                     verbose: bool) -> None:
+    """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
+    from mlx_specstream.coreml_driver import load_package, stream_package
+
+    runner, tok = load_package(package)
+    if tok is None:
+        raise ValueError(f"{package}: no tokenizer directory beside the package")
+    stats = None
+    for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup):
+        if stats is None:  # said once the request was accepted, so errors stay one line
+            typer.echo(f"running {package.name} on {runner.description}", err=True)
+        stats = resp.stats
+        typer.echo(resp.text, nl=False)
+    typer.echo("")
+    if verbose and stats is not None:
+        _show_stats(stats)
+
+
+def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, q_bits: int | None,
+                    q_group_size: int | None, precision: str, context: int | None, tree_size: int | None,
+                    chunk: int | None, sampling: bool, overwrite: bool) -> None:
+    """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
+    from mlx_specstream.convert.coreml_export import export_coreml
+
+    if model is None or out is None:
+        raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
+    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size or 64,
+                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
+                        sampling=sampling, overwrite=overwrite)
+    typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
+               + (f" and {res.tokenizer}" if res.tokenizer else ""))
+
+
+@app.command()
+def bench(
+    task: str = typer.Option("sql", help="sql or code"),
+    n: int = typer.Option(50, "--n", help="test prompts"),
+    out: Path = typer.Option(Path("bench-results"), help="output directory"),
+    model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
+    draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
+    max_tokens: int = typer.Option(128, "--max-tokens"),
+    quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
+    repeats: int = typer.Option(3, "--repeats", help="runs of each method per prompt; the fastest counts"),
+    overwrite: bool = typer.Option(False, "--overwrite",
+                                   help="replace the results of an earlier run in --out"),
+) -> None:
+    """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.bench import markdown_table, run_bench
+
+    if task not in ("sql", "code"):
+        raise ValueError("--task must be sql or code")
+    if quick:
+        n, max_tokens = min(n, 8), min(max_tokens, 64)
+    model = model or DEFAULT_MODEL
+    draft = draft_model or model / "draft"
+    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
+                    overwrite=overwrite, repeats=repeats)
+    typer.echo(markdown_table(res["meta"], res["results"]))
+    typer.echo(f"wrote {out}/results.json, results.md, results.png")
+
+
+@app.command()
+def convert(
+    hf_path: Path | None = typer.Option(None, "--hf-path",
+                                        help="(--to mlx) Hugging Face / PyTorch checkpoint directory"),
+    mlx_path: Path | None = typer.Option(None, "--mlx-path",
+                                         help="(--to mlx) output directory (must not exist)"),
+    to: str = typer.Option("mlx", "--to", help="output format: mlx (import, the default) or coreml (export)"),
+    quantize: bool = typer.Option(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
+    q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (mlx: 4 with -q; "
+                                                              "coreml: quantize when given)"),
+    q_group_size: int | None = typer.Option(None, "--q-group-size",
+                                            help="quantization group: 32, 64 or 128 (default 64)"),
+    dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
+                                                            "(default: keep the checkpoint's)"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path / --out"),
+    model: Path | None = typer.Option(None, "--model", "-m", help="(--to coreml) MLX model directory"),
+    adapter: str | None = typer.Option(None, "--adapter", help="(--to coreml) adapter name or path"),
+    out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),
+    precision: str = typer.Option("float16", "--precision", help="(--to coreml) float16 or float32 compute"),
+    context: int | None = typer.Option(None, "--context", help="(--to coreml) KV-cache slots (default 2048 "
+                                                               "or the model's limit)"),
+    tree_size: int | None = typer.Option(None, "--tree-size",
+                                         help="(--to coreml) nodes per step (default: adapter's budget)"),
+    chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
+                                                           "(default 64)"),
+    sampling: bool = typer.Option(False, "--sampling", help="(--to coreml) also output full logits, "
+                                                            "for --temp > 0"),
+) -> None:
+    """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
+
+    --to mlx: config.json + safetensors or pytorch_model.bin -> MLX model dir.
+    --to coreml: MLX model (+ adapter) -> stateful multifunction NAME.mlpackage (prefill, step)."""
+    if to == "mlx":
+        from mlx_specstream.convert.hf_import import convert as hf_convert
+
+        if hf_path is None or mlx_path is None:
+            raise ValueError("--to mlx needs --hf-path and --mlx-path")
+        out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits if q_bits is not None else 4,
+                             q_group_size=q_group_size or 64, dtype=dtype, overwrite=overwrite)
+        typer.echo(f"wrote {out_dir}")
+        return
+    if to == "coreml":
+        _convert_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size,
+                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
+                        sampling=sampling, overwrite=overwrite)
+        return
+    raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
+
+
+@app.command()
+def train(
+    model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
+    data: Path = typer.Option(..., "--data", help="directory with train.jsonl (and valid.jsonl)"),
+    mode: str = typer.Option("lossless", help="lossless (base frozen), shared (LoRA everywhere + "
+                             "streams) or lora (next-token LoRA baseline, no streams)"),
+    out: str = typer.Option(..., "--out", help="adapter name (saved under MODEL/adapters/) or dir"),
+    gamma: int = typer.Option(4, help="speculative streams"),
+    msa_layers: int = typer.Option(2, "--msa-layers", help="top layers with multi-stream attention"),
+    rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
+    iters: int | None = typer.Option(None, help="optimizer steps"),
+    epochs: float | None = typer.Option(
+        None, help="passes over the data (default: 1, or up to 20 for a small data set: ~200 steps)"),
+    batch_size: int = typer.Option(8, "--batch-size", help="global batch (split between processes)"),
+    lr: float = typer.Option(1e-3, help="peak learning rate (AdamW, warmup then cosine decay)"),
+    max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut or skipped"),
+    length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
+    chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
+    self_distill: bool | None = typer.Option(
+        None, "--self-distill/--no-self-distill",
+        help="learn the base model's own greedy continuations (lossless mode: on by default)"),
+    distill_tokens: int = typer.Option(64, "--distill-tokens",
+                                       help="self-distillation: tokens written for a prompt given alone"),
+    resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing adapter / run"),
+    seed: int = typer.Option(0),
+    alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
+    prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),
+    segment_len: int = typer.Option(32, "--segment-len",
+                                    help="completion positions per stream segment (0: all at once)"),
+    group_by_length: bool = typer.Option(True, "--group-by-length/--no-group-by-length",
+                                         help="batch examples of similar lengths together"),
+    val_every: int = typer.Option(100, "--val-every"),
+    val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
+    state_cache_mb: int = typer.Option(1024, "--state-cache-mb",
+                                       help="lossless: memory for the base model's states kept "
+                                       "across epochs (0: recompute every step)"),
+    accept_prompts: int = typer.Option(8, "--accept-prompts",
+                                       help="validation prompts decoded at each evaluation to measure "
+                                       "the tokens accepted per pass; the best adapter is kept (0: off)"),
+    save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
+    warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
+) -> None:
+    """Train a speculative adapter (lossless or shared mode) on JSONL data; runs data-parallel
+    under ``mlx.launch``."""
+    import json as _json
+
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.train import train as run_train
+
+    report = run_train(model or DEFAULT_MODEL, data, mode=mode, out=out, gamma=gamma,
+                       msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
+                       batch_size=batch_size, lr=lr, max_seq_len=max_seq_len,
+                       length_policy=length_policy, chat_template=chat_template,
+                       self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
+                       overwrite=overwrite, seed=seed,
+                       alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
+                       group_by_length=group_by_length,
+                       val_every=val_every, val_batches=val_batches or None, save_every=save_every,
+                       accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
+                       warmup=warmup)
+    if report["rank"] == 0:
+        summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
+        typer.echo(_json.dumps(summary, indent=2))
+
+
+@app.command()
+def serve(
+    model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
+    adapters: str | None = typer.Option(None, "--adapters", help="adapters to serve beside the base: "
+                                        "names or paths, comma-separated, or 'all' (under MODEL/adapters)"),
+    host: str = typer.Option("127.0.0.1", "--host", help="address to listen on (other than loopback "
+                             "only when given)"),
+    port: int = typer.Option(8080, "--port", help="0: any free port (printed at start-up)"),
+    max_active: int = typer.Option(16, "--max-active", help="requests decoded together (more wait)"),
+    name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory "
+                                    "name)"),
+) -> None:
+    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models): one base
+    model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass together."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.server import serve as run_server
+
+    names = adapters if adapters in (None, "all") else [a.strip() for a in adapters.split(",") if a.strip()]
+    run_server(model or DEFAULT_MODEL, names, host=host, port=port, max_active=max_active, name=name)
+
+
+def main() -> None:
+    """Console entry point: the command; known errors as one line."""
+    from mlx_specstream.errors import USER_ERRORS, OptionError
+
+    try:
+        app()
+    except OptionError as e:
+        typer.echo(f"error: {e.render(cli=True)}", err=True)
+        sys.exit(1)
+    except USER_ERRORS as e:
+        typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except KeyboardInterrupt:
+        typer.echo("interrupted", err=True)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -49,10 +49,10 @@ class DecodeOptions:
     node_cost: float | None = None
 
 
-# Measured on a 2-core x86 CPU (docs/engine.md): each extra node costs ~7% of a one-node pass
-# with deferred streams, ~15% with streams on every node. On Metal extra rows are nearly free:
-# the whole budget runs.
-CPU_NODE_COST = {"deferred": 0.07, "tree": 0.15}
+# Measured on a 2-core x86 CPU with small products as sgemv (docs/engine.md#cost-of-a-pass-measured):
+# each extra node of a small tree costs 13-17% of a one-node pass with deferred streams, 22-27% with
+# streams on every node. On Metal extra rows are nearly free: the whole budget runs.
+CPU_NODE_COST = {"deferred": 0.15, "tree": 0.22}
 
 
 def default_node_costs() -> dict[str, float]:

@@ -33,6 +33,7 @@ from mlx_specstream.adapter import new_adapter  # noqa: E402
 from mlx_specstream.api import load  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
+from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
@@ -94,14 +95,18 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
             for (name, m, _), t in zip(rows, times)]
 
 
-def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int) -> list[dict]:
+def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
+                node_costs: list[float]) -> list[dict]:
     """Greedy decoding of every prompt by each method, timed by ``bench.time_methods`` (interleaved,
-    the fastest run per (prompt, method) counts). Bookkeeping: decode time outside the forward
+    the fastest run per (prompt, method) counts); ``node_costs``: deferred streams again with each
+    of these node costs instead of the default. Bookkeeping: decode time outside the forward
     passes."""
     ids = [tokenizer.encode(p) if tokenizer else p for p in prompts]
     methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in (
         ("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
-        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}))]
+        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}),
+        *((f"ss, deferred streams, node cost {c}", {"mode": "ss", "streams": "deferred", "node_cost": c})
+          for c in node_costs))]
     time_methods(methods, ids, max_tokens, reps, desc="decode")
     out = []
     for m in methods:
@@ -130,6 +135,8 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=12, help="prompts decoded")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--decode-reps", type=int, default=3)
+    ap.add_argument("--node-costs", type=lambda v: [float(c) for c in v.split(",")], default=[],
+                    help="comma-separated node costs to decode with besides the default (deferred streams)")
     ap.add_argument("--out", type=Path, help="write the results file here")
     args = ap.parse_args()
 
@@ -147,7 +154,7 @@ def main() -> None:
     pool = [t for p in prompts for t in (tokenizer.encode(p) if tokenizer else p)]
     context = (pool * (args.context // max(len(pool), 1) + 1))[: args.context]
     passes = pass_rows(model, context, gamma, args.reps)
-    decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps)
+    decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps, args.node_costs)
 
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
@@ -155,7 +162,7 @@ def main() -> None:
             "mlx": mx.__version__, "blas": blas_label(), "model": label, "params": int(n_params),
             "config": {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg},
             "gamma": gamma, "context": args.context, "reps": args.reps, "prompts": len(prompts),
-            "max_tokens": args.max_tokens}
+            "max_tokens": args.max_tokens, "node_costs": default_node_costs()}
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}; "
           f"{label}, {n_params / 1e6:.1f}M parameters, {args.context} cached tokens\n")
     print(markdown_table({"pass": "pass", "ms": "ms", "× AR pass": "x_ar_pass"}, passes) + "\n")
