@@ -18,12 +18,10 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import platform
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import date
 from pathlib import Path
 
 import mlx.core as mx
@@ -32,9 +30,8 @@ from mlx.utils import tree_flatten
 
 from .adapter import adapter_size
 from .api import _decoder, load
-from .blas import blas_label
 from .engine import default_node_costs
-from .outputs import check_replaceable_file, is_results_json, recorded_path
+from .outputs import check_replaceable_file, is_results_json, recorded_path, run_meta
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
 REPEATS = 3  # runs of each (prompt, method); the fastest counts
@@ -292,18 +289,12 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     prompts = [tok.encode(r["prompt"]) for r in rows]
     time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task}")
     results = summarize(methods, task, [r["completion"] for r in rows], tok.decode)
-    meta = {
-        "command": command or " ".join(sys.argv), "date": str(date.today()),
-        "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
-        "cpus": os.cpu_count(), "load_average_1m": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-        "python": platform.python_version(), "mlx": mx.__version__, "blas": blas_label(),
-        "versions": _versions(), "model": recorded_path(model_path), "task": task, "prompts": len(rows),
-        "max_tokens": max_tokens, "repeats": repeats, "reference": reference(methods).name,
-        "outputs_compared_with": methods[0].name, "bootstrap": BOOTSTRAP,
-        "skipped": info["skipped"],
-        "node_cost": default_node_costs(),
-        "prune_threshold": PRUNE_THRESHOLD,
-    }
+    meta = run_meta(
+        command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
+        versions=_versions(), model=recorded_path(model_path), task=task, prompts=len(rows),
+        max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
+        outputs_compared_with=methods[0].name, bootstrap=BOOTSTRAP, skipped=info["skipped"],
+        node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)
     write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}
 

@@ -95,6 +95,26 @@ def recorded_path(path: str | Path) -> str:
     return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(path)
 
 
+def run_meta(command: str | None = None, **extra) -> dict:
+    """The ``meta`` every results file starts with: the command as typed (``command`` overrides
+    it), the UTC date and time, the machine, and the versions and BLAS that were timed; ``extra``
+    adds what the run was (model, task, settings)."""
+    import platform
+    import sys
+    from datetime import datetime, timezone
+
+    import mlx.core as mx
+
+    from .blas import blas_label
+
+    argv = [Path(sys.argv[0]).as_posix(), *sys.argv[1:]]
+    return {"command": command or " ".join(argv),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(), "python": platform.python_version(), "mlx": mx.__version__,
+            "blas": blas_label(), **extra}
+
+
 def write_results_file(path: Path, meta: dict, results: list) -> None:
     """A benchmark script's results file, ``{"meta", "results"}`` as JSON, written whole (a temp
     file, then a rename): an interrupted run leaves the previous file as it was."""

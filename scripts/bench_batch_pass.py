@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -35,7 +32,7 @@ import numpy as np  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
-from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, forward_batch  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -103,11 +100,8 @@ def main() -> None:
                             "throughput_gain": round(batch * t1 / tb, 3), "engine_ms": round(te * 1e3, 3),
                             "engine_cost_vs_one_pass": round(te / t1, 3)})
             print(results[-1], file=sys.stderr)
-    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": platform.platform(), "cpus": os.cpu_count(), "mlx": mx.__version__,
-            "blas": blas_label(), "model": shown(args.model), "context": args.context,
-            "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    meta = run_meta(model=shown(args.model), context=args.context,
+                    load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)])
     columns = {"rows per sequence": "rows", "batch": "batch", "one sequence (ms)": "one_sequence_ms",
                "ideal batch (ms)": "batched_ms", "ideal cost vs one pass": "cost_vs_one_pass",
                "engine batch (ms)": "engine_ms", "engine cost vs one pass": "engine_cost_vs_one_pass"}

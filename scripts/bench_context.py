@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -30,7 +27,7 @@ import numpy as np  # noqa: E402
 
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
-from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -89,10 +86,8 @@ def main() -> None:
             row[name] = round(statistics.median(times[1:]) * 1e3, 2)
         rows.append(row)
         print(row, file=sys.stderr)
-    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "machine": platform.platform(),
-            "cpus": os.cpu_count(), "mlx": mx.__version__, "blas": blas_label(), "adapter": args.adapter,
-            "gamma": g, "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)]}
+    meta = run_meta(adapter=args.adapter, gamma=g,
+                    load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)])
     print(markdown_table({"cached tokens": "context", "AR pass (ms)": "ar_ms", "4-node chain": "chain4_ms",
                           "+ streams on every node": "chain4_streams_ms",
                           "AR + deferred stream pass": "ar_deferred_streams_ms"}, rows))

@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 import mlx.core as mx  # noqa: E402
@@ -35,7 +32,7 @@ from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
 from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
-from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
 
@@ -157,12 +154,10 @@ def main() -> None:
     decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps, args.node_costs)
 
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
-            "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "mlx": mx.__version__, "blas": blas_label(), "model": label, "params": int(n_params),
-            "config": {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg},
-            "gamma": gamma, "context": args.context, "reps": args.reps, "prompts": len(prompts),
-            "max_tokens": args.max_tokens, "node_costs": default_node_costs()}
+    shape = {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg}
+    meta = run_meta(model=label, params=int(n_params), config=shape,
+                    gamma=gamma, context=args.context, reps=args.reps, prompts=len(prompts),
+                    max_tokens=args.max_tokens, node_costs=default_node_costs())
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}; "
           f"{label}, {n_params / 1e6:.1f}M parameters, {args.context} cached tokens\n")
     print(markdown_table({"pass": "pass", "ms": "ms", "× AR pass": "x_ar_pass"}, passes) + "\n")

@@ -11,9 +11,7 @@ Best of ``--reps`` runs each; run it alone on the machine.
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -25,9 +23,8 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_specstream.bench import best_time  # noqa: E402
-from mlx_specstream.blas import blas_label  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
-from mlx_specstream.outputs import markdown_table, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
 
 
 def best_ms(f, reps: int) -> float:
@@ -66,10 +63,8 @@ def main() -> None:
     xn = np.array(logits)
     exp_ns = {"mlx": best_ms(lambda: mx.eval(mx.exp(logits)), args.reps) * 1e6 / logits.size,
               "numpy": best_ms(lambda: np.exp(xn), args.reps) * 1e6 / logits.size}
-    meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
-            "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
-            "numpy": np.__version__, "blas": blas_label(), "reps": args.reps,
-            "exp_ns_per_element": {k: round(t, 2) for k, t in exp_ns.items()}}
+    meta = run_meta(numpy=np.__version__, reps=args.reps,
+                    exp_ns_per_element={k: round(t, 2) for k, t in exp_ns.items()})
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
           f"NumPy {meta['numpy']}, best of {args.reps}; exp per element: MLX {exp_ns['mlx']:.2f} ns, "
           f"NumPy {exp_ns['numpy']:.2f} ns\n")

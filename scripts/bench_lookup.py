@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -20,10 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 # isort: split
-import mlx.core as mx  # noqa: E402
 
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import recorded_path, write_results_file  # noqa: E402
+from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
 
 ADAPTERS = {"sql-lossless": "sql", "sql": "sql", "code": "code"}
 VARIANTS = {"streams only": {"lookup": False}, "lookup only": {"mode": "lookup"},
@@ -55,9 +52,7 @@ def main() -> None:
                          "mean_accepted_tokens": round(advanced / passes, 3),
                          "identical_to_ar": bool(same) if lossless else None})
             print(rows[-1], flush=True)
-    meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
-            "machine": platform.platform(), "mlx": mx.__version__, "model": recorded_path(DEFAULT_MODEL),
-            "n_prompts": args.n, "max_tokens": args.max_tokens}
+    meta = run_meta(model=recorded_path(DEFAULT_MODEL), n_prompts=args.n, max_tokens=args.max_tokens)
     lines = ["| adapter | task | streams only | lookup only | streams + lookup |", "|---|---|---:|---:|---:|"]
     for adapter, task in ADAPTERS.items():
         got = {r["drafts"]: r["mean_accepted_tokens"] for r in rows if r["adapter"] == adapter}

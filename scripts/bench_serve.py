@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import signal
 import socket
 import statistics
@@ -24,18 +23,16 @@ import sys
 import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from datetime import datetime, timezone
 from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import write_results_file  # noqa: E402
+from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
 
@@ -140,13 +137,9 @@ def main() -> None:
     for r in rows:
         if r["method"].startswith("ss-lossless") and r["concurrency"] in ar_texts:
             r["identical_to_ar"] = r["texts"] == ar_texts[r["concurrency"]]
-    meta = {"command": " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": platform.platform(), "processor": platform.machine(), "cpus": os.cpu_count(),
-            "load_before_after": [round(load_before[0], 2), round(os.getloadavg()[0], 2)],
-            "versions": {p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
-            "blas": blas_label(), "model": shown(args.model), "task": args.task, "n": args.n,
-            "max_tokens": args.max_tokens}
+    meta = run_meta(load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
+                    versions={p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
+                    model=shown(args.model), task=args.task, n=args.n, max_tokens=args.max_tokens)
     print(table(rows))
     if args.out:
         write_results_file(args.out, meta, rows)

@@ -19,12 +19,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -38,10 +36,9 @@ import numpy as np  # noqa: E402
 from mlx_specstream import train as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
-from mlx_specstream.blas import blas_label  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
-from mlx_specstream.outputs import markdown_table, recorded_path, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.train import MODES, _resolve_alphas, epoch_batches, length_keys, set_trainable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -132,12 +129,9 @@ def main() -> None:
     rows = [{"mode": n, "ms_per_step": round(s * 1e3, 1), "steps_per_s": round(1 / s, 3),
              "tokens_per_s": round(tokens / s, 1), "speedup": round(ref / s, 2),
              "peak_memory_mb": round(peak[n], 1)} for n, s in best.items()]
-    meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
-            "machine": platform.platform(), "python": platform.python_version(), "mlx": mx.__version__,
-            "blas": blas_label(), "model": recorded_path(DEFAULT_MODEL),
-            "data": recorded_path(args.data / "valid.jsonl"),
-            "batch_size": args.batch_size, "steps": args.steps, "reps": args.reps,
-            "mean_tokens_per_batch": round(tokens, 1)}
+    meta = run_meta(model=recorded_path(DEFAULT_MODEL), data=recorded_path(args.data / "valid.jsonl"),
+                    batch_size=args.batch_size, steps=args.steps, reps=args.reps,
+                    mean_tokens_per_batch=round(tokens, 1))
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}, "
           f"batch {args.batch_size}, {meta['mean_tokens_per_batch']} tokens per batch, best of {args.reps}\n")
     print(markdown_table({"mode": "mode", "ms/step": "ms_per_step", "steps/s": "steps_per_s",

@@ -15,20 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import sys
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from mlx_specstream.blas import blas_label  # noqa: E402  (first: the optimized BLAS before MLX)
 
 # isort: split
-import mlx.core as mx  # noqa: E402
 
 from mlx_specstream.api import generate, load  # noqa: E402
-from mlx_specstream.outputs import write_results_file  # noqa: E402
+from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_base import norm_sql  # noqa: E402  (SQL compared as the base model's evaluation compares it)
@@ -66,9 +62,7 @@ def main() -> None:
         out["identical_to_ar"] = differ == 0
     print(json.dumps(out))
     if args.out:
-        meta = {"command": " ".join([".venv/bin/python", *sys.argv]), "date": str(date.today()),
-                "machine": platform.platform(), "mlx": mx.__version__, "blas": blas_label()}
-        write_results_file(args.out, meta, [out])
+        write_results_file(args.out, run_meta(), [out])
 
 
 if __name__ == "__main__":

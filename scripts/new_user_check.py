@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import shutil
 import subprocess
@@ -27,7 +26,6 @@ import sys
 import sysconfig
 import tempfile
 import time
-from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,12 +35,11 @@ sys.path.insert(0, str(ROOT / "scripts"))
 import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 # isort: split
-import mlx.core as mx  # noqa: E402
 from make_data import functions_of  # noqa: E402
 
 from mlx_specstream.adapter import load_adapter, new_adapter  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.blas import blas_label  # noqa: E402
+from mlx_specstream.outputs import run_meta  # noqa: E402
 
 
 def user_functions(packages: list[str], seed: int) -> list[dict]:
@@ -127,13 +124,11 @@ def main() -> None:
                     rank=cfg["rank"], seed=0)
         untrained, same_untrained = mean_accepted(model, tok, prompts, args.max_tokens)
     result = {
-        "meta": {"command": " ".join([".venv/bin/python", *sys.argv]), "train_command": " ".join(
-            ["specstream-mlx", *cmd[1:]]).replace(str(tmp), "TMP"), "date": str(date.today()),
-            "machine": platform.platform(), "mlx": mx.__version__, "blas": blas_label(),
-            "source": "data/code (train / valid)" if args.project_code else args.packages,
-            "n_train": len(train_rows), "n_test": len(test_rows),
-            "max_tokens": args.max_tokens,
-            "load_average_1min_before_and_after_train": [round(load_before, 2), round(load_after, 2)]},
+        "meta": run_meta(
+            train_command=" ".join(["specstream-mlx", *cmd[1:]]).replace(str(tmp), "TMP"),
+            source="data/code (train / valid)" if args.project_code else args.packages,
+            n_train=len(train_rows), n_test=len(test_rows), max_tokens=args.max_tokens,
+            load_average_1min_before_and_after_train=[round(load_before, 2), round(load_after, 2)]),
         "train_seconds": round(seconds, 1),
         "iters": cfg["iters"],
         "trained_mean_accepted_tokens": round(trained, 3),

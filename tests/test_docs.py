@@ -98,3 +98,20 @@ def test_results_record_paths_inside_the_repository_relative_to_it(tmp_path):
 
     assert recorded_path(DEFAULT_MODEL.resolve()) == "models/specstream-tiny/mlx"
     assert recorded_path(tmp_path / "m") == str(tmp_path / "m")  # outside: as given
+
+
+def test_results_meta_names_the_command_time_machine_and_versions(monkeypatch):
+    import re
+
+    import mlx.core as mx
+
+    from mlx_specstream.blas import blas_label
+    from mlx_specstream.outputs import run_meta
+
+    monkeypatch.setattr("sys.argv", ["scripts/bench_engine.py", "--reps", "3"])
+    meta = run_meta(reps=3, model="m")
+    assert meta["command"] == "scripts/bench_engine.py --reps 3"
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", meta["date"])
+    assert meta["mlx"] == mx.__version__ and meta["blas"] == blas_label() and meta["cpus"] >= 1
+    assert meta["reps"] == 3 and meta["model"] == "m" and meta["machine"]
+    assert run_meta("specstream-mlx bench --quick")["command"] == "specstream-mlx bench --quick"
