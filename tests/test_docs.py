@@ -115,3 +115,11 @@ def test_results_meta_names_the_command_time_machine_and_versions(monkeypatch):
     assert meta["mlx"] == mx.__version__ and meta["blas"] == blas_label() and meta["cpus"] >= 1
     assert meta["reps"] == 3 and meta["model"] == "m" and meta["machine"]
     assert run_meta("specstream-mlx bench --quick")["command"] == "specstream-mlx bench --quick"
+
+
+def test_top_level_sources_are_linked_into_the_package_not_copied():
+    """cli.py, convert/ and metal/ live at the top of the repository; the package links to them
+    (pyproject.toml), so an edit through either path changes the one copy."""
+    for name in ("cli.py", "convert", "metal"):
+        link = ROOT / "mlx_specstream" / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), name
