@@ -115,13 +115,18 @@ def run_meta(command: str | None = None, **extra) -> dict:
             "blas": blas_label(), **extra}
 
 
-def write_results_file(path: Path, meta: dict, results: list) -> None:
-    """A benchmark script's results file, ``{"meta", "results"}`` as JSON, written whole (a temp
-    file, then a rename): an interrupted run leaves the previous file as it was."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` whole: a temporary file beside ``path``, then a rename, so an interrupted
+    write leaves the previous file as it was."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_results_file(path: Path, meta: dict, results: list) -> None:
+    """A benchmark script's results file, ``{"meta", "results"}`` as JSON, written whole."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
 
 
 def markdown_table(columns: dict[str, str], rows: list[dict]) -> str:

@@ -32,22 +32,22 @@ of each process is normalised by the global counts of valid targets (summed acro
 and the gradients are summed with ``mx.distributed.all_sum``, so N processes compute the same
 update as one process on the whole batch.
 
-Checkpoints (adapter weights, optimizer state, step) go to ``OUT.train/checkpoints``; the order of
-the data is a function of ``seed`` and the epoch, so a resumed run sees the same batches as an
-uninterrupted one.
+Checkpoints (adapter weights, optimizer state, step; ``checkpoint.py``) go to
+``OUT.train/checkpoints``; the order of the data is a function of ``seed`` and the epoch
+(``train_batches.py``), so a resumed run sees the same batches as an uninterrupted one. The
+frozen base's states of lossless steps are in ``base_states.py``, self-distillation in
+``distill.py``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
-import os
 import shutil
 import sys
 import time
 import types
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
@@ -59,10 +59,14 @@ from mlx.utils import tree_flatten, tree_map
 from . import layout
 from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
 from .arch.base import causal_mask
+from .base_states import BaseStateCache, FixedKV, base_states, msa_start
+from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
+from .distill import distill_dataset
 from .kernels import host_math
 from .lora import LoRALinear
-from .outputs import check_replaceable
+from .outputs import check_replaceable, write_text_atomic
+from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")
@@ -101,173 +105,7 @@ class TrainConfig:
     accept_tokens: int = 48  # tokens generated per prompt there
 
 
-# -- batches ---------------------------------------------------------------------------------
-
-@dataclass
-class Batch:
-    """Right-padded token ids and, per row, the prompt length and the real length."""
-
-    tokens: np.ndarray  # (B, T) int32
-    n_prompt: np.ndarray  # (B,)
-    length: np.ndarray  # (B,)
-
-    @classmethod
-    def of(cls, examples: list[Example]) -> Batch:
-        T = max(len(e.tokens) for e in examples)
-        tokens = np.zeros((len(examples), T), np.int32)
-        for i, e in enumerate(examples):
-            tokens[i, : len(e.tokens)] = e.tokens
-        return cls(tokens, np.array([e.n_prompt for e in examples]),
-                   np.array([len(e.tokens) for e in examples]))
-
-    @property
-    def window(self) -> tuple[int, int]:
-        """Positions ``[w0, w1)`` that carry streams in some row: main target in the completion."""
-        return int((self.n_prompt - 1).min()), int((self.length - 1).max())
-
-    @property
-    def span(self) -> int:
-        """Completion positions of the longest row: lossless stream rows are laid out per row from
-        its own last prompt token (``n_prompt - 1``), so a row never builds streams for another
-        row's prompt."""
-        return int((self.length - self.n_prompt).max())
-
-    def at(self, a: int, b: int) -> np.ndarray:
-        """Positions (B, b-a) of completion slots ``[a, b)``: ``n_prompt - 1 + k`` per row (slots past
-        a row's end continue its numbering and carry no target)."""
-        return (self.n_prompt - 1)[:, None] + np.arange(a, b)[None, :]
-
-    def counts(self, gamma: int) -> np.ndarray:
-        """Valid targets: [main (= early exit), stream 1, ..., stream gamma] (float64)."""
-        n = (self.length - self.n_prompt).astype(np.float64)
-        return np.array([n.sum()] + [np.maximum(n - j, 0).sum() for j in range(1, gamma + 1)])
-
-    def targets(self, t: np.ndarray, gamma: int):
-        """For positions ``t`` (B, L): main targets (B, L), stream targets (B, L, gamma) and their
-        validity masks (targets must be completion tokens of the row)."""
-        B, T = self.tokens.shape
-        ahead = t[..., None] + 1 + np.arange(gamma + 1)  # (B, L, g+1): main, then streams
-        idx = np.minimum(ahead, T - 1).reshape(B, -1)
-        tgt = np.take_along_axis(self.tokens, idx, axis=1).reshape(ahead.shape)
-        valid = (t[..., None] >= self.n_prompt[:, None, None] - 1) & (
-            ahead < self.length[:, None, None])
-        return tgt[..., 0], tgt[..., 1:], valid[..., 0], valid[..., 1:]
-
-
-def _segments(n: int, segment_len: int | None) -> list[tuple[int, int]]:
-    """Slots ``[0, n)`` cut into segments of at most ``segment_len``."""
-    if not segment_len:
-        return [(0, n)]
-    return [(a, min(a + segment_len, n)) for a in range(0, n, segment_len)]
-
-
 # -- forward pieces --------------------------------------------------------------------------
-
-class _Recorder:
-    """A one-shot "cache" that keeps the keys/values a layer computes for its main rows."""
-
-    def append(self, k, v):
-        self.k, self.v = k, v
-        return k, v
-
-
-class _Fixed:
-    """Precomputed main keys/values, seen by stream rows that are never cached (n_main=0)."""
-
-    def __init__(self, k, v):
-        self.k, self.v = k, v
-
-    def append(self, k, v):
-        if k.shape[2]:
-            raise RuntimeError("stream-only pass appended main rows")
-        return self.k, self.v
-
-
-def _msa_start(model) -> int:
-    return len(model.layers) - model.adapter_config.msa_layers
-
-
-@host_math.enabled()  # a training pass: NumPy's exponentials on a CPU
-def base_states(model, tokens: mx.array):
-    """Lossless mode, no gradients: the main hidden states entering the pruning layer and the MSA
-    layers, the main keys/values of every MSA layer, and the final hidden states."""
-    cfg = model.adapter_config
-    T = tokens.shape[1]
-    pos = mx.arange(T)
-    mask = causal_mask(T, 0) if T > 1 else None
-    h = model.embed(tokens, pos)
-    msa = _msa_start(model)
-    h_prune = h_msa = None
-    kvs = []
-    for i, layer in enumerate(model.layers):
-        if i == cfg.prune_layer:
-            h_prune = h
-        if i == msa:
-            h_msa = h
-        rec = _Recorder() if i >= msa else None
-        h = layer(h, pos, mask, rec)
-        if rec is not None:
-            kvs.append((rec.k, rec.v))
-    out = (mx.stop_gradient(h_prune), mx.stop_gradient(h_msa),
-           [(mx.stop_gradient(k), mx.stop_gradient(v)) for k, v in kvs], mx.stop_gradient(h))
-    mx.eval(out[0], out[1], out[2], out[3])
-    return out
-
-
-def _copy(x: mx.array) -> mx.array:
-    return mx.array(np.array(x, copy=True), dtype=x.dtype)
-
-
-class BaseStateCache:
-    """Lossless mode: the frozen base's states of each training example (hidden states entering
-    the pruning and MSA layers, the MSA layers' main keys/values), kept across epochs, so a small
-    data set runs the base once per example instead of once per epoch.
-
-    Memory is bounded by ``max_bytes``: an example's states are kept only while the total stays
-    within it (first come, first kept; the default model needs about 7 KB per token in fp32, so
-    1 GB holds ~150k tokens); the others are recomputed whenever they come up. Right padding and
-    the causal mask make an example's states the same alone or in a batch, so a batch assembled
-    from kept states gives the step the same loss and gradients (tested).
-    """
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.used = max_bytes, 0
-        self.kept: dict[int, tuple] = {}
-
-    def states(self, model, ids: list[int], examples: list[Example]):
-        """``(h_prune, h_msa, kvs)`` of the right-padded batch of ``examples`` (ids: their
-        indices in the data set)."""
-        missing = [r for r, i in enumerate(ids) if i not in self.kept]
-        fresh = {}
-        if missing:
-            sub = Batch.of([examples[r] for r in missing])
-            h_prune, h_msa, kvs, _ = base_states(model, mx.array(sub.tokens))
-            if len(missing) == len(ids) and self.used >= self.max_bytes:
-                return h_prune, h_msa, kvs  # nothing more fits: the batch as computed
-            for j, r in enumerate(missing):
-                n = int(sub.length[j])
-                fresh[r] = (h_prune[j, :n], h_msa[j, :n], [(k[j, :, :n], v[j, :, :n]) for k, v in kvs])
-        rows = []
-        for r, i in enumerate(ids):
-            st = self.kept.get(i) or fresh[r]
-            rows.append(st)
-            if i not in self.kept:
-                size = st[0].nbytes + st[1].nbytes + sum(k.nbytes + v.nbytes for k, v in st[2])
-                if self.used + size <= self.max_bytes:  # own copies: no view keeps the batch alive
-                    own = (_copy(st[0]), _copy(st[1]), [(_copy(k), _copy(v)) for k, v in st[2]])
-                    self.kept[i] = own
-                    self.used += size
-        T = max(len(e.tokens) for e in examples)
-
-        def stack(xs, axis):
-            pad = [[(0, 0)] * x.ndim for x in xs]
-            for p, x in zip(pad, xs):
-                p[axis] = (0, T - x.shape[axis])
-            return mx.stack([mx.pad(x, p) for p, x in zip(pad, xs)])
-
-        kvs = [(stack([r[2][layer][0] for r in rows], 1), stack([r[2][layer][1] for r in rows], 1))
-               for layer in range(len(rows[0][2]))]
-        return stack([r[0] for r in rows], 0), stack([r[1] for r in rows], 0), kvs
 
 
 def _rows(x: mx.array, t: np.ndarray) -> mx.array:
@@ -295,8 +133,8 @@ def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int
     s = model.adapter.init_streams(_rows(h_msa, t), gamma)
     n_keys = min(int(t.max()) + 1, h_msa.shape[1])
     pos, mask = segment_layout(t, gamma, n_keys)
-    for layer, (k, v) in zip(model.layers[_msa_start(model):], kvs):
-        s = layer(s, pos, mask, _Fixed(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
+    for layer, (k, v) in zip(model.layers[msa_start(model):], kvs):
+        s = layer(s, pos, mask, FixedKV(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
     return s.reshape(B, L, gamma, -1)
 
 
@@ -329,7 +167,7 @@ def shared_hidden(model, batch: Batch, gamma: int):
     w0, w1 = batch.window
     pos = mx.arange(T)
     mask = causal_mask(T, 0) if T > 1 else None
-    msa = _msa_start(model) if gamma else len(model.layers)  # gamma 0: the LoRA baseline
+    msa = msa_start(model) if gamma else len(model.layers)  # gamma 0: the LoRA baseline
     h = model.embed(tokens, pos)
     h_prune = None
     for i, layer in enumerate(model.layers[:msa]):
@@ -359,7 +197,7 @@ def shared_forward(model, batch: Batch, gamma: int):
 
 def _segments_of(batch: Batch, tc: TrainConfig) -> list[tuple[int, int] | None]:
     """Lossless: the completion slots in segments; shared and LoRA: one pass (None)."""
-    return _segments(batch.span, tc.segment_len) if tc.mode == "lossless" else [None]
+    return segments(batch.span, tc.segment_len) if tc.mode == "lossless" else [None]
 
 
 def _terms(model, batch: Batch, tc: TrainConfig, seg: tuple[int, int] | None, states=None):
@@ -526,7 +364,7 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
     return round(advanced / passes, 4) if passes else 0.0
 
 
-# -- parameters, optimizer, checkpoints ------------------------------------------------------
+# -- parameters and optimizer ----------------------------------------------------------------
 
 def set_trainable(model) -> int:
     """Freeze the base; unfreeze the adapter's parameters. Returns how many train."""
@@ -548,206 +386,8 @@ def make_optimizer(tc: TrainConfig) -> optim.Optimizer:
     return optim.AdamW(learning_rate=lr, weight_decay=tc.weight_decay)
 
 
-def _set_path(tree, path: list[str], value) -> None:
-    for k in path[:-1]:
-        tree = tree[int(k)] if isinstance(tree, list) else tree[k]
-    last = path[-1]
-    if isinstance(tree, list):
-        tree[int(last)] = value
-    else:
-        tree[last] = value
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _checkpoints(ckpt_dir: Path) -> list[Path]:
-    if not ckpt_dir.is_dir():
-        return []
-    found = [p for p in ckpt_dir.glob("step-*") if (p / "state.json").is_file()]
-    return sorted(found, key=lambda p: int(p.name.split("-")[1]))
-
-
-BEST_FILE = "best.safetensors"
-
-
-def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, keep: int = 2,
-                    best: dict[str, mx.array] | None = None) -> Path:
-    """Adapter weights, optimizer state and the run's state at ``step`` (and the best adapter so
-    far, by acceptance), written atomically."""
-    from .loader import atomic_dir
-
-    dest = ckpt_dir / f"step-{step:07d}"
-    with atomic_dir(dest, "checkpoint", overwrite=True) as tmp:
-        mx.save_safetensors(str(tmp / "adapter.safetensors"), adapter_weights(model))
-        flat = dict(tree_flatten(optimizer.state))
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat)
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
-        if best is not None:
-            mx.save_safetensors(str(tmp / BEST_FILE), best)
-    for old in _checkpoints(ckpt_dir)[:-keep] if keep else []:
-        shutil.rmtree(old, ignore_errors=True)
-    return dest
-
-
-def load_checkpoint(model, optimizer, path: Path) -> dict:
-    state = json.loads((path / "state.json").read_text())
-    weights = mx.load(str(path / "adapter.safetensors"))
-    current = adapter_weights(model)
-    if set(weights) != set(current) or any(weights[k].shape != current[k].shape for k in weights):
-        raise ValueError(f"{path}: checkpoint does not match this adapter's configuration")
-    model.load_weights(list(weights.items()), strict=False)
-    optimizer.init(model.trainable_parameters())
-    saved = mx.load(str(path / "optimizer.safetensors"))
-    have = dict(tree_flatten(optimizer.state))
-    if set(saved) != set(have):
-        raise ValueError(f"{path}: optimizer state does not match this adapter")
-    for k, v in saved.items():
-        _set_path(optimizer.state, k.split("."), v)
-    mx.eval(model.parameters(), optimizer.state)
-    return state
-
-
-# -- self-distillation -----------------------------------------------------------------------
-
-def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
-    """Tokens the base may write for ``e``: as many as its completion has, or ``distill_tokens``
-    for a prompt given alone (an empty completion holds only EOS); within ``max_seq_len``."""
-    want = e.n_targets if e.n_targets > 1 else distill_tokens
-    return max(1, min(want, max_seq_len - e.n_prompt))
-
-
-def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 64, *,
-                    key: dict | None = None, indices: list[int] | None = None, cache: Path | None = None,
-                    group=None, desc: str = "self-distill", progress: bool = True, say=None) -> Dataset:
-    """The dataset with the completions of ``indices`` (default: all) replaced by the base model's
-    own greedy continuations of their prompts (:func:`distill_budget` tokens, up to EOS), decoded
-    in batches; the other examples are left as given (a run visits only them).
-
-    With ``cache`` (a JSON-lines file), each finished batch is appended to it, and continuations
-    it already holds are reused, by an interrupted run resumed or a longer run of the same data:
-    its first line is a digest of ``key`` (the base model, settings), the prompts and the budgets.
-    Under ``mlx.launch`` the batches are shared out and gathered (the first process writes).
-    """
-    from tqdm import tqdm
-
-    from .batch import greedy_batches
-
-    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
-    eos = set(getattr(tokenizer, "eos_token_ids", None) or []) if tokenizer is not None else set()
-    prompts = [e.tokens[: e.n_prompt] for e in dataset.examples]
-    budgets = [distill_budget(e, max_seq_len, distill_tokens) for e in dataset.examples]
-    digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()
-    done: dict[int, list[int]] = {}
-    if cache is not None and cache.is_file():
-        lines = cache.read_text().splitlines()
-        if lines and lines[0] == digest:
-            for line in lines[1:]:
-                try:
-                    row = json.loads(line)
-                except json.JSONDecodeError:  # the last line of an interrupted run
-                    break
-                done[row["i"]] = row["completion"]
-    if size > 1:  # every process has read the cache before the first one writes to it
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
-    write = cache is not None and rank == 0
-    if write and not done:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        _atomic_write(cache, digest + "\n")
-    wanted = range(len(prompts)) if indices is None else indices
-    todo = [i for i in wanted if i not in done]
-    if todo and say is not None:
-        say(f"{desc}: the base model writes its own continuations of {len(todo)} prompts"
-            + (f" ({len(wanted) - len(todo)} reused from {cache})" if len(todo) < len(wanted) else ""))
-    batch = 16
-    mine = [i for k in range(rank * batch, len(todo), size * batch) for i in todo[k: k + batch]]
-    fresh: dict[int, list[int]] = {}
-
-    def keep(rows: list[tuple[int, list[int]]]) -> None:
-        fresh.update(rows)
-        if write:
-            with cache.open("a") as f:
-                f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
-
-    bar = tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,
-               disable=not progress or rank != 0)
-    for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
-                                    eos, batch):
-        keep([(mine[j], out) for j, out in zip(ids, outs)])
-        bar.update(sum(budgets[mine[j]] for j in ids))
-    bar.close()
-    if size > 1:  # gather every process's continuations
-        table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
-        for i, c in fresh.items():  # each row is written by one process: the sum is that row
-            table[i, 0], table[i, 1: len(c) + 1] = len(c), c
-        table = np.array(mx.distributed.all_sum(mx.array(table), group=group))
-        keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
-    done.update(fresh)
-    wanted = set(wanted)
-    examples = [Example(prompts[i] + done[i], e.n_prompt) if i in wanted else e
-                for i, e in enumerate(dataset.examples)]
-    out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
-                  list(dataset.notes))
-    out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
-    return out
-
 
 # -- the training loop -----------------------------------------------------------------------
-
-def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
-             at_least: int = 8) -> tuple[Dataset, Dataset | None]:
-    """A data set given without validation data, split into ``(train, valid)``: ``fraction`` of
-    the examples (``at_least`` .. ``at_most``) held out at random, so the run can measure
-    acceptance and keep its best adapter; ``(ds, None)`` when too small to spare them."""
-    n_valid = min(at_most, max(at_least, round(fraction * len(ds))))
-    if len(ds) < 4 * n_valid:
-        return ds, None
-    order = np.random.default_rng(seed).permutation(len(ds))
-    held = set(order[:n_valid].tolist())
-    train = [e for i, e in enumerate(ds.examples) if i not in held]
-    return replace(ds, examples=train), Dataset([ds.examples[i] for i in sorted(held)], ds.path)
-
-
-# A run given neither iters nor epochs (tuned on the project's code and sql data: docs/training.md)
-DEFAULT_STEPS = 200
-MAX_EPOCHS = 20
-
-
-def default_iters(n_train: int, batch_size: int) -> int:
-    """Steps of a run given neither ``iters`` nor ``epochs``: one epoch of a large data set; a small
-    one is seen as many times as reach ``DEFAULT_STEPS`` steps (at most ``MAX_EPOCHS``), since one
-    epoch of 120 prompts is 15 steps, which teach the streams nothing."""
-    per_epoch = math.ceil(n_train / batch_size)
-    return max(per_epoch, min(DEFAULT_STEPS, MAX_EPOCHS * per_epoch))
-
-
-def length_keys(ds: Dataset, mode: str) -> np.ndarray:
-    """What length-grouped batches sort by, (n, 2). Lossless stream rows start at each row's own
-    prompt end, so rows of similar completion length pad least: (completion length, length);
-    shared and LoRA windows start at the earliest prompt end of the batch: (prompt length, length)."""
-    first = [e.n_targets if mode == "lossless" else e.n_prompt for e in ds.examples]
-    return np.array([[f, len(e.tokens)] for f, e in zip(first, ds.examples)])
-
-
-def epoch_batches(n: int, batch_size: int, seed: int, epoch: int,
-                  lengths: np.ndarray | None = None, pool: int = 16) -> list[list[int]]:
-    """The global batches of one epoch, a function of (seed, epoch) only. With ``lengths``
-    ((n, 2): :func:`length_keys`) every ``pool`` batches' worth of shuffled examples are sorted
-    by them before they are cut into batches, and the batches shuffled, so few stream rows of a
-    batch are padding."""
-    rng = np.random.default_rng([seed, epoch])
-    order = rng.permutation(n)
-    if lengths is None:
-        return [order[i: i + batch_size].tolist() for i in range(0, n, batch_size)]
-    batches = []
-    for c in range(0, n, batch_size * pool):
-        chunk = order[c: c + batch_size * pool]
-        chunk = chunk[np.lexsort((lengths[chunk, 1], lengths[chunk, 0]))]
-        batches += [chunk[i: i + batch_size].tolist() for i in range(0, len(chunk), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
 
 
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
@@ -872,7 +512,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             check_replaceable(work, "training run", True)
             if overwrite and not resume:
                 shutil.rmtree(work)
-        if _checkpoints(ckpt_dir) and not resume:
+        if checkpoints(ckpt_dir) and not resume:
             raise FileExistsError(f"{ckpt_dir} holds checkpoints of an earlier run: pass resume=True "
                                   "(--resume) to continue it, or overwrite=True (--overwrite)")
     if group is not None:  # every process waits for the checks above
@@ -964,7 +604,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
-        found = _checkpoints(ckpt_dir)
+        found = checkpoints(ckpt_dir)
         if found:
             st = load_checkpoint(model, optimizer, found[-1])
             if st.get("base_fingerprint") != base_fp:
@@ -1107,7 +747,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill}})
-        _atomic_write(out_dir / REPORT_FILE, json.dumps(report, indent=2))
+        write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report
 
@@ -1139,55 +779,6 @@ def measure_peak_memory(model, *, seq_len: int, gamma: int, batch_size: int = 4,
     return mx.get_peak_memory()
 
 
-def _memory_table(argv: list[str]) -> None:
-    import argparse
-
-    from .arch import build_model
-
-    ap = argparse.ArgumentParser(description="peak training memory against sequence length and gamma")
-    ap.add_argument("--model", type=Path, help="model directory (default: a random Llama config)")
-    ap.add_argument("--hidden", type=int, default=512)
-    ap.add_argument("--layers", type=int, default=8)
-    ap.add_argument("--vocab", type=int, default=8192)
-    ap.add_argument("--batch-size", type=int, default=4)
-    ap.add_argument("--msa-layers", type=int, default=2)
-    ap.add_argument("--seq-lens", default="128,256,512,1024")
-    ap.add_argument("--gammas", default="1,4,8")
-    ap.add_argument("--segment-len", type=int, default=32)
-    a = ap.parse_args(argv)
-    if a.model:
-        from .loader import load_model
-
-        model = load_model(a.model)
-        desc = str(a.model)
-    else:
-        cfg = dict(model_type="llama", hidden_size=a.hidden, num_attention_heads=8,
-                   num_key_value_heads=4, intermediate_size=a.hidden * 8 // 3 // 64 * 64,
-                   num_hidden_layers=a.layers, vocab_size=a.vocab)
-        mx.random.seed(0)
-        model = build_model(cfg)
-        mx.eval(model.parameters())
-        desc = f"random llama h={a.hidden} layers={a.layers} vocab={a.vocab}"
-    mx.clear_cache()
-    mx.reset_peak_memory()
-    mx.eval(model.parameters())
-    weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-    print(f"model: {desc}; fp32 weights {weights / 2**20:.1f} MiB; batch {a.batch_size}; "
-          f"{a.msa_layers} MSA layers; prompt = first half of each sequence")
-    print("| seq len | gamma | lossless, naive: streams on every token | lossless, completion only | "
-          f"lossless, segments of {a.segment_len} (default) | shared (completion only) |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    runs = ((1, None, "lossless"), (None, None, "lossless"), (None, a.segment_len, "lossless"),
-            (None, None, "shared"))
-    for T in [int(x) for x in a.seq_lens.split(",")]:
-        for g in [int(x) for x in a.gammas.split(",")]:
-            row = []
-            for prompt_len, seg, mode in runs:
-                peak = measure_peak_memory(model, seq_len=T, gamma=g, batch_size=a.batch_size,
-                                           prompt_len=prompt_len, segment_len=seg, mode=mode,
-                                           msa_layers=a.msa_layers)
-                row.append(f"{peak / 2**20:.0f} MiB")
-            print(f"| {T} | {g} | " + " | ".join(row) + " |", flush=True)
 
 
 class _CallableModule(types.ModuleType):
@@ -1198,6 +789,3 @@ class _CallableModule(types.ModuleType):
 
 
 sys.modules[__name__].__class__ = _CallableModule
-
-if __name__ == "__main__":
-    _memory_table(sys.argv[1:])

@@ -39,7 +39,8 @@ from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
-from mlx_specstream.train import MODES, _resolve_alphas, epoch_batches, length_keys, set_trainable  # noqa: E402
+from mlx_specstream.train import MODES, _resolve_alphas, set_trainable  # noqa: E402
+from mlx_specstream.train_batches import epoch_batches, length_keys  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

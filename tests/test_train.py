@@ -17,19 +17,18 @@ from helpers import CONFIGS, tiny_model
 
 from mlx_specstream.adapter import adapter_weights, detach, load_adapter, new_adapter
 from mlx_specstream.api import generate
+from mlx_specstream.base_states import base_states
 from mlx_specstream.data import Dataset, Example
 from mlx_specstream.kv_cache import make_cache
 from mlx_specstream.streams import forward
 from mlx_specstream.train import (
-    Batch,
-    base_states,
-    epoch_batches,
     measure_peak_memory,
     shared_forward,
     shared_layout,
     stream_logits_segment,
     train,
 )
+from mlx_specstream.train_batches import Batch, epoch_batches
 from mlx_specstream.tree import chain
 
 V, STEP = 64, 7
@@ -375,7 +374,7 @@ def test_self_distill_targets_are_base_greedy(synthetic, tmp_path):
 
 
 def test_default_length_scales_with_the_data():
-    from mlx_specstream.train import DEFAULT_STEPS, MAX_EPOCHS, default_iters
+    from mlx_specstream.train_batches import DEFAULT_STEPS, MAX_EPOCHS, default_iters
 
     assert default_iters(30000, 8) == 3750  # a large data set: one epoch
     assert default_iters(120, 8) == DEFAULT_STEPS  # a small one: many epochs, ~DEFAULT_STEPS steps
@@ -383,7 +382,7 @@ def test_default_length_scales_with_the_data():
 
 
 def test_data_without_validation_holds_some_out():
-    from mlx_specstream.train import hold_out
+    from mlx_specstream.train_batches import hold_out
 
     ds = Dataset([Example([i, i + 1, i + 2], 1) for i in range(120)], n_lines=120)
     train_ds, valid_ds = hold_out(ds, seed=3)
@@ -400,7 +399,7 @@ def test_self_distill_resumes_and_distills_only_what_the_run_visits(tmp_path, mo
     resumes where it stopped, a run over part of the data distills that part only, and the
     result equals one uninterrupted pass."""
     import mlx_specstream.batch as batch_mod
-    from mlx_specstream.train import distill_dataset
+    from mlx_specstream.distill import distill_dataset
 
     model = tiny_model("llama", seed=1)
     rng = np.random.default_rng(2)
@@ -669,7 +668,8 @@ def test_base_state_cache_gives_the_same_step():
     from mlx.utils import tree_flatten
 
     from mlx_specstream.adapter import AdapterConfig, attach
-    from mlx_specstream.train import BaseStateCache, Batch, TrainConfig, _grad_step, set_trainable
+    from mlx_specstream.base_states import BaseStateCache
+    from mlx_specstream.train import TrainConfig, _grad_step, set_trainable
 
     rng = np.random.default_rng(3)
     model = tiny_model("llama", seed=2)

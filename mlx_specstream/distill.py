@@ -1,0 +1,97 @@
+"""Self-distillation: the base model's own greedy continuations of the training prompts, which is
+what verification accepts, so a lossless adapter's streams learn them instead of the data."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .data import Dataset, Example
+from .outputs import write_text_atomic
+
+
+def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
+    """Tokens the base may write for ``e``: as many as its completion has, or ``distill_tokens``
+    for a prompt given alone (an empty completion holds only EOS); within ``max_seq_len``."""
+    want = e.n_targets if e.n_targets > 1 else distill_tokens
+    return max(1, min(want, max_seq_len - e.n_prompt))
+
+
+def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 64, *,
+                    key: dict | None = None, indices: list[int] | None = None, cache: Path | None = None,
+                    group=None, desc: str = "self-distill", progress: bool = True, say=None) -> Dataset:
+    """The dataset with the completions of ``indices`` (default: all) replaced by the base model's
+    own greedy continuations of their prompts (:func:`distill_budget` tokens, up to EOS), decoded
+    in batches; the other examples are left as given (a run visits only them).
+
+    With ``cache`` (a JSON-lines file), each finished batch is appended to it, and continuations
+    it already holds are reused, by an interrupted run resumed or a longer run of the same data:
+    its first line is a digest of ``key`` (the base model, settings), the prompts and the budgets.
+    Under ``mlx.launch`` the batches are shared out and gathered (the first process writes).
+    """
+    from tqdm import tqdm
+
+    from .batch import greedy_batches
+
+    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
+    eos = set(getattr(tokenizer, "eos_token_ids", None) or []) if tokenizer is not None else set()
+    prompts = [e.tokens[: e.n_prompt] for e in dataset.examples]
+    budgets = [distill_budget(e, max_seq_len, distill_tokens) for e in dataset.examples]
+    digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()
+    done: dict[int, list[int]] = {}
+    if cache is not None and cache.is_file():
+        lines = cache.read_text().splitlines()
+        if lines and lines[0] == digest:
+            for line in lines[1:]:
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:  # the last line of an interrupted run
+                    break
+                done[row["i"]] = row["completion"]
+    if size > 1:  # every process has read the cache before the first one writes to it
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+    write = cache is not None and rank == 0
+    if write and not done:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(cache, digest + "\n")
+    wanted = range(len(prompts)) if indices is None else indices
+    todo = [i for i in wanted if i not in done]
+    if todo and say is not None:
+        say(f"{desc}: the base model writes its own continuations of {len(todo)} prompts"
+            + (f" ({len(wanted) - len(todo)} reused from {cache})" if len(todo) < len(wanted) else ""))
+    batch = 16
+    mine = [i for k in range(rank * batch, len(todo), size * batch) for i in todo[k: k + batch]]
+    fresh: dict[int, list[int]] = {}
+
+    def keep(rows: list[tuple[int, list[int]]]) -> None:
+        fresh.update(rows)
+        if write:
+            with cache.open("a") as f:
+                f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
+
+    bar = tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,
+               disable=not progress or rank != 0)
+    for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
+                                    eos, batch):
+        keep([(mine[j], out) for j, out in zip(ids, outs)])
+        bar.update(sum(budgets[mine[j]] for j in ids))
+    bar.close()
+    if size > 1:  # gather every process's continuations
+        table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
+        for i, c in fresh.items():  # each row is written by one process: the sum is that row
+            table[i, 0], table[i, 1: len(c) + 1] = len(c), c
+        table = np.array(mx.distributed.all_sum(mx.array(table), group=group))
+        keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
+    done.update(fresh)
+    wanted = set(wanted)
+    examples = [Example(prompts[i] + done[i], e.n_prompt) if i in wanted else e
+                for i, e in enumerate(dataset.examples)]
+    out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
+                  list(dataset.notes))
+    out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
+    return out
+
