@@ -247,7 +247,7 @@ def train(
                              "streams) or lora (next-token LoRA baseline, no streams)"),
     out: str = typer.Option(..., "--out", help="adapter name (saved under MODEL/adapters/) or dir"),
     gamma: int = typer.Option(4, help="speculative streams"),
-    msa_layers: int = typer.Option(2, "--msa-layers", help="top layers with multi-stream attention"),
+    msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),
     rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
     iters: int | None = typer.Option(None, help="optimizer steps"),
     epochs: float | None = typer.Option(

@@ -291,5 +291,5 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
             raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
     model.load_weights(list(weights.items()), strict=False)
     mx.eval(model.parameters())
-    model.adapter_config.name = cfg.name or path.name
+    model.adapter_config.name = path.name  # what it is chosen by: a copy under a new name is that name
     return model.adapter_config

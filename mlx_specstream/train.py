@@ -76,7 +76,7 @@ MODES = ("lossless", "shared", "lora")
 class TrainConfig:
     mode: str = "lossless"
     gamma: int = 4
-    msa_layers: int = 2
+    msa_layers: int = 4
     rank: int = 8
     lora_alpha: float = 16.0
     stream_init_rank: int = 0

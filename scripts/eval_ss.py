@@ -5,7 +5,7 @@ the completion verbatim) and, with ``--check-ar``, whether every output equals p
 autoregressive decoding of the same model (a lossless adapter must).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--check-ar] [--out FILE]
+        [--max-tokens 96] [--no-lookup] [--node-cost C] [--check-ar] [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md).
@@ -38,6 +38,8 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="the first N test prompts")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
+    ap.add_argument("--node-cost", type=float, default=None,
+                    help="tree sizing (default: this machine's; 0: the whole tree budget, as on Metal)")
     ap.add_argument("--check-ar", action="store_true",
                     help="also decode each prompt with plain AR and compare the outputs")
     ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
@@ -48,7 +50,8 @@ def main() -> None:
     rows = [json.loads(line) for line in test.read_text().splitlines()][: args.n]
     exact = tokens = passes = differ = 0
     for r in rows:
-        res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup)
+        res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
+                       node_cost=args.node_cost)
         exact += same(res.text) == same(r["completion"])
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
@@ -57,6 +60,7 @@ def main() -> None:
             differ += ar.tokens != res.tokens
     out = {"model": args.model, "adapter": args.adapter, "task": args.task, "n": len(rows),
            "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
+           "node_cost": args.node_cost if args.node_cost is not None else "default",
            "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:
         out["identical_to_ar"] = differ == 0

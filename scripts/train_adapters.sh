@@ -30,16 +30,17 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
     [ "$iters" -lt "${done:-0}" ] && continue  # a stage this run has already passed
     # shellcheck disable=SC2086
     .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
-      --msa-layers 2 --iters "$iters" --lr "$lr" $again ${TRAIN_ARGS:-} --out "$name" "$@"
+      --iters "$iters" --lr "$lr" $again ${TRAIN_ARGS:-} --out "$name" "$@"
     again=--resume
   done
 }
 for what in $ONLY; do
   case $what in
-    sql-lossless) train sql-lossless "600 2000" 1e-3 --data data/sql --mode lossless --no-self-distill ;;
-    sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared ;;
-    sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora ;;
-    code) train code 300 5e-4 --data data/code --mode lossless --no-self-distill ;;
+    sql-lossless) train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill \
+      --msa-layers 4 --rank 32 ;;
+    sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared --msa-layers 2 ;;
+    sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora --msa-layers 2 ;;
+    code) train code 300 5e-4 --data data/code --mode lossless --no-self-distill --msa-layers 2 ;;
     draft)
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
         --tokenizer models/specstream-tiny/hf --hidden 128 --layers 2 --heads 4 --kv-heads 2 \

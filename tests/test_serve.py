@@ -411,6 +411,26 @@ def test_adapters_share_the_base_arrays():
         pool.get("specstream-tiny:sql-lossless")
 
 
+def test_adapter_ids_are_their_directory_names(tmp_path):
+    """An adapter copied under a new name is served under that name, beside the original (its
+    config still holds the name it was trained as)."""
+    from mlx_specstream.pool import ModelPool
+
+    d = tmp_path / "specstream-tiny"
+    (d / "adapters").mkdir(parents=True)
+    for f in MODEL.iterdir():
+        if f.name != "adapters":
+            (d / f.name).symlink_to(f.resolve())
+    for name in ("code", "code-v2"):
+        (d / "adapters" / name).mkdir()
+        for f in (MODEL / "adapters" / "code").iterdir():
+            (d / "adapters" / name / f.name).symlink_to(f.resolve())
+    pool = ModelPool(d, "all")
+    assert [m["id"] for m in pool.describe()] == ["specstream-tiny", "specstream-tiny:code",
+                                                  "specstream-tiny:code-v2"]
+    assert pool.get("specstream-tiny:code-v2").adapter_config.name == "code-v2"
+
+
 @pytest.mark.slow
 def test_load_mixed_requests(server, base, model_dir):
     """Heavier: 32 requests, 16 at a time, greedy and sampled, streaming and not, over every id,
