@@ -77,13 +77,14 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
                     q_group_size: int = 64, precision: str = "float16"):
     """The MLX model (with adapter) that a package exported with these settings computes.
 
-    The adapter is attached to the float model as saved (its base fingerprint is checked there),
-    then the model is cast to ``precision`` and, with ``q_bits``, quantized by MLX. Tests use
-    this same function for the MLX side of every comparison.
+    The adapter is attached to the float model as saved (its base fingerprint is checked there;
+    a tuned adapter's fine-tune is folded into the weights), then the model is cast to
+    ``precision`` and, with ``q_bits``, quantized by MLX. Tests use this same function for the
+    MLX side of every comparison.
     """
     import mlx.core as mx
 
-    from mlx_specstream.adapter import load_adapter
+    from mlx_specstream.adapter import fuse, load_adapter
     from mlx_specstream.loader import load_model, quantize_model
 
     if precision not in PRECISIONS:
@@ -97,6 +98,8 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     model.path = Path(model_path)
     if adapter is not None:
         load_adapter(model, adapter, model_path=model_path)
+        if model.adapter_config.main_rank:  # a tuned adapter: its fine-tune becomes the weights
+            fuse(model)
     already = model.config.get("quantization")
     if already and q_bits is not None:
         raise ExportError(f"{model_path} is already quantized ({already.get('bits')} bits): drop --q-bits")

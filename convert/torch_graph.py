@@ -147,6 +147,9 @@ def _linear(layer) -> Linear:
         lora = (_np(layer.lora_a).astype(np.float32), _np(layer.lora_b).astype(np.float32),
                 float(layer.scale), bool(layer.streams_only))
         layer = layer.base
+    if isinstance(layer, LoRALinear):  # a tuned adapter's fine-tune, not folded into the weights
+        raise UnsupportedModelError("a tuned adapter's fine-tune must be folded into float weights "
+                                    "before export (convert from the float model)")
     bias = _np(layer.bias).astype(np.float32) if "bias" in layer else None
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         qw = unpack_quantized(layer)

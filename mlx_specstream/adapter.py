@@ -32,6 +32,8 @@ class AdapterConfig:
     prune_rank: int = 8
     prune_layer: int | None = None  # None: N - N_s (right before stream insertion)
     prune_threshold: float = 0.0
+    main_rank: int = 0  # lossless, tuned: rank of the fine-tune (every-row LoRA) the streams draft
+    main_alpha: float = 16.0
     branch: int = 3
     tree_budget: int = 32
     base_fingerprint: str = ""
@@ -47,6 +49,8 @@ class AdapterConfig:
             raise AdapterError(f"msa_layers must be in 1..{n_layers}, not {self.msa_layers}")
         if (self.gamma < 1 and self.mode != "lora") or self.rank < 1:
             raise AdapterError("gamma and rank must be >= 1")
+        if self.main_rank and self.mode != "lossless" or self.main_rank < 0:
+            raise AdapterError("main_rank (a fine-tune under the streams) is for lossless adapters")
         if not 0 <= self.prune_layer <= n_layers - self.msa_layers:
             raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
 
@@ -125,8 +129,10 @@ def same_base(a: list[float], b: list[float]) -> bool:
 
 
 
-def _linears(block: nn.Module, kinds: tuple = (nn.Linear, nn.QuantizedLinear)
-             ) -> list[tuple[nn.Module, str]]:
+LINEAR = (nn.Linear, nn.QuantizedLinear)
+
+
+def _linears(block: nn.Module, kinds: tuple = LINEAR) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of every layer of the given kinds inside a block (not looking into
     the layers found)."""
     found = []
@@ -147,13 +153,22 @@ def detach(model) -> None:
                            "weights: load the base model again to change adapters")
     for block in model.layers:
         for parent, name in _linears(block, (LoRALinear,)):
-            setattr(parent, name, getattr(parent, name).base)
+            layer = getattr(parent, name)
+            while isinstance(layer, LoRALinear):  # a tuned adapter nests two
+                layer = layer.base
+            setattr(parent, name, layer)
     model.pop("adapter")
     model.adapter_config = None
 
 
-def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0) -> StreamAdapter:
-    """Attach a freshly initialised adapter described by ``config`` (replacing any other)."""
+def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
+           fine_tune: dict[str, mx.array] | None = None) -> StreamAdapter:
+    """Attach a freshly initialised adapter described by ``config`` (replacing any other).
+
+    A tuned lossless adapter (``config.main_rank``) first wraps every linear layer in the
+    fine-tune's every-row LoRA, given by ``fine_tune`` (the weights of a ``lora``-mode adapter,
+    its names), then the MSA layers' ones in stream-only LoRA: main rows compute the fine-tuned
+    model, exactly, and stream rows add their own low-rank change on top."""
     detach(model)
     n = len(model.layers)
     if config.prune_layer is None:
@@ -165,10 +180,20 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0)
     key, sub = mx.random.split(key)
     hidden = model.config["hidden_size"]
     adapter = StreamAdapter(hidden, config.gamma, config.stream_init_rank, config.prune_rank, sub)
+    if config.main_rank:
+        for block in model.layers:
+            for parent, name in _linears(block):
+                key, sub, sub2 = mx.random.split(key, 3)
+                lora = LoRALinear(getattr(parent, name), config.main_rank, config.main_alpha, key=sub)
+                if lora_scale:
+                    lora.lora_b = mx.random.normal(lora.lora_b.shape, key=sub2) * lora_scale
+                setattr(parent, name, lora)
+        if fine_tune is not None:
+            model.load_weights(list(fine_tune.items()), strict=False)
     shared = config.mode in ("shared", "lora")  # LoRA on every row of every layer
     first = 0 if shared else n - config.msa_layers
     for block in model.layers[first:]:
-        for parent, name in _linears(block):
+        for parent, name in _linears(block, (*LINEAR, LoRALinear)):
             key, sub = mx.random.split(key)
             lora = LoRALinear(getattr(parent, name), config.rank, config.lora_alpha,
                               streams_only=not shared, key=sub)
@@ -193,20 +218,27 @@ def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int =
 
 
 def fuse(model) -> bool:
-    """Fold a shared or LoRA-baseline adapter's LoRA into the base weights: the same function
-    with one matmul per linear layer instead of three (what ``mlx_lm.fuse`` does offline).
+    """Fold the every-row LoRA of a shared, LoRA-baseline or tuned lossless adapter into the base
+    weights: the same function with one matmul per linear layer instead of three (what
+    ``mlx_lm.fuse`` does offline).
 
     The model then keeps this adapter for good (changing adapters raises: load the base again).
-    Lossless adapters (their LoRA touches stream rows only) and quantized bases (folding would
-    re-quantize them) are left as they are; returns whether anything was fused.
+    Stream-only LoRA (it touches stream rows only) stays as it is, and quantized bases (folding
+    would re-quantize them) are left alone; returns whether anything was fused.
     """
-    cfg = getattr(model, "adapter_config", None)
-    if cfg is None or cfg.mode == "lossless":
+    if getattr(model, "adapter_config", None) is None:
         return False
-    wrapped = [pn for block in model.layers for pn in _linears(block, (LoRALinear,))]
+    wrapped = []  # (holder, attribute) of every every-row LoRA, also under a stream-only one
+    for block in model.layers:
+        for parent, name in _linears(block, (LoRALinear,)):
+            layer = getattr(parent, name)
+            if layer.streams_only:
+                parent, name, layer = layer, "base", layer.base
+            if isinstance(layer, LoRALinear) and not layer.streams_only:
+                wrapped.append((parent, name))
     if not wrapped or any(not isinstance(getattr(p, n).base, nn.Linear) for p, n in wrapped):
         return False
-    n_params = sum(v.size for k, v in adapter_weights(model).items() if ".lora_" in k)
+    n_params = sum(getattr(p, n).lora_a.size + getattr(p, n).lora_b.size for p, n in wrapped)
     for parent, name in wrapped:
         setattr(parent, name, getattr(parent, name).fused())
     mx.eval(model.parameters())
@@ -293,3 +325,17 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
     mx.eval(model.parameters())
     model.adapter_config.name = path.name  # what it is chosen by: a copy under a new name is that name
     return model.adapter_config
+
+
+def read_fine_tune(model, name_or_path: str | Path, model_path: str | Path | None = None
+                   ) -> tuple[AdapterConfig, dict[str, mx.array]]:
+    """The config and LoRA weights of a ``lora``-mode adapter of ``model`` (a next-token
+    fine-tune), for a tuned lossless adapter to carry (``attach(..., fine_tune=)``); ``model``
+    is left bare."""
+    cfg = load_adapter(model, name_or_path, model_path)
+    weights = {k: v for k, v in adapter_weights(model).items() if ".lora_" in k}
+    detach(model)
+    if cfg.mode != "lora":
+        raise AdapterError(f"adapter '{cfg.name}' is a {cfg.mode}-mode adapter: streams are trained "
+                           "over a fine-tune, a --mode lora adapter")
+    return cfg, weights

@@ -2,7 +2,9 @@
 
 A :class:`LoRALinear` wraps any linear layer (float or quantized). With ``streams_only`` it
 changes only speculative-stream rows (rows at and after ``n_main``): the lossless mode's stream
-adapters, which leave every main-stream computation exactly the base model's.
+adapters, which leave every main-stream computation exactly the base model's. A tuned lossless
+adapter (``AdapterConfig.main_rank``) nests them: a stream-only LoRA over an every-row LoRA (the
+fine-tune) over the base layer.
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class LoRALinear(nn.Module):
 
 
 def _dims(layer: nn.Module) -> tuple[int, int]:
+    if isinstance(layer, LoRALinear):  # a stream-only LoRA over a fine-tune's every-row LoRA
+        return _dims(layer.base)
     if isinstance(layer, nn.QuantizedLinear):
         return layer.weight.shape[0], layer.weight.shape[1] * 32 // layer.bits
     return layer.weight.shape

@@ -57,7 +57,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import layout
-from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, save_adapter
+from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, read_fine_tune, save_adapter
 from .arch.base import causal_mask
 from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
@@ -103,6 +103,7 @@ class TrainConfig:
     state_cache_mb: int = 1024  # lossless: base states kept across epochs (BaseStateCache)
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
+    over: str | None = None  # lossless: the fine-tune (a lora-mode adapter) the streams draft
 
 
 # -- forward pieces --------------------------------------------------------------------------
@@ -367,11 +368,13 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
 # -- parameters and optimizer ----------------------------------------------------------------
 
 def set_trainable(model) -> int:
-    """Freeze the base; unfreeze the adapter's parameters. Returns how many train."""
+    """Freeze the base (and a tuned lossless adapter's fine-tune); unfreeze the adapter's
+    parameters. Returns how many train."""
     model.freeze()
     model.adapter.unfreeze()
+    lossless = model.adapter_config.mode == "lossless"
     for m in model.modules():
-        if isinstance(m, LoRALinear):
+        if isinstance(m, LoRALinear) and (m.streams_only or not lossless):
             m.unfreeze(keys=["lora_a", "lora_b"], recurse=False)
     return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
 
@@ -426,6 +429,15 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     return p, p.name, False
 
 
+def _digest(weights: dict[str, mx.array]) -> str:
+    import hashlib
+
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        h.update(k.encode() + np.array(weights[k].astype(mx.float32)).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _group(distributed):
     if distributed is False:
         return None
@@ -446,7 +458,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
           accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
-          tokenizer=None, model_path: str | Path | None = None, progress: bool = True,
+          over: str | Path | None = None, tokenizer=None, model_path: str | Path | None = None,
+          progress: bool = True,
           distributed: bool | None = None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
@@ -462,6 +475,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
+    ``over`` (lossless only): a ``lora``-mode adapter of this model (name or path), the fine-tune
+    whose output the new adapter keeps exactly: its streams learn to draft the fine-tuned model,
+    and the adapter carries the fine-tune, frozen (a *tuned* adapter: the quality of a next-token
+    fine-tune, decoded losslessly with streams).
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -478,6 +495,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         gamma = 0
     if iters is not None and epochs is not None:
         raise ValueError("give either iters or epochs, not both")
+    if over is not None and mode != "lossless":
+        raise ValueError("over (a fine-tune under the streams) is for lossless mode")
     if self_distill and mode != "lossless":
         raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
     self_distill = mode == "lossless" if self_distill is None else self_distill
@@ -540,6 +559,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     detach(model)
     base_fp = fingerprint(model)
+    tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
     n_train = len(train_ds)
     steps_per_epoch = math.ceil(n_train / batch_size)
     if iters is None:
@@ -558,8 +578,30 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                                lengths if group_by_length else None)
         return epochs_seen[epoch][k]
 
+    tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
+                     stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
+                     batch_size=batch_size, lr=lr,
+                     warmup=warmup if warmup is not None else min(100, iters // 20),
+                     weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
+                     length_policy=length_policy, chat_template=chat_template,
+                     self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
+                     prune_weight=prune_weight,
+                     segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
+                     val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
+                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb,
+                     over=str(over) if over is not None else None)
+
+    # -- adapter, optimizer, resume --------------------------------------------------------------
+    acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
+                         lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
+                         prune_rank=prune_rank, name=name,
+                         main_rank=tune_cfg.rank if tune_cfg else 0,
+                         main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
+    attach(model, acfg, seed=seed, fine_tune=fine_tune)
     if self_distill:
-        key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens}
+        # the model as attached writes them: the base, or the base with its fine-tune
+        key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
+               **({"fine_tune": _digest(fine_tune)} if fine_tune else {})}
         used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
                 "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
                 if valid_ds is not None else []}
@@ -574,23 +616,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 train_ds = got
             else:
                 valid_ds = got
-    tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
-                     stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
-                     batch_size=batch_size, lr=lr,
-                     warmup=warmup if warmup is not None else min(100, iters // 20),
-                     weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
-                     length_policy=length_policy, chat_template=chat_template,
-                     self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
-                     prune_weight=prune_weight,
-                     segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
-                     val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb)
-
-    # -- adapter, optimizer, resume --------------------------------------------------------------
-    acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
-                         lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
-                         prune_rank=prune_rank, name=name)
-    attach(model, acfg, seed=seed)
     n_params = set_trainable(model)
     optimizer = make_optimizer(tc)
     optimizer.init(model.trainable_parameters())
@@ -746,7 +771,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     model.eval()
     if out_dir is not None and main_proc:
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
-                                                         "self_distill": self_distill}})
+                                                         "self_distill": self_distill,
+                                                         "over": tc.over}})
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report

@@ -14,12 +14,15 @@ import mlx.optimizers as optim
 import numpy as np
 import pytest
 from helpers import CONFIGS, tiny_model
+from mlx.utils import tree_flatten
 
-from mlx_specstream.adapter import adapter_weights, detach, load_adapter, new_adapter
+from mlx_specstream.adapter import adapter_size, adapter_weights, detach, fuse, load_adapter, new_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.base_states import base_states
 from mlx_specstream.data import Dataset, Example
+from mlx_specstream.errors import AdapterError
 from mlx_specstream.kv_cache import make_cache
+from mlx_specstream.lora import LoRALinear
 from mlx_specstream.streams import forward
 from mlx_specstream.train import (
     measure_peak_memory,
@@ -482,6 +485,60 @@ def test_lora_mode_is_a_next_token_baseline_without_streams(tmp_path):
         generate(model, None, [3, 10], max_tokens=8, mode="ss")
     with pytest.raises(ValueError, match="no alphas"):
         train(model, (train_ds, None), mode="lora", alphas="1,0.1", iters=1, progress=False)
+
+
+def test_tuned_adapter_decodes_its_fine_tune_exactly(tmp_path):
+    """Streams trained over a fine-tune (``over``, a lora-mode adapter): the fine-tune stays frozen
+    and travels in the adapter, and every decoding equals plain greedy decoding of the fine-tuned
+    model (full-sequence logits, the oracle), before and after saving, loading and fusing."""
+    model, _, _, train_ds = tune_main_stream("lora", tmp_path / "lo")
+
+    def greedy(prompt, n=10):
+        ids = list(prompt)
+        for _ in range(n):
+            ids.append(int(np.argmax(np.array(model(mx.array([ids]))[0, -1]))))
+        return ids[len(prompt):]
+
+    prompts = [[3, 10], [7, 14, 21], [50]]
+    oracle = [greedy(p) for p in prompts]
+    tuned_logits = np.array(model(mx.array([TOKENS]))[0])
+    fine_tune = {k: np.array(v) for k, v in adapter_weights(model).items()}
+    report = train(model, (train_ds, None), mode="lossless", over=tmp_path / "lo", out=tmp_path / "tu",
+                   gamma=2, msa_layers=2, iters=20, batch_size=8, lr=3e-3, val_every=0,
+                   progress=False, log=lambda m: None)
+    cfg = model.adapter_config
+    assert (cfg.mode, cfg.main_rank, report["config"]["over"]) == ("lossless", 8, str(tmp_path / "lo"))
+    assert report["history"][-1]["loss"] < report["history"][0]["loss"]
+    loras = {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
+    streams = [m for m in loras.values() if m.streams_only]
+    assert len(streams) == 2 * 7 and all(isinstance(m.base, LoRALinear) for m in streams)
+    own = sum(v.size for _, v in tree_flatten(model.adapter.parameters()))
+    assert report["trainable_parameters"] == own + sum(m.lora_a.size + m.lora_b.size for m in streams)
+    kept = {f"{name.replace('.base', '')}.{k}": np.array(getattr(m, k)) for name, m in loras.items()
+            if not m.streams_only for k in ("lora_a", "lora_b")}
+    assert kept.keys() == {k for k in fine_tune if ".lora_" in k}
+    assert all(np.array_equal(v, fine_tune[k]) for k, v in kept.items())  # frozen, carried
+    out = forward(model, chain(TOKENS), None, 0, gamma=2)
+    np.testing.assert_allclose(np.array(out.main_logits), tuned_logits, atol=1e-5)
+
+    def decodings():
+        return [[generate(model, None, p, max_tokens=10, **o).tokens for p in prompts]
+                for o in (dict(mode="ar"), dict(branch=1), dict(branch=3, tree_budget=8))]
+
+    assert decodings() == [oracle] * 3
+    detach(model)
+    assert [generate(model, None, p, max_tokens=10, mode="ar").tokens for p in prompts] != oracle
+    load_adapter(model, tmp_path / "tu")
+    assert decodings() == [oracle] * 3
+    size = adapter_size(model)
+    assert fuse(model)  # the fine-tune folded into the weights; the stream-only LoRA stays
+    assert decodings() == [oracle] * 3 and adapter_size(model) == size
+    with pytest.raises(ValueError, match="lossless"):
+        train(tiny_model("llama", seed=0), (train_ds, None), mode="shared", over=tmp_path / "lo",
+              iters=1, progress=False)
+    with pytest.raises(AdapterError, match="lora"):
+        train(tiny_model("llama", seed=0), (train_ds, None), over=tmp_path / "tu", iters=1,
+              progress=False)
 
 
 def test_pruning_adapter_learns_next_token():
