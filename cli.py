@@ -249,6 +249,9 @@ def train(
     over: str | None = typer.Option(
         None, "--over", help="lossless: train the streams over this fine-tune (a --mode lora adapter, "
         "name or dir); the adapter carries it and decodes exactly as it does"),
+    init: str | None = typer.Option(
+        None, "--init", help="start from this adapter's weights (same mode and shape: name or dir), "
+        "to train it further"),
     gamma: int = typer.Option(4, help="speculative streams"),
     msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),
     rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
@@ -297,7 +300,7 @@ def train(
                        batch_size=batch_size, lr=lr, max_seq_len=max_seq_len,
                        length_policy=length_policy, chat_template=chat_template,
                        self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
-                       overwrite=overwrite, seed=seed, over=over,
+                       overwrite=overwrite, seed=seed, over=over, init=init,
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,

@@ -327,15 +327,23 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
     return model.adapter_config
 
 
+def read_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None
+                 ) -> tuple[AdapterConfig, dict[str, mx.array]]:
+    """The config and weights of an adapter of ``model`` (checked as ``load_adapter`` checks
+    them); ``model`` is left bare."""
+    cfg = load_adapter(model, name_or_path, model_path)
+    weights = dict(adapter_weights(model))
+    detach(model)
+    return cfg, weights
+
+
 def read_fine_tune(model, name_or_path: str | Path, model_path: str | Path | None = None
                    ) -> tuple[AdapterConfig, dict[str, mx.array]]:
     """The config and LoRA weights of a ``lora``-mode adapter of ``model`` (a next-token
     fine-tune), for a tuned lossless adapter to carry (``attach(..., fine_tune=)``); ``model``
     is left bare."""
-    cfg = load_adapter(model, name_or_path, model_path)
-    weights = {k: v for k, v in adapter_weights(model).items() if ".lora_" in k}
-    detach(model)
+    cfg, weights = read_adapter(model, name_or_path, model_path)
     if cfg.mode != "lora":
         raise AdapterError(f"adapter '{cfg.name}' is a {cfg.mode}-mode adapter: streams are trained "
                            "over a fine-tune, a --mode lora adapter")
-    return cfg, weights
+    return cfg, {k: v for k, v in weights.items() if ".lora_" in k}

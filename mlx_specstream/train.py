@@ -57,7 +57,16 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 
 from . import layout
-from .adapter import AdapterConfig, adapter_weights, attach, detach, fingerprint, read_fine_tune, save_adapter
+from .adapter import (
+    AdapterConfig,
+    adapter_weights,
+    attach,
+    detach,
+    fingerprint,
+    read_adapter,
+    read_fine_tune,
+    save_adapter,
+)
 from .arch.base import causal_mask
 from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
@@ -104,6 +113,7 @@ class TrainConfig:
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
     over: str | None = None  # lossless: the fine-tune (a lora-mode adapter) the streams draft
+    init: str | None = None  # the adapter whose weights the run starts from
 
 
 # -- forward pieces --------------------------------------------------------------------------
@@ -458,8 +468,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
           accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
-          over: str | Path | None = None, tokenizer=None, model_path: str | Path | None = None,
-          progress: bool = True,
+          over: str | Path | None = None, init: str | Path | None = None, tokenizer=None,
+          model_path: str | Path | None = None, progress: bool = True,
           distributed: bool | None = None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
@@ -479,6 +489,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     whose output the new adapter keeps exactly: its streams learn to draft the fine-tuned model,
     and the adapter carries the fine-tune, frozen (a *tuned* adapter: the quality of a next-token
     fine-tune, decoded losslessly with streams).
+    ``init``: an adapter of this model (name or path) of the same mode and shape whose weights the
+    run starts from, to train a shipped or finished adapter further (a fresh optimizer and
+    schedule; ``resume`` continues an interrupted run instead).
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -560,6 +573,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     detach(model)
     base_fp = fingerprint(model)
     tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
+    start_weights = read_adapter(model, init, model_path)[1] if init is not None else None
     n_train = len(train_ds)
     steps_per_epoch = math.ceil(n_train / batch_size)
     if iters is None:
@@ -589,7 +603,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
                      val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                      accept_tokens=accept_tokens, state_cache_mb=state_cache_mb,
-                     over=str(over) if over is not None else None)
+                     over=str(over) if over is not None else None,
+                     init=str(init) if init is not None else None)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
     acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
@@ -616,6 +631,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 train_ds = got
             else:
                 valid_ds = got
+    if start_weights is not None:
+        fresh = adapter_weights(model)
+        if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
+            raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
+                             "msa_layers, rank, over): give the settings it was trained with")
+        model.load_weights(list(start_weights.items()), strict=False)
     n_params = set_trainable(model)
     optimizer = make_optimizer(tc)
     optimizer.init(model.trainable_parameters())
@@ -772,7 +793,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,
-                                                         "over": tc.over}})
+                                                         "over": tc.over, "init": tc.init}})
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report

@@ -541,6 +541,24 @@ def test_tuned_adapter_decodes_its_fine_tune_exactly(tmp_path):
               progress=False)
 
 
+def test_init_starts_from_an_adapters_weights(tmp_path):
+    """``init``: a run starts from a finished adapter's weights (at learning rate 0 it ends with
+    them exactly, and its first loss is the finished adapter's, far below a fresh adapter's); an
+    adapter of another shape is refused."""
+    model, _, first, train_ds = tune_main_stream("lossless", tmp_path / "a")
+    saved = mx.load(str(tmp_path / "a" / "adapter.safetensors"))
+    opts = dict(mode="lossless", gamma=2, msa_layers=2, iters=1, batch_size=8, lr=0.0, val_every=0,
+                progress=False, log=lambda m: None)
+    again = train(model, (train_ds, None), init=tmp_path / "a", **opts)
+    assert {k: np.array(v) for k, v in adapter_weights(model).items()}.keys() == saved.keys()
+    assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
+    fresh = train(model, (train_ds, None), **opts)
+    assert again["history"][0]["loss"] < 0.9 * fresh["history"][0]["loss"]
+    assert again["history"][0]["loss"] <= 1.2 * first["history"][-1]["loss"]
+    with pytest.raises(ValueError, match="another shape"):
+        train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "gamma": 3})
+
+
 def test_pruning_adapter_learns_next_token():
     rng = np.random.default_rng(0)
     ds = arithmetic(64, rng, length=12)
