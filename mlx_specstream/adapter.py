@@ -259,6 +259,14 @@ def adapter_weights(model) -> dict[str, mx.array]:
     return {k: v for k, v in flat if k.startswith("adapter.") or ".lora_" in k}
 
 
+def fine_tune_weights(model) -> dict[str, mx.array]:
+    """The every-row LoRA of the attached adapter under a ``lora``-mode adapter's names: a
+    shared or LoRA-baseline adapter's, or the fine-tune a tuned lossless adapter carries (found
+    under its stream-only LoRA)."""
+    return {f"{name.removesuffix('.base')}.{k}": getattr(m, k) for name, m in model.named_modules()
+            if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")}
+
+
 def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
     """Write the attached adapter to directory ``dest`` atomically."""
     from .loader import atomic_dir

@@ -10,7 +10,8 @@ best times per generated token, with a 95% bootstrap interval over prompts (:fun
 Methods (each skipped, with the reason recorded, when its model or adapter is missing):
 ``ar`` (ours), ``mlx-lm ar``, ``mlx-lm draft`` (mlx-lm's speculative decoding with the draft
 model), ``lookup`` (prompt lookup), ``ss-lossless chain|tree|tree+prune`` (the lossless
-adapter), ``ss-shared`` (the shared adapter), ``lora-ar`` (the next-token LoRA baseline).
+adapter), ``ss-shared`` (the shared adapter), ``lora-ar`` (the next-token LoRA baseline),
+``ss-tuned`` (the tuned lossless adapter over that baseline: its output must equal ``lora-ar``'s).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .adapter import adapter_size
+from .adapter import adapter_size, fine_tune_weights
 from .api import _decoder, load
 from .engine import default_node_costs
 from .outputs import check_replaceable_file, is_results_json, recorded_path, run_meta
@@ -45,7 +46,7 @@ class Method:
     # (prompt ids, max) -> (tokens, calls) or, for our decoders, (tokens, calls, engine.Stats)
     run: Callable[[list[int], int], tuple]
     extra_params: int = 0
-    lossless: bool = False  # output must equal our AR output
+    reproduces: str | None = None  # the AR method whose output this one must equal, token for token
     task_model: str = "base"  # which model's outputs the task metric measures
     plain_ar: bool = False  # a plain autoregressive decoder: a candidate for the speed reference
     records: list = field(default_factory=list)  # per prompt: the fastest run, and every run's time
@@ -203,16 +204,16 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     methods = [Method("ar", our_decoder(base, tok, mode="ar"), plain_ar=True)]
     skipped = {}
     try:
-        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], lossless=True,
+        methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], reproduces="ar",
                               plain_ar=True))
         if draft_path and draft_path.exists():
             run, n = _mlx_lm(model_path, draft_path, eos, dtype)
-            methods.append(Method("mlx-lm draft", run, n, lossless=True))
+            methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
         else:
             skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
     except Exception as e:  # mlx-lm cannot read this model
         skipped["mlx-lm ar"] = f"mlx-lm failed to load the model: {e}"
-    methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), lossless=True))
+    methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))
 
     adapters = model_path / "adapters"
     lossless_name, shared_name = f"{task}-lossless", task
@@ -223,7 +224,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
         n = adapter_size(m)
         for label, opts in (("chain", dict(branch=1)), ("tree", dict(branch=3, prune_threshold=0.0)),
                             ("tree+prune", dict(branch=3, prune_threshold=PRUNE_THRESHOLD))):
-            methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, lossless=True))
+            methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, reproduces="ar"))
     else:
         skipped["ss-lossless"] = f"no adapter {recorded_path(adapters / lossless_name)}"
     if (adapters / shared_name).exists():
@@ -234,13 +235,27 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
         methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n, task_model="shared"))
     else:
         skipped["ss-shared"] = f"no adapter {recorded_path(adapters / shared_name)}"
+    fine_tune = None
     if (adapters / f"{task}-lora").exists():
         m, _ = load(model_path, adapter=f"{task}-lora")
-        n = adapter_size(m)
+        n, fine_tune = adapter_size(m), fine_tune_weights(m)
         methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n, task_model="lora"))
     else:
         skipped["lora-ar"] = f"no adapter {recorded_path(adapters / f'{task}-lora')}"
+    if (adapters / f"{task}-tuned").exists():
+        m, _ = load(model_path, adapter=f"{task}-tuned")
+        same = fine_tune is not None and _equal(fine_tune_weights(m), fine_tune)
+        methods.append(Method("ss-tuned", our_decoder(m, tok, branch=3), adapter_size(m),
+                              reproduces="lora-ar" if same else None, task_model="lora"))
+        if not same:
+            skipped["ss-tuned output check"] = f"its fine-tune is not {task}-lora's"
+    else:
+        skipped["ss-tuned"] = f"no adapter {recorded_path(adapters / f'{task}-tuned')}"
     return methods, {"tokenizer": tok, "skipped": skipped}
+
+
+def _equal(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
+    return a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
 
 
 RESULT_FILES = ("results.json", "results.md", "results.png")
@@ -263,8 +278,8 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
               repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
-    ``methods`` replaces the standard set (its first is the AR whose output lossless methods
-    must reproduce; those marked ``plain_ar`` compete for the speed reference); ``overwrite``
+    ``methods`` replaces the standard set (those marked ``plain_ar`` compete for the speed
+    reference; a method's ``reproduces`` names the one whose output it must equal); ``overwrite``
     replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
     timed by ``clock``."""
     check_repeats(repeats)
@@ -293,7 +308,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         versions=_versions(), model=recorded_path(model_path), task=task, prompts=len(rows),
         max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
-        outputs_compared_with=methods[0].name, bootstrap=BOOTSTRAP, skipped=info["skipped"],
+        bootstrap=BOOTSTRAP, skipped=info["skipped"],
         node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)
     write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}
@@ -302,9 +317,10 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
 def summarize(methods: list[Method], task: str, refs: list[str],
               decode: Callable[[list[int]], str]) -> list[dict]:
     """One result per method from its records: speed against :func:`reference` with its interval,
-    tokens per pass, task metrics, and for lossless methods whether every output equals the
-    first method's; ``per_prompt`` keeps each prompt's best time, every run's time, tokens, passes."""
-    ref, ar = reference(methods), methods[0]
+    tokens per pass, task metrics, and for a method that ``reproduces`` another whether every
+    output equals that one's (``identical_to_ar``, ``compared_with``); ``per_prompt`` keeps each
+    prompt's best time, every run's time, tokens, passes."""
+    ref, by_name = reference(methods), {m.name: m for m in methods}
     results = []
     for m in methods:
         ntok = int(_tokens(m).sum())
@@ -321,9 +337,9 @@ def summarize(methods: list[Method], task: str, refs: list[str],
             "generated_tokens": ntok,
         }
         rec["interval_within_10pct"] = interval_ok(rec)
-        if m.lossless:
-            same = [a["tokens"] == b["tokens"] for a, b in zip(m.records, ar.records)]
-            rec["identical_to_ar"] = all(same)
+        if m.reproduces:
+            same = [a["tokens"] == b["tokens"] for a, b in zip(m.records, by_name[m.reproduces].records)]
+            rec["identical_to_ar"], rec["compared_with"] = all(same), m.reproduces
             rec["identical_prompts"] = f"{sum(same)}/{len(same)}"
         rec["per_prompt"] = [{"best_s": round(r["time"], 6), "times_s": [round(t, 6) for t in r["times"]],
                               "tokens": len(r["tokens"]), "calls": r["calls"]} for r in m.records]

@@ -40,14 +40,14 @@ def main() -> None:
                 "code": [("ss-lossless", "code")]}[args.task]
     for label, name in adapters:
         model, _ = load(args.model, adapter=name)
-        n, lossless = adapter_size(model), label == "ss-lossless"
+        n, ar = adapter_size(model), "ar" if label == "ss-lossless" else None
         for t in [0.0, *map(float, args.prune.split(","))]:
             run = our_decoder(model, tok, branch=3, prune_threshold=t)
             tag = f" prune {t:g}" if t else ""
-            methods.append(Method(f"{label} adaptive{tag}", run, n, lossless, task_model=name))
+            methods.append(Method(f"{label} adaptive{tag}", run, n, ar, task_model=name))
         for b in map(int, args.budgets.split(",")):
             run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0, prune_threshold=0.0)
-            methods.append(Method(f"{label} budget {b}", run, n, lossless, task_model=name))
+            methods.append(Method(f"{label} budget {b}", run, n, ar, task_model=name))
     out = args.out or Path("results") / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
               command=" ".join([".venv/bin/python", *sys.argv]), methods=methods, overwrite=True,

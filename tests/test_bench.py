@@ -182,7 +182,7 @@ def test_bootstrap_interval_matches_the_delta_method_and_is_reproducible():
 
 def test_results_json_and_the_wide_interval_warning(tmp_path):
     """run_bench with fake decoders: the reference, intervals, per-prompt times, the lossless
-    check against the first method, and the warning for an interval wider than +-10%."""
+    check against the method each one reproduces, and the warning for an interval wider than +-10%."""
     clock = FakeClock()
     n = 8
     ar_t = {p: [1.0, 1.2, 1.1] for p in range(n)}
@@ -196,10 +196,12 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     methods = [fake_method(clock, name, times, index=lambda ids: index(tuple(ids)), **kw)
                for name, times, kw in [
                    ("ar", ar_t, dict(plain_ar=True)),
-                   ("mlx-lm ar", lm_t, dict(lossless=True, plain_ar=True)),
-                   ("steady", steady, dict(lossless=True, calls=5)),
+                   ("mlx-lm ar", lm_t, dict(reproduces="ar", plain_ar=True)),
+                   ("steady", steady, dict(reproduces="ar", calls=5)),
                    ("noisy", noisy, {}),
-                   ("broken", steady, dict(tokens=wrong, lossless=True))]]
+                   ("broken", steady, dict(tokens=wrong, reproduces="ar")),
+                   ("tuned ar", ar_t, dict(tokens=wrong)),  # another model's AR: its own reference
+                   ("tuned", steady, dict(tokens=wrong, reproduces="tuned ar"))]]
     data = tmp_path / "data"
     data.mkdir()
     (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
@@ -216,6 +218,8 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     assert by["steady"]["mean_accepted_tokens"] == 2.0
     assert by["steady"]["identical_to_ar"] and by["broken"]["identical_prompts"] == "7/8"
     assert not by["broken"]["identical_to_ar"]
+    assert by["tuned"]["identical_to_ar"] and by["tuned"]["compared_with"] == "tuned ar"
+    assert "identical_to_ar" not in by["tuned ar"]
     assert by["noisy"]["per_prompt"][1] == {"best_s": 0.2, "times_s": [0.2, 0.2, 0.2], "tokens": 10,
                                             "calls": 10}
     saved = json.loads((tmp_path / "out" / "results.json").read_text())

@@ -16,7 +16,15 @@ import pytest
 from helpers import CONFIGS, tiny_model
 from mlx.utils import tree_flatten
 
-from mlx_specstream.adapter import adapter_size, adapter_weights, detach, fuse, load_adapter, new_adapter
+from mlx_specstream.adapter import (
+    adapter_size,
+    adapter_weights,
+    detach,
+    fine_tune_weights,
+    fuse,
+    load_adapter,
+    new_adapter,
+)
 from mlx_specstream.api import generate
 from mlx_specstream.base_states import base_states
 from mlx_specstream.data import Dataset, Example
@@ -514,8 +522,7 @@ def test_tuned_adapter_decodes_its_fine_tune_exactly(tmp_path):
     assert len(streams) == 2 * 7 and all(isinstance(m.base, LoRALinear) for m in streams)
     own = sum(v.size for _, v in tree_flatten(model.adapter.parameters()))
     assert report["trainable_parameters"] == own + sum(m.lora_a.size + m.lora_b.size for m in streams)
-    kept = {f"{name.replace('.base', '')}.{k}": np.array(getattr(m, k)) for name, m in loras.items()
-            if not m.streams_only for k in ("lora_a", "lora_b")}
+    kept = {k: np.array(v) for k, v in fine_tune_weights(model).items()}
     assert kept.keys() == {k for k in fine_tune if ".lora_" in k}
     assert all(np.array_equal(v, fine_tune[k]) for k, v in kept.items())  # frozen, carried
     out = forward(model, chain(TOKENS), None, 0, gamma=2)
