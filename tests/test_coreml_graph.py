@@ -10,7 +10,7 @@ import pytest
 from helpers import tiny_model
 from test_coreml_common import record_engine, replay, torch_runner
 
-from mlx_specstream.adapter import new_adapter
+from mlx_specstream.adapter import fuse, new_adapter
 from mlx_specstream.arch.base import UnsupportedModelError
 from mlx_specstream.coreml_driver import commit_inputs, prefill_chunks, tree_inputs
 from mlx_specstream.tree import build_tree, chain
@@ -40,6 +40,17 @@ def test_graph_equals_engine(mode, threshold):
     rec, _ = check_graph(model)
     if threshold > 0:
         assert any(len(p["out"].kept) < len(p["tree"]) for p in rec.passes[1:]), "pruning never happened"
+
+
+def test_tuned_adapter_exports_with_its_fine_tune_folded():
+    """A tuned lossless adapter (streams over a carried fine-tune): refused while the fine-tune is
+    a LoRA under the streams' LoRA, equal to the engine once ``fuse`` folds it into the weights."""
+    model = tiny_model("llama", seed=3, scale=2.0)
+    new_adapter(model, mode="lossless", gamma=3, msa_layers=2, seed=1, main_rank=4)
+    with pytest.raises(UnsupportedModelError, match="folded"):
+        SpecStreamGraph(model, graph_config(model, 64, 8, 4))
+    assert fuse(model)
+    check_graph(model, tree_size=8)
 
 
 def test_graph_equals_engine_qwen2_tied_and_init():
