@@ -2,10 +2,12 @@
 engine's defaults (hybrid drafts on): the mean accepted tokens per forward pass, exact match of
 the outputs against the references (sql: SQL compared as scripts/train_base.py compares it; code:
 the completion verbatim) and, with ``--check-ar``, whether every output equals plain greedy
-autoregressive decoding of the same model (a lossless adapter must).
+autoregressive decoding of the same model (a lossless adapter must), or with ``--ar-adapter`` of
+the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--node-cost C] [--check-ar] [--out FILE]
+        [--max-tokens 96] [--no-lookup] [--node-cost C] [--check-ar [--ar-adapter NAME]]
+        [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md).
@@ -42,10 +44,12 @@ def main() -> None:
                     help="tree sizing (default: this machine's; 0: the whole tree budget, as on Metal)")
     ap.add_argument("--check-ar", action="store_true",
                     help="also decode each prompt with plain AR and compare the outputs")
+    ap.add_argument("--ar-adapter", help="--check-ar: plain AR of the model with this adapter instead")
     ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
     args = ap.parse_args()
     same = norm_sql if args.task == "sql" else (lambda s: s)
     model, tok = load(args.model, adapter=args.adapter)
+    ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
     test = Path(__file__).resolve().parent.parent / "data" / args.task / "test.jsonl"
     rows = [json.loads(line) for line in test.read_text().splitlines()][: args.n]
     exact = tokens = passes = differ = 0
@@ -56,7 +60,7 @@ def main() -> None:
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
         if args.check_ar:
-            ar = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
+            ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
             differ += ar.tokens != res.tokens
     out = {"model": args.model, "adapter": args.adapter, "task": args.task, "n": len(rows),
            "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
@@ -64,6 +68,7 @@ def main() -> None:
            "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:
         out["identical_to_ar"] = differ == 0
+        out["ar_of"] = args.ar_adapter or args.adapter
     print(json.dumps(out))
     if args.out:
         write_results_file(args.out, run_meta(), [out])
