@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from mlx_specstream.adapter import new_adapter, save_adapter
+from mlx_specstream.adapter import AdapterConfig, attach, fine_tune_weights, new_adapter, save_adapter
 from mlx_specstream.api import DEFAULT_MODEL, load
 from mlx_specstream.bench import (
     Method,
@@ -41,6 +41,9 @@ def model_dir(tmp_path_factory):
     for name, mode in (("sql-lossless", "lossless"), ("sql", "shared"), ("sql-lora", "lora")):
         new_adapter(model, mode=mode, gamma=3, msa_layers=2, seed=1)
         save_adapter(model, d / "adapters" / name)
+    tuned = AdapterConfig(mode="lossless", gamma=3, msa_layers=2, main_rank=8)  # over sql-lora
+    attach(model, tuned, seed=2, lora_scale=0.02, fine_tune=fine_tune_weights(model))
+    save_adapter(model, d / "adapters" / "sql-tuned")
     return d
 
 
@@ -49,13 +52,14 @@ def test_run_bench_all_methods(model_dir, tmp_path):
                     command="test", repeats=1)
     names = [r["method"] for r in res["results"]]
     assert names == ["ar", "mlx-lm ar", "mlx-lm draft", "lookup", "ss-lossless chain", "ss-lossless tree",
-                     "ss-lossless tree+prune", "ss-shared", "ss-shared ar", "lora-ar"]
+                     "ss-lossless tree+prune", "ss-shared", "ss-shared ar", "lora-ar", "ss-tuned"]
     assert res["meta"]["skipped"] == {}
     by = {r["method"]: r for r in res["results"]}
     for r in res["results"]:
         assert FIELDS <= set(r)
         if "identical_to_ar" in r:  # the lossless claim, checked inside the benchmark
             assert r["identical_to_ar"], r
+    assert by["ss-tuned"]["compared_with"] == "lora-ar"
     assert res["meta"]["reference"] in ("ar", "mlx-lm ar")  # the faster plain AR
     assert by[res["meta"]["reference"]]["speedup"] == 1.0
     assert by["ar"]["mean_accepted_tokens"] == pytest.approx(1.0, abs=0.1)
