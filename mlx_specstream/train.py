@@ -359,20 +359,43 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
     }
 
 
-def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int]) -> float:
+def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int]
+               ) -> tuple[float, list[float]]:
     """Mean accepted tokens per forward pass of greedy Speculative Streaming on ``prompts``,
-    through the engine's own decode loop: the number a user of the adapter will see."""
+    through the engine's own decode loop (the number a user of the adapter will see), and each
+    prompt's own."""
     from .engine import DecodeOptions, Decoder
 
     advanced = passes = 0
+    each = []
     for prompt in prompts:
         decoder = Decoder(model, prompt, DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
         for _ in decoder.steps():
             pass
         lengths = decoder.stats.accepted_lengths
-        advanced += sum(k * n for k, n in lengths.items())
-        passes += sum(lengths.values())
-    return round(advanced / passes, 4) if passes else 0.0
+        a, n = sum(k * c for k, c in lengths.items()), sum(lengths.values())
+        advanced, passes = advanced + a, passes + n
+        each.append(round(a / n, 4) if n else 0.0)
+    return (round(advanced / passes, 4) if passes else 0.0), each
+
+
+def drafts_better(new: dict, best: dict) -> bool:
+    """Whether an evaluation's adapter (``mean_accepted_tokens``, ``per_prompt``, ``loss``)
+    replaces the best so far: more tokens per pass by more than one standard error of the paired
+    per-prompt differences, or as many within that error and a lower validation loss.
+
+    A handful of fixed prompts is a noisy judge: on 8 validation prompts an adapter of step 300
+    read 2.47 tokens per pass and that of step 1600 2.42, while on 200 test prompts they drafted
+    2.42 and 2.52. Within the noise, the validation loss (hundreds of examples) decides.
+    """
+    if best["step"] is None:
+        return True
+    gain = new["mean_accepted_tokens"] - best["mean_accepted_tokens"]
+    d = np.subtract(new["per_prompt"], best.get("per_prompt") or new["per_prompt"])
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else 0.0
+    if gain > se:
+        return True
+    return gain >= -se and new["loss"] < best.get("loss", math.inf)
 
 
 # -- parameters and optimizer ----------------------------------------------------------------
@@ -684,10 +707,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         """Validation losses and accuracies, and the acceptance a user will see; keeps the best."""
         ev = evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)
         if accept_set:
-            ev["mean_accepted_tokens"] = acceptance(model, accept_set, accept_tokens, eos)
-            if ev["mean_accepted_tokens"] > best["mean_accepted_tokens"]:
-                best.update(step=step, mean_accepted_tokens=ev["mean_accepted_tokens"],
-                            weights=dict(adapter_weights(model)))
+            ev["mean_accepted_tokens"], ev["accepted_per_prompt"] = acceptance(model, accept_set,
+                                                                               accept_tokens, eos)
+            scored = {"mean_accepted_tokens": ev["mean_accepted_tokens"],
+                      "per_prompt": ev["accepted_per_prompt"], "loss": ev["loss"]}
+            if drafts_better(scored, best):
+                best.update(step=step, **scored, weights=dict(adapter_weights(model)))
         return ev
 
     # -- loop -----------------------------------------------------------------------------------
@@ -759,7 +784,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if best["weights"] is not None and best["step"] != iters:  # an earlier adapter drafts better
         model.load_weights(list(best["weights"].items()), strict=False)
         say(f"keeping the adapter of step {best['step']}: {best['mean_accepted_tokens']:.2f} tokens per "
-            f"pass on the validation prompts, against {final_eval['mean_accepted_tokens']:.2f} at the end")
+            f"pass on the validation prompts (validation loss {best.get('loss', math.nan):.4f}), against "
+            f"{final_eval['mean_accepted_tokens']:.2f} ({final_eval['loss']:.4f}) at the end")
     report = {
         "adapter": str(out_dir) if out_dir is not None else None,
         "name": name,
