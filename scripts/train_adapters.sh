@@ -9,8 +9,10 @@
 #
 # Iterations and learning rates default to those of the shipped adapters (their
 # training_report.json records each run); ITERS and LR override them for every part. Some ran in
-# stages ("600 2000": 600 iterations, then resumed to 2000, the cosine schedule restarting). Each adapter
-# run keeps checkpoints in adapters/NAME.train/; RESUME=1 continues them. The draft model is
+# stages ("600 2000": 600 iterations, then resumed to 2000, the cosine schedule restarting), or
+# were trained further from their finished weights (`further`: --init, a fresh optimizer and schedule).
+# Each adapter run keeps checkpoints in adapters/NAME.train/; RESUME=1 continues them (a `further`
+# run starts again from the adapter saved). The draft model is
 # trained by scripts/train_base.py (same data, tokenizer and recipe as the base model, 2 layers x
 # 128 wide) within DRAFT_MINUTES and converted to MLX fp32.
 set -euo pipefail
@@ -35,10 +37,19 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
     again=--resume
   done
 }
+further() {  # NAME iters lr args...: train the finished adapter NAME further (--init; a fresh optimizer)
+  local name=$1 iters=$2 lr=$3
+  shift 3
+  # shellcheck disable=SC2086
+  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
+    --iters "$iters" --lr "$lr" --init "$name" --overwrite ${TRAIN_ARGS:-} --out "$name" "$@"
+}
 for what in $ONLY; do
   case $what in
-    sql-lossless) train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill \
-      --msa-layers 4 --rank 32 ;;
+    sql-lossless)
+      train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill --msa-layers 4 --rank 32
+      further sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill --msa-layers 4 \
+        --rank 32 ;;
     sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared --msa-layers 2 ;;
     sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora --msa-layers 2 ;;
     sql-tuned) train sql-tuned 2000 1e-3 --data data/sql --mode lossless --over sql-lora \
