@@ -375,6 +375,8 @@ def markdown_table(meta: dict, results: list[dict]) -> str:
     for r in results:
         lo, hi = r["speedup_ci95"]
         cell = {**r, "95% interval": f"{lo:.2f}–{hi:.2f}" + ("" if r["interval_within_10pct"] else " ⚠")}
+        if r.get("compared_with", "ar") != "ar":  # another model's AR output (a tuned adapter's)
+            cell["identical_to_ar"] = f"{r['identical_to_ar']} (to {r['compared_with']})"
         lines.append("| " + " | ".join(str(cell.get(k, "")) for k in keys) + " |")
         if not r["interval_within_10pct"]:
             wide.append(r["method"])

@@ -224,6 +224,7 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     assert not by["broken"]["identical_to_ar"]
     assert by["tuned"]["identical_to_ar"] and by["tuned"]["compared_with"] == "tuned ar"
     assert "identical_to_ar" not in by["tuned ar"]
+    assert "| True (to tuned ar) |" in (tmp_path / "out" / "results.md").read_text()
     assert by["noisy"]["per_prompt"][1] == {"best_s": 0.2, "times_s": [0.2, 0.2, 0.2], "tokens": 10,
                                             "calls": 10}
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
