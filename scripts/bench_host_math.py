@@ -1,7 +1,8 @@
 """The training step's exponential-heavy operations with MLX's operations and with their NumPy
 versions (``mlx_specstream/kernels/host_math.py``), forward and backward, at the sizes of a default
 lossless step (1,024 stream rows, the default model's 4,096-token vocabulary, 1,024 MLP features,
-6 query and 2 key/value heads over 255 keys), plus ``exp`` alone per element.
+6 query and 2 key/value heads over 255 keys), plus ``exp`` alone per element, and MLX's
+forward and backward through ``mx.compile`` (the issue's "compile the step where it pays").
 
     .venv/bin/python scripts/bench_host_math.py [--reps 10] [--out results/host_math.json]
 
@@ -58,6 +59,10 @@ def main() -> None:
                 row[f"{side}_forward_ms"] = round(best_ms(lambda f=f, x=x: mx.eval(f(x)), args.reps), 2)
                 row[f"{side}_forward_backward_ms"] = round(
                     best_ms(lambda f=f, x=x: mx.eval(mx.value_and_grad(f)(x)), args.reps), 2)
+        with host_math.enabled(False):
+            compiled = mx.compile(mx.value_and_grad(f))
+            row["mlx_compiled_forward_backward_ms"] = round(
+                best_ms(lambda c=compiled, x=x: mx.eval(c(x)), args.reps), 2)
         row["speedup"] = round(row["mlx_forward_backward_ms"] / row["numpy_forward_backward_ms"], 2)
         rows.append(row)
     xn = np.array(logits)
@@ -70,6 +75,7 @@ def main() -> None:
           f"NumPy {exp_ns['numpy']:.2f} ns\n")
     print(markdown_table({"operation": "operation", "MLX fwd ms": "mlx_forward_ms",
                           "NumPy fwd ms": "numpy_forward_ms", "MLX fwd+bwd ms": "mlx_forward_backward_ms",
+                          "MLX compiled fwd+bwd ms": "mlx_compiled_forward_backward_ms",
                           "NumPy fwd+bwd ms": "numpy_forward_backward_ms", "speed-up": "speedup"}, rows))
     if args.out:
         write_results_file(args.out, meta, rows)
