@@ -23,9 +23,8 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     quantizes a float model at load time. With ``fuse``, a shared-mode, LoRA-baseline or tuned
     adapter's every-row LoRA is folded into the (float) base weights: the same outputs, faster,
     but the model keeps that adapter; ``fuse=False`` to swap adapters later with
-    ``load_adapter``. Half-precision
-    weights are computed in fp32 on the CPU unless ``dtype`` says otherwise. The tokenizer is None
-    when the directory has no tokenizer files.
+    ``load_adapter``. Half-precision weights are computed in fp32 on the CPU unless ``dtype``
+    says otherwise. The tokenizer is None when the directory has no tokenizer files.
     """
     from .tokenizer import load_tokenizer
 

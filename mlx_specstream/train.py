@@ -373,9 +373,9 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
         for _ in decoder.steps():
             pass
         lengths = decoder.stats.accepted_lengths
-        a, n = sum(k * c for k, c in lengths.items()), sum(lengths.values())
-        advanced, passes = advanced + a, passes + n
-        each.append(round(a / n, 4) if n else 0.0)
+        advanced += sum(k * c for k, c in lengths.items())
+        passes += sum(lengths.values())
+        each.append(round(decoder.stats.mean_accepted_tokens, 4))
     return (round(advanced / passes, 4) if passes else 0.0), each
 
 
