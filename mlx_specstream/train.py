@@ -639,6 +639,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          main_rank=tune_cfg.rank if tune_cfg else 0,
                          main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
     attach(model, acfg, seed=seed, fine_tune=fine_tune)
+    if start_weights is not None:
+        fresh = adapter_weights(model)
+        if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
+            raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
+                             "msa_layers, rank, over): give the settings it was trained with")
+        model.load_weights(list(start_weights.items()), strict=False)
     if self_distill:
         # the model as attached writes them: the base, or the base with its fine-tune
         key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
@@ -657,12 +663,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 train_ds = got
             else:
                 valid_ds = got
-    if start_weights is not None:
-        fresh = adapter_weights(model)
-        if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
-            raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
-                             "msa_layers, rank, over): give the settings it was trained with")
-        model.load_weights(list(start_weights.items()), strict=False)
     n_params = set_trainable(model)
     optimizer = make_optimizer(tc)
     optimizer.init(model.trainable_parameters())
