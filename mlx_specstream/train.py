@@ -54,7 +54,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map
+from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from . import layout
 from .adapter import (
@@ -474,6 +474,15 @@ def _digest(weights: dict[str, mx.array]) -> str:
     return h.hexdigest()[:16]
 
 
+def _all_sum(tree, group):
+    """The tree of arrays summed over the processes in one message (one per array would pay the
+    transport's latency for each of the adapter's ~60 arrays)."""
+    leaves = tree_flatten(tree)
+    flat = mx.distributed.all_sum(mx.concatenate([v.reshape(-1) for _, v in leaves]), group=group)
+    cuts = np.cumsum([v.size for _, v in leaves])[:-1].tolist()
+    return tree_unflatten([(k, x.reshape(v.shape)) for (k, v), x in zip(leaves, mx.split(flat, cuts))])
+
+
 def _group(distributed):
     if distributed is False:
         return None
@@ -738,8 +747,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             states = cache.states(model, list(shard), examples) if cache is not None and examples else None
             loss, grads = _grad_step(model, batch, tc, norms, states)
             if group is not None:
-                grads = tree_map(lambda x: mx.distributed.all_sum(x, group=group), grads)
-                loss = mx.distributed.all_sum(loss, group=group)
+                grads, loss = _all_sum(grads, group), mx.distributed.all_sum(loss, group=group)
             if grad_clip:
                 grads, _ = optim.clip_grad_norm(grads, grad_clip)
             optimizer.update(model, grads)

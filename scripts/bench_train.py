@@ -4,15 +4,15 @@ shipped model and the project's data (a fixed set of batches, warmed up, methods
     .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 12] [--reps 3]
         [--before REV] [--out FILE]
 
-Rows: lossless with 4 MSA layers (the default before 2026-11-23) with the base recomputed every
-step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
-steps timed are a later epoch's, so every state is kept); lossless with today's default MSA
-layers, also with the exponentials left to MLX (``kernels/host_math.py`` off); shared mode and the
-LoRA baseline. Every row trains on the same examples, batched as
-train() batches them for its mode. ``--before REV`` adds the lossless rows of the training step
-at git revision REV, timed in the same rounds, so a change is measured before and after on the
-same machine state. Each figure is the fastest of ``--reps`` interleaved
-rounds; the ratio column is against the first row (the oldest recomputing lossless step).
+Rows: lossless with today's default MSA layers (4, as before 2026-11-23) with the base recomputed
+every step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
+steps timed are a later epoch's, so every state is kept), also with the exponentials left to MLX
+(``kernels/host_math.py`` off); lossless with 2 MSA layers; shared mode and the LoRA baseline.
+Every row trains on the same examples, batched as train() batches them for its mode. ``--before
+REV`` adds the lossless rows of the training step at git revision REV, timed in the same rounds,
+so a change is measured before and after on the same machine state. Each figure is the fastest of
+``--reps`` interleaved rounds; the ratio column is against the first row (the oldest recomputing
+lossless step).
 """
 
 from __future__ import annotations
@@ -89,12 +89,12 @@ def main() -> None:
                  f"lossless at {args.before}, 4 MSA layers (base states kept)":
                  ("lossless", True, old, "shared", 4)}
     n_s = current.TrainConfig.msa_layers
-    runs |= {"lossless, 4 MSA layers (base every step)": ("lossless", False, current, "lossless", 4),
-             "lossless, 4 MSA layers (base states kept)": ("lossless", True, current, "lossless", 4),
+    runs |= {f"lossless, {n_s} MSA layers (base every step)": ("lossless", False, current, "lossless", n_s),
              f"lossless, {n_s} MSA layers (base states kept; the default)":
              ("lossless", True, current, "lossless", n_s),
              f"lossless, {n_s} MSA layers (base states kept), exponentials in MLX":
              ("lossless", True, current, "lossless", n_s),
+             "lossless, 2 MSA layers (base states kept)": ("lossless", True, current, "lossless", 2),
              f"shared, {n_s} MSA layers": ("shared", False, current, "shared", n_s),
              "lora": ("lora", False, current, "lora", n_s)}
     if args.lossless_only:
