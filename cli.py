@@ -247,8 +247,9 @@ def train(
                              "streams) or lora (next-token LoRA baseline, no streams)"),
     out: str = typer.Option(..., "--out", help="adapter name (saved under MODEL/adapters/) or dir"),
     over: str | None = typer.Option(
-        None, "--over", help="lossless: train the streams over this fine-tune (a --mode lora adapter, "
-        "name or dir); the adapter carries it and decodes exactly as it does"),
+        None, "--over", help="a fine-tune (a --mode lora adapter, name or dir). lossless: train the "
+        "streams over it; the adapter carries it and decodes exactly as it does. shared: start from "
+        "it and train it on with the streams, which get stream-only LoRA of their own"),
     init: str | None = typer.Option(
         None, "--init", help="start from this adapter's weights (same mode and shape: name or dir), "
         "to train it further"),

@@ -32,7 +32,7 @@ class AdapterConfig:
     prune_rank: int = 8
     prune_layer: int | None = None  # None: N - N_s (right before stream insertion)
     prune_threshold: float = 0.0
-    main_rank: int = 0  # lossless, tuned: rank of the fine-tune (every-row LoRA) the streams draft
+    main_rank: int = 0  # >0: every-row LoRA under stream-only LoRA (tuned lossless, split shared)
     main_alpha: float = 16.0
     branch: int = 3
     tree_budget: int = 32
@@ -49,8 +49,9 @@ class AdapterConfig:
             raise AdapterError(f"msa_layers must be in 1..{n_layers}, not {self.msa_layers}")
         if (self.gamma < 1 and self.mode != "lora") or self.rank < 1:
             raise AdapterError("gamma and rank must be >= 1")
-        if self.main_rank and self.mode != "lossless" or self.main_rank < 0:
-            raise AdapterError("main_rank (a fine-tune under the streams) is for lossless adapters")
+        if self.main_rank and self.mode == "lora" or self.main_rank < 0:
+            raise AdapterError("main_rank (a fine-tune under the streams) is for lossless and shared "
+                               "adapters")
         if not 0 <= self.prune_layer <= n_layers - self.msa_layers:
             raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
 
@@ -165,10 +166,12 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
            fine_tune: dict[str, mx.array] | None = None) -> StreamAdapter:
     """Attach a freshly initialised adapter described by ``config`` (replacing any other).
 
-    A tuned lossless adapter (``config.main_rank``) first wraps every linear layer in the
-    fine-tune's every-row LoRA, given by ``fine_tune`` (the weights of a ``lora``-mode adapter,
-    its names), then the MSA layers' ones in stream-only LoRA: main rows compute the fine-tuned
-    model, exactly, and stream rows add their own low-rank change on top."""
+    With ``config.main_rank`` every linear layer is first wrapped in an every-row LoRA of that
+    rank, given by ``fine_tune`` (the weights of a ``lora``-mode adapter, its names) where there
+    is one, then the MSA layers' ones in stream-only LoRA: stream rows add their own low-rank
+    change on top of what the main rows compute. In a tuned lossless adapter the every-row LoRA is
+    a frozen fine-tune, which main rows compute exactly; in a *split* shared adapter it trains
+    with the streams (which keep low-rank capacity of their own)."""
     detach(model)
     n = len(model.layers)
     if config.prune_layer is None:
@@ -190,7 +193,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
                 setattr(parent, name, lora)
         if fine_tune is not None:
             model.load_weights(list(fine_tune.items()), strict=False)
-    shared = config.mode in ("shared", "lora")  # LoRA on every row of every layer
+    shared = config.mode in ("shared", "lora") and not config.main_rank  # one LoRA, every row and layer
     first = 0 if shared else n - config.msa_layers
     for block in model.layers[first:]:
         for parent, name in _linears(block, (*LINEAR, LoRALinear)):

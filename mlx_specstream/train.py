@@ -112,7 +112,7 @@ class TrainConfig:
     state_cache_mb: int = 1024  # lossless: base states kept across epochs (BaseStateCache)
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
-    over: str | None = None  # lossless: the fine-tune (a lora-mode adapter) the streams draft
+    over: str | None = None  # the fine-tune (a lora-mode adapter): lossless drafts it, shared starts from it
     init: str | None = None  # the adapter whose weights the run starts from
 
 
@@ -520,10 +520,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
-    ``over`` (lossless only): a ``lora``-mode adapter of this model (name or path), the fine-tune
-    whose output the new adapter keeps exactly: its streams learn to draft the fine-tuned model,
-    and the adapter carries the fine-tune, frozen (a *tuned* adapter: the quality of a next-token
-    fine-tune, decoded losslessly with streams).
+    ``over``: a ``lora``-mode adapter of this model (name or path), a next-token fine-tune. In
+    lossless mode, the fine-tune whose output the new adapter keeps exactly: its streams learn to
+    draft the fine-tuned model, and the adapter carries the fine-tune, frozen (a *tuned* adapter:
+    the quality of a next-token fine-tune, decoded losslessly with streams). In shared mode, where
+    the joint training starts (a *split* shared adapter): the fine-tune's every-row LoRA trains on
+    with the streams, which get stream-only LoRA of rank ``rank`` in the MSA layers of their own.
     ``init``: an adapter of this model (name or path) of the same mode and shape whose weights the
     run starts from, to train a shipped or finished adapter further (a fresh optimizer and
     schedule; ``resume`` continues an interrupted run instead).
@@ -543,8 +545,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         gamma = 0
     if iters is not None and epochs is not None:
         raise ValueError("give either iters or epochs, not both")
-    if over is not None and mode != "lossless":
-        raise ValueError("over (a fine-tune under the streams) is for lossless mode")
+    if over is not None and mode == "lora":
+        raise ValueError("over (a fine-tune under the streams) is for lossless and shared mode")
     if self_distill and mode != "lossless":
         raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
     self_distill = mode == "lossless" if self_distill is None else self_distill

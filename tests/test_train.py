@@ -151,11 +151,15 @@ def test_lossless_step_equals_the_engine_forward(tmp_path):
     detach(model)
 
 
-def test_shared_training_forward_equals_incremental_decoding():
+@pytest.mark.parametrize("main_rank", [0, 4])
+def test_shared_training_forward_equals_incremental_decoding(main_rank):
     """Shared mode: the batched training pass (streams from the last prompt token on, main rows
-    seeing their own streams) equals the engine run token by token with a KV cache."""
+    seeing their own streams) equals the engine run token by token with a KV cache; also for a
+    split shared adapter (``main_rank``: every-row LoRA under the streams' own stream-only LoRA)."""
     model = tiny_model("llama", seed=1)
-    new_adapter(model, mode="shared", gamma=3, msa_layers=2, seed=0)
+    new_adapter(model, mode="shared", gamma=3, msa_layers=2, seed=0, main_rank=main_rank)
+    nested = [m for m in model.modules() if isinstance(m, LoRALinear) and isinstance(m.base, LoRALinear)]
+    assert len(nested) == (2 * 7 if main_rank else 0)
     p = 4
     caches = make_cache(model)
     out = forward(model, chain(TOKENS[:p]), caches, 0, gamma=3, stream_nodes="last")
@@ -549,12 +553,39 @@ def test_tuned_adapter_decodes_its_fine_tune_exactly(tmp_path):
     size = adapter_size(model)
     assert fuse(model)  # the fine-tune folded into the weights; the stream-only LoRA stays
     assert decodings() == [oracle] * 3 and adapter_size(model) == size
-    with pytest.raises(ValueError, match="lossless"):
-        train(tiny_model("llama", seed=0), (train_ds, None), mode="shared", over=tmp_path / "lo",
+    with pytest.raises(ValueError, match="lossless and shared"):
+        train(tiny_model("llama", seed=0), (train_ds, None), mode="lora", over=tmp_path / "lo",
               iters=1, progress=False)
     with pytest.raises(AdapterError, match="lora"):
         train(tiny_model("llama", seed=0), (train_ds, None), over=tmp_path / "tu", iters=1,
               progress=False)
+
+
+def test_split_shared_adapter_starts_from_its_fine_tune(tmp_path):
+    """Shared mode ``over`` a fine-tune: the every-row LoRA starts as the fine-tune's (at learning
+    rate 0 it stays so, with stream-only LoRA in the MSA layers only) and trains on with the
+    streams (both change at a learning rate > 0); it saves, reloads and fuses to the same output."""
+    model, _, _, train_ds = tune_main_stream("lora", tmp_path / "lo")
+    fine_tune = {k: np.array(v) for k, v in adapter_weights(model).items() if ".lora_" in k}
+    opts = dict(mode="shared", over=tmp_path / "lo", gamma=2, msa_layers=2, batch_size=8,
+                val_every=0, progress=False, log=lambda m: None)
+    train(model, (train_ds, None), iters=1, lr=0.0, **opts)
+    assert (model.adapter_config.mode, model.adapter_config.main_rank) == ("shared", 8)
+    assert all(np.array_equal(np.array(v), fine_tune[k]) for k, v in fine_tune_weights(model).items())
+    streams = [m for m in model.modules() if isinstance(m, LoRALinear) and m.streams_only]
+    assert len(streams) == 2 * 7 and all(isinstance(m.base, LoRALinear) for m in streams)
+    report = train(model, (train_ds, None), iters=10, lr=3e-3, out=tmp_path / "sp", **opts)
+    assert report["history"][-1]["loss"] < report["history"][0]["loss"]
+    trained = fine_tune_weights(model)
+    assert trained.keys() == fine_tune.keys()
+    assert not all(np.array_equal(np.array(v), fine_tune[k]) for k, v in trained.items())
+    streams = [m for m in model.modules() if isinstance(m, LoRALinear) and m.streams_only]
+    assert all(np.abs(np.array(m.lora_b)).max() > 0 for m in streams)  # zero-initialised, trained
+    ref = [generate(model, None, p, max_tokens=10).tokens for p in ([3, 10], [50])]
+    load_adapter(model, tmp_path / "sp")
+    assert [generate(model, None, p, max_tokens=10).tokens for p in ([3, 10], [50])] == ref
+    assert fuse(model)  # the every-row LoRA folded; the streams' own stays
+    assert [generate(model, None, p, max_tokens=10).tokens for p in ([3, 10], [50])] == ref
 
 
 def test_init_starts_from_an_adapters_weights(tmp_path):
