@@ -42,11 +42,13 @@ def test_graph_equals_engine(mode, threshold):
         assert any(len(p["out"].kept) < len(p["tree"]) for p in rec.passes[1:]), "pruning never happened"
 
 
-def test_tuned_adapter_exports_with_its_fine_tune_folded():
-    """A tuned lossless adapter (streams over a carried fine-tune): refused while the fine-tune is
-    a LoRA under the streams' LoRA, equal to the engine once ``fuse`` folds it into the weights."""
+@pytest.mark.parametrize("mode", ["lossless", "shared"])
+def test_tuned_adapter_exports_with_its_fine_tune_folded(mode):
+    """A tuned lossless or split shared adapter (every-row LoRA under the streams' stream-only
+    LoRA): refused while the every-row LoRA is nested, equal to the engine once ``fuse`` folds it
+    into the weights."""
     model = tiny_model("llama", seed=3, scale=2.0)
-    new_adapter(model, mode="lossless", gamma=3, msa_layers=2, seed=1, main_rank=4)
+    new_adapter(model, mode=mode, gamma=3, msa_layers=2, seed=1, main_rank=4)
     with pytest.raises(UnsupportedModelError, match="folded"):
         SpecStreamGraph(model, graph_config(model, 64, 8, 4))
     assert fuse(model)
