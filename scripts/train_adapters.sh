@@ -2,7 +2,8 @@
 # Train what ships beside the default model for its applications and the benchmark (issue 5):
 #   adapters/sql (shared), adapters/sql-lossless, adapters/code (lossless),
 #   adapters/sql-lora (next-token LoRA baseline, no streams), adapters/sql-tuned (lossless streams
-#   over sql-lora, which it carries), draft/ (two-model speculative decoding).
+#   over sql-lora, which it carries), adapters/sql-split (shared, started from sql-lora, streams
+#   with LoRA of their own), draft/ (two-model speculative decoding).
 #
 #   scripts/train_adapters.sh                        # all of it, as shipped
 #   ITERS=2000 ONLY="sql" scripts/train_adapters.sh   # some of it, longer
@@ -19,7 +20,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 M=${MODEL:-models/specstream-tiny/mlx}
-ONLY=${ONLY:-"sql-lossless sql sql-lora sql-tuned code draft"}
+ONLY=${ONLY:-"sql-lossless sql sql-lora sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --overwrite)
 train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a new cosine to their end)
@@ -54,6 +55,8 @@ for what in $ONLY; do
     sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora --msa-layers 2 ;;
     sql-tuned) train sql-tuned 2000 1e-3 --data data/sql --mode lossless --over sql-lora \
       --no-self-distill --msa-layers 4 --rank 32 ;;  # after sql-lora: it carries that fine-tune
+    sql-split) train sql-split 1000 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 2 \
+      --alphas "1 0.01" ;;  # after sql-lora: it starts from that fine-tune
     code) train code 300 5e-4 --data data/code --mode lossless --no-self-distill --msa-layers 2 ;;
     draft)
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
