@@ -476,7 +476,7 @@ def _digest(weights: dict[str, mx.array]) -> str:
 
 def _all_sum(tree, group):
     """The tree of arrays summed over the processes in one message (one per array would pay the
-    transport's latency for each of the adapter's ~60 arrays)."""
+    transport's latency for each of the adapter's ~60 arrays and the loss)."""
     leaves = tree_flatten(tree)
     flat = mx.distributed.all_sum(mx.concatenate([v.reshape(-1) for _, v in leaves]), group=group)
     cuts = np.cumsum([v.size for _, v in leaves])[:-1].tolist()
@@ -749,7 +749,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             states = cache.states(model, list(shard), examples) if cache is not None and examples else None
             loss, grads = _grad_step(model, batch, tc, norms, states)
             if group is not None:
-                grads, loss = _all_sum(grads, group), mx.distributed.all_sum(loss, group=group)
+                grads, loss = _all_sum([grads, loss], group)
             if grad_clip:
                 grads, _ = optim.clip_grad_norm(grads, grad_clip)
             optimizer.update(model, grads)
