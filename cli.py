@@ -288,9 +288,12 @@ def train(
                                        "the tokens accepted per pass; the best adapter is kept (0: off)"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
+    processes: int = typer.Option(1, "--processes", "-j",
+                                  help="train data-parallel in N processes on this machine, the cores "
+                                  "shared out between them"),
 ) -> None:
     """Train a speculative adapter (lossless or shared mode) on JSONL data; runs data-parallel
-    under ``mlx.launch``."""
+    with --processes N, or under ``mlx.launch``."""
     import json as _json
 
     from mlx_specstream.api import DEFAULT_MODEL
@@ -306,7 +309,7 @@ def train(
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
                        accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
-                       warmup=warmup)
+                       warmup=warmup, processes=processes)
     if report["rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
         typer.echo(_json.dumps(summary, indent=2))

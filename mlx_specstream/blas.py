@@ -150,3 +150,16 @@ def preload_fast_blas() -> str | None:
             ctypes.CDLL(rows, mode=ctypes.RTLD_GLOBAL)  # first: MLX's cblas_sgemm resolves to it
     ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
     return lib
+
+
+def set_threads(n: int) -> int | None:
+    """Let the loaded BLAS (OpenBLAS or MKL) use ``n`` threads; returns how many it used before,
+    or None where there is no such BLAS (Accelerate, the reference BLAS)."""
+    scope = ctypes.CDLL(None)
+    for get, put in (("openblas_get_num_threads", "openblas_set_num_threads"),
+                     ("MKL_Get_Max_Threads", "MKL_Set_Num_Threads")):
+        if hasattr(scope, get):
+            before = getattr(scope, get)()
+            getattr(scope, put)(ctypes.c_int(n))
+            return before
+    return None

@@ -31,7 +31,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     With ``cache`` (a JSON-lines file), each finished batch is appended to it, and continuations
     it already holds are reused, by an interrupted run resumed or a longer run of the same data:
     its first line is a digest of ``key`` (the base model, settings), the prompts and the budgets.
-    Under ``mlx.launch`` the batches are shared out and gathered (the first process writes).
+    With several processes (``group``) the batches are shared out and gathered (the first writes).
     """
     from tqdm import tqdm
 
@@ -53,7 +53,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                     break
                 done[row["i"]] = row["completion"]
     if size > 1:  # every process has read the cache before the first one writes to it
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+        mx.eval(group.all_sum(mx.array(1.0)))
     write = cache is not None and rank == 0
     if write and not done:
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -84,7 +84,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
         table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
         for i, c in fresh.items():  # each row is written by one process: the sum is that row
             table[i, 0], table[i, 1: len(c) + 1] = len(c), c
-        table = np.array(mx.distributed.all_sum(mx.array(table), group=group))
+        table = np.array(group.all_sum(mx.array(table)))
         keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
     done.update(fresh)
     wanted = set(wanted)

@@ -27,10 +27,11 @@ streams, so the whole sequence (streams on completion positions only) runs in on
 ``lora`` mode is the next-token baseline the benchmark compares against: shared-mode LoRA trained
 on the main loss alone, no streams.
 
-Data parallel: under ``mlx.launch`` every process takes its share of each global batch; the loss
-of each process is normalised by the global counts of valid targets (summed across processes),
-and the gradients are summed with ``mx.distributed.all_sum``, so N processes compute the same
-update as one process on the whole batch.
+Data parallel: under ``mlx.launch`` or with ``processes=N`` every process takes its share of each
+global batch; the loss of each process is normalised by the global counts of valid targets (summed
+across processes), and the gradients are summed (``process_group.py``: ``mx.distributed.all_sum``,
+or pipes between the processes ``processes=N`` starts on this machine), so N processes compute the
+same update as one process on the whole batch.
 
 Checkpoints (adapter weights, optimizer state, step; ``checkpoint.py``) go to
 ``OUT.train/checkpoints``; the order of the data is a function of ``seed`` and the epoch
@@ -75,6 +76,7 @@ from .distill import distill_dataset
 from .kernels import host_math
 from .lora import LoRALinear
 from .outputs import check_replaceable, write_text_atomic
+from .process_group import DistributedGroup, run_local
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
@@ -334,7 +336,7 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
                 sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
         sums[2 * g + 4:] += batch.counts(g)
     if size > 1:
-        sums = np.array(mx.distributed.all_sum(mx.array(sums.astype(np.float32)), group=group),
+        sums = np.array(group.all_sum(mx.array(sums.astype(np.float32))),
                         dtype=np.float64)
     ce_m, ce_p, ce_s = sums[0], sums[1], sums[2: 2 + g]
     ok_m, ok_p, ok_s = sums[2 + g], sums[3 + g], sums[4 + g: 4 + 2 * g]
@@ -478,16 +480,50 @@ def _all_sum(tree, group):
     """The tree of arrays summed over the processes in one message (one per array would pay the
     transport's latency for each of the adapter's ~60 arrays and the loss)."""
     leaves = tree_flatten(tree)
-    flat = mx.distributed.all_sum(mx.concatenate([v.reshape(-1) for _, v in leaves]), group=group)
+    flat = group.all_sum(mx.concatenate([v.reshape(-1) for _, v in leaves]))
     cuts = np.cumsum([v.size for _, v in leaves])[:-1].tolist()
     return tree_unflatten([(k, x.reshape(v.shape)) for (k, v), x in zip(leaves, mx.split(flat, cuts))])
 
 
+def batch_gradients(model, dataset: Dataset, ids: list[int], tc: TrainConfig, group=None,
+                    cache: BaseStateCache | None = None) -> tuple[mx.array, dict]:
+    """Loss and gradients of the global batch ``dataset.examples[ids]``: this process computes its
+    share (normalised by the global counts of valid targets) and the group sums them."""
+    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
+    shard = list(ids)[rank::size]  # a batch is sorted by length: every process gets short and long
+    examples = [dataset.examples[i] for i in shard]
+    norms = Batch.of([dataset.examples[i] for i in ids]).counts(tc.gamma)  # the same on every process
+    batch = Batch.of(examples) if examples else None
+    states = cache.states(model, list(shard), examples) if cache is not None and examples else None
+    loss, grads = _grad_step(model, batch, tc, norms, states)
+    if group is not None:
+        grads, loss = _all_sum([grads, loss], group)
+    return loss, grads
+
+
 def _group(distributed):
+    """The run's processes: a group given (:func:`~mlx_specstream.process_group.run_local`'s), the
+    ``mlx.launch`` processes, or None (one process)."""
+    if distributed not in (None, True, False):
+        return distributed
     if distributed is False:
         return None
     g = mx.distributed.init()
-    return g if g.size() > 1 else None
+    return DistributedGroup(g) if g.size() > 1 else None
+
+
+def _train_local(processes: int, arguments: dict) -> dict:
+    """:func:`train` in ``processes`` processes on this machine; rank 0's report."""
+    if arguments["distributed"] not in (None, True) or _group(arguments["distributed"]) is not None:
+        raise ValueError("processes > 1 starts its own processes: not under mlx.launch nor with a group")
+    if not isinstance(arguments["model"], (str, Path)):
+        raise ValueError("processes > 1 needs the model as a directory (each process loads it)")
+    if processes > arguments["batch_size"]:
+        raise ValueError(f"processes ({processes}) must not exceed the batch size "
+                         f"({arguments['batch_size']}): each process takes a share of every batch")
+    kwargs = {k: v for k, v in arguments.items() if k not in ("processes", "distributed")}
+    return run_local(processes, train, kwargs,
+                     worker_kwargs={"progress": False, "callback": None, "log": None})
 
 
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
@@ -505,7 +541,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
           over: str | Path | None = None, init: str | Path | None = None, tokenizer=None,
           model_path: str | Path | None = None, progress: bool = True,
-          distributed: bool | None = None, callback=None, log=None) -> dict:
+          processes: int = 1, distributed=None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
     ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
@@ -533,9 +569,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
-    is called after every step. Under ``mlx.launch`` the global batch is shared out between the
-    processes (``distributed=False`` turns that off).
+    is called after every step. ``processes``: train data-parallel in that many processes on this
+    machine (the cores shared out between them; ``model`` a directory). Under ``mlx.launch`` the
+    global batch is shared out between its processes (``distributed=False`` turns that off).
     """
+    arguments = dict(locals())
     from tqdm import tqdm
 
     say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
@@ -554,6 +592,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise ValueError("distill_tokens must be at least 1")
     if batch_size < 1 or (iters is not None and iters < 1) or (epochs is not None and epochs <= 0):
         raise ValueError("batch_size, iters and epochs must be positive")
+    if processes < 1:
+        raise ValueError(f"processes must be at least 1, not {processes}")
+    if processes > 1:
+        return _train_local(processes, arguments)
     if isinstance(model, (str, Path)):
         from .api import load
 
@@ -585,7 +627,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             raise FileExistsError(f"{ckpt_dir} holds checkpoints of an earlier run: pass resume=True "
                                   "(--resume) to continue it, or overwrite=True (--overwrite)")
     if group is not None:  # every process waits for the checks above
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), group=group))
+        mx.eval(group.all_sum(mx.array(1.0)))
 
     # -- data -------------------------------------------------------------------------------
     if isinstance(data, (tuple, list)):
@@ -741,20 +783,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     try:
         for step in range(start + 1, iters + 1):
             ids = global_batch(step - 1)
-            shard = np.array_split(np.array(ids), world)[rank_id]
-            examples = [train_ds.examples[i] for i in shard]
-            full = Batch.of([train_ds.examples[i] for i in ids])
-            norms = full.counts(gamma)  # global counts: the same on every process
-            batch = Batch.of(examples) if examples else None
-            states = cache.states(model, list(shard), examples) if cache is not None and examples else None
-            loss, grads = _grad_step(model, batch, tc, norms, states)
-            if group is not None:
-                grads, loss = _all_sum([grads, loss], group)
+            loss, grads = batch_gradients(model, train_ds, ids, tc, group, cache)
             if grad_clip:
                 grads, _ = optim.clip_grad_norm(grads, grad_clip)
             optimizer.update(model, grads)
             mx.eval(model.trainable_parameters(), optimizer.state, loss)
-            tokens_seen += int(full.length.sum())
+            tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
             dt = time.perf_counter() - t0
             info = {"step": step, "loss": round(float(loss.item()), 6),
                     "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")

@@ -2,12 +2,14 @@
 shipped model and the project's data (a fixed set of batches, warmed up, methods interleaved).
 
     .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 12] [--reps 3]
-        [--before REV] [--out FILE]
+        [--before REV] [--lossless-only] [--processes] [--out FILE]
 
 Rows: lossless with today's default MSA layers (4, as before 2026-11-23) with the base recomputed
 every step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
 steps timed are a later epoch's, so every state is kept), also with the exponentials left to MLX
-(``kernels/host_math.py`` off); lossless with 2 MSA layers; shared mode and the LoRA baseline.
+(``kernels/host_math.py`` off); lossless with 2 MSA layers; shared mode and the LoRA baseline;
+with ``--processes``, the default lossless and shared steps in 2 processes on this machine
+(``train --processes 2``: half of each batch each, one BLAS thread each, gradients summed by pipes).
 Every row trains on the same examples, batched as train() batches them for its mode. ``--before
 REV`` adds the lossless rows of the training step at git revision REV, timed in the same rounds,
 so a change is measured before and after on the same machine state. Each figure is the fastest of
@@ -39,6 +41,7 @@ from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.process_group import run_local  # noqa: E402
 from mlx_specstream.train import MODES, _resolve_alphas, set_trainable  # noqa: E402
 from mlx_specstream.train_batches import epoch_batches, length_keys  # noqa: E402
 
@@ -59,6 +62,39 @@ def train_module_at(rev: str):
     return module
 
 
+def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, msa: int,
+             distributed=None) -> tuple[float, float]:
+    """Seconds for the steps of ``ids`` (after a first pass that warms up and fills the state
+    cache) and peak MB, for a training step of ``module`` (today's ``train`` or an earlier one).
+    With ``distributed`` (a process group; ``model`` None: loaded here) today's data-parallel step."""
+    module = module or current
+    if model is None:
+        model, tok = load(DEFAULT_MODEL)
+        data = load_jsonl(Path(data) / "valid.jsonl", tok, max_seq_len=512)
+    gamma = 0 if mode == "lora" else 4
+    attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa), seed=0)
+    set_trainable(model)
+    tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=msa, alphas=_resolve_alphas(None, mode, gamma))
+    cache = module.BaseStateCache(4 << 30) if keep else None
+    for _ in range(2):  # the first pass warms up and fills the cache
+        mx.reset_peak_memory()
+        if distributed is not None:  # every process starts the timed pass together
+            mx.eval(distributed.all_sum(mx.array(1.0)))
+        t = time.perf_counter()
+        for b_ids in ids:
+            if module is current:
+                loss, grads = current.batch_gradients(model, data, b_ids, tc, distributed, cache)
+            else:
+                ex = [data.examples[i] for i in b_ids]
+                b = module.Batch.of(ex)
+                states = cache.states(model, list(b_ids), ex) if cache is not None else None
+                loss, grads = module._grad_step(model, b, tc, b.counts(gamma), states)
+            mx.eval(loss, grads)
+        seconds = time.perf_counter() - t
+    detach(model)
+    return seconds, mx.get_peak_memory() / 2**20
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=Path("data/sql"))
@@ -67,6 +103,8 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=8)
     ap.add_argument("--before", metavar="REV", help="also time the lossless step at git revision REV")
     ap.add_argument("--lossless-only", action="store_true", help="time the lossless rows only")
+    ap.add_argument("--processes", action="store_true",
+                    help="also time the lossless and shared steps in 2 processes (train --processes 2)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model, tok = load(DEFAULT_MODEL)
@@ -101,30 +139,22 @@ def main() -> None:
         runs = {k: v for k, v in runs.items() if v[0] == "lossless"}
     best: dict[str, float] = {}
     peak: dict[str, float] = {}
+    local = {f"lossless, {n_s} MSA layers (base states kept), 2 processes (--processes 2)":
+             ("lossless", True, current, "lossless", n_s),
+             f"shared, {n_s} MSA layers, 2 processes (--processes 2)":
+             ("shared", False, current, "shared", n_s)}
+    if args.processes:
+        runs |= {k: v for k, v in local.items() if not args.lossless_only or v[0] == "lossless"}
     for _ in range(args.reps):
         for name, (mode, keep, module, grouping, msa) in runs.items():
-            gamma = 0 if mode == "lora" else 4
-            attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa), seed=0)
-            set_trainable(model)
-            tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=msa,
-                                    alphas=_resolve_alphas(None, mode, gamma))
-            cache = module.BaseStateCache(4 << 30) if keep else None
             host_math.set_allowed("exponentials in MLX" not in name)
-            steps = []
-            for warm in (True, False):  # a first pass warms up (and fills the cache)
-                mx.reset_peak_memory()
-                t = time.perf_counter()
-                for ids in batches[grouping]:
-                    ex = [ds.examples[i] for i in ids]
-                    b = module.Batch.of(ex)
-                    states = cache.states(model, list(ids), ex) if cache is not None else None
-                    loss, grads = module._grad_step(model, b, tc, b.counts(gamma), states)
-                    mx.eval(loss, grads)
-                if not warm:
-                    steps.append(time.perf_counter() - t)
-            best[name] = min(best.get(name, float("inf")), min(steps) / args.steps)
-            peak[name] = mx.get_peak_memory() / 2**20
-            detach(model)
+            if name in local:  # today's module, imported by each process
+                got = run_local(2, time_row, {"model": None, "data": str(args.data), "ids": batches[grouping],
+                                              "mode": mode, "keep": keep, "module": None, "msa": msa})
+            else:
+                got = time_row(model, ds, batches[grouping], mode, keep, module, msa)
+            best[name] = min(best.get(name, float("inf")), got[0] / args.steps)
+            peak[name] = got[1]
     tokens = float(np.mean([sum(len(ds.examples[i].tokens) for i in ids) for ids in batches["lossless"]]))
     ref = next(iter(best.values()))
     rows = [{"mode": n, "ms_per_step": round(s * 1e3, 1), "steps_per_s": round(1 / s, 3),

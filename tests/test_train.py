@@ -755,18 +755,23 @@ def test_cli_train_saves_named_adapter(tmp_path):
     assert r.returncode == 1 and "train.jsonl:2: invalid JSON" in r.stderr
 
 
+@pytest.mark.parametrize("how", ["mlx.launch", "--processes"])
 @pytest.mark.parametrize("mode", ["lossless", "shared"])
-def test_two_processes_equal_one(tmp_path, mode):
-    """mlx.launch, 2 processes (ring backend): the same parameters as 1 process on the same
-    global batches."""
+def test_two_processes_equal_one(tmp_path, mode, how):
+    """2 processes (under mlx.launch with the ring backend, or started by ``--processes 2``): the
+    same parameters as 1 process on the same global batches."""
     model_dir = make_model_dir(tmp_path)
     args = [a if a is not None else str(tmp_path / "data") for a in ARGS] + ["--mode", mode]
     one = cli("--model", str(model_dir), "--out", str(tmp_path / "one"), *args)
     assert one.returncode == 0, one.stderr
-    two = cli("--model", str(model_dir), "--out", str(tmp_path / "two"), *args, launch=2)
-    if two.returncode != 0 and "bind" in two.stdout + two.stderr:
-        pytest.skip("the ring backend could not open its local ports")
+    if how == "mlx.launch":
+        two = cli("--model", str(model_dir), "--out", str(tmp_path / "two"), *args, launch=2)
+        if two.returncode != 0 and "bind" in two.stdout + two.stderr:
+            pytest.skip("the ring backend could not open its local ports")
+    else:
+        two = cli("--model", str(model_dir), "--out", str(tmp_path / "two"), *args, "--processes", "2")
     assert two.returncode == 0, two.stdout + two.stderr
+    assert json.loads(two.stdout)["world_size"] == 2  # one summary: the first process's
     r1 = json.loads((tmp_path / "one" / "training_report.json").read_text())
     r2 = json.loads((tmp_path / "two" / "training_report.json").read_text())
     assert (r1["world_size"], r2["world_size"]) == (1, 2)
@@ -782,6 +787,15 @@ def test_two_processes_equal_one(tmp_path, mode):
     # wrong reduction (a shard's gradient lost, a process on other batches) moves most by far more.
     diff = np.concatenate([np.abs(np.array(a[k]) - np.array(b[k])).ravel() for k in a])
     assert diff.max() < 3e-4 and np.mean(diff > 3e-5) < 1e-3, (diff.max(), np.mean(diff > 3e-5))
+
+
+def test_processes_bad_input(tmp_path):
+    model_dir = make_model_dir(tmp_path)
+    args = [a if a is not None else str(tmp_path / "data") for a in ARGS]
+    for n, says in (("0", "processes must be at least 1"), ("7", "must not exceed the batch size (6)")):
+        r = cli("--model", str(model_dir), "--out", "x", *args, "--processes", n)
+        assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert not (model_dir / "adapters" / "x").exists()
 
 
 def test_base_state_cache_gives_the_same_step():

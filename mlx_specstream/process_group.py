@@ -1,0 +1,131 @@
+"""The processes of a data-parallel training run and their one collective, ``all_sum``.
+
+Two kinds of group, one interface (``rank()``, ``size()``, ``all_sum(x)``):
+
+* :class:`DistributedGroup`: ``mx.distributed`` under ``mlx.launch`` (ring or MPI; across machines).
+* :class:`LocalGroup`: N processes on this machine, started by :func:`run_local`
+  (``train(processes=N)``, ``specstream-mlx train --processes N``). They talk through pipes, whose
+  reads block in the kernel: a waiting process leaves its core to the others, where the ring
+  backend's transport threads spin (on 2 cores they took the cores the training needed).
+
+How ``LocalGroup.all_sum`` sums, for N = 3::
+
+    rank 1: send x1 to rank 0 ─┐                     ┌─> receive s (rank 1 and 2)
+    rank 2: send x2 to rank 0 ─┼─> rank 0: s = x0 + x1 + x2 ─┤
+                               │  (in rank order)    └─> rank 0 keeps s
+
+Every process gets the same array, bit for bit (one process adds, in one order), so N processes
+apply the same update. A process that stops closes its pipes; the others' next ``all_sum`` then
+raises :class:`PeerStopped` instead of waiting forever.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+
+import mlx.core as mx
+import numpy as np
+
+from . import blas
+
+
+class PeerStopped(RuntimeError):
+    """Another process of the group stopped (it failed, or was interrupted)."""
+
+
+class DistributedGroup:
+    """An ``mx.distributed`` group (``mlx.launch``)."""
+
+    def __init__(self, group):
+        self.group = group
+
+    def rank(self) -> int:
+        return self.group.rank()
+
+    def size(self) -> int:
+        return self.group.size()
+
+    def all_sum(self, x: mx.array) -> mx.array:
+        return mx.distributed.all_sum(x, group=self.group)
+
+
+class LocalGroup:
+    """Process ``rank`` of ``size`` on this machine. Rank 0 holds a pipe to every other process;
+    the others hold one pipe, to rank 0."""
+
+    def __init__(self, rank: int, size: int, links: list[Connection]):
+        self._rank, self._size, self.links = rank, size, links
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+    def all_sum(self, x: mx.array) -> mx.array:
+        """The sum of every process's ``x`` (same shape and dtype everywhere), on every process."""
+        dtype = x.dtype
+        a = np.array(x.astype(mx.float32) if dtype == mx.bfloat16 else x)  # NumPy has no bfloat16
+        try:
+            if self._rank == 0:
+                for link in self.links:
+                    a = a + np.frombuffer(link.recv_bytes(), a.dtype).reshape(a.shape)
+                for link in self.links:
+                    link.send_bytes(np.ascontiguousarray(a))
+            else:
+                self.links[0].send_bytes(np.ascontiguousarray(a))
+                a = np.frombuffer(self.links[0].recv_bytes(), a.dtype).reshape(a.shape)
+        except (EOFError, OSError) as e:
+            who = "another training process" if self._rank == 0 else "the first training process"
+            raise PeerStopped(f"{who} stopped: see its error above") from e
+        return mx.array(a).astype(dtype)
+
+
+def _threads_each(n: int) -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // n)
+
+
+def _worker(rank: int, size: int, link: Connection, fn: Callable, kwargs: dict) -> None:
+    blas.set_threads(_threads_each(size))
+    try:
+        fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
+    except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once
+        raise SystemExit(1) from None
+
+
+def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = None):
+    """``fn(**kwargs, distributed=group)`` in this process (rank 0) and in ``n - 1`` processes
+    started for it (``spawn``: ``fn`` and the keyword arguments must pickle; ``worker_kwargs``
+    replace some of them there, e.g. callbacks). The cores are shared out: each process uses
+    ``cores // n`` BLAS threads. Returns rank 0's result. If a started process fails, rank 0's
+    next ``all_sum`` raises :class:`PeerStopped`; when rank 0 returns or raises, the others are
+    stopped and waited for.
+    """
+    if n < 2:
+        raise ValueError(f"run_local needs at least 2 processes, not {n}")
+    ctx = multiprocessing.get_context("spawn")
+    pipes = [ctx.Pipe() for _ in range(n - 1)]
+    procs = [ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
+                         args=(r, n, pipes[r - 1][1], fn, kwargs | (worker_kwargs or {})))
+             for r in range(1, n)]
+    for p in procs:
+        p.start()
+    for _, theirs in pipes:
+        theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
+    before = blas.set_threads(_threads_each(n))
+    try:
+        return fn(**kwargs, distributed=LocalGroup(0, n, [ours for ours, _ in pipes]))
+    finally:
+        for ours, _ in pipes:
+            ours.close()
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+                p.join()
+        if before is not None:
+            blas.set_threads(before)

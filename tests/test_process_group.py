@@ -1,0 +1,85 @@
+"""Local data-parallel processes (``process_group.py``): the sum every process gets, the cores
+shared out, and a failing process reported instead of waited for."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_specstream import blas
+from mlx_specstream.process_group import PeerStopped, run_local
+
+SHAPES = {"float32": (3, 1000, 7), "int32": (5, 11), "bfloat16": (64,)}
+
+
+def _mine(rank: int, dtype: str) -> np.ndarray:
+    rng = np.random.default_rng(rank)
+    if dtype == "int32":
+        return rng.integers(-1000, 1000, SHAPES[dtype]).astype(np.int32)
+    return rng.standard_normal(SHAPES[dtype]).astype(np.float32)
+
+
+def _sum_job(out: str, distributed) -> None:
+    r = distributed.rank()
+    got = {}
+    for dtype in SHAPES:
+        x = mx.array(_mine(r, dtype)).astype(getattr(mx, dtype))
+        s = distributed.all_sum(x)
+        assert s.dtype == x.dtype and s.shape == x.shape
+        got[dtype] = np.array(s.astype(mx.float32) if dtype == "bfloat16" else s)
+    got["threads"] = np.array(blas.set_threads(1) or 0)
+    np.savez(os.path.join(out, f"rank{r}.npz"), **got)
+
+
+def test_every_process_gets_the_same_sum(tmp_path):
+    n = 3
+    run_local(n, _sum_job, {"out": str(tmp_path)})
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in range(n)]
+    for dtype in ("float32", "int32"):
+        want = _mine(0, dtype)
+        for r in range(1, n):
+            want = want + _mine(r, dtype)  # rank order, in the dtype: what rank 0 adds
+        for g in got:
+            assert g[dtype].dtype == want.dtype and np.array_equal(g[dtype], want)
+    assert all(np.array_equal(g["bfloat16"], got[0]["bfloat16"]) for g in got)
+    want = sum(_mine(r, "bfloat16") for r in range(n))
+    assert np.allclose(got[0]["bfloat16"], want, rtol=2e-2, atol=2e-2)  # bfloat16 rounding
+    if blas.active_blas() in ("openblas", "mkl"):  # each process has its share of the cores
+        cores = len(os.sched_getaffinity(0))
+        assert [int(g["threads"]) for g in got] == [max(1, cores // n)] * n
+
+
+def _fail_job(distributed) -> None:
+    if distributed.rank() == 1:
+        raise ValueError("a worker fails")
+    for _ in range(3):
+        distributed.all_sum(mx.ones(4))
+
+
+def test_a_failing_process_is_reported_not_waited_for():
+    t = time.perf_counter()
+    with pytest.raises(PeerStopped, match="another training process stopped"):
+        run_local(2, _fail_job, {})
+    assert time.perf_counter() - t < 25
+
+
+def _first_fails_job(distributed) -> None:
+    if distributed.rank() == 0:
+        raise ValueError("the first process fails")
+    distributed.all_sum(mx.ones(4))
+
+
+def test_the_others_stop_when_the_first_fails():
+    t = time.perf_counter()
+    with pytest.raises(ValueError, match="the first process fails"):
+        run_local(2, _first_fails_job, {})
+    assert time.perf_counter() - t < 25  # run_local waits up to 30 s before it kills a process
+
+
+def test_run_local_needs_two_processes():
+    with pytest.raises(ValueError, match="at least 2"):
+        run_local(1, _fail_job, {})
