@@ -339,13 +339,14 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     from mlx_specstream.errors import USER_ERRORS, OptionError
+    from mlx_specstream.process_group import PeerStopped
 
     try:
         app()
     except OptionError as e:
         typer.echo(f"error: {e.render(cli=True)}", err=True)
         sys.exit(1)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, PeerStopped) as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(1)
     except KeyboardInterrupt:

@@ -16,7 +16,7 @@ How ``LocalGroup.all_sum`` sums, for N = 3::
 
 Every process gets the same array, bit for bit (one process adds, in one order), so N processes
 apply the same update. A process that stops closes its pipes; the others' next ``all_sum`` then
-raises :class:`PeerStopped` instead of waiting forever.
+raises :class:`PeerStopped` (on rank 0 with the failed process's error) instead of waiting forever.
 """
 
 from __future__ import annotations
@@ -53,11 +53,11 @@ class DistributedGroup:
 
 
 class LocalGroup:
-    """Process ``rank`` of ``size`` on this machine. Rank 0 holds a pipe to every other process;
-    the others hold one pipe, to rank 0."""
+    """Process ``rank`` of ``size`` on this machine. Rank 0 holds a pipe to every other process
+    (and one on which each says why it failed); the others hold one pipe, to rank 0."""
 
-    def __init__(self, rank: int, size: int, links: list[Connection]):
-        self._rank, self._size, self.links = rank, size, links
+    def __init__(self, rank: int, size: int, links: list[Connection], errors: list[Connection] = ()):
+        self._rank, self._size, self.links, self.errors = rank, size, links, list(errors)
 
     def rank(self) -> int:
         return self._rank
@@ -69,19 +69,35 @@ class LocalGroup:
         """The sum of every process's ``x`` (same shape and dtype everywhere), on every process."""
         dtype = x.dtype
         a = np.array(x.astype(mx.float32) if dtype == mx.bfloat16 else x)  # NumPy has no bfloat16
-        try:
-            if self._rank == 0:
-                for link in self.links:
-                    a = a + np.frombuffer(link.recv_bytes(), a.dtype).reshape(a.shape)
-                for link in self.links:
-                    link.send_bytes(np.ascontiguousarray(a))
-            else:
-                self.links[0].send_bytes(np.ascontiguousarray(a))
-                a = np.frombuffer(self.links[0].recv_bytes(), a.dtype).reshape(a.shape)
-        except (EOFError, OSError) as e:
-            who = "another training process" if self._rank == 0 else "the first training process"
-            raise PeerStopped(f"{who} stopped: see its error above") from e
+        if self._rank == 0:
+            for r, link in enumerate(self.links, 1):
+                a = a + np.frombuffer(self._receive(link, r), a.dtype).reshape(a.shape)
+            for r, link in enumerate(self.links, 1):
+                self._send(link, a, r)
+        else:
+            self._send(self.links[0], a, 0)
+            a = np.frombuffer(self._receive(self.links[0], 0), a.dtype).reshape(a.shape)
         return mx.array(a).astype(dtype)
+
+    def _send(self, link: Connection, a: np.ndarray, peer: int) -> None:
+        try:
+            link.send_bytes(np.ascontiguousarray(a))
+        except OSError as e:
+            raise self._stopped(peer) from e
+
+    def _receive(self, link: Connection, peer: int) -> bytes:
+        try:
+            return link.recv_bytes()
+        except (EOFError, OSError) as e:
+            raise self._stopped(peer) from e
+
+    def _stopped(self, peer: int) -> PeerStopped:
+        if self._rank != 0:
+            return PeerStopped("the first training process stopped")
+        why = self.errors[peer - 1] if peer - 1 < len(self.errors) else None
+        if why is not None and why.poll(5):  # it says why before it exits
+            return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
+        return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 
 def _threads_each(n: int) -> int:
@@ -89,39 +105,54 @@ def _threads_each(n: int) -> int:
     return max(1, cores // n)
 
 
-def _worker(rank: int, size: int, link: Connection, fn: Callable, kwargs: dict) -> None:
+def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callable, kwargs: dict,
+            quiet: tuple) -> None:
     blas.set_threads(_threads_each(size))
     try:
         fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
     except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once
         raise SystemExit(1) from None
+    except Exception as e:
+        try:
+            why.send(str(e) if isinstance(e, quiet) else f"{type(e).__name__}: {e}")
+        except OSError:  # rank 0 has stopped already (on the same bad input, say)
+            pass
+        if isinstance(e, quiet):  # bad input: rank 0 says it in one line
+            raise SystemExit(1) from None
+        raise  # anything else: its traceback too
 
 
-def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = None):
+def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = None,
+              quiet: tuple[type[Exception], ...] = ()):
     """``fn(**kwargs, distributed=group)`` in this process (rank 0) and in ``n - 1`` processes
     started for it (``spawn``: ``fn`` and the keyword arguments must pickle; ``worker_kwargs``
     replace some of them there, e.g. callbacks). The cores are shared out: each process uses
     ``cores // n`` BLAS threads. Returns rank 0's result. If a started process fails, rank 0's
-    next ``all_sum`` raises :class:`PeerStopped`; when rank 0 returns or raises, the others are
-    stopped and waited for.
+    next ``all_sum`` raises :class:`PeerStopped` with its error (a traceback too, unless the error
+    is one of ``quiet``); when rank 0 returns or raises, the others are stopped and waited for.
     """
     if n < 2:
         raise ValueError(f"run_local needs at least 2 processes, not {n}")
     ctx = multiprocessing.get_context("spawn")
     pipes = [ctx.Pipe() for _ in range(n - 1)]
-    procs = [ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
-                         args=(r, n, pipes[r - 1][1], fn, kwargs | (worker_kwargs or {})))
-             for r in range(1, n)]
-    for p in procs:
-        p.start()
-    for _, theirs in pipes:
-        theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
-    before = blas.set_threads(_threads_each(n))
+    whys = [ctx.Pipe(duplex=False) for _ in range(n - 1)]  # (rank 0 reads, the process writes)
+    procs = []
+    before = None
     try:
-        return fn(**kwargs, distributed=LocalGroup(0, n, [ours for ours, _ in pipes]))
+        for r in range(1, n):
+            procs.append(ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
+                                     args=(r, n, pipes[r - 1][1], whys[r - 1][1], fn,
+                                           kwargs | (worker_kwargs or {}), quiet)))
+            procs[-1].start()
+        for _, theirs in pipes + whys:
+            theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
+        before = blas.set_threads(_threads_each(n))
+        return fn(**kwargs, distributed=LocalGroup(0, n, [ours for ours, _ in pipes],
+                                                   [ours for ours, _ in whys]))
     finally:
-        for ours, _ in pipes:
+        for ours, theirs in pipes + whys:
             ours.close()
+            theirs.close()
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():

@@ -73,6 +73,7 @@ from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
+from .errors import USER_ERRORS
 from .kernels import host_math
 from .lora import LoRALinear
 from .outputs import check_replaceable, write_text_atomic
@@ -361,24 +362,26 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
     }
 
 
-def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int]
+def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int], group=None
                ) -> tuple[float, list[float]]:
     """Mean accepted tokens per forward pass of greedy Speculative Streaming on ``prompts``,
     through the engine's own decode loop (the number a user of the adapter will see), and each
-    prompt's own."""
+    prompt's own. The prompts are shared out between the processes of ``group``."""
     from .engine import DecodeOptions, Decoder
 
-    advanced = passes = 0
-    each = []
-    for prompt in prompts:
-        decoder = Decoder(model, prompt, DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
+    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
+    table = np.zeros((len(prompts), 3), np.float32)  # advanced, passes, mean: one process per row
+    for i in range(rank, len(prompts), size):
+        decoder = Decoder(model, prompts[i], DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
         for _ in decoder.steps():
             pass
         lengths = decoder.stats.accepted_lengths
-        advanced += sum(k * c for k, c in lengths.items())
-        passes += sum(lengths.values())
-        each.append(round(decoder.stats.mean_accepted_tokens, 4))
-    return (round(advanced / passes, 4) if passes else 0.0), each
+        table[i] = (sum(k * c for k, c in lengths.items()), sum(lengths.values()),
+                    round(decoder.stats.mean_accepted_tokens, 4))
+    if size > 1:
+        table = np.array(group.all_sum(mx.array(table)))
+    advanced, passes = table[:, 0].sum(), table[:, 1].sum()
+    return (round(float(advanced / passes), 4) if passes else 0.0), [round(float(m), 4) for m in table[:, 2]]
 
 
 def drafts_better(new: dict, best: dict) -> bool:
@@ -467,6 +470,20 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     return p, p.name, False
 
 
+def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
+    """Refuse to replace an adapter or a run unless asked to, or what this project did not write."""
+    work = out_dir.with_name(out_dir.name + ".train")
+    if out_dir.exists() and not (resume or overwrite):
+        raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
+                              "replace it, or resume=True (--resume) to continue its training")
+    check_replaceable(out_dir, "adapter", True)
+    if work.exists():
+        check_replaceable(work, "training run", True)
+    if checkpoints(work / "checkpoints") and not (resume or overwrite):
+        raise FileExistsError(f"{work / 'checkpoints'} holds checkpoints of an earlier run: pass resume=True "
+                              "(--resume) to continue it, or overwrite=True (--overwrite)")
+
+
 def _digest(weights: dict[str, mx.array]) -> str:
     import hashlib
 
@@ -502,8 +519,11 @@ def batch_gradients(model, dataset: Dataset, ids: list[int], tc: TrainConfig, gr
 
 
 def _group(distributed):
-    """The run's processes: a group given (:func:`~mlx_specstream.process_group.run_local`'s), the
-    ``mlx.launch`` processes, or None (one process)."""
+    """The run's processes: a group given (an ``mx.distributed`` group, or
+    :func:`~mlx_specstream.process_group.run_local`'s), the ``mlx.launch`` processes, or None (one
+    process)."""
+    if isinstance(distributed, mx.distributed.Group):
+        return DistributedGroup(distributed) if distributed.size() > 1 else None
     if distributed not in (None, True, False):
         return distributed
     if distributed is False:
@@ -514,15 +534,20 @@ def _group(distributed):
 
 def _train_local(processes: int, arguments: dict) -> dict:
     """:func:`train` in ``processes`` processes on this machine; rank 0's report."""
-    if arguments["distributed"] not in (None, True) or _group(arguments["distributed"]) is not None:
-        raise ValueError("processes > 1 starts its own processes: not under mlx.launch nor with a group")
+    if arguments["distributed"] not in (None, True, False):
+        raise ValueError("processes > 1 starts its own processes: give no group (distributed)")
+    if arguments["distributed"] is not False and _group(None) is not None:
+        raise ValueError("processes > 1 starts its own processes: not under mlx.launch")
     if not isinstance(arguments["model"], (str, Path)):
         raise ValueError("processes > 1 needs the model as a directory (each process loads it)")
     if processes > arguments["batch_size"]:
         raise ValueError(f"processes ({processes}) must not exceed the batch size "
                          f"({arguments['batch_size']}): each process takes a share of every batch")
+    out_dir = _resolve_out(arguments["out"], Path(arguments["model"]))[0]
+    if out_dir is not None:  # before the processes start: they load the model first
+        _check_out(out_dir, arguments["resume"], arguments["overwrite"])
     kwargs = {k: v for k, v in arguments.items() if k not in ("processes", "distributed")}
-    return run_local(processes, train, kwargs,
+    return run_local(processes, train, kwargs, quiet=USER_ERRORS,
                      worker_kwargs={"progress": False, "callback": None, "log": None})
 
 
@@ -571,7 +596,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
     is called after every step. ``processes``: train data-parallel in that many processes on this
     machine (the cores shared out between them; ``model`` a directory). Under ``mlx.launch`` the
-    global batch is shared out between its processes (``distributed=False`` turns that off).
+    global batch is shared out between its processes (``distributed=False`` turns that off;
+    ``distributed`` may also be an ``mx.distributed`` group).
     """
     arguments = dict(locals())
     from tqdm import tqdm
@@ -615,17 +641,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
-        if out_dir.exists() and not (resume or overwrite):
-            raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
-                                  "replace it, or resume=True (--resume) to continue its training")
-        check_replaceable(out_dir, "adapter", True)
-        if work.exists():
-            check_replaceable(work, "training run", True)
-            if overwrite and not resume:
-                shutil.rmtree(work)
-        if checkpoints(ckpt_dir) and not resume:
-            raise FileExistsError(f"{ckpt_dir} holds checkpoints of an earlier run: pass resume=True "
-                                  "(--resume) to continue it, or overwrite=True (--overwrite)")
+        _check_out(out_dir, resume, overwrite)
+        if work.exists() and overwrite and not resume:
+            shutil.rmtree(work)
     if group is not None:  # every process waits for the checks above
         mx.eval(group.all_sum(mx.array(1.0)))
 
@@ -764,7 +782,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         ev = evaluate(model, valid_ds, tc, max_batches=val_batches, group=group)
         if accept_set:
             ev["mean_accepted_tokens"], ev["accepted_per_prompt"] = acceptance(model, accept_set,
-                                                                               accept_tokens, eos)
+                                                                               accept_tokens, eos, group)
             scored = {"mean_accepted_tokens": ev["mean_accepted_tokens"],
                       "per_prompt": ev["accepted_per_prompt"], "loss": ev["loss"]}
             if drafts_better(scored, best):
@@ -816,7 +834,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     except KeyboardInterrupt:
         bar.close()
         done = history[-1]["step"] if history else start
-        if ckpt_dir is not None and main_proc and world == 1 and done > last_saved:
+        if ckpt_dir is not None and main_proc and done > last_saved:  # the same weights everywhere
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
                                    best["weights"])

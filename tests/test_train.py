@@ -778,6 +778,8 @@ def test_two_processes_equal_one(tmp_path, mode, how):
     assert [h["loss"] for h in r2["history"]] == pytest.approx([h["loss"] for h in r1["history"]],
                                                                rel=1e-5)
     assert r2["valid"]["loss"] == pytest.approx(r1["valid"]["loss"], rel=1e-5)
+    # acceptance: the prompts decoded by both processes, gathered in order
+    assert r2["valid"]["accepted_per_prompt"] == r1["valid"]["accepted_per_prompt"]
     a = mx.load(str(tmp_path / "one" / "adapter.safetensors"))
     b = mx.load(str(tmp_path / "two" / "adapter.safetensors"))
     assert set(a) == set(b)
@@ -795,7 +797,13 @@ def test_processes_bad_input(tmp_path):
     for n, says in (("0", "processes must be at least 1"), ("7", "must not exceed the batch size (6)")):
         r = cli("--model", str(model_dir), "--out", "x", *args, "--processes", n)
         assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # bad input every process meets: one line (rank 0's), not one traceback per process
+    r = cli("--model", str(model_dir), "--out", "x", *args, "--processes", "2", "--alphas", "1,2,3")
+    assert r.returncode == 1 and r.stderr.strip().count("\n") == 0 and "alphas" in r.stderr, r.stderr
     assert not (model_dir / "adapters" / "x").exists()
+    (model_dir / "adapters" / "x").mkdir(parents=True)  # refused before the processes start
+    r = cli("--model", str(model_dir), "--out", "x", *args, "--processes", "2")
+    assert r.returncode == 1 and "already exists" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
 
 def test_base_state_cache_gives_the_same_step():
