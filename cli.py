@@ -288,9 +288,10 @@ def train(
                                        "the tokens accepted per pass; the best adapter is kept (0: off)"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
-    processes: int = typer.Option(1, "--processes", "-j",
-                                  help="train data-parallel in N processes on this machine, the cores "
-                                  "shared out between them"),
+    processes: int | None = typer.Option(None, "--processes", "-j",
+                                         help="train data-parallel in N processes on this machine, the "
+                                         "cores shared out between them (default: 2 where MLX runs on "
+                                         "a CPU of 2 or more cores, else 1)"),
 ) -> None:
     """Train a speculative adapter (lossless or shared mode) on JSONL data; runs data-parallel
     with --processes N, or under ``mlx.launch``."""

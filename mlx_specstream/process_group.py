@@ -100,14 +100,15 @@ class LocalGroup:
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 
-def _threads_each(n: int) -> int:
+def threads_each(n: int) -> int:
+    """BLAS threads for each of ``n`` processes: this process's cores shared out."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, cores // n)
 
 
 def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callable, kwargs: dict,
             quiet: tuple) -> None:
-    blas.set_threads(_threads_each(size))
+    blas.set_threads(threads_each(size))
     try:
         fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
     except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once
@@ -146,7 +147,7 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
             procs[-1].start()
         for _, theirs in pipes + whys:
             theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
-        before = blas.set_threads(_threads_each(n))
+        before = blas.set_threads(threads_each(n))
         return fn(**kwargs, distributed=LocalGroup(0, n, [ours for ours, _ in pipes],
                                                    [ours for ours, _ in whys]))
     finally:

@@ -736,7 +736,11 @@ def test_cli_train_saves_named_adapter(tmp_path):
     r = cli("--model", str(model_dir), "--out", "arith", *args)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    assert summary["adapter"] == str(model_dir / "adapters" / "arith") and summary["world_size"] == 1
+    from mlx_specstream.train import default_processes
+
+    # the default: two processes on a CPU of 2 or more cores (their sum is tested below)
+    assert summary["world_size"] == default_processes(str(model_dir), None, 6)
+    assert summary["adapter"] == str(model_dir / "adapters" / "arith")
     assert len(summary["valid"]["stream_acc"]) == 3
     assert "train lossless" in r.stderr and "tok_s" in r.stderr  # the progress bar
     report = json.loads((model_dir / "adapters" / "arith" / "training_report.json").read_text())
@@ -762,7 +766,7 @@ def test_two_processes_equal_one(tmp_path, mode, how):
     same parameters as 1 process on the same global batches."""
     model_dir = make_model_dir(tmp_path)
     args = [a if a is not None else str(tmp_path / "data") for a in ARGS] + ["--mode", mode]
-    one = cli("--model", str(model_dir), "--out", str(tmp_path / "one"), *args)
+    one = cli("--model", str(model_dir), "--out", str(tmp_path / "one"), *args, "--processes", "1")
     assert one.returncode == 0, one.stderr
     if how == "mlx.launch":
         two = cli("--model", str(model_dir), "--out", str(tmp_path / "two"), *args, launch=2)
@@ -789,6 +793,20 @@ def test_two_processes_equal_one(tmp_path, mode, how):
     # wrong reduction (a shard's gradient lost, a process on other batches) moves most by far more.
     diff = np.concatenate([np.abs(np.array(a[k]) - np.array(b[k])).ravel() for k in a])
     assert diff.max() < 3e-4 and np.mean(diff > 3e-5) < 1e-3, (diff.max(), np.mean(diff > 3e-5))
+
+
+def test_default_processes(tmp_path):
+    """Two processes only where they pay and can be started: MLX on a CPU of 2+ cores, the model a
+    directory, no tokenizer object, a batch to share, no group (mlx.launch) given."""
+    from mlx_specstream.process_group import threads_each
+    from mlx_specstream.train import default_processes
+
+    on_cpu = mx.default_device().type == mx.DeviceType.cpu
+    assert default_processes("model_dir", None, 8) == (2 if on_cpu and threads_each(1) >= 2 else 1)
+    assert default_processes(tiny_model("llama", seed=0), None, 8) == 1
+    assert default_processes("model_dir", object(), 8) == 1
+    assert default_processes("model_dir", None, 1) == 1
+    assert default_processes("model_dir", None, 8, distributed=False) == 1
 
 
 def test_processes_bad_input(tmp_path):
