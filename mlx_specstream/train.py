@@ -533,11 +533,11 @@ def _group(distributed):
 
 
 def default_processes(model, tokenizer, batch_size: int, distributed=None) -> int:
-    """``train``'s processes when not given: 2 where MLX computes on the CPU of a machine with 2
-    or more cores, else 1. On a 2-core CPU two processes (one BLAS thread each) make a lossless
-    step 1.45x and a shared-mode step 1.59x faster than one process with both cores
-    (docs/training.md): MLX runs its element-wise work on one core per process. On a GPU one
-    process has the device. Also 1 where other processes cannot be started for the run: a loaded
+    """``specstream-mlx train``'s processes (``train(processes=None)``): 2 where MLX computes on
+    the CPU of a machine with 2 or more cores, else 1. On a 2-core CPU two processes (one BLAS
+    thread each) make a lossless step 1.45x and a shared-mode step 1.59x faster than one process
+    with both cores (docs/training.md): MLX runs its element-wise work on one core per process. On
+    a GPU one process has the device. Also 1 where other processes cannot be started for the run: a loaded
     model or a tokenizer object given, a batch of one, a group given or ``mlx.launch``."""
     if (not isinstance(model, (str, Path)) or tokenizer is not None or batch_size < 2
             or distributed not in (None, True) or mx.default_device().type != mx.DeviceType.cpu):
@@ -581,7 +581,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
           over: str | Path | None = None, init: str | Path | None = None, tokenizer=None,
           model_path: str | Path | None = None, progress: bool = True,
-          processes: int | None = None, distributed=None, callback=None, log=None) -> dict:
+          processes: int | None = 1, distributed=None, callback=None, log=None) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
     ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
@@ -610,8 +610,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
     is called after every step. ``processes``: train data-parallel in that many processes on this
-    machine (the cores shared out between them; ``model`` a directory; default
-    :func:`default_processes`). Under ``mlx.launch`` the
+    machine (the cores shared out between them; ``model`` a directory; None:
+    :func:`default_processes`, the command line's default). They are started with ``spawn``, which
+    imports the calling script again: call ``train`` under ``if __name__ == "__main__":`` there
+    (a notebook needs nothing). Under ``mlx.launch`` the
     global batch is shared out between its processes (``distributed=False`` turns that off;
     ``distributed`` may also be an ``mx.distributed`` group).
     """

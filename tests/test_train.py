@@ -807,6 +807,12 @@ def test_default_processes(tmp_path):
     assert default_processes("model_dir", object(), 8) == 1
     assert default_processes("model_dir", None, 1) == 1
     assert default_processes("model_dir", None, 8, distributed=False) == 1
+    # train() in Python: one process unless asked (spawn imports the calling script again)
+    import inspect
+
+    from mlx_specstream.train import train
+
+    assert inspect.signature(train).parameters["processes"].default == 1
 
 
 def test_processes_bad_input(tmp_path):
