@@ -15,7 +15,9 @@
 # Each adapter run keeps checkpoints in adapters/NAME.train/; RESUME=1 continues them (a `further`
 # run starts again from the adapter saved). The draft model is
 # trained by scripts/train_base.py (same data, tokenizer and recipe as the base model, 2 layers x
-# 128 wide) within DRAFT_MINUTES and converted to MLX fp32.
+# 128 wide) within DRAFT_MINUTES and converted to MLX fp32. On a CPU `train` runs in two processes
+# by default (since 2026-11-25; the shipped adapters were trained in one, whose sums round
+# differently): TRAIN_ARGS="--processes 1" trains as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
