@@ -370,7 +370,7 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
     from .engine import DecodeOptions, Decoder
 
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
-    table = np.zeros((len(prompts), 3), np.float32)  # advanced, passes, mean: one process per row
+    table = np.zeros((len(prompts), 3))  # advanced, passes, mean: one process per row
     for i in range(rank, len(prompts), size):
         decoder = Decoder(model, prompts[i], DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
         for _ in decoder.steps():
@@ -379,7 +379,7 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
         table[i] = (sum(k * c for k, c in lengths.items()), sum(lengths.values()),
                     round(decoder.stats.mean_accepted_tokens, 4))
     if size > 1:
-        table = np.array(group.all_sum(mx.array(table)))
+        table = np.array(group.all_sum(mx.array(table.astype(np.float32))), dtype=np.float64)
     advanced, passes = table[:, 0].sum(), table[:, 1].sum()
     return (round(float(advanced / passes), 4) if passes else 0.0), [round(float(m), 4) for m in table[:, 2]]
 
@@ -613,9 +613,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     machine (the cores shared out between them; ``model`` a directory; None:
     :func:`default_processes`, the command line's default). They are started with ``spawn``, which
     imports the calling script again: call ``train`` under ``if __name__ == "__main__":`` there
-    (a notebook needs nothing). Under ``mlx.launch`` the
-    global batch is shared out between its processes (``distributed=False`` turns that off;
-    ``distributed`` may also be an ``mx.distributed`` group).
+    (a notebook needs nothing). Under ``mlx.launch`` the global batch is shared out between its
+    processes (``distributed=False`` turns that off; ``distributed`` may also be an
+    ``mx.distributed`` group).
     """
     arguments = dict(locals())
     from tqdm import tqdm
