@@ -128,27 +128,40 @@ def _rows(x: mx.array, t: np.ndarray) -> mx.array:
     return mx.take_along_axis(x, mx.array(idx).reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
 
 
-def segment_layout(t: np.ndarray, gamma: int, n_keys: int) -> tuple[mx.array, mx.array]:
-    """Rotary positions (B, L*gamma) and mask (B, 1, L*gamma, n_keys + L*gamma) of the stream
-    rows of positions ``t`` (B, L), node-major (``layout.pass_mask`` without main rows, main keys
-    by position).
+def segment_layout(t: np.ndarray, gamma: int, n_keys: int, rows: np.ndarray | None = None
+                   ) -> tuple[mx.array, mx.array]:
+    """Rotary positions (B, C) and mask (B, 1, C, n_keys + C) of the stream rows of positions ``t``
+    (B, L), node-major (``layout.pass_mask`` without main rows, main keys by position): all
+    ``C = L*gamma`` of them, or the node-major indices ``rows`` (closed under the stream keys a
+    row sees: ``Batch.stream_rows``), which are then also the stream keys.
 
     Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are
     ``[main 0..n_keys-1 | streams]``. Example, t = [[2, 3]], gamma = 2: rows (2,1) (2,2) (3,1)
     (3,2) at positions 3 4 4 5; row (3,2) sees main keys 0..3 and the streams (3,1) (3,2).
     """
     mask = layout.pass_mask(layout.keys_by_position(t, n_keys), np.arange(t.shape[1]), gamma, main_rows=False)
-    return mx.array(layout.stream_positions(t, gamma).astype(np.int32)), mx.array(mask[:, None])
+    pos = layout.stream_positions(t, gamma)
+    if rows is not None:
+        pos, mask = pos[:, rows], mask[:, rows][..., np.concatenate([np.arange(n_keys), n_keys + rows])]
+    return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
 
 
-def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int) -> mx.array:
-    """Lossless mode: final stream hidden states (B, L, gamma, h) of positions ``t`` (B, L)."""
+def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int,
+                          rows: np.ndarray | None = None) -> mx.array:
+    """Lossless mode: final stream hidden states (B, L, gamma, h) of positions ``t`` (B, L); with
+    ``rows`` (``Batch.stream_rows``) only those are computed and the others are zero."""
     B, L = t.shape
     s = model.adapter.init_streams(_rows(h_msa, t), gamma)
     n_keys = min(int(t.max()) + 1, h_msa.shape[1])
-    pos, mask = segment_layout(t, gamma, n_keys)
+    pos, mask = segment_layout(t, gamma, n_keys, rows)
+    if rows is not None:
+        if not len(rows):
+            return mx.zeros((B, L, gamma, s.shape[-1]), s.dtype)
+        s = s[:, mx.array(rows.astype(np.int32))]
     for layer, (k, v) in zip(model.layers[msa_start(model):], kvs):
         s = layer(s, pos, mask, FixedKV(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
+    if rows is not None:
+        s = mx.zeros((B, L * gamma, s.shape[-1]), s.dtype).at[:, mx.array(rows.astype(np.int32))].add(s)
     return s.reshape(B, L, gamma, -1)
 
 
@@ -226,7 +239,8 @@ def _terms(model, batch: Batch, tc: TrainConfig, seg: tuple[int, int] | None, st
         return (t, *shared_hidden(model, batch, tc.gamma))
     h_prune, h_msa, kvs = states[:3]
     t = batch.at(*seg)
-    return t, None, stream_hidden_segment(model, h_msa, kvs, t, tc.gamma), _rows(h_prune, t)
+    stream_h = stream_hidden_segment(model, h_msa, kvs, t, tc.gamma, batch.stream_rows(t, tc.gamma))
+    return t, None, stream_h, _rows(h_prune, t)
 
 
 def _take(x: mx.array, idx: np.ndarray) -> mx.array:
@@ -505,17 +519,24 @@ def _all_sum(tree, group):
 def batch_gradients(model, dataset: Dataset, ids: list[int], tc: TrainConfig, group=None,
                     cache: BaseStateCache | None = None) -> tuple[mx.array, dict]:
     """Loss and gradients of the global batch ``dataset.examples[ids]``: this process computes its
-    share (normalised by the global counts of valid targets) and the group sums them."""
+    share (:func:`share_gradients`) and the group sums them."""
+    loss, grads = share_gradients(model, dataset, ids, tc, group, cache)
+    if group is not None:
+        grads, loss = _all_sum([grads, loss], group)
+    return loss, grads
+
+
+def share_gradients(model, dataset: Dataset, ids: list[int], tc: TrainConfig, group=None,
+                    cache: BaseStateCache | None = None) -> tuple[mx.array, dict]:
+    """This process's share of the loss and gradients of the global batch ``dataset.examples[ids]``:
+    those of its examples, normalised by the global counts of valid targets."""
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
     shard = list(ids)[rank::size]  # a batch is sorted by length: every process gets short and long
     examples = [dataset.examples[i] for i in shard]
     norms = Batch.of([dataset.examples[i] for i in ids]).counts(tc.gamma)  # the same on every process
     batch = Batch.of(examples) if examples else None
     states = cache.states(model, list(shard), examples) if cache is not None and examples else None
-    loss, grads = _grad_step(model, batch, tc, norms, states)
-    if group is not None:
-        grads, loss = _all_sum([grads, loss], group)
-    return loss, grads
+    return _grad_step(model, batch, tc, norms, states)
 
 
 def _group(distributed):

@@ -66,6 +66,16 @@ class Batch:
             ahead < self.length[:, None, None])
         return tgt[..., 0], tgt[..., 1:], valid[..., 0], valid[..., 1:]
 
+    def stream_rows(self, t: np.ndarray, gamma: int) -> np.ndarray:
+        """Node-major indices (C,) into the ``L*gamma`` stream rows of positions ``t`` (B, L) of the
+        rows a lossless step needs: those with a target in some row of the batch. They include every
+        stream row they see, since stream j has a target only where stream j - 1 has one.
+
+        Example: one row, completion of 3 tokens (slots 0..2), gamma 2: slot 0 needs streams 1, 2,
+        slot 1 stream 1, slot 2 none, so the rows are [0, 1, 2] of 6.
+        """
+        return np.flatnonzero(self.targets(t, gamma)[3].any(axis=0).reshape(-1))
+
 
 def segments(n: int, segment_len: int | None) -> list[tuple[int, int]]:
     """Slots ``[0, n)`` cut into segments of at most ``segment_len``."""

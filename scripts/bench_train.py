@@ -2,14 +2,15 @@
 shipped model and the project's data (a fixed set of batches, warmed up, methods interleaved).
 
     .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 12] [--reps 3]
-        [--before REV] [--lossless-only] [--processes] [--out FILE]
+        [--before REV] [--lossless-only] [--processes] [--profile] [--out FILE]
 
 Rows: lossless with today's default MSA layers (4, as before 2026-11-23) with the base recomputed
 every step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
 steps timed are a later epoch's, so every state is kept), also with the exponentials left to MLX
 (``kernels/host_math.py`` off); lossless with 2 MSA layers; shared mode and the LoRA baseline;
 with ``--processes``, the default lossless and shared steps in 2 processes on this machine
-(``train --processes 2``: half of each batch each, one BLAS thread each, gradients summed by pipes).
+(``train --processes 2``: half of each batch each, one BLAS thread each, gradients summed by pipes);
+with ``--profile``, that lossless step again, timed in two parts: computing, and summing.
 Every row trains on the same examples, batched as train() batches them for its mode. ``--before
 REV`` adds the lossless rows of the training step at git revision REV, timed in the same rounds,
 so a change is measured before and after on the same machine state. Each figure is the fastest of
@@ -63,10 +64,13 @@ def train_module_at(rev: str):
 
 
 def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, msa: int,
-             distributed=None) -> tuple[float, float]:
+             distributed=None, profile: bool = False) -> tuple[float, ...]:
     """Seconds for the steps of ``ids`` (after a first pass that warms up and fills the state
     cache) and peak MB, for a training step of ``module`` (today's ``train`` or an earlier one).
-    With ``distributed`` (a process group; ``model`` None: loaded here) today's data-parallel step."""
+    With ``distributed`` (a process group; ``model`` None: loaded here) today's data-parallel step;
+    with ``profile`` as well, the same step in its two parts, each timed: this process's share
+    (``share_gradients``) and the sum over the processes (``batch_gradients`` is the two),
+    which includes waiting for the slower one; then ``(seconds, peak MB, computing seconds)``."""
     module = module or current
     if model is None:
         model, tok = load(DEFAULT_MODEL)
@@ -81,8 +85,15 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
         if distributed is not None:  # every process starts the timed pass together
             mx.eval(distributed.all_sum(mx.array(1.0)))
         t = time.perf_counter()
+        computing = 0.0
         for b_ids in ids:
-            if module is current:
+            if profile:
+                c = time.perf_counter()
+                loss, grads = current.share_gradients(model, data, b_ids, tc, distributed, cache)
+                mx.eval(loss, grads)
+                computing += time.perf_counter() - c
+                grads, loss = current._all_sum([grads, loss], distributed)
+            elif module is current:
                 loss, grads = current.batch_gradients(model, data, b_ids, tc, distributed, cache)
             else:
                 ex = [data.examples[i] for i in b_ids]
@@ -92,7 +103,7 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
             mx.eval(loss, grads)
         seconds = time.perf_counter() - t
     detach(model)
-    return seconds, mx.get_peak_memory() / 2**20
+    return (seconds, mx.get_peak_memory() / 2**20) + ((computing,) if profile else ())
 
 
 def main() -> None:
@@ -105,6 +116,8 @@ def main() -> None:
     ap.add_argument("--lossless-only", action="store_true", help="time the lossless rows only")
     ap.add_argument("--processes", action="store_true",
                     help="also time the lossless and shared steps in 2 processes (train --processes 2)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also time the 2-process lossless step in parts: computing, summing (and waiting)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model, tok = load(DEFAULT_MODEL)
@@ -145,21 +158,31 @@ def main() -> None:
              ("shared", False, current, "shared", n_s)}
     if args.processes:
         runs |= {k: v for k, v in local.items() if not args.lossless_only or v[0] == "lossless"}
+    parts = f"lossless, {n_s} MSA layers (base states kept), 2 processes, timed in parts (--profile)"
+    if args.profile:
+        local[parts] = runs[parts] = ("lossless", True, current, "lossless", n_s)
+    computing: dict[str, float] = {}
     for _ in range(args.reps):
         for name, (mode, keep, module, grouping, msa) in runs.items():
             host_math.set_allowed("exponentials in MLX" not in name)
             if name in local:  # today's module, imported by each process
                 got = run_local(2, time_row, {"model": None, "data": str(args.data), "ids": batches[grouping],
-                                              "mode": mode, "keep": keep, "module": None, "msa": msa})
+                                              "mode": mode, "keep": keep, "module": None, "msa": msa,
+                                              "profile": name == parts})
             else:
                 got = time_row(model, ds, batches[grouping], mode, keep, module, msa)
+            if got[0] / args.steps < best.get(name, float("inf")) and len(got) > 2:
+                computing[name] = got[2] / args.steps
             best[name] = min(best.get(name, float("inf")), got[0] / args.steps)
             peak[name] = got[1]
     tokens = float(np.mean([sum(len(ds.examples[i].tokens) for i in ids) for ids in batches["lossless"]]))
     ref = next(iter(best.values()))
     rows = [{"mode": n, "ms_per_step": round(s * 1e3, 1), "steps_per_s": round(1 / s, 3),
              "tokens_per_s": round(tokens / s, 1), "speedup": round(ref / s, 2),
-             "peak_memory_mb": round(peak[n], 1)} for n, s in best.items()]
+             "peak_memory_mb": round(peak[n], 1)}
+            | ({"computing_ms": round(computing[n] * 1e3, 1),
+                "summing_ms": round((s - computing[n]) * 1e3, 1)} if n in computing else {})
+            for n, s in best.items()]
     meta = run_meta(model=recorded_path(DEFAULT_MODEL), data=recorded_path(args.data / "valid.jsonl"),
                     batch_size=args.batch_size, steps=args.steps, reps=args.reps,
                     mean_tokens_per_batch=round(tokens, 1))
@@ -168,6 +191,10 @@ def main() -> None:
     print(markdown_table({"mode": "mode", "ms/step": "ms_per_step", "steps/s": "steps_per_s",
                           "tokens/s": "tokens_per_s", f"vs {rows[0]['mode']}": "speedup",
                           "peak MB": "peak_memory_mb"}, [r | {"speedup": f"{r['speedup']}x"} for r in rows]))
+    for r in rows:
+        if "computing_ms" in r:
+            print(f"\n{r['mode']}: {r['computing_ms']} ms computing (rank 0), {r['summing_ms']} ms summing "
+                  "the gradients and waiting for the other process")
     if args.out:
         write_results_file(args.out, meta, rows)
 

@@ -83,6 +83,12 @@ def test_training_layout_equals_the_tree_pass_of_a_chain(n_prefix):
     tree_pos = np.array(tree.positions(chain.depths, n_prefix, nodes, g))
     np.testing.assert_array_equal(np.array(mask)[0, 0], tree_mask[L:])
     np.testing.assert_array_equal(np.array(pos)[0], tree_pos[L:])
+    # a subset of the stream rows, closed under the stream keys they see: those rows and keys
+    rows = np.array([0, 1, 2, 3, 4, 6])
+    sub_pos, sub_mask = segment_layout(t, g, n_prefix + L, rows)
+    keys = np.concatenate([np.arange(n_prefix + L), n_prefix + L + rows])
+    np.testing.assert_array_equal(np.array(sub_mask)[0, 0], tree_mask[L:][rows][:, keys])
+    np.testing.assert_array_equal(np.array(sub_pos)[0], tree_pos[L:][rows])
 
     batch = Batch.of([Example(list(range(1, L + 2)), 1)])  # streams on positions 0..L-1 of L+1
     pos, mask = shared_layout(batch, g)

@@ -79,6 +79,9 @@ def test_batch_targets():
     assert vm[1].tolist() == [True, True, False, False] and vs[1, 0].tolist() == [True, False]
     assert b.counts(2).tolist() == [3 + 2, 2 + 1, 1 + 0]
     assert b.at(0, 3).tolist() == [[1, 2, 3], [0, 1, 2]]  # lossless slots: from each row's prompt end
+    # stream rows a lossless segment computes: (slot 0, j 1..2) and (slot 1, j 1) of row 0
+    assert b.stream_rows(b.at(0, 3), 2).tolist() == [0, 1, 2]
+    assert Batch.of([Example([1, 2, 3, 4], 1)]).stream_rows(np.array([[0, 1, 2]]), 2).tolist() == [0, 1, 2]
 
 
 def test_epoch_batches_cover_the_data_once_and_group_lengths():
