@@ -44,6 +44,26 @@ if command -v specstream-mlx >/dev/null || [ -x .venv/bin/specstream-mlx ]; then
     if [ -d "$MODEL/mlx/$keep" ]; then mv "$MODEL/mlx/$keep" "$MODEL/mlx.new/"; fi
   done
   rm -rf "$MODEL/mlx" && mv "$MODEL/mlx.new" "$MODEL/mlx"
+  # one copy of the weights in the repository: the MLX directory links to the HF files when they
+  # hold the same tensors (fp16 both; MLX reads the HF file as it is)
+  "$PY" - "$HF" "$MODEL/mlx" <<'EOF'
+import sys
+from pathlib import Path
+
+from safetensors.numpy import load_file
+
+hf, mlx = Path(sys.argv[1]), Path(sys.argv[2])
+for name in ("model.safetensors", "tokenizer.json"):
+    a, b = hf / name, mlx / name
+    if name.endswith(".json"):
+        same = a.read_bytes() == b.read_bytes()
+    else:
+        x, y = load_file(a), load_file(b)
+        same = x.keys() == y.keys() and all(x[k].dtype == y[k].dtype and (x[k] == y[k]).all() for k in x)
+    if same:
+        b.unlink()
+        b.symlink_to(Path("..") / hf.name / name)
+EOF
   [ "${SKIP_ADAPTERS:-0}" = 1 ] || PYTHON="$PY" bash scripts/train_adapters.sh
 else
   echo "build_default_model: specstream-mlx not installed (scripts/setup.sh); skipped the MLX conversion" >&2

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Train what ships beside the default model for its applications and the benchmark (issue 5):
-#   adapters/sql (shared), adapters/sql-lossless, adapters/code (lossless),
-#   adapters/sql-lora (next-token LoRA baseline, no streams), adapters/sql-tuned (lossless streams
-#   over sql-lora, which it carries), adapters/sql-split (shared, started from sql-lora, streams
-#   with LoRA of their own), draft/ (two-model speculative decoding).
+#   adapters/sql (shared, split: started from sql-lora, streams with LoRA of their own in 4 MSA
+#   layers), adapters/sql-lossless, adapters/code (lossless), adapters/sql-lora (next-token LoRA
+#   baseline, no streams), adapters/sql-tuned (lossless streams over sql-lora, which it carries),
+#   adapters/sql-split (sql's recipe with 2 MSA layers, stream rank 8, 1000 steps), draft/ (two-model
+#   speculative decoding).
 #
 #   scripts/train_adapters.sh                        # all of it, as shipped
 #   ITERS=2000 ONLY="sql" scripts/train_adapters.sh   # some of it, longer
@@ -17,12 +18,12 @@
 # trained by scripts/train_base.py (same data, tokenizer and recipe as the base model, 2 layers x
 # 128 wide) within DRAFT_MINUTES and converted to MLX fp32. On a CPU `train` runs in two processes
 # by default (since 2026-11-25; the shipped adapters were trained in one, whose sums round
-# differently): TRAIN_ARGS="--processes 1" trains as they were.
+# differently, except sql's stages 2 and 3): TRAIN_ARGS="--processes 1" trains as they were.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 M=${MODEL:-models/specstream-tiny/mlx}
-ONLY=${ONLY:-"sql-lossless sql sql-lora sql-tuned sql-split code draft"}
+ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --overwrite)
 train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a new cosine to their end)
@@ -53,7 +54,8 @@ for what in $ONLY; do
       train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill --msa-layers 4 --rank 32
       further sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill --msa-layers 4 \
         --rank 32 ;;
-    sql) train sql "1200 2400" 1e-3 --data data/sql --mode shared --msa-layers 2 ;;
+    sql) train sql "1000 2000 3000" 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 \
+      --rank 32 --alphas "1 0.01" ;;  # after sql-lora: a split adapter started from that fine-tune
     sql-lora) train sql-lora 300 5e-4 --data data/sql --mode lora --msa-layers 2 ;;
     sql-tuned) train sql-tuned 2000 1e-3 --data data/sql --mode lossless --over sql-lora \
       --no-self-distill --msa-layers 4 --rank 32 ;;  # after sql-lora: it carries that fine-tune
