@@ -21,7 +21,8 @@ Memory (extended paper, appendix I, "segment attention"). Prompts carry no strea
 mode the main stream is the frozen base, so one pass without gradients computes the hidden states
 entering the MSA layers and the main keys/values of every MSA layer; the stream rows are then
 built ``segment_len`` completion positions at a time, each segment attending to the cached main
-keys and its own streams, and the gradients of the segments are summed. Peak memory grows with
+keys and its own streams (only the stream rows with a target in some row of the batch:
+``Batch.stream_rows``), and the gradients of the segments are summed. Peak memory grows with
 ``segment_len * gamma`` instead of ``seq_len * gamma``. In shared mode main rows depend on the
 streams, so the whole sequence (streams on completion positions only) runs in one pass. The
 ``lora`` mode is the next-token baseline the benchmark compares against: shared-mode LoRA trained
@@ -157,11 +158,12 @@ def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int
     if rows is not None:
         if not len(rows):
             return mx.zeros((B, L, gamma, s.shape[-1]), s.dtype)
-        s = s[:, mx.array(rows.astype(np.int32))]
+        idx = mx.array(rows.astype(np.int32))
+        s = s[:, idx]
     for layer, (k, v) in zip(model.layers[msa_start(model):], kvs):
         s = layer(s, pos, mask, FixedKV(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
     if rows is not None:
-        s = mx.zeros((B, L * gamma, s.shape[-1]), s.dtype).at[:, mx.array(rows.astype(np.int32))].add(s)
+        s = mx.zeros((B, L * gamma, s.shape[-1]), s.dtype).at[:, idx].add(s)
     return s.reshape(B, L, gamma, -1)
 
 
