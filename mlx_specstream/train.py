@@ -558,8 +558,8 @@ def _group(distributed):
 def default_processes(model, tokenizer, batch_size: int, distributed=None) -> int:
     """``specstream-mlx train``'s processes (``train(processes=None)``): 2 where MLX computes on
     the CPU of a machine with 2 or more cores, else 1. On a 2-core CPU two processes (one BLAS
-    thread each) make a lossless step 1.45x and a shared-mode step 1.59x faster than one process
-    with both cores (docs/training.md): MLX runs its element-wise work on one core per process. On
+    thread each) make a step faster than one process with both cores in every mode measured
+    (docs/training.md, "Cost of a step"): MLX runs its element-wise work on one core per process. On
     a GPU one process has the device. Also 1 where other processes cannot be started for the run: a loaded
     model or a tokenizer object given, a batch of one, a group given or ``mlx.launch``."""
     if (not isinstance(model, (str, Path)) or tokenizer is not None or batch_size < 2
