@@ -2,7 +2,7 @@
 shipped model and the project's data (a fixed set of batches, warmed up, methods interleaved).
 
     .venv/bin/python scripts/bench_train.py [--data data/sql] [--steps 12] [--reps 3]
-        [--before REV] [--lossless-only] [--processes] [--profile] [--out FILE]
+        [--before REV] [--lossless-only] [--processes] [--profile] [--rows] [--out FILE]
 
 Rows: lossless with today's default MSA layers (4, as before 2026-11-23) with the base recomputed
 every step (``--state-cache-mb 0``) and with the base states kept across epochs (the default; the
@@ -11,6 +11,7 @@ steps timed are a later epoch's, so every state is kept), also with the exponent
 with ``--processes``, the default lossless and shared steps in 2 processes on this machine
 (``train --processes 2``: half of each batch each, one BLAS thread each, gradients summed by pipes);
 with ``--profile``, that lossless step again, timed in two parts: computing, and summing.
+``--rows`` only counts the stream rows the lossless step builds over these batches.
 Every row trains on the same examples, batched as train() batches them for its mode. ``--before
 REV`` adds the lossless rows of the training step at git revision REV, timed in the same rounds,
 so a change is measured before and after on the same machine state. Each figure is the fastest of
@@ -106,6 +107,22 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
     return (seconds, mx.get_peak_memory() / 2**20) + ((computing,) if profile else ())
 
 
+def stream_rows(data, batches: list[list[int]], processes: int, gamma: int = 4,
+                segment_len: int | None = current.TrainConfig.segment_len) -> tuple[int, int]:
+    """Stream rows a lossless step builds over ``batches`` (each shared out as ``share_gradients``
+    shares it): all ``L*gamma`` of every segment, and only those with a target
+    (``Batch.stream_rows``, what the step builds)."""
+    every = needed = 0
+    for ids in batches:
+        for rank in range(processes):
+            batch = current.Batch.of([data.examples[i] for i in ids[rank::processes]])
+            for seg in current.segments(batch.span, segment_len):
+                t = batch.at(*seg)
+                every += t.size * gamma
+                needed += len(batch.tokens) * len(batch.stream_rows(t, gamma))
+    return every, needed
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", type=Path, default=Path("data/sql"))
@@ -118,6 +135,8 @@ def main() -> None:
                     help="also time the lossless and shared steps in 2 processes (train --processes 2)")
     ap.add_argument("--profile", action="store_true",
                     help="also time the 2-process lossless step in parts: computing, summing (and waiting)")
+    ap.add_argument("--rows", action="store_true",
+                    help="only count the stream rows the lossless step builds (1 and 2 processes), no timing")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     model, tok = load(DEFAULT_MODEL)
@@ -131,6 +150,11 @@ def main() -> None:
         return [sub[b].tolist() for b in epoch_batches(len(sub), args.batch_size, 0, 0, keys)]
 
     batches = {mode: grouped(mode) for mode in MODES}
+    if args.rows:
+        for n in (1, 2):
+            every, needed = stream_rows(ds, batches["lossless"], n)
+            print(f"{n} process(es): {needed} stream rows built of {every} ({needed / every:.1%})")
+        return
     # name -> (mode, base states kept, train module, batch grouping, MSA layers)
     runs = {}
     if args.before:
