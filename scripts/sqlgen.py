@@ -5,8 +5,8 @@
     rows = train_split(30000, 0)   # the finite train split of data/sql (distinct prompts)
 
 Every table and column name is composed on the fly from pieces -- pronounceable pseudo-words
-built from syllables, identifier words of the train-split standard library modules
-(``data/sql_words.py``), entity nouns, role words ("price", "founded", "count") and unit
+built from syllables, identifier words and English words of the train-split standard library
+modules (``data/sql_words.py``), entity nouns, role words ("price", "founded", "count") and unit
 suffixes ("_km", "_usd") -- in compounds such as ``brivel_plant`` (table) or
 ``num_tarek_seats`` (column), so no list of names can be memorised: the model has to copy
 names from the ``CREATE TABLE`` context. A column's role gives its SQL type (INTEGER, REAL,
@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "data"))
 
 import sql_domains  # noqa: E402  (value pools: people, cities, countries, companies)
-import sql_words  # noqa: E402  (identifier words of the train-split stdlib modules)
+import sql_words  # noqa: E402  (identifier and English words of the train-split stdlib modules)
 
 SQL_PROMPT = "### Context:\n{context}\n### Question:\n{question}\n### SQL:\n"
 HELD_OUT_FILES = (ROOT / "data" / "sql" / "valid.jsonl", ROOT / "data" / "sql" / "test.jsonl")
@@ -197,11 +197,12 @@ def pseudo_word(rng: random.Random, lo: int = 1, hi: int = 3) -> str:
 
 
 def piece(rng: random.Random) -> str:
-    """One word of a name: made up, a stdlib identifier word or an entity noun."""
+    """One word of a name: made up, a stdlib identifier word, an English word or an entity noun."""
     r = rng.random()
-    if r < 0.45:
+    if r < 0.35:
         return pseudo_word(rng)
-    return rng.choice(sql_words.WORDS if r < 0.75 else ENTITIES).split("_")[-1]
+    pool = sql_words.WORDS if r < 0.55 else sql_words.PROSE if r < 0.8 else ENTITIES
+    return rng.choice(pool).split("_")[-1]
 
 
 def plural(word: str) -> str:
@@ -236,6 +237,8 @@ UNITS = {
     "eur": ["in euros", "in EUR"],
     "pct": ["in percent", "as a percentage"],
 }
+UNIT_WORDS = {"min": "minutes", "hours": "hours", "s": "seconds", "days": "days", "kg": "kilograms",
+              "l": "litres", "km": "kilometres", "m": "metres"}
 MEASURES = {
     "length": "m km cm",
     "height": "m cm",
@@ -440,15 +443,17 @@ def number_range(rng: random.Random, lo: float, hi_max: float) -> tuple[float, f
     return lo, min(hi_max, lo + 10 ** rng.uniform(1, math.log10(hi_max)))
 
 
-def compose(rng: random.Random, head: str, ent: str) -> tuple[str, str]:
-    """(name, phrase) of a head word with an optional modifier piece or the table's entity."""
+def compose(rng: random.Random, head: str, ent: str, ent_p: float = 0.12) -> tuple[str, str]:
+    """(name, phrase) of a head word with an optional modifier piece or, with probability
+    ``ent_p``, the table's entity ("hotel_name" -> "hotel name", as real schemas name things)."""
     r = rng.random()
-    if r < 0.2:
+    if r < ent_p:
+        return f"{ent}_{head}", f"{ent.replace('_', ' ')} {head.replace('_', ' ')}"
+    r = (r - ent_p) / (1 - ent_p)
+    if r < 0.22:
         m = piece(rng)
         return f"{m}_{head}", f"{m} {head.replace('_', ' ')}"
-    if r < 0.3:
-        return f"{ent}_{head}", f"{ent.replace('_', ' ')} {head.replace('_', ' ')}"
-    if r < 0.36:  # "years_experience" -> "years of experience"
+    if r < 0.29:  # "years_experience" -> "years of experience"
         m = piece(rng)
         return f"{head}_{m}", f"{head.replace('_', ' ')} of {m}"
     return head, head.replace("_", " ")
@@ -485,17 +490,19 @@ def role_column(rng: random.Random, ent: str) -> Column:
         return Column(name, "TEXT", kind, phrase, text_pool(rng, "word" if kind == "name" else ""))
     if role == "name":
         head = "name" if rng.random() < 0.35 else rng.choice(list(NAMES))  # the commonest column
-        name, phrase = compose(rng, head, ent)
+        name, phrase = compose(rng, head, ent, 0.4 if head in ("name", "title") else 0.12)
         return Column(name, "TEXT", "name", phrase, text_pool(rng, rng.choice(NAMES[head].split())))
     if role == "category":
-        head = rng.choice(CATEGORIES + list(PLACE_POOLS))
+        head = rng.choice(CATEGORIES + list(PLACE_POOLS)) if rng.random() < 0.75 else piece(rng)
         name, phrase = compose(rng, head, ent)
         return Column(name, "TEXT", "category", phrase, text_pool(rng, PLACE_POOLS.get(head, "")))
     if role == "measure":
         head = rng.choice(list(MEASURES))
         unit = rng.choice(MEASURES[head].split()) if rng.random() < 0.6 else None
         name, phrase = compose(rng, head, ent)
-        if unit:  # in the name and the phrase, or, now and then, in the phrase alone
+        if unit in UNIT_WORDS and rng.random() < 0.2:  # named by its unit: "minutes" -> "length in minutes"
+            name, phrase = UNIT_WORDS[unit], f"{head.replace('_', ' ')} in {UNIT_WORDS[unit]}"
+        elif unit:  # in the name and the phrase, or, now and then, in the phrase alone
             name = name if rng.random() < 0.2 else f"{name}_{unit}"
             phrase = f"{phrase} {rng.choice(UNITS[unit])}"
         lo, hi = number_range(rng, 0, 1e6)
@@ -563,7 +570,7 @@ def make_table(rng: random.Random, banned: frozenset[str], parent: Table | None 
         elif r < 0.85:
             words = [piece(rng), rng.choice([pseudo_word(rng), rng.choice(ENTITIES).split("_")[-1]])]
         else:
-            words = [rng.choice(sql_words.WORDS)]
+            words = [rng.choice(sql_words.WORDS if rng.random() < 0.5 else sql_words.PROSE)]
         sing = "_".join(words)
         plur = "_".join(words[:-1] + [plural(words[-1])])
         name = sing if rng.random() < 0.75 else plur
