@@ -530,7 +530,12 @@ def device_name(device) -> str:
 
 
 def vars_json(args) -> dict:
-    return {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
+    """The arguments as JSON values; paths inside the repository relative to it (logs travel)."""
+
+    def path(p: Path) -> str:
+        return str(p.resolve().relative_to(ROOT)) if p.resolve().is_relative_to(ROOT) else str(p)
+
+    return {k: (path(v) if isinstance(v, Path) else v) for k, v in vars(args).items() if k != "func"}
 
 
 TOKENIZER_FILES = ("tokenizer.model", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
