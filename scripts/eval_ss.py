@@ -1,16 +1,17 @@
-"""Greedy Speculative Streaming decoding of a task's test prompts with one adapter, through the
+"""Greedy Speculative Streaming decoding of a task's test (or valid) prompts with one adapter, through the
 engine's defaults (hybrid drafts on): the mean accepted tokens per forward pass, exact match of
 the outputs against the references (sql: SQL compared as scripts/train_base.py compares it; code:
 the completion verbatim) and, with ``--check-ar``, whether every output equals plain greedy
 autoregressive decoding of the same model (a lossless adapter must), or with ``--ar-adapter`` of
 the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
-    .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--n 200]
+    .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--split test|valid] [--n 200]
         [--max-tokens 96] [--no-lookup] [--node-cost C] [--check-ar [--ar-adapter NAME]]
         [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
-results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md).
+results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md);
+``--split valid`` to choose between checkpoints of one run without looking at the test split.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("adapter")
     ap.add_argument("--task", choices=("sql", "code"), default="sql")
-    ap.add_argument("--n", type=int, default=200, help="the first N test prompts")
+    ap.add_argument("--split", choices=("test", "valid"), default="test")
+    ap.add_argument("--n", type=int, default=200, help="the first N prompts of the split")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
     ap.add_argument("--node-cost", type=float, default=None,
@@ -50,8 +52,8 @@ def main() -> None:
     same = norm_sql if args.task == "sql" else (lambda s: s)
     model, tok = load(args.model, adapter=args.adapter)
     ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
-    test = Path(__file__).resolve().parent.parent / "data" / args.task / "test.jsonl"
-    rows = [json.loads(line) for line in test.read_text().splitlines()][: args.n]
+    split = Path(__file__).resolve().parent.parent / "data" / args.task / f"{args.split}.jsonl"
+    rows = [json.loads(line) for line in split.read_text().splitlines()][: args.n]
     exact = tokens = passes = differ = 0
     for r in rows:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
@@ -62,8 +64,8 @@ def main() -> None:
         if args.check_ar:
             ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
             differ += ar.tokens != res.tokens
-    out = {"model": args.model, "adapter": args.adapter, "task": args.task, "n": len(rows),
-           "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
+    out = {"model": args.model, "adapter": args.adapter, "task": args.task, "split": args.split,
+           "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "node_cost": args.node_cost if args.node_cost is not None else "default",
            "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:
