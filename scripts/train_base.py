@@ -3,6 +3,7 @@
     python scripts/train_base.py tokenizer            # SentencePiece BPE on data/pretrain.jsonl
     python scripts/train_base.py train [--max-minutes 8] [--resume]   # until validation stops improving
     python scripts/train_base.py eval --split test     # greedy SQL exact match, code similarity
+    python scripts/train_base.py eval --split valid --errors E.jsonl   # and every wrong SQL prediction
     python scripts/train_base.py export --from DIR     # re-save an HF checkpoint as one file
 
 The tokenizer is SentencePiece BPE (vocab 4096, byte fallback, digits split, identity
@@ -507,7 +508,7 @@ def cmd_train(args) -> None:
     save_hf(model, args.out, args.max_shard_size)
     copy_tokenizer(args.tokenizer, args.out)
     if st["stopped"] and args.eval_n:
-        log["eval"] = run_eval(model, sp, args.data, "valid", args.eval_n, device, args.eval_batch)
+        log["eval"], _ = run_eval(model, sp, args.data, "valid", args.eval_n, device, args.eval_batch)
     write_text_atomic(args.out / "train_log.json", json.dumps(log, indent=1) + "\n")
     what = f"finished ({st['stopped']})" if st["stopped"] else "paused (continue with --resume)"
     print(f"{what}: step {st['step']}, {st['tokens'] / 1e6:.1f}M tokens, {elapsed():.0f}s; saved the "
@@ -602,7 +603,8 @@ def greedy(model, sp, prompts: list[str], max_new: int, device, bsz: int) -> tup
     return outs, ended
 
 
-def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dict:
+def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> tuple[dict, list[dict]]:
+    """Greedy sql exact match and code edit similarity on ``split``; and the wrong sql predictions."""
     import difflib
     import sqlite3
 
@@ -632,6 +634,8 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
                   "by_form": {k: round(sum(v) / len(v), 3) for k, v in sorted(by_form.items())},
                   "examples": [{"prompt": r["prompt"], "ref": r["completion"], "pred": p}
                                for p, r in list(zip(preds, rows))[:5]]}
+    errors = [{"form": r["meta"]["form"], "prompt": r["prompt"], "ref": r["completion"], "pred": p}
+              for ok, p, r in zip(em, preds, rows) if not ok]
     rows = read_jsonl(data / "code" / f"{split}.jsonl")[:n]
     preds, _ = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
     em = [p.strip() == r["completion"].strip() for p, r in zip(preds, rows)]
@@ -646,7 +650,7 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> dic
           f"n={res['sql']['n']}); "
           f"code exact match {res['code']['exact_match']:.3f}, edit similarity "
           f"{res['code']['edit_similarity']:.3f} (n={res['code']['n']}); {res['seconds']}s", flush=True)
-    return res
+    return res, errors
 
 
 def cmd_eval(args) -> None:
@@ -659,7 +663,11 @@ def cmd_eval(args) -> None:
         torch.set_num_threads(args.threads)
     model = LlamaForCausalLM.from_pretrained(str(args.model), dtype=torch.float32).to(device)
     sp = spm.SentencePieceProcessor(model_file=str(args.model / "tokenizer.model"))
-    res = run_eval(model, sp, args.data, args.split, args.n, device, args.eval_batch)
+    res, errors = run_eval(model, sp, args.data, args.split, args.n, device, args.eval_batch)
+    if args.errors:
+        args.errors.parent.mkdir(parents=True, exist_ok=True)
+        args.errors.write_text("".join(json.dumps(e) + "\n" for e in errors))
+        print(f"{len(errors)} wrong sql predictions -> {args.errors}")
     res.update(date=date.today().isoformat(), device=device_name(device), model=str(args.model),
                command="python scripts/train_base.py " + " ".join(sys.argv[1:]))
     if args.json:
@@ -758,6 +766,8 @@ def main(argv=None) -> None:
     e.add_argument("--split", default="test", choices=["valid", "test"])
     e.add_argument("--n", type=int, default=500)
     e.add_argument("--json", type=Path, default=None)
+    e.add_argument("--errors", type=Path, default=None,
+                   help="write each wrong sql prediction (form, prompt, reference, prediction) as JSON lines")
     e.set_defaults(func=cmd_eval)
 
     x = sub.add_parser("export")
