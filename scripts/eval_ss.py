@@ -1,7 +1,8 @@
 """Greedy Speculative Streaming decoding of a task's test (or valid) prompts with one adapter, through the
 engine's defaults (hybrid drafts on): the mean accepted tokens per forward pass, exact match of
 the outputs against the references (sql: SQL compared as scripts/train_base.py compares it; code:
-the completion verbatim) and, with ``--check-ar``, whether every output equals plain greedy
+the completion verbatim; an adapter without streams, such as a next-token LoRA, is decoded
+plainly, one token a pass) and, with ``--check-ar``, whether every output equals plain greedy
 autoregressive decoding of the same model (a lossless adapter must), or with ``--ar-adapter`` of
 the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
@@ -54,17 +55,19 @@ def main() -> None:
     ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
     split = Path(__file__).resolve().parent.parent / "data" / args.task / f"{args.split}.jsonl"
     rows = [json.loads(line) for line in split.read_text().splitlines()][: args.n]
+    cfg = getattr(model, "adapter_config", None)
+    mode = "ss" if cfg is not None and cfg.gamma > 0 else "ar"  # a next-token LoRA adapter has no streams
     exact = tokens = passes = differ = 0
     for r in rows:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
-                       node_cost=args.node_cost)
+                       node_cost=args.node_cost, mode=mode)
         exact += same(res.text) == same(r["completion"])
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
         if args.check_ar:
             ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
             differ += ar.tokens != res.tokens
-    out = {"model": args.model, "adapter": args.adapter, "task": args.task, "split": args.split,
+    out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "node_cost": args.node_cost if args.node_cost is not None else "default",
            "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
