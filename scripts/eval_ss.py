@@ -29,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlx_specstream.api import generate, load  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
+from mlx_specstream.pool import default_mode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from train_base import norm_sql  # noqa: E402  (SQL compared as the base model's evaluation compares it)
@@ -55,8 +56,7 @@ def main() -> None:
     ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
     split = Path(__file__).resolve().parent.parent / "data" / args.task / f"{args.split}.jsonl"
     rows = [json.loads(line) for line in split.read_text().splitlines()][: args.n]
-    cfg = getattr(model, "adapter_config", None)
-    mode = "ss" if cfg is not None and cfg.gamma > 0 else "ar"  # a next-token LoRA adapter has no streams
+    mode = default_mode(model)  # "ar" for an adapter without streams, such as a next-token LoRA
     exact = tokens = passes = differ = 0
     for r in rows:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,

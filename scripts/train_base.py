@@ -666,13 +666,13 @@ def cmd_eval(args) -> None:
     res, errors = run_eval(model, sp, args.data, args.split, args.n, device, args.eval_batch)
     if args.errors:
         args.errors.parent.mkdir(parents=True, exist_ok=True)
-        args.errors.write_text("".join(json.dumps(e) + "\n" for e in errors))
+        write_text_atomic(args.errors, "".join(json.dumps(e) + "\n" for e in errors))
         print(f"{len(errors)} wrong sql predictions -> {args.errors}")
     res.update(date=date.today().isoformat(), device=device_name(device), model=str(args.model),
                command="python scripts/train_base.py " + " ".join(sys.argv[1:]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(res, indent=1) + "\n")
+        write_text_atomic(args.json, json.dumps(res, indent=1) + "\n")
 
 
 def cmd_export(args) -> None:
