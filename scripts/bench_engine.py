@@ -20,6 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 
+import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS before MLX is imported)
+
 # isort: split
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402

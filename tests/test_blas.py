@@ -101,3 +101,29 @@ def test_small_row_products_can_be_turned_off():
     assert res.stdout.split() == ["False", "openblas", "openblas"], res.stderr
     warned = [line for line in res.stderr.splitlines() if "RuntimeWarning" in line]
     assert len(warned) == 1 and "SPECSTREAM_GEMV_ROWS='many'" in warned[0]
+
+
+def test_scripts_import_mlx_specstream_before_mlx():
+    """A script that imports MLX before ``mlx_specstream`` runs on the reference BLAS (5-25x
+    slower products): benchmarks then time the wrong library. Every top-level import of ``mlx``
+    in ``scripts/`` comes after one of ``mlx_specstream``."""
+    import ast
+    from pathlib import Path
+
+    def top(node) -> list[str]:
+        if isinstance(node, ast.Import):
+            return [a.name.split(".")[0] for a in node.names]
+        if isinstance(node, ast.ImportFrom) and node.level == 0:
+            return [node.module.split(".")[0]]
+        return []
+
+    late = []
+    for script in sorted(Path(__file__).resolve().parent.parent.glob("scripts/*.py")):
+        seen_ours = False
+        for node in ast.parse(script.read_text()).body:
+            names = top(node)
+            seen_ours = seen_ours or "mlx_specstream" in names
+            if "mlx" in names and not seen_ours:
+                late.append(script.name)
+                break
+    assert late == []
