@@ -91,6 +91,16 @@ def test_lossless_greedy_other_architectures(arch):
     check_lossless(model, [4], n=100, branch=1)
 
 
+@pytest.mark.parametrize("streams", ["tree", "deferred"])
+def test_long_prompt_prefilled_through_the_host_softmax_is_lossless(llama, streams):
+    """A prompt longer than a decode-sized pass prefills through ``attention.sdpa``'s NumPy softmax
+    on a CPU (kernels/host_math.py); plain and speculative decoding still give the same tokens."""
+    new_adapter(llama, gamma=3, msa_layers=2, seed=11)
+    prompt = [int(t) for t in np.random.default_rng(4).integers(1, 60, 100)]
+    ss = check_lossless(llama, prompt, n=120, branch=3, streams=streams, node_cost=0.0)
+    assert max(ss.stats.accepted_lengths) >= 2
+
+
 def test_deferred_and_tree_streams_draft_the_same(llama):
     new_adapter(llama, gamma=3, msa_layers=2, seed=8)
     a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree", node_cost=0.1)

@@ -91,3 +91,29 @@ def test_enabled_is_scoped():
                 assert not host_math.active()
             raise RuntimeError
     assert not host_math.active()
+
+
+def test_prefill_sized_inference_softmax_runs_on_the_host(monkeypatch):
+    """``attention.sdpa`` outside training: a pass bigger than a decode step (a prefill) takes the
+    NumPy softmax on a CPU, a decode-sized one keeps MLX's; both equal the MLX attention, and
+    ``set_allowed(False)`` gives MLX's result exactly."""
+    from mlx_specstream.kernels.attention import FOLD_MAX_ROWS, sdpa
+
+    rng = np.random.default_rng(5)
+    calls = []
+    real = host_math._attention_probs_host
+    monkeypatch.setattr(host_math, "_attention_probs_host", lambda *a: calls.append(1) or real(*a))
+    for T in (FOLD_MAX_ROWS, FOLD_MAX_ROWS + 8):
+        S = T + 20
+        q, k, v = (mx.array(rng.normal(0, 1, s).astype(np.float32))
+                   for s in ((1, 6, T, 16), (1, 2, S, 16), (1, 2, S, 16)))
+        mask = mx.array(np.arange(S)[None, :] <= np.arange(T)[:, None] + S - T)
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
+        calls.clear()
+        close(sdpa(q, k, v, mask, 0.25), ref)
+        assert len(calls) == (T > FOLD_MAX_ROWS and mx.default_device() == mx.cpu)
+        old = host_math.set_allowed(False)
+        try:
+            assert mx.array_equal(sdpa(q, k, v, mask, 0.25), ref).item() if T > FOLD_MAX_ROWS else True
+        finally:
+            host_math.set_allowed(old)

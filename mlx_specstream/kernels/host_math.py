@@ -8,9 +8,10 @@ step over ~1,000 stream rows spends most of its time there: the softmax of 1,000
 
 Each operation is an ``mx.custom_function`` whose forward (and, where it needs an exponential,
 backward) evaluates its inputs and runs in NumPy; it is a synchronisation point, so it is used only
-inside :func:`enabled` (the training step turns it on) and only on a CPU device. Everywhere else,
-and for every inference pass (whose greedy output must not change), the MLX operations run as
-before; ``MLX_SPECSTREAM_HOST_MATH=0`` (or :func:`set_allowed`) keeps them in training too.
+inside :func:`enabled` (the training step turns it on; ``attention.sdpa`` for the softmax of a pass
+bigger than a decode step, such as a prefill) and only on a CPU device. Everywhere else, and in
+every decode-sized inference pass, the MLX operations run as before; ``MLX_SPECSTREAM_HOST_MATH=0``
+(or :func:`set_allowed`) keeps them everywhere.
 Off host math, :func:`cross_entropy`, :func:`silu` and :func:`attention` compute the same
 functions with MLX operations.
 """
