@@ -2,7 +2,8 @@
 
 Passes: a plain AR pass, a 4-node chain without streams, the same chain with streams on every
 node, and an AR-sized pass plus its deferred stream pass (``--adapter``, lossless), each the
-median of ``--reps`` passes over the same cache (trimmed back after each).
+median of ``--reps`` passes over the same cache (trimmed back after each); one layer's attention
+over that cache for 1 and 4 query rows, and a prefill of that many tokens.
 
 Generations: greedy decoding of ``--prompts`` sql test prompts, each after a few-shot context of
 valid-split examples cut to make the prompt exactly that long, by plain AR, ``--adapter`` and
