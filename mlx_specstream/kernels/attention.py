@@ -373,8 +373,8 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     CPU, a ~20 % faster AR pass at 2,000 cached tokens: docs/engine.md). The mask (T, S) or
     (B|1, 1, T, S) is repeated for the G heads of a group; other masks run as is.
 
-    On a CPU the softmax of a bigger pass (a prefill; boolean or no mask) runs in NumPy
-    (``host_math.attention``): MLX's CPU ``exp`` costs ~10x NumPy's, which made a 2,000-token
+    On a CPU the softmax of a bigger pass (a prefill; a boolean mask of the shapes above, or none)
+    runs in NumPy (``host_math.attention``): MLX's CPU ``exp`` costs ~10x NumPy's, which made a 2,000-token
     prefill take seconds (docs/engine.md#long-contexts-decoding-as-the-context-grows-measured).
     Plain and speculative decoding prefill through the same call, so their caches stay equal;
     decode-sized passes keep MLX's operations (no host round trip inside them). Inside
@@ -382,11 +382,11 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     B, H, T, D = q.shape
     if host_math.active():
         return host_math.attention(q, k, v, mask, scale)
-    if T > FOLD_MAX_ROWS and (mask is None or mask.dtype == mx.bool_):
+    foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)  # one per group
+    if T > FOLD_MAX_ROWS and foldable and (mask is None or mask.dtype == mx.bool_):
         with host_math.enabled():  # on a CPU, unless MLX_SPECSTREAM_HOST_MATH=0
             return host_math.attention(q, k, v, mask, scale)
     G = H // k.shape[1]
-    foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)
     if G == 1 or T > FOLD_MAX_ROWS or not foldable:
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     if mask is not None:
