@@ -128,14 +128,14 @@ def decode_time_records(m: Method) -> Method:
     return Method(m.name, m.run, records=[{**r, "time": r["stats"].decode_time} for r in m.records])
 
 
-def generation_rows(model_dir: Path, adapters: dict[str, str], contexts: list[int], n: int,
+def generation_rows(model_dir: Path, lossless: str, shared: str, contexts: list[int], n: int,
                     max_tokens: int, repeats: int) -> list[dict]:
-    """Per context and method: decode tokens/s, tokens per pass, speed-up over AR (decode time)."""
+    """Per context and method (AR, the ``lossless`` adapter, the ``shared`` one): decode tokens/s,
+    tokens per pass, speed-up over AR (decode time)."""
     base, tok = load(model_dir)
-    methods = [Method("ar", our_decoder(base, tok, mode="ar"))]
-    for label, name in adapters.items():
-        methods.append(Method(label, our_decoder(load(model_dir, adapter=name)[0], tok),
-                              reproduces="ar" if label.startswith("ss-lossless") else None))
+    methods = [Method("ar", our_decoder(base, tok, mode="ar")),
+               Method("ss-lossless", our_decoder(load(model_dir, adapter=lossless)[0], tok), reproduces="ar"),
+               Method("ss-shared", our_decoder(load(model_dir, adapter=shared)[0], tok))]
     rows = []
     for context in contexts:
         for m in methods:
@@ -181,9 +181,8 @@ def main() -> None:
                               "AR + deferred stream pass": "ar_deferred_streams_ms",
                               "attention, 1 row": "attention_1_row_ms", "4 rows": "attention_4_row_ms",
                               "prefill (s)": "prefill_s"}, rows))
-    adapters = {"ss-lossless": args.adapter, "ss-shared": args.shared}
-    gens = [] if args.no_generations else generation_rows(args.model, adapters, contexts, args.prompts,
-                                                          args.max_tokens, args.repeats)
+    gens = [] if args.no_generations else generation_rows(args.model, args.adapter, args.shared, contexts,
+                                                          args.prompts, args.max_tokens, args.repeats)
     if gens:
         print(markdown_table({"context": "context", "method": "method", "tokens/s": "tokens_per_s",
                               "tokens/pass": "tokens_per_pass", "speed-up vs AR": "speedup",

@@ -383,7 +383,7 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     if host_math.active():
         return host_math.attention(q, k, v, mask, scale)
     foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)  # one per group
-    if T > FOLD_MAX_ROWS and foldable and (mask is None or mask.dtype == mx.bool_):
+    if T > FOLD_MAX_ROWS and foldable:  # host_math.attention runs an additive mask in MLX itself
         with host_math.enabled():  # on a CPU, unless MLX_SPECSTREAM_HOST_MATH=0
             return host_math.attention(q, k, v, mask, scale)
     G = H // k.shape[1]
