@@ -106,6 +106,16 @@ def small_rows_active() -> bool:
         return False
 
 
+def use_small_kernels(on: bool) -> bool | None:
+    """Run ``small_gemm.c``'s own kernels (True, the default) or one sgemv per row (False) from
+    now on, in this process: for measuring one against the other, interleaved. Returns the previous
+    setting, or None where the small-row path is not loaded."""
+    scope = ctypes.CDLL(None)
+    if not hasattr(scope, "specstream_small_gemm_kernels"):
+        return None
+    return bool(scope.specstream_small_gemm_kernels(ctypes.c_int(int(on))))
+
+
 def blas_label() -> str:
     """The BLAS as results files record it: :func:`active_blas`, plus the small-row path when on."""
     if not small_rows_active():

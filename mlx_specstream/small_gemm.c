@@ -41,7 +41,7 @@ typedef void (*sgemv_fn)(int, int, int, int, float, const float *, int, const fl
 
 static sgemm_fn blas_sgemm;
 static sgemv_fn blas_sgemv;
-static int small_rows = -1, have_avx2;
+static int small_rows = -1, have_avx2, kernels = 1;
 
 static void resolve(void) {
   void *blas = dlopen(BLAS_LIBRARY, RTLD_NOW | RTLD_GLOBAL);
@@ -250,6 +250,14 @@ static void nt_gemm(int M, int N, int K, float alpha, const float *A, int lda, c
 
 #endif
 
+/* Whether the kernels above run (1, the default) or one sgemv per row (0): for A/B measurements
+ * within one process (blas.use_small_kernels). Returns the previous setting. */
+int specstream_small_gemm_kernels(int on) {
+  int before = kernels;
+  kernels = on;
+  return before;
+}
+
 /* C (M x N) = alpha * op(A) (M x K) * op(B) (K x N) + beta * C */
 void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float alpha, const float *A,
                  int lda, const float *B, int ldb, float beta, float *C, int ldc) {
@@ -259,7 +267,7 @@ void cblas_sgemm(int order, int trans_a, int trans_b, int M, int N, int K, float
     return;
   }
 #if defined(__x86_64__)
-  if (have_avx2 && trans_a == NO_TRANS) {
+  if (have_avx2 && kernels && trans_a == NO_TRANS) {
     (trans_b == TRANS ? nt_gemm : nn_gemm)(M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
