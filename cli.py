@@ -23,7 +23,7 @@ def blas() -> None:
 
     typer.echo(f"active BLAS: {active_blas()}")
     typer.echo(f"optimized BLAS found: {find_blas() or 'none'}")
-    typer.echo(f"products of a decode pass's few rows through small_gemm.c: "
+    typer.echo(f"products of few rows as one sgemv per row (small_gemm.c): "
                f"{'on' if small_rows_active() else 'off'}")
 
 

@@ -11,12 +11,10 @@ imported first, it warns once with the fix.
 ``SPECSTREAM_BLAS`` selects: ``auto`` (default: MKL, then OpenBLAS), ``mkl``, ``openblas``,
 ``reference`` (no preload), or a path to a shared library.
 
-With OpenBLAS, products of at most 32 rows (every decode pass) go through ``small_gemm.c``: on a
-CPU with AVX2 and FMA, its own kernels read each weight once for all the rows of a pass (OpenBLAS's
-sgemm packs and threads such products like big ones, and one sgemv per row reads the weights once
-per row), and give every row the same bits whatever the number of rows; elsewhere one sgemv per
-row. It is compiled once per machine with the system C compiler into the user's cache directory
-and loaded ahead of OpenBLAS; without a compiler MLX uses OpenBLAS alone.
+With OpenBLAS, products of at most 8 rows (every decode pass) go through ``small_gemm.c``: one
+sgemv per row instead of OpenBLAS's sgemm, which packs and threads them like big ones (3x slower
+for one row here). It is compiled once per machine with the system C compiler into the user's
+cache directory and loaded ahead of OpenBLAS; without a compiler MLX uses OpenBLAS alone.
 ``SPECSTREAM_GEMV_ROWS=0`` turns it off (``N``: up to N rows).
 """
 
@@ -59,9 +57,8 @@ def find_blas(choice: str | None = None) -> str | None:
 
 def small_rows_limit() -> int:
     """``SPECSTREAM_GEMV_ROWS``: products of at most this many rows go through ``small_gemm.c``
-    (default 32, a decode pass; 0: none). A value that is not a whole number >= 0 turns it off,
-    with a warning."""
-    value = os.environ.get("SPECSTREAM_GEMV_ROWS", "32").strip()
+    (default 8; 0: none). A value that is not a whole number >= 0 turns it off, with a warning."""
+    value = os.environ.get("SPECSTREAM_GEMV_ROWS", "8").strip()
     if not value.isdigit():
         import warnings
 
@@ -80,8 +77,7 @@ def small_rows_library(blas: str) -> str | None:
     if cc is None:
         return None
     source = Path(__file__).with_name("small_gemm.c")
-    flags = ["-O3", "-ffp-contract=off", "-shared", "-fPIC", "-pthread", f'-DBLAS_LIBRARY="{blas}"']
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    key = hashlib.sha256(source.read_bytes() + blas.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-specstream"
     lib = cache / f"small_gemm-{key}.so"
     if lib.exists():
@@ -90,7 +86,8 @@ def small_rows_library(blas: str) -> str | None:
         cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half-written
             out = Path(tmp) / lib.name
-            subprocess.run([cc, *flags, "-o", str(out), str(source), "-ldl"],
+            subprocess.run([cc, "-O2", "-shared", "-fPIC", f'-DBLAS_LIBRARY="{blas}"', "-o", str(out),
+                            str(source), "-ldl"],
                            check=True, capture_output=True, timeout=120)
             os.replace(out, lib)
     except (OSError, subprocess.SubprocessError):
@@ -106,21 +103,11 @@ def small_rows_active() -> bool:
         return False
 
 
-def use_small_kernels(on: bool) -> bool | None:
-    """Run ``small_gemm.c``'s own kernels (True, the default) or one sgemv per row (False) from
-    now on, in this process: for measuring one against the other, interleaved. Returns the previous
-    setting, or None where the small-row path is not loaded."""
-    scope = ctypes.CDLL(None)
-    if not hasattr(scope, "specstream_small_gemm_kernels"):
-        return None
-    return bool(scope.specstream_small_gemm_kernels(ctypes.c_int(int(on))))
-
-
 def blas_label() -> str:
     """The BLAS as results files record it: :func:`active_blas`, plus the small-row path when on."""
     if not small_rows_active():
         return active_blas()
-    return f"{active_blas()} + small_gemm.c (<= {small_rows_limit()} rows)"
+    return f"{active_blas()} + small_gemm.c (<= {small_rows_limit()} rows as sgemv)"
 
 
 def active_blas() -> str:

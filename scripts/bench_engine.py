@@ -32,7 +32,6 @@ from mlx_specstream.adapter import new_adapter  # noqa: E402
 from mlx_specstream.api import load  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
-from mlx_specstream.blas import use_small_kernels  # noqa: E402
 from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
@@ -58,9 +57,8 @@ def test_prompts(n: int) -> list[str]:
     return [json.loads(line)["prompt"] for line in lines]
 
 
-def pass_rows(model, context: list[int], gamma: int, reps: int, compare_sgemv: bool = False) -> list[dict]:
-    """Each pass over the cached ``context``, as the decode loop runs it (outputs evaluated);
-    ``compare_sgemv``: each again with one sgemv per row instead of small_gemm.c's kernels."""
+def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
+    """Each pass over the cached ``context``, as the decode loop runs it (outputs evaluated)."""
     caches = make_cache(model)
     forward(model, chain(context), caches, 0, gamma=0)
     mx.eval([c.keys for c in caches])
@@ -91,41 +89,23 @@ def pass_rows(model, context: list[int], gamma: int, reps: int, compare_sgemv: b
         rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
     rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32,
                  lambda t=build_tree(3, levels, scores, 32): run(t, gamma, 0.05)))
-    if compare_sgemv:
-        rows += [(f"{name}, one sgemv per row", m, sgemv_rows(fn)) for name, m, fn in rows]
     times = [best_time(fn, reps) for _, _, fn in tqdm(rows, desc="passes")]
     return [{"pass": name, "nodes": m, "ms": round(t * 1e3, 3), "x_ar_pass": round(t / times[0], 3)}
             for (name, m, _), t in zip(rows, times)]
 
 
-def sgemv_rows(run):
-    """``run`` with small_gemm.c's kernels off (one sgemv per row), then on again."""
-    def wrapped(*args):
-        use_small_kernels(False)
-        try:
-            return run(*args)
-        finally:
-            use_small_kernels(True)
-
-    return wrapped
-
-
 def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
-                node_costs: list[float], compare_sgemv: bool = False) -> list[dict]:
+                node_costs: list[float]) -> list[dict]:
     """Greedy decoding of every prompt by each method, timed by ``bench.time_methods`` (interleaved,
     the fastest run per (prompt, method) counts); ``node_costs``: deferred streams again with each
-    of these node costs instead of the default; ``compare_sgemv``: each method again with one sgemv
-    per row instead of small_gemm.c's kernels. Bookkeeping: decode time outside the forward
+    of these node costs instead of the default. Bookkeeping: decode time outside the forward
     passes."""
     ids = [tokenizer.encode(p) if tokenizer else p for p in prompts]
-    kinds = [("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
-             ("ss, streams on every node", {"mode": "ss", "streams": "tree"}),
-             *((f"ss, deferred streams, node cost {c}", {"mode": "ss", "streams": "deferred", "node_cost": c})
-               for c in node_costs)]
-    methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in kinds]
-    if compare_sgemv:
-        methods += [Method(f"{name}, one sgemv per row", sgemv_rows(our_decoder(model, tokenizer, **kw)))
-                    for name, kw in kinds]
+    methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in (
+        ("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
+        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}),
+        *((f"ss, deferred streams, node cost {c}", {"mode": "ss", "streams": "deferred", "node_cost": c})
+          for c in node_costs))]
     time_methods(methods, ids, max_tokens, reps, desc="decode")
     out = []
     for m in methods:
@@ -156,12 +136,8 @@ def main() -> None:
     ap.add_argument("--decode-reps", type=int, default=3)
     ap.add_argument("--node-costs", type=lambda v: [float(c) for c in v.split(",")], default=[],
                     help="comma-separated node costs to decode with besides the default (deferred streams)")
-    ap.add_argument("--compare-sgemv", action="store_true",
-                    help="decode with each method again, small_gemm.c's kernels off (one sgemv per row)")
     ap.add_argument("--out", type=Path, help="write the results file here")
     args = ap.parse_args()
-    if args.compare_sgemv and use_small_kernels(True) is None:
-        ap.error("--compare-sgemv: small_gemm.c is not loaded in this process (specstream-mlx blas)")
 
     rng = np.random.default_rng(0)
     if args.random:
@@ -176,9 +152,8 @@ def main() -> None:
     gamma = model.adapter_config.gamma
     pool = [t for p in prompts for t in (tokenizer.encode(p) if tokenizer else p)]
     context = (pool * (args.context // max(len(pool), 1) + 1))[: args.context]
-    passes = pass_rows(model, context, gamma, args.reps, args.compare_sgemv)
-    decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps, args.node_costs,
-                         args.compare_sgemv)
+    passes = pass_rows(model, context, gamma, args.reps)
+    decode = decode_rows(model, tokenizer, prompts, args.max_tokens, args.decode_reps, args.node_costs)
 
     n_params = sum(v.size for _, v in tree_flatten(model.parameters()))
     shape = {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg}
