@@ -5,7 +5,9 @@ concurrency level sends the same test prompts, ``concurrency`` at a time, for ev
 turn (interleaved: one level, all methods, then the next level), and reports aggregate tokens/s
 (all generated tokens / wall time) and per-request latency and speed. Greedy; the lossless
 method's texts are checked against AR's. Then each prompt is decoded by ``generate`` in this
-process and by the idle server, alternately: the server's overhead at concurrency 1.
+process and by the idle server, ``--repeats`` times each, interleaved, the fastest run per prompt
+counting (the project's bench harness): the server's overhead at concurrency 1, with its 95%
+bootstrap interval over prompts.
 
     .venv/bin/python scripts/bench_serve.py [--n 8 --max-tokens 64 --concurrency 1,4,8] [--out FILE]
 """
@@ -32,6 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
+from mlx_specstream.bench import REPEATS, Method, speedup, time_methods  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
@@ -62,23 +65,32 @@ def run_level(url: str, model_id: str, prompts: list[str], concurrency: int, max
             "texts": [r["choices"][0]["text"] for r, _ in replies]}
 
 
-def overhead(url: str, model_id: str, path: Path, adapter: str, prompts: list[str], max_tokens: int) -> dict:
-    """Each prompt decoded by ``generate`` in this process, then by the idle server (alternately,
-    so load from other processes hits both alike): the time the server adds."""
+def overhead(url: str, model_id: str, path: Path, adapter: str, prompts: list[str], max_tokens: int,
+             repeats: int) -> dict:
+    """Each prompt decoded by ``generate`` in this process and by the idle server, ``repeats``
+    times each, interleaved (``bench.time_methods``: the fastest run per prompt counts): the time
+    the server adds, as the ratio of summed best times, with its 95% bootstrap interval over
+    prompts. Both decode greedily, so they generate the same tokens."""
     model, tok = load(path, adapter=adapter or None, fuse=False)
     mode = default_mode(model)
-    generate(model, tok, prompts[0], max_tokens=8, mode=mode)
-    direct = served = 0.0
-    tokens = 0
-    for p in prompts:
-        t = time.perf_counter()
-        tokens += len(generate(model, tok, p, max_tokens=max_tokens, mode=mode).tokens)
-        direct += time.perf_counter() - t
-        served += post(url + "/v1/completions", {"model": model_id, "prompt": p, "max_tokens": max_tokens,
-                                                 "temperature": 0})[1]
-    return {"generate_tokens_per_s": round(tokens / direct, 2),
-            "served_tokens_per_s": round(tokens / served, 2),
-            "server_overhead": round(served / direct - 1, 4)}
+
+    def direct(prompt, n):
+        return generate(model, tok, prompt, max_tokens=n, mode=mode).tokens, 0
+
+    def served(prompt, n):
+        reply = post(url + "/v1/completions", {"model": model_id, "prompt": prompt, "max_tokens": n,
+                                               "temperature": 0})[0]
+        return [None] * reply["usage"]["completion_tokens"], 0  # the count is what the timing needs
+
+    methods = [Method("generate", direct), Method("served", served)]
+    time_methods(methods, prompts, max_tokens, repeats, desc=f"overhead {model_id}")
+    speed, lo, hi = speedup(methods[1], methods[0])
+    tokens = sum(len(r["tokens"]) for r in methods[0].records)
+    best = {m.name: sum(r["time"] for r in m.records) for m in methods}
+    return {"generate_tokens_per_s": round(tokens / best["generate"], 2),
+            "served_tokens_per_s": round(tokens / best["served"], 2),
+            "server_overhead": round(1 / speed - 1, 4),
+            "server_overhead_ci95": [round(1 / hi - 1, 4), round(1 / lo - 1, 4)]}
 
 
 def main() -> None:
@@ -90,6 +102,8 @@ def main() -> None:
     ap.add_argument("--concurrency", default="1,4,8")
     ap.add_argument("--methods", default="ss-lossless=sql-lossless,ss-shared=sql,ar=",
                     help="NAME=ADAPTER pairs (empty adapter: the base model, decoded token by token)")
+    ap.add_argument("--repeats", type=int, default=REPEATS,
+                    help="runs of each prompt by generate and by the server; the fastest counts")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
 
@@ -125,10 +139,11 @@ def main() -> None:
                 rows.append({"method": name, "model": model_id, "concurrency": c, **res})
                 print(f"c={c} {name}: {res['aggregate_tokens_per_s']} tok/s aggregate, "
                       f"{res['per_request_tokens_per_s']} tok/s per request", file=sys.stderr)
-        for name, adapter in methods.items():  # the server's overhead, prompt by prompt
+        for name, adapter in methods.items():  # the server's overhead at concurrency 1
             row = next((r for r in rows if r["method"] == name and r["concurrency"] == 1), None)
             if row is not None:
-                row.update(overhead(url, ids[name], args.model, adapter, prompts, args.max_tokens))
+                row.update(overhead(url, ids[name], args.model, adapter, prompts, args.max_tokens,
+                                    args.repeats))
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(60)
@@ -139,7 +154,8 @@ def main() -> None:
             r["identical_to_ar"] = r["texts"] == ar_texts[r["concurrency"]]
     meta = run_meta(load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
                     versions={p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
-                    model=shown(args.model), task=args.task, n=args.n, max_tokens=args.max_tokens)
+                    model=shown(args.model), task=args.task, n=args.n, max_tokens=args.max_tokens,
+                    repeats=args.repeats)
     print(table(rows))
     if args.out:
         write_results_file(args.out, meta, rows)
@@ -148,7 +164,7 @@ def main() -> None:
 def table(rows: list[dict]) -> str:
     cols = ["concurrency", "method", "aggregate_tokens_per_s", "per_request_tokens_per_s", "mean_latency_s",
             "mean_accepted_tokens", "identical_to_ar", "generate_tokens_per_s", "served_tokens_per_s",
-            "server_overhead"]
+            "server_overhead", "server_overhead_ci95"]
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(out)
