@@ -80,6 +80,12 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
         mx.eval(stream_pass(model, out.msa_input[0], caches, n + 1, gamma))
         reset(n)
 
+    def one_graph(tree):  # the same two passes evaluated together: no host round trip between them
+        out = forward(model, tree, caches, n, gamma=0)
+        reset(n + 1)
+        mx.eval(out.main_logits, stream_pass(model, out.msa_input[0], caches, n + 1, gamma))
+        reset(n)
+
     levels = [list(range(10 + 4 * j, 14 + 4 * j)) for j in range(gamma)]
     scores = [[-0.1, -0.5, -1.0, -2.0]] * gamma
     rows = [("1-token pass (AR)", 1, lambda: run(chain([1]), 0))]
@@ -87,6 +93,8 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
         tree = build_tree(3, levels, scores, m)
         rows.append((f"SS pass, {m}-node tree, streams on every node", m, lambda t=tree: run(t, gamma)))
         rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
+    rows.append(("SS pass, 4-node tree + deferred stream pass, one graph (bound for one round trip)", 4,
+                 lambda t=build_tree(3, levels, scores, 4): one_graph(t)))
     rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32,
                  lambda t=build_tree(3, levels, scores, 32): run(t, gamma, 0.05)))
     times = [best_time(fn, reps) for _, _, fn in tqdm(rows, desc="passes")]
