@@ -106,6 +106,8 @@ def main() -> None:
                     help="runs of each prompt by generate and by the server; the fastest counts")
     ap.add_argument("--out", type=Path, help="write the results as JSON here")
     args = ap.parse_args()
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, not {args.repeats}")
 
     levels = [int(c) for c in args.concurrency.split(",")]
     methods = dict(m.split("=", 1) for m in args.methods.split(","))
