@@ -167,7 +167,7 @@ class PackageRunner(Runner):
         if prune_threshold is not None:
             raise PackageError("a package prunes with the threshold it was exported with")
 
-    def start(self, prompt: list[int], gamma: int, deferred: bool, greedy_k: int | None = None) -> None:
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
         self.reset()
         self.gamma = gamma
         for inputs in prefill_chunks(prompt[:-1], self.info.chunk, self.info.context):

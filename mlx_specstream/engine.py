@@ -248,8 +248,7 @@ class Decoder:
     def steps(self) -> Iterator[Step | PassRequest]:
         opts, stats, runner = self.opts, self.stats, self.runner
         t0 = time.perf_counter()
-        runner.start(self.prompt, self.gamma, self.deferred,
-                     self.branch if opts.temperature == 0 and not self.batched else None)
+        runner.start(self.prompt, self.gamma, self.deferred)
         target = self._target()
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         self.history = self.prompt + [root]

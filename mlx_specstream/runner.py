@@ -22,7 +22,6 @@ from .adapter import AdapterConfig
 from .kv_cache import make_cache
 from .streams import ForwardOut, forward, forward_batch, stream_pass, stream_pass_batch
 from .tree import Tree, chain
-from .verify import verify_greedy_on_device
 
 
 class Runner:
@@ -41,44 +40,15 @@ class Runner:
               prune_threshold: float | None) -> None:
         """Refuse, in one line, options this runner cannot serve."""
 
-    def start(self, prompt: list[int], gamma: int, deferred: bool,
-              greedy_k: int | None = None) -> None:
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
         """Empty the cache, run ``prompt`` (streams on its last token only, ``gamma`` of them; 0:
-        none) and commit it. The last pass then reads as a one-node tree: the last prompt token.
-
-        ``greedy_k``: the loop decodes greedily, drafting k candidates per stream, and runs every
-        pass itself. A runner may then verify each tree pass, commit its accepted path and draft
-        from the path's last node in the same evaluation, and answer :meth:`main_tokens`,
-        :meth:`commit` and :meth:`stream_topk` from it (one host round trip per step)."""
+        none) and commit it. The last pass then reads as a one-node tree: the last prompt token."""
         raise NotImplementedError
 
     def step(self, tree: Tree, prune_threshold: float) -> Tree:
         """Run a draft tree whose root sits at position ``n``; return the nodes that survived
         pruning, re-indexed breadth-first (node 0 the root). Their K/V wait for :meth:`commit`."""
         raise NotImplementedError
-
-    def _run_ahead(self, tree: Tree) -> tuple[ForwardOut, StepAhead]:
-        """A greedy step in one evaluation: the tree pass, its verification
-        (``verify_greedy_on_device``), the accepted path's K/V moved in place in every layer, and
-        the top-k drafts of the path's last node (its deferred stream pass, or its row of the
-        pass's streams). The path's length is known on the device only until then: the caches keep
-        rows up to the tree's depth, and the stream pass masks those past the path."""
-        out = forward(self.model, tree, self.caches, self.n, gamma=self.pass_gamma)
-        argmax = mx.argmax(out.main_logits, axis=-1)
-        by_depth, length = verify_greedy_on_device(tree, argmax)
-        for cache in self.caches:
-            cache.commit(self.n, by_depth)
-        last = by_depth[length - 1]
-        drafts = []
-        if self.gamma:
-            if self.deferred:
-                logits = stream_pass(self.model, out.msa_input[last], self.caches, self.n + length,
-                                     self.gamma)
-            else:  # streams on every node: node-major rows of the pass
-                logits = out.stream_logits[last, : self.gamma]
-            drafts = list(_topk(logits.astype(mx.float32), self.greedy_k))
-        mx.eval(argmax, length, last, *drafts)
-        return out, StepAhead(np.array(argmax), int(length), int(last), *(np.array(d) for d in drafts))
 
     def discard(self) -> None:
         """Forget a pass that failed, so that the next one starts from the committed cache."""
@@ -109,16 +79,13 @@ class Runner:
 class MLXRunner(Runner):
     """An MLX model with its stream adapter (if any); ``caches`` per layer, ``n`` rows committed."""
 
-    greedy_k: int | None = None
-    ahead: StepAhead | None = None
-
     def __init__(self, model):
         self.model = model
         self.adapter_config = getattr(model, "adapter_config", None)
         self.limit = getattr(model, "max_positions", None)
 
-    def start(self, prompt: list[int], gamma: int, deferred: bool, greedy_k: int | None = None) -> None:
-        self.gamma, self.deferred, self.greedy_k = gamma, deferred, greedy_k
+    def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
+        self.gamma, self.deferred = gamma, deferred
         self.caches, self.n = make_cache(self.model), 0
         self.out = out = self._run(chain(prompt), "last", 0.0)
         self.commit(list(range(len(prompt))))
@@ -128,10 +95,7 @@ class MLXRunner(Runner):
                               None if out.msa_input is None else out.msa_input[last:])
 
     def step(self, tree: Tree, prune_threshold: float) -> Tree:
-        if self.greedy_k is not None and prune_threshold == 0:
-            self.out, self.ahead = self._run_ahead(tree)
-        else:
-            self.out = self._run(tree, "all", prune_threshold)
+        self.out = self._run(tree, "all", prune_threshold)
         return self.out.tree
 
     @property
@@ -140,8 +104,8 @@ class MLXRunner(Runner):
 
     @out.setter
     def out(self, out: ForwardOut) -> None:
-        """A new pass: stream logits or a step ahead computed for the last one no longer apply."""
-        self._out, self.ready_streams, self.ahead = out, None, None
+        """A new pass: deferred stream logits computed for the last one no longer apply."""
+        self._out, self.ready_streams = out, None
 
     @property
     def pass_gamma(self) -> int:
@@ -154,45 +118,13 @@ class MLXRunner(Runner):
         mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
         return out
 
-    def _run_ahead(self, tree: Tree) -> tuple[ForwardOut, StepAhead]:
-        """A greedy step in one evaluation: the tree pass, its verification
-        (``verify_greedy_on_device``), the accepted path's K/V moved in place in every layer, and
-        the top-k drafts of the path's last node (its deferred stream pass, or its row of the
-        pass's streams). The path's length is known on the device only until then: the caches keep
-        rows up to the tree's depth, and the stream pass masks those past the path."""
-        out = forward(self.model, tree, self.caches, self.n, gamma=self.pass_gamma)
-        argmax = mx.argmax(out.main_logits, axis=-1)
-        by_depth, length = verify_greedy_on_device(tree, argmax)
-        for cache in self.caches:
-            cache.commit(self.n, by_depth)
-        last = by_depth[length - 1]
-        drafts = []
-        if self.gamma:
-            if self.deferred:
-                logits = stream_pass(self.model, out.msa_input[last], self.caches, self.n + length,
-                                     self.gamma)
-            else:  # streams on every node: node-major rows of the pass
-                logits = out.stream_logits[last, : self.gamma]
-            drafts = list(_topk(logits.astype(mx.float32), self.greedy_k))
-        mx.eval(argmax, length, last, *drafts)
-        return out, StepAhead(np.array(argmax), int(length), int(last), *(np.array(d) for d in drafts))
-
     def discard(self) -> None:
         """Drop whatever a pass left in the cache after the committed ``n`` rows."""
         for cache in self.caches:
             cache.trim(cache.offset - self.n)
 
     def commit(self, path: list[int]) -> None:
-        """Layers below the pruning layer index the tree as fed, the others the pruned one. After a
-        step ahead the path is in place already: only the rows past it are dropped."""
-        if self.ahead is not None:
-            if (len(path), path[-1]) != (self.ahead.length, self.ahead.last):
-                raise RuntimeError(f"path {path} is not the one verified on the device "
-                                   f"({self.ahead.length} nodes to node {self.ahead.last})")
-            self.n += len(path)
-            for cache in self.caches:
-                cache.offset = self.n
-            return
+        """Layers below the pruning layer index the tree as fed, the others the pruned one."""
         upper = np.asarray(path)
         lower = self.out.kept[upper]
         for i, cache in enumerate(self.caches):
@@ -200,8 +132,6 @@ class MLXRunner(Runner):
         self.n += len(path)
 
     def main_tokens(self) -> np.ndarray:
-        if self.ahead is not None:
-            return self.ahead.argmax
         return np.array(mx.argmax(self.out.main_logits, axis=-1))
 
     def main_logits(self) -> np.ndarray:
@@ -218,37 +148,17 @@ class MLXRunner(Runner):
         return logits.astype(mx.float32)
 
     def stream_topk(self, node: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        ahead = self.ahead
-        if ahead is not None and ahead.top is not None and (node, k) == (ahead.last, self.greedy_k):
-            top, vals = ahead.top, ahead.logp
-        else:
-            top, vals = (np.array(a) for a in _topk(self._streams(node), k))
+        logits = self._streams(node)
+        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k] if k > 1 else mx.argmax(
+            logp, axis=-1, keepdims=True)
+        vals = mx.take_along_axis(logp, top, axis=-1)
+        top, vals = np.array(top), np.array(vals)
         order = np.argsort(-vals, axis=-1, kind="stable")
         return np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
 
     def stream_logits(self, node: int) -> np.ndarray:
         return np.array(self._streams(node))
-
-
-def _topk(logits: mx.array, k: int) -> tuple[mx.array, mx.array]:
-    """The k best tokens of each row of logits (rows, V), in no order, and their log-probabilities."""
-    logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-    if k == 1:
-        top = mx.argmax(logp, axis=-1, keepdims=True)
-    else:
-        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k]
-    return top, mx.take_along_axis(logp, top, axis=-1)
-
-
-@dataclass
-class StepAhead:
-    """What :meth:`MLXRunner._run_ahead` evaluated with a greedy tree pass."""
-
-    argmax: np.ndarray  # (M,): the main stream's argmax per node
-    length: int  # nodes on the accepted path, root included (committed in the caches)
-    last: int  # the path's last node
-    top: np.ndarray | None = None  # (gamma, k): its streams' best tokens, in no order
-    logp: np.ndarray | None = None  # (gamma, k): their log-probabilities
 
 
 @dataclass(eq=False)

@@ -192,41 +192,28 @@ def forward_batch(model, trees: list[Tree], caches: list[list], n_prefix: list[i
     return outs
 
 
-def stream_pass(model, h_node: mx.array, caches, n: int | mx.array, gamma: int) -> mx.array:
+def stream_pass(model, h_node: mx.array, caches, n: int, gamma: int) -> mx.array:
     """Stream logits (gamma, V) of one node whose main stream is already cached at n - 1.
 
     ``h_node`` (h,) is the node's main hidden state entering layer N - N_s. Lossless mode only:
     there the main stream never sees streams, so streams of just the last accepted node can be
     computed after verification (deferred streams) instead of for every tree node.
-
-    ``n`` may be a scalar array, known on the device only (a greedy step that verifies and
-    commits without the host: ``runner.MLXRunner``): the caches then hold at least n rows, and
-    the rows past n are masked out.
     """
-    if not isinstance(n, mx.array):
-        return stream_pass_batch(model, h_node[None], [caches], [n], gamma)[0]
-    n_keys = caches[-1].offset  # every layer's cache holds the same rows
-    sees = layout.pass_mask(np.ones((1, n_keys), bool), [0], gamma, main_rows=False)
-    valid = mx.concatenate([mx.arange(n_keys) < n, mx.ones(gamma, mx.bool_)])
-    pos = (n - 1 + mx.arange(1, gamma + 1)).astype(mx.int32)  # layout.stream_positions, on the device
-    h = model.adapter.init_streams(h_node[None, None], gamma)
-    return _stream_layers(model, h, pos, mx.array(sees) & valid[None, :], caches)[0]
+    return stream_pass_batch(model, h_node[None], [caches], [n], gamma)[0]
 
 
 def stream_pass_batch(model, h_nodes: mx.array, caches: list[list], n: list[int], gamma: int) -> mx.array:
     """:func:`stream_pass` of B nodes of B sequences (each with its own caches and length) in one
     batched pass: h_nodes (B, h) -> stream logits (B, gamma, V)."""
-    h = model.adapter.init_streams(h_nodes[:, None], gamma)
+    adapter, cfg = model.adapter, model.adapter_config
+    layers = model.layers
+    h = adapter.init_streams(h_nodes[:, None], gamma)
     pos = mx.array(layout.stream_positions(np.array(n)[:, None] - 1, gamma).astype(np.int32))
     if len(n) == 1:  # one sequence: its own plan and cache, (T,) positions
-        return _stream_layers(model, h, pos[0], AttentionPlan.deferred(n[0], gamma), caches[0])
-    mask = BatchPlan([AttentionPlan.deferred(k, gamma) for k in n], [0] * len(n), [gamma] * len(n), 0)
-    return _stream_layers(model, h, pos, mask, [list(c) for c in zip(*caches)])
-
-
-def _stream_layers(model, h: mx.array, pos: mx.array, mask, per_layer: list) -> mx.array:
-    """Stream rows h (B, gamma, h) through the top N_s layers, reading the caches: logits (B, gamma, V)."""
-    layers = model.layers
-    for i in range(len(layers) - model.adapter_config.msa_layers, len(layers)):
+        pos, mask, per_layer = pos[0], AttentionPlan.deferred(n[0], gamma), caches[0]
+    else:
+        mask = BatchPlan([AttentionPlan.deferred(k, gamma) for k in n], [0] * len(n), [gamma] * len(n), 0)
+        per_layer = [list(c) for c in zip(*caches)]
+    for i in range(len(layers) - cfg.msa_layers, len(layers)):
         h = layers[i](h, pos, mask, per_layer[i], n_main=0)
     return model.head(h)

@@ -13,10 +13,8 @@ next root, unverified beyond itself.
 
 from __future__ import annotations
 
-import mlx.core as mx
 import numpy as np
 
-from .layout import ancestors
 from .tree import Tree
 
 
@@ -31,28 +29,6 @@ def verify_greedy(tree: Tree, argmax: np.ndarray) -> tuple[list[int], int]:
             return path, target
         v = int(match[0])
         path.append(v)
-
-
-def verify_greedy_on_device(tree: Tree, argmax: mx.array) -> tuple[mx.array, mx.array]:
-    """:func:`verify_greedy` as array operations, so that the accepted path can be committed and
-    drafted from before the host reads anything. ``argmax`` (M,): the main stream's argmax per node.
-
-    Returns ``by_depth`` (D+1,) int32, the accepted node at each depth 0..D of the tree (node 0
-    past the path's end), and ``length`` () int32, the nodes on the path (root included). A node is
-    on the path when it and each of its ancestors carry their parent's argmax; siblings carry
-    distinct tokens (``build_tree``), so those nodes form one path.
-
-    Example: root 7 (node 0) with children 1 (node 1) and 2 (node 2), and 3 under node 2
-    (node 3); argmax [2, 5, 3, 9]: node 2 carries its parent's argmax, so does node 3, node 1 does
-    not. by_depth [0, 2, 3], length 3; the next root is argmax[3] = 9.
-    """
-    parents = np.maximum(tree.parents, 0).astype(np.int32)
-    carried = mx.array(tree.tokens.astype(np.int32)) == argmax[mx.array(parents)].astype(mx.int32)
-    carried = carried | mx.array(tree.parents < 0)
-    on_path = ~mx.any(mx.array(ancestors(tree.parents)) & ~carried[None, :], axis=1)
-    at_depth = mx.array(np.arange(int(tree.depths.max()) + 1)[:, None] == tree.depths[None, :])
-    by_depth = mx.sum(mx.where(at_depth & on_path[None, :], mx.arange(len(tree), dtype=mx.int32), 0), axis=1)
-    return by_depth.astype(mx.int32), on_path.astype(mx.int32).sum()
 
 
 def verify_sampling(tree: Tree, p: np.ndarray, draws: list[list[int]], q: list[np.ndarray],

@@ -35,7 +35,6 @@ from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  #
 from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
-from mlx_specstream.runner import MLXRunner  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
 
@@ -103,14 +102,6 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
             for (name, m, _), t in zip(rows, times)]
 
 
-class HostRoundTrips(MLXRunner):
-    """The greedy step as it was before one host round trip per step: the host reads the tree
-    pass, verifies, then commits and runs the drafts' pass (three round trips)."""
-
-    def start(self, prompt, gamma, deferred, greedy_k=None):
-        super().start(prompt, gamma, deferred, None)
-
-
 def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
                 node_costs: list[float]) -> list[dict]:
     """Greedy decoding of every prompt by each method, timed by ``bench.time_methods`` (interleaved,
@@ -118,15 +109,11 @@ def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
     of these node costs instead of the default. Bookkeeping: decode time outside the forward
     passes."""
     ids = [tokenizer.encode(p) if tokenizer else p for p in prompts]
-    three = HostRoundTrips(model)
-    methods = [Method(name, our_decoder(runner, tokenizer, **kw)) for name, runner, kw in (
-        ("ar", model, {"mode": "ar"}),
-        ("ss, deferred streams", model, {"mode": "ss", "streams": "deferred"}),
-        ("ss, deferred streams, three round trips per step", three, {"mode": "ss", "streams": "deferred"}),
-        ("ss, streams on every node", model, {"mode": "ss", "streams": "tree"}),
-        ("ss, streams on every node, three round trips per step", three, {"mode": "ss", "streams": "tree"}),
-        *((f"ss, deferred streams, node cost {c}", model,
-           {"mode": "ss", "streams": "deferred", "node_cost": c}) for c in node_costs))]
+    methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in (
+        ("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
+        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}),
+        *((f"ss, deferred streams, node cost {c}", {"mode": "ss", "streams": "deferred", "node_cost": c})
+          for c in node_costs))]
     time_methods(methods, ids, max_tokens, reps, desc="decode")
     out = []
     for m in methods:

@@ -108,37 +108,6 @@ def test_deferred_and_tree_streams_draft_the_same(llama):
     assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
 
 
-def steps_with_round_trips(model, prompt, round_trips: int, monkeypatch, **kw):
-    """Greedy decoding whose tree passes verify, commit and draft on the device in the same
-    evaluation (``round_trips`` 1, the default) or return to the host between them (3)."""
-    from mlx_specstream.runner import MLXRunner
-
-    start = MLXRunner.start
-    with monkeypatch.context() as m:
-        if round_trips == 3:
-            m.setattr(MLXRunner, "start", lambda self, p, g, d, k=None: start(self, p, g, d, None))
-        dec = Decoder(model, prompt, DecodeOptions(max_tokens=90, **kw))
-        steps = list(dec.steps())
-    return dec, steps
-
-
-@pytest.mark.parametrize("streams,lookup", [("deferred", False), ("tree", False), ("deferred", True)])
-def test_one_round_trip_per_step_is_the_host_loop(llama, monkeypatch, streams, lookup):
-    """A step that verifies, commits and drafts on the device drafts, accepts and caches exactly as
-    the loop that returns to the host between them; the path it commits is the host walk's."""
-    new_adapter(llama, gamma=3, msa_layers=2, seed=4)
-    kw = dict(branch=3, streams=streams, node_cost=0.05, lookup=lookup)
-    one, a = steps_with_round_trips(llama, [4, 1, 4, 1], 1, monkeypatch, **kw)
-    three, b = steps_with_round_trips(llama, [4, 1, 4, 1], 3, monkeypatch, **kw)
-    assert one.runner.greedy_k == 3 and three.runner.greedy_k is None
-    assert [(s.tokens, s.accepted, s.rejected) for s in a] == [(s.tokens, s.accepted, s.rejected) for s in b]
-    assert max(one.stats.accepted_lengths) >= 2
-    assert one.runner.n == three.runner.n
-    for c1, c3 in zip(one.runner.caches, three.runner.caches):
-        for x, y in zip(c1.state, c3.state):
-            np.testing.assert_array_equal(np.array(x), np.array(y))
-
-
 def test_one_token_prompt_and_msa_layers(llama):
     for msa in (1, 4):
         new_adapter(llama, gamma=2, msa_layers=msa, seed=msa)
@@ -189,13 +158,11 @@ def test_max_tokens_is_exact(llama):
         assert len(out.tokens) == n and out.finish_reason == "length"
 
 
-@pytest.mark.parametrize("threshold,streams", [(0.1, "tree"), (0.0, "tree"), (0.0, "deferred")])
-def test_kv_commit_equals_recomputed_cache(llama, threshold, streams):
-    """Committed on the host (pruning) or on the device (one round trip per step)."""
+def test_kv_commit_equals_recomputed_cache(llama):
     new_adapter(llama, gamma=3, msa_layers=2, seed=2)
     prompt = [3, 1, 4, 1, 5]
-    dec = Decoder(llama, prompt, DecodeOptions(max_tokens=60, branch=3, prune_threshold=threshold,
-                                               streams=streams))
+    dec = Decoder(llama, prompt, DecodeOptions(max_tokens=60, branch=3, prune_threshold=0.1,
+                                               streams="tree"))
     emitted = []
     for step in dec.steps():
         emitted += step.tokens
