@@ -22,7 +22,7 @@ from .errors import OptionError
 from .lookup import LookupScore, lookup_match
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import forward
-from .tree import Tree, build_tree, chain
+from .tree import Tree, best_rate, build_tree, chain
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 
@@ -53,6 +53,8 @@ class DecodeOptions:
 # each extra node of a small tree costs 13-17% of a one-node pass with deferred streams, 22-27% with
 # streams on every node. On Metal extra rows are nearly free: the whole budget runs.
 CPU_NODE_COST = {"deferred": 0.15, "tree": 0.22}
+# A deferred stream pass costs 0.8-1.3 one-node passes there (the same page).
+CPU_STREAM_PASS_COST = 1.0
 
 
 def default_node_costs() -> dict[str, float]:
@@ -71,6 +73,7 @@ class Stats:
     tree_nodes: int = 0  # summed over calls, before pruning
     kept_nodes: int = 0  # summed over calls, after pruning
     accepted_lengths: Counter = field(default_factory=Counter)
+    stream_passes: int = 0  # deferred stream passes run (drafts of the steps that used streams)
     finish_reason: str | None = None  # "stop" (EOS or a stop string), "length"
     context_limit: int | None = None  # set when generation stopped at the model's context
 
@@ -102,6 +105,7 @@ class Stats:
             "bookkeeping_share": round(self.bookkeeping_share, 4),
             "mean_tree_nodes": round(self.tree_nodes / self.calls, 3) if self.calls else 0.0,
             "mean_kept_nodes": round(self.kept_nodes / self.calls, 3) if self.calls else 0.0,
+            "stream_passes": self.stream_passes,
             "finish_reason": self.finish_reason,
             "context_limit": self.context_limit,
         }
@@ -115,6 +119,23 @@ class Step:
     accepted: list[int]  # draft tokens accepted this pass
     rejected: list[int]  # the best draft continuation that was not accepted
     finished: str | None = None  # "stop" (EOS) or "length"
+
+
+@dataclass
+class _Rate:
+    """A running estimate of tokens per unit of cost (exponentially weighted, from a prior)."""
+
+    tokens: float
+    cost: float
+    weight: float = 0.2
+
+    @property
+    def value(self) -> float:
+        return self.tokens / self.cost
+
+    def update(self, tokens: float, cost: float) -> None:
+        self.tokens += self.weight * (tokens - self.tokens)
+        self.cost += self.weight * (cost - self.cost)
 
 
 @dataclass
@@ -193,6 +214,11 @@ class Decoder:
             self.node_cost = costs[policy] if opts.mode == "ss" else 0.0
         self.lookup = opts.mode == "lookup" or (opts.mode == "ss" and opts.lookup is not False)
         self.lookup_score = LookupScore()
+        # Deferred streams cost a pass of their own: tokens per unit of cost of the steps drafted
+        # with them, against which a prompt-lookup chain alone is weighed (_draft). Prior: two
+        # tokens a pass from a three-node tree.
+        self.stream_pass_cost = CPU_STREAM_PASS_COST if self.deferred else 0.0
+        self.stream_rate = _Rate(2.0, 1.0 + 2 * self.node_cost + self.stream_pass_cost)
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
@@ -206,11 +232,20 @@ class Decoder:
 
     def _draft(self, node: int) -> Iterator[PassRequest]:
         """Candidates for each level from the streams of ``node`` (surviving node of the last
-        pass), and the prompt-lookup chain after the history; returns the :class:`_Draft`."""
-        draft = (yield from self._stream_draft(node)) if self.opts.mode == "ss" else _Draft([], [], [], [])
-        if self.lookup:
-            draft.chain, n = lookup_match(self.history, num_draft=self.budget - 1)
-            draft.chain_scores = [self.lookup_score.logp(n)] * len(draft.chain)
+        pass), and the prompt-lookup chain after the history; returns the :class:`_Draft`.
+
+        Where the streams need a pass of their own (deferred), a chain whose expected tokens per
+        unit of cost (``tree.best_rate``) are at least those of the steps drafted with streams so
+        far (``stream_rate``, the stream pass counted) is the whole draft: the stream pass is
+        skipped."""
+        chain, n = lookup_match(self.history, num_draft=self.budget - 1) if self.lookup else ([], 0)
+        scores = [self.lookup_score.logp(n)] * len(chain)
+        draft = _Draft([], [], [], [])
+        if self.opts.mode == "ss" and not (
+                chain and self.stream_pass_cost
+                and best_rate(np.cumsum([0.0] + scores), self.node_cost) >= self.stream_rate.value):
+            draft = yield from self._stream_draft(node)
+        draft.chain, draft.chain_scores = chain, scores
         return draft
 
     def _stream_draft(self, node: int) -> Iterator[PassRequest]:
@@ -223,6 +258,7 @@ class Decoder:
         streams = self.runner.stream_topk(node, k) if greedy else self.runner.stream_logits(node)
         if self.deferred:  # a stream pass ran
             self.stats.model_time += time.perf_counter() - t
+            self.stats.stream_passes += 1
         if greedy:
             top, vals = streams
             return _Draft(top.tolist(), vals.tolist(), [], [])
@@ -285,6 +321,9 @@ class Decoder:
             stats.tree_nodes += len(tree)
             stats.kept_nodes += len(kept)
             stats.accepted_lengths[len(path)] += 1
+            if draft.levels and self.stream_pass_cost:
+                cost = 1 + self.node_cost * (len(tree) - 1) + self.stream_pass_cost
+                self.stream_rate.update(len(path), cost)
             accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:
                 self._learn_lookup(draft.chain, kept, accepted)

@@ -103,10 +103,18 @@ def best_size(path_scores, node_cost: float) -> int:
     cost: small trees where the draft is unsure or extra rows are dear (a CPU), the whole
     budget where they are nearly free.
     """
+    return int(np.argmax(_tokens_per_cost(path_scores, node_cost))) + 1
+
+
+def best_rate(path_scores, node_cost: float) -> float:
+    """The expected tokens per unit of cost of the tree :func:`best_size` picks."""
+    return float(np.max(_tokens_per_cost(path_scores, node_cost)))
+
+
+def _tokens_per_cost(path_scores, node_cost: float) -> np.ndarray:
     p = np.exp(np.asarray(path_scores[1:], np.float64))
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
-    cost = 1.0 + node_cost * np.arange(len(gain))
-    return int(np.argmax(gain / cost)) + 1
+    return gain / (1.0 + node_cost * np.arange(len(gain)))
 
 
 def reorder(tree: Tree, order) -> Tree:

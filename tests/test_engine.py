@@ -103,8 +103,9 @@ def test_long_prompt_prefilled_through_the_host_softmax_is_lossless(llama, strea
 
 def test_deferred_and_tree_streams_draft_the_same(llama):
     new_adapter(llama, gamma=3, msa_layers=2, seed=8)
-    a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree", node_cost=0.1)
-    b = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="deferred", node_cost=0.1)
+    a = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="tree", node_cost=0.1, lookup=False)
+    b = generate(llama, None, [2, 7], max_tokens=80, branch=3, streams="deferred", node_cost=0.1,
+                 lookup=False)
     assert [s.accepted for s in a.steps] == [s.accepted for s in b.steps]
 
 
@@ -220,6 +221,43 @@ def test_hybrid_drafts_are_lossless_and_add_lookup_candidates(llama):
     assert both.stats.mean_accepted_tokens > streams.stats.mean_accepted_tokens
     # sampling runs too (exact in distribution: tests/test_sampling.py)
     assert len(generate(llama, None, prompt, max_tokens=40, temperature=0.7, seed=1).tokens) == 40
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_lookup_chain_alone_skips_the_deferred_stream_pass_when_it_pays(llama, temperature):
+    """With deferred streams, a step whose lookup chain promises more tokens per unit of cost than
+    the steps drafted with streams so far drafts from the chain alone, with no stream pass; with
+    streams that promise more, every step runs one. Greedy output stays the base model's."""
+    from mlx_specstream.engine import _Rate
+
+    new_adapter(llama, gamma=3, msa_layers=2, seed=4)
+    prompt = [1, 2, 3, 1, 2]
+    ar = generate(llama, None, prompt, max_tokens=100, mode="ar")
+    runs = {}
+    rates = {"streams pay": _Rate(1000.0, 1.0, weight=0.0), "chain pays": _Rate(0.0, 1.0, weight=0.0)}
+    for name, rate in rates.items():
+        dec = Decoder(llama, prompt, DecodeOptions(max_tokens=100, branch=2, streams="deferred",
+                                                   temperature=temperature, seed=3))
+        dec.stream_rate = rate
+        tokens = [t for step in dec.steps() for t in step.tokens]
+        assert len(tokens) == 100
+        if temperature == 0:
+            assert tokens == ar.tokens
+        runs[name] = dec.stats
+    assert runs["streams pay"].stream_passes == runs["streams pay"].calls + 1  # the prefill's too
+    assert 0 < runs["chain pays"].stream_passes < runs["chain pays"].calls / 2
+
+
+def test_stream_rate_follows_the_steps_drafted_with_streams(llama):
+    """The default: the steps drafted with streams update the running rate the chain is weighed
+    against; on this repetitive output, lookup chains skip part of the stream passes."""
+    new_adapter(llama, gamma=3, msa_layers=2, seed=4)
+    dec = Decoder(llama, [1, 2, 3, 1, 2], DecodeOptions(max_tokens=100, branch=2, streams="deferred",
+                                                        node_cost=0.15))
+    prior = dec.stream_rate.value
+    list(dec.steps())
+    assert dec.stream_rate.value != prior
+    assert 0 < dec.stats.stream_passes < dec.stats.calls + 1
 
 
 @pytest.mark.parametrize("eos_at,max_tokens", [(None, 20), (6, 20), (0, 20), (None, 1)])
