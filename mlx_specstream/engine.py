@@ -241,12 +241,17 @@ class Decoder:
         chain, n = lookup_match(self.history, num_draft=self.budget - 1) if self.lookup else ([], 0)
         scores = [self.lookup_score.logp(n)] * len(chain)
         draft = _Draft([], [], [], [])
-        if self.opts.mode == "ss" and not (
-                chain and self.stream_pass_cost
-                and best_rate(np.cumsum([0.0] + scores), self.node_cost) >= self.stream_rate.value):
+        if self.opts.mode == "ss" and not self._chain_alone_pays(scores):
             draft = yield from self._stream_draft(node)
         draft.chain, draft.chain_scores = chain, scores
         return draft
+
+    def _chain_alone_pays(self, chain_scores: list[float]) -> bool:
+        """Whether a lookup chain with these log-probabilities, as the whole draft, advances at
+        least as many tokens per unit of cost as the steps drafted with (deferred) streams."""
+        if not chain_scores or not self.deferred:
+            return False
+        return best_rate(np.cumsum([0.0] + chain_scores), self.node_cost) >= self.stream_rate.value
 
     def _stream_draft(self, node: int) -> Iterator[PassRequest]:
         """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once.
@@ -321,7 +326,7 @@ class Decoder:
             stats.tree_nodes += len(tree)
             stats.kept_nodes += len(kept)
             stats.accepted_lengths[len(path)] += 1
-            if draft.levels and self.stream_pass_cost:
+            if draft.levels and self.deferred:
                 cost = 1 + self.node_cost * (len(tree) - 1) + self.stream_pass_cost
                 self.stream_rate.update(len(path), cost)
             accepted = kept.tokens[path[1:]].tolist()

@@ -93,8 +93,8 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
         tree = build_tree(3, levels, scores, m)
         rows.append((f"SS pass, {m}-node tree, streams on every node", m, lambda t=tree: run(t, gamma)))
         rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
-    rows.append(("SS pass, 4-node tree + deferred stream pass, one graph (bound for one round trip)", 4,
-                 lambda t=build_tree(3, levels, scores, 4): one_graph(t)))
+    rows.append(("SS pass, 4-node tree + deferred stream pass, one graph (the stream pass not waiting "
+                 "for verification)", 4, lambda t=build_tree(3, levels, scores, 4): one_graph(t)))
     rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32,
                  lambda t=build_tree(3, levels, scores, 32): run(t, gamma, 0.05)))
     times = [best_time(fn, reps) for _, _, fn in tqdm(rows, desc="passes")]
