@@ -29,9 +29,9 @@ def rule_draft(self, node):
     if self.opts.mode == "ss" and self.deferred and self.lookup and getattr(self, "rule", False):
         chain, n = lookup_match(self.history, num_draft=self.budget - 1)
         skipped[1] += 1
+        rate = self.__dict__.setdefault("rate", [2.0, 1 + self.node_cost * 2 + STREAM_COST])
         if chain:
             lp = self.lookup_score.logp(n)
-            rate = self.__dict__.setdefault("rate", [2.0, 1 + self.node_cost * 2 + STREAM_COST])
             if chain_rate([lp] * len(chain), self.node_cost) >= rate[0] / rate[1]:
                 skipped[0] += 1
                 self.kind = "chain"
