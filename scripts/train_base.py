@@ -46,6 +46,8 @@ import json
 import math
 import os
 import platform
+import random
+import re
 import sys
 import time
 from datetime import date
@@ -168,20 +170,60 @@ def build_code_stream(args, sp) -> np.ndarray:
     return stream
 
 
+def name_pieces(sp) -> tuple[list[str], list[str]]:
+    """The tokenizer's lowercase pieces of two letters or more: those that start a word (``▁air``,
+    ``▁case``, as ``air``, ``case``) and those inside one (``craft``)."""
+    first, inner = [], []
+    for i in range(sp.get_piece_size()):
+        p = sp.id_to_piece(i)
+        w = p.removeprefix("\u2581")
+        if len(w) >= 2 and w.isascii() and w.isalpha() and w.islower():
+            (first if p.startswith("\u2581") else inner).append(w)
+    return first, inner
+
+
+def piece_name(rng, first: list[str], inner: list[str]) -> str:
+    """A table name of tokenizer pieces: one that starts a word, then maybe one inside a word and
+    maybe ``_`` and another word (``aircraft``, ``caseborn_tick``)."""
+    name = rng.choice(first) + (rng.choice(inner) if rng.random() < 0.5 else "")
+    return name + ("_" + rng.choice(first) if rng.random() < 0.3 else "")
+
+
+def rename_table(ex: dict, name: str) -> dict | None:
+    """``ex`` with its context's only table called ``name`` in the context and the query (the
+    question keeps its words, as a real schema's names need not be the user's); None when the
+    context has several tables (the question is what tells them apart) or already uses ``name``."""
+    ctx = ex["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+    tables = re.findall(r"CREATE TABLE (\w+) \(", ctx)
+    if len(tables) != 1 or name.lower() in sqlgen.RESERVED or re.search(rf"\b{name}\b", ex["prompt"]):
+        return None
+    old = re.compile(rf"\b{tables[0]}\b")
+    return ex | {"prompt": ex["prompt"].replace(ctx, old.sub(name, ctx), 1),
+                 "completion": old.sub(name, ex["completion"])}
+
+
 class Batcher:
     """The batch of a step, a function of (seed, step) alone, so that a resumed run goes on as if
     it had never stopped. Each row is, with probability ``sql_frac``, fresh SQL examples
     (``sqlgen.examples`` seeded by seed, step and row: never the same twice) packed as
-    ``<s> prompt completion </s>`` up to ctx + 1 tokens, else a random window of the code stream."""
+    ``<s> prompt completion </s>`` up to ctx + 1 tokens, else a random window of the code stream.
+    A share ``rename_frac`` of the one-table examples get a table name made of tokenizer pieces
+    (``piece_name``): generated names never start with some pieces (the words of held-out tables
+    are left out of the generator's lists), and a model trained long on them stops copying those
+    pieces (docs/default-model.md)."""
 
-    def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float):
+    def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float,
+                 rename_frac: float = 0.0):
         self.code, self.tokenizer, self.seed = code, tokenizer, seed
-        self.ctx, self.bsz, self.sql_frac = ctx, bsz, sql_frac
+        self.ctx, self.bsz, self.sql_frac, self.rename_frac = ctx, bsz, sql_frac, rename_frac
         self.sp = None
 
     def sql_row(self, seed: str) -> list[int]:
         ids: list[int] = []
+        rng = random.Random(seed)
         for ex in sqlgen.examples(seed):
+            if self.rename_frac and rng.random() < self.rename_frac:
+                ex = rename_table(ex, piece_name(rng, *self.pieces)) or ex
             ids += [BOS, *self.sp.encode(ex["prompt"] + ex["completion"]), EOS]
             if len(ids) > self.ctx:
                 return ids[:self.ctx + 1]
@@ -192,6 +234,7 @@ class Batcher:
             import sentencepiece as spm
 
             self.sp = spm.SentencePieceProcessor(model_file=str(self.tokenizer / "tokenizer.model"))
+            self.pieces = name_pieces(self.sp)
         rng = np.random.default_rng([self.seed, step])
         rows = []
         for r in range(self.bsz):
@@ -428,7 +471,7 @@ def cmd_train(args) -> None:
             lr *= (step - st["rewarm_from"] + 1) / args.warmup
         return lr
 
-    batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac)
+    batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac, args.rename_frac)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else
                                                               max(1, (os.cpu_count() or 2) - 2))
     model.train()
@@ -745,6 +788,8 @@ def main(argv=None) -> None:
     r.add_argument("--run-steps", type=int, default=None,
                    help="end this run after this many steps with a checkpoint; --resume continues it")
     r.add_argument("--sql-frac", type=float, default=0.75, help="share of rows that are generated SQL")
+    r.add_argument("--rename-frac", type=float, default=0.0,
+                   help="share of one-table SQL examples whose table gets a name of tokenizer pieces")
     r.add_argument("--workers", type=int, default=None,
                    help="processes generating batches (default: 0 on CPU, all cores but two on CUDA)")
     r.add_argument("--max-params", type=int, default=40_000_000)

@@ -7,9 +7,11 @@ import argparse
 import gzip
 import importlib.util
 import json
+import re
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -158,3 +160,58 @@ def test_greedy_cuts_at_eos_and_says_which_outputs_ended():
     texts, ended = tb.greedy(Scripted(), sp, ["p1\n", "a longer prompt\n"], len(a) + 3, "cpu", 8)
     assert texts == ["SELECT name FROM t", sp.decode(loop)]
     assert ended == [True, False]
+
+
+def _run(prompt: str, sql: str) -> list:
+    """The query's rows on its context's tables, each filled with the same three rows."""
+    import sqlite3
+
+    ctx = prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+    con = sqlite3.connect(":memory:")
+    con.executescript(ctx)
+    for table, cols in re.findall(r"CREATE TABLE (\w+) \((.*?)\);", ctx):
+        n = len(cols.split(", "))
+        for i in range(3):
+            row = [f"v{i}" if j % 2 else i for j in range(n)]
+            con.execute(f"INSERT INTO {table} VALUES ({', '.join('?' * n)})", row)
+    return con.execute(sql).fetchall()
+
+
+def test_renamed_tables_keep_the_query_and_the_question():
+    """A one-table example renamed with tokenizer pieces answers its question with the same rows
+    under the new name; pieces that no generated name starts with (``▁air``, ``▁case``) are among
+    the names; several tables are left as they are."""
+    import itertools
+    import random
+
+    import sentencepiece as spm
+
+    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    first, inner = tb.name_pieces(sp)
+    assert {"air", "case", "book", "less"} <= set(first) and "craft" in inner
+    rng, renamed, kept = random.Random(0), 0, 0
+    for ex in itertools.islice(tb.sqlgen.examples("rename"), 60):
+        name = tb.piece_name(rng, first, inner)
+        new = tb.rename_table(ex, name)
+        if new is None:
+            kept += ex["prompt"].count("CREATE TABLE ") > 1
+            continue
+        renamed += 1
+        question = lambda p: p.split("### Question:", 1)[1]  # noqa: E731
+        assert question(new["prompt"]) == question(ex["prompt"])
+        assert f"CREATE TABLE {name} (" in new["prompt"] and re.search(rf"\b{name}\b", new["completion"])
+        assert _run(new["prompt"], new["completion"]) == _run(ex["prompt"], ex["completion"])
+    assert renamed > 10 and kept > 10, (renamed, kept)
+
+
+def test_rename_frac_changes_only_names():
+    """With every one-table example renamed, a batch is still a function of (seed, step), differs
+    from the batch without renaming, and its rows are still whole examples."""
+    code = np.arange(5000) % 4000 + 10
+    b = tb.Batcher(code, TOKENIZER, seed=3, ctx=512, bsz=8, sql_frac=1.0, rename_frac=1.0)
+    x = b(7)
+    assert (x == tb.Batcher(code, TOKENIZER, 3, 512, 8, 1.0, 1.0)(7)).all()
+    plain = tb.Batcher(code, TOKENIZER, 3, 512, 8, 1.0)(7)
+    assert not (x == plain).all()
+    texts = [b.sp.decode(r.tolist()) for r in x]
+    assert all(t.startswith("### Context:\nCREATE TABLE ") for t in texts)
