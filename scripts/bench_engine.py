@@ -89,12 +89,15 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
     levels = [list(range(10 + 4 * j, 14 + 4 * j)) for j in range(gamma)]
     scores = [[-0.1, -0.5, -1.0, -2.0]] * gamma
     rows = [("1-token pass (AR)", 1, lambda: run(chain([1]), 0))]
+    lossless = model.adapter_config.mode == "lossless"  # deferred streams need it
     for m in TREE_SIZES:
         tree = build_tree(3, levels, scores, m)
         rows.append((f"SS pass, {m}-node tree, streams on every node", m, lambda t=tree: run(t, gamma)))
-        rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
-    rows.append(("SS pass, 4-node tree + deferred stream pass, one graph (the stream pass not waiting "
-                 "for verification)", 4, lambda t=build_tree(3, levels, scores, 4): one_graph(t)))
+        if lossless:
+            rows.append((f"SS pass, {m}-node tree + deferred stream pass", m, lambda t=tree: deferred(t)))
+    if lossless:
+        rows.append(("SS pass, 4-node tree + deferred stream pass, one graph (the stream pass not waiting "
+                     "for verification)", 4, lambda t=build_tree(3, levels, scores, 4): one_graph(t)))
     rows.append(("SS pass, 32-node tree + pruning (thr 0.05)", 32,
                  lambda t=build_tree(3, levels, scores, 32): run(t, gamma, 0.05)))
     times = [best_time(fn, reps) for _, _, fn in tqdm(rows, desc="passes")]
@@ -105,14 +108,18 @@ def pass_rows(model, context: list[int], gamma: int, reps: int) -> list[dict]:
 def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
                 node_costs: list[float]) -> list[dict]:
     """Greedy decoding of every prompt by each method, timed by ``bench.time_methods`` (interleaved,
-    the fastest run per (prompt, method) counts); ``node_costs``: deferred streams again with each
-    of these node costs instead of the default. Bookkeeping: decode time outside the forward
+    the fastest run per (prompt, method) counts); ``node_costs``: the first SS policy (deferred
+    streams; a shared adapter's streams on every node) again with each of these node costs
+    instead of the default. Bookkeeping: decode time outside the forward
     passes."""
     ids = [tokenizer.encode(p) if tokenizer else p for p in prompts]
+    if model.adapter_config.mode == "lossless":
+        policies = [("ss, deferred streams", "deferred"), ("ss, streams on every node", "tree")]
+    else:  # a shared adapter's streams are always in the tree pass
+        policies = [("ss, streams on every node", "tree")]
     methods = [Method(name, our_decoder(model, tokenizer, **kw)) for name, kw in (
-        ("ar", {"mode": "ar"}), ("ss, deferred streams", {"mode": "ss", "streams": "deferred"}),
-        ("ss, streams on every node", {"mode": "ss", "streams": "tree"}),
-        *((f"ss, deferred streams, node cost {c}", {"mode": "ss", "streams": "deferred", "node_cost": c})
+        ("ar", {"mode": "ar"}), *((name, {"mode": "ss", "streams": p}) for name, p in policies),
+        *((f"{policies[0][0]}, node cost {c}", {"mode": "ss", "streams": policies[0][1], "node_cost": c})
           for c in node_costs))]
     time_methods(methods, ids, max_tokens, reps, desc="decode")
     out = []
@@ -130,7 +137,7 @@ def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, help="MLX model directory (default: the shipped model)")
-    ap.add_argument("--adapter", default="sql-lossless", help="a lossless adapter of the model")
+    ap.add_argument("--adapter", default="sql-lossless", help="a stream adapter of the model")
     ap.add_argument("--random", action="store_true", help="a random llama instead of a trained model")
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=6)
@@ -143,7 +150,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--decode-reps", type=int, default=3)
     ap.add_argument("--node-costs", type=lambda v: [float(c) for c in v.split(",")], default=[],
-                    help="comma-separated node costs to decode with besides the default (deferred streams)")
+                    help="comma-separated node costs to decode with besides the default (deferred streams; "
+                         "streams on every node with a shared adapter)")
     ap.add_argument("--out", type=Path, help="write the results file here")
     args = ap.parse_args()
 
