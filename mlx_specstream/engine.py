@@ -50,9 +50,10 @@ class DecodeOptions:
 
 
 # Measured on a 2-core x86 CPU with small products as sgemv (docs/engine.md#cost-of-a-pass-measured):
-# with deferred streams, greedy decoding with the chain-alone rule is fastest at 0.05-0.07 (five
-# interleaved runs, 2026-11-26); with streams on every node each extra node of a small tree costs
-# 22-27% of a one-node pass. On Metal extra rows are nearly free: the whole budget runs.
+# with deferred streams, greedy decoding with the chain-alone rule is fastest at 0.05-0.07 on 20 sql
+# prompts and level with 0.15 on 100 (interleaved runs, 2026-11-26); with streams on every node
+# each extra node of a small tree costs 22-27% of a one-node pass. On Metal extra rows are nearly
+# free: the whole budget runs.
 CPU_NODE_COST = {"deferred": 0.07, "tree": 0.22}
 # A deferred stream pass costs 0.8-1.3 one-node passes there (the same page).
 CPU_STREAM_PASS_COST = 1.0
