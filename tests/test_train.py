@@ -305,7 +305,11 @@ def test_streams_learn_synthetic_task_and_stay_lossless(synthetic, tmp_path):
     # validation prompts (the first 8), and the best of the evaluations
     assert [v["step"] for v in report["val_history"]] == [75, 150]
     best = report["best"]
-    assert best["mean_accepted_tokens"] == max(v["mean_accepted_tokens"] for v in report["val_history"]) > 2
+    hist = {v["step"]: v for v in report["val_history"]}
+    kept, top = hist[best["step"]], max(hist.values(), key=lambda v: v["mean_accepted_tokens"])
+    assert kept["mean_accepted_tokens"] == best["mean_accepted_tokens"] > 2
+    # the kept adapter drafts the most, or as many within the prompts' noise with a lower loss
+    assert kept is top or kept["loss"] < top["loss"], (kept, top)
     runs = [generate(model, None, e.tokens[: e.n_prompt], max_tokens=48) for e in valid_ds.examples[:8]]
     lengths = sum((r.stats.accepted_lengths for r in runs), Counter())
     engine = sum(k * n for k, n in lengths.items()) / sum(lengths.values())
