@@ -48,9 +48,14 @@ def sql_prompt(context: str, question: str) -> str:
     return SQL_PROMPT.format(context=context, question=question)
 
 
+def context(prompt: str) -> str:
+    """The ``CREATE TABLE`` statements of a prompt made by :func:`sql_prompt`."""
+    return prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+
+
 def check_sql(example: dict) -> None:
     """Raise ``sqlite3.Error`` if the completion does not run on the tables of the prompt's context."""
-    ctx = example["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+    ctx = context(example["prompt"])
     con = sqlite3.connect(":memory:")
     try:
         con.executescript(ctx)

@@ -193,9 +193,9 @@ def rename_table(ex: dict, name: str) -> dict | None:
     """``ex`` with its context's only table called ``name`` in the context and the query (the
     question keeps its words, as a real schema's names need not be the user's); None when the
     context has several tables (the question is what tells them apart) or already uses ``name``."""
-    ctx = ex["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+    ctx = sqlgen.context(ex["prompt"])
     tables = re.findall(r"CREATE TABLE (\w+) \(", ctx)
-    if len(tables) != 1 or name.lower() in sqlgen.RESERVED or re.search(rf"\b{name}\b", ex["prompt"]):
+    if len(tables) != 1 or name in sqlgen.RESERVED or re.search(rf"\b{name}\b", ex["prompt"]):
         return None
     old = re.compile(rf"\b{tables[0]}\b")
     return ex | {"prompt": ex["prompt"].replace(ctx, old.sub(name, ctx), 1),
@@ -658,7 +658,7 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> tup
     em = [norm_sql(p) == norm_sql(r["completion"]) for p, r in zip(preds, rows)]
     runs = 0
     for p, r in zip(preds, rows):
-        ctx = r["prompt"].split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+        ctx = sqlgen.context(r["prompt"])
         con = sqlite3.connect(":memory:")
         try:
             con.executescript(ctx)

@@ -38,10 +38,6 @@ def many() -> list[dict]:
     return _take("test", 3000)
 
 
-def _context(prompt: str) -> str:
-    return prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
-
-
 def _question(prompt: str) -> str:
     return prompt.split("### Question:\n", 1)[1].split("\n### SQL:", 1)[0]
 
@@ -63,7 +59,7 @@ def test_format_and_queries_run(many):
     for kw in ("JOIN", "GROUP BY", "HAVING", "ORDER BY", "LIMIT", "BETWEEN", "LIKE", "DISTINCT", "COUNT(",
                "AVG(", "MIN(", "MAX(", "SUM(", " OR ", " AND ", "!=", "SELECT *"):
         assert kw in sql, kw
-    ctx = " ".join(_context(e["prompt"]) for e in many)
+    ctx = " ".join(sg.context(e["prompt"]) for e in many)
     for t in ("INTEGER", "TEXT", "REAL", "DATE"):
         assert f" {t}" in ctx, t
 
@@ -104,7 +100,7 @@ def test_names_are_composed_and_copied(many):
     query is in its context."""
     tables, columns = collections.Counter(), collections.Counter()
     for ex in many[:1000]:
-        ctx = _context(ex["prompt"])
+        ctx = sg.context(ex["prompt"])
         for name, cols in re.findall(r"CREATE TABLE (\w+) \((.*?)\);", ctx):
             tables[name] += 1
             columns.update(c.split()[0] for c in cols.split(", "))
@@ -125,7 +121,7 @@ def test_names_follow_real_schemas(many):
     led, bare, by_unit, prose = 0, 0, 0, 0
     english = set(sg.sql_words.PROSE)
     for ex in many:
-        ctx, q, sql = _context(ex["prompt"]), _question(ex["prompt"]), ex["completion"]
+        ctx, q, sql = sg.context(ex["prompt"]), _question(ex["prompt"]), ex["completion"]
         for table, cols in re.findall(r"CREATE TABLE (\w+) \((.*?)\);", ctx):
             names = [c.split()[0] for c in cols.split(", ")]
             said = f"{table.replace('_', ' ')} name" in q

@@ -166,7 +166,7 @@ def _run(prompt: str, sql: str) -> list:
     """The query's rows on its context's tables, each filled with the same three rows."""
     import sqlite3
 
-    ctx = prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+    ctx = tb.sqlgen.context(prompt)
     con = sqlite3.connect(":memory:")
     con.executescript(ctx)
     for table, cols in re.findall(r"CREATE TABLE (\w+) \((.*?)\);", ctx):
