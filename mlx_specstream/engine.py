@@ -22,7 +22,7 @@ from .errors import OptionError
 from .lookup import LookupScore, lookup_match
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import forward
-from .tree import Tree, best_rate, build_tree, chain
+from .tree import Tree, best_rate, build_tree, chain, pass_cost
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 
@@ -220,7 +220,7 @@ class Decoder:
         # with them, against which a prompt-lookup chain alone is weighed (_draft). Prior: two
         # tokens a pass from a three-node tree.
         self.stream_pass_cost = CPU_STREAM_PASS_COST if self.deferred else 0.0
-        self.stream_rate = _Rate(2.0, 1.0 + 2 * self.node_cost + self.stream_pass_cost)
+        self.stream_rate = _Rate(2.0, float(pass_cost(3, self.node_cost)) + self.stream_pass_cost)
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
 
@@ -329,7 +329,7 @@ class Decoder:
             stats.kept_nodes += len(kept)
             stats.accepted_lengths[len(path)] += 1
             if draft.levels and self.deferred:
-                cost = 1 + self.node_cost * (len(tree) - 1) + self.stream_pass_cost
+                cost = float(pass_cost(len(tree), self.node_cost)) + self.stream_pass_cost
                 self.stream_rate.update(len(path), cost)
             accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:

@@ -111,10 +111,15 @@ def best_rate(path_scores, node_cost: float) -> float:
     return float(np.max(_tokens_per_cost(path_scores, node_cost)))
 
 
+def pass_cost(nodes, node_cost: float):
+    """The cost of a pass over ``nodes`` tree nodes, in one-node passes: ``1 + node_cost·(nodes − 1)``."""
+    return 1.0 + node_cost * (np.asarray(nodes) - 1)
+
+
 def _tokens_per_cost(path_scores, node_cost: float) -> np.ndarray:
     p = np.exp(np.asarray(path_scores[1:], np.float64))
     gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
-    return gain / (1.0 + node_cost * np.arange(len(gain)))
+    return gain / pass_cost(np.arange(1, len(gain) + 1), node_cost)
 
 
 def reorder(tree: Tree, order) -> Tree:
