@@ -397,6 +397,9 @@ def load_resume_state(args, model, opt, device) -> dict | None:
 def cmd_train(args) -> None:
     """Train until held-out validation stops improving (``--patience`` evaluations) or ``--steps``;
     ``--max-minutes`` ends this run early with a checkpoint that ``--resume`` continues."""
+    for flag, share in (("--sql-frac", args.sql_frac), ("--rename-frac", args.rename_frac)):
+        if not 0 <= share <= 1:
+            raise SystemExit(f"train_base: {flag} must be in [0, 1], not {share}")
     import sentencepiece as spm
     import torch
 

@@ -215,3 +215,10 @@ def test_rename_frac_changes_only_names():
     assert not (x == plain).all()
     texts = [b.sp.decode(r.tolist()) for r in x]
     assert all(t.startswith("### Context:\nCREATE TABLE ") for t in texts)
+
+
+@pytest.mark.parametrize("flag", ["--sql-frac", "--rename-frac"])
+def test_shares_out_of_range_are_refused_in_one_line(data, tmp_path, flag):
+    with pytest.raises(SystemExit, match=rf"^train_base: {flag} must be in \[0, 1\], not 1.5$"):
+        _train(data, tmp_path, flag, "1.5")
+    assert not (tmp_path / "hf").exists() and not (tmp_path / "work").exists()
