@@ -242,6 +242,22 @@ UNITS = {
     "eur": ["in euros", "in EUR"],
     "pct": ["in percent", "as a percentage"],
 }
+NUMBER_UNITS = {  # a unit as it follows a number: "30 metres"
+    "m": ["metres", "meters", "m"], "sqm": ["square metres", "square meters"], "km": ["kilometres", "km"],
+    "cm": ["centimetres", "cm"], "kg": ["kilograms", "kg"], "t": ["tonnes"], "mw": ["megawatts", "MW"],
+    "kw": ["kilowatts", "kW"], "l": ["litres", "liters"], "hours": ["hours"], "min": ["minutes"],
+    "s": ["seconds"], "days": ["days"], "kmh": ["km per hour"], "mph": ["mph"], "c": ["degrees"],
+    "usd": ["dollars"], "eur": ["euros"], "pct": ["percent"],
+}
+COMPARATIVES = {  # a measure's "more" and "less" adjectives, when they name it: "taller than 30 metres"
+    "length": ("longer", "shorter"), "height": ("taller", "shorter"), "width": ("wider", "narrower"),
+    "depth": ("deeper", "shallower"), "weight": ("heavier", "lighter"), "mass": ("heavier", "lighter"),
+    "distance": ("farther", "nearer"), "speed": ("faster", "slower"),
+    "temperature": ("hotter", "colder"), "duration": ("longer", "shorter"), "range": ("longer", "shorter"), "runtime": ("longer", "shorter"), "delay": ("longer", "shorter"), "power": ("more powerful", "less powerful"),
+    "price": ("more expensive", "cheaper"), "cost": ("more expensive", "cheaper"),
+    "fee": ("more expensive", "cheaper"), "fare": ("more expensive", "cheaper"),
+    "rent": ("more expensive", "cheaper"),
+}
 UNIT_WORDS = {"min": "minutes", "hours": "hours", "s": "seconds", "days": "days", "kg": "kilograms",
               "l": "litres", "km": "kilometres", "m": "metres"}
 MEASURES = {
@@ -329,7 +345,15 @@ PLACE_POOLS = {
     "base": "city",
     "color": "color",
     "colour": "color",
+    "county": "place",
+    "region": "place",
+    "state": "place",
+    "province": "place",
+    "district": "place",
+    "port": "city",
 }
+PLACE_SUFFIXES = ("shire", "land", "ton", " Valley", " Coast", "ia")
+PLACES = {"country", "city", "location", "base", "county", "region", "state", "province", "district", "port"}
 NAMES = {
     "name": "person title word",
     "title": "title",
@@ -360,6 +384,9 @@ class Column:
     values: Callable[[random.Random], str] | None = None  # a SQL literal
     lo: float = 0.0
     hi: float = 0.0
+    unit: str | None = None  # a measure's or an amount's unit: "m" ("taller than 30 metres")
+    more_less: tuple[str, str] | None = None  # comparatives: ("taller", "shorter") for a height
+    place: bool = False  # a place ("lighthouses in Cornwall" for county = 'Cornwall')
 
     @property
     def is_key(self) -> bool:
@@ -430,6 +457,7 @@ def text_pool(rng: random.Random, kind: str) -> Callable[[random.Random], str]:
         "company": company,
         "code": code,
         "word": lambda r: pseudo_word(r).capitalize(),
+        "place": lambda r: pseudo_word(r, 2, 3).capitalize() + (r.choice(PLACE_SUFFIXES) if r.random() < 0.3 else ""),
         "first": lambda r: r.choice(P["first"]),
     }
     if kind in gens:
@@ -500,7 +528,8 @@ def role_column(rng: random.Random, ent: str) -> Column:
     if role == "category":
         head = rng.choice(CATEGORIES + list(PLACE_POOLS)) if rng.random() < 0.75 else piece(rng)
         name, phrase = compose(rng, head, ent)
-        return Column(name, "TEXT", "category", phrase, text_pool(rng, PLACE_POOLS.get(head, "")))
+        return Column(name, "TEXT", "category", phrase, text_pool(rng, PLACE_POOLS.get(head, "")),
+                      place=head in PLACES and name.endswith(head))
     if role == "measure":
         head = rng.choice(list(MEASURES))
         unit = rng.choice(MEASURES[head].split()) if rng.random() < 0.6 else None
@@ -511,18 +540,24 @@ def role_column(rng: random.Random, ent: str) -> Column:
             name = name if rng.random() < 0.2 else f"{name}_{unit}"
             phrase = f"{phrase} {rng.choice(UNITS[unit])}"
         lo, hi = number_range(rng, 0, 1e6)
-        return Column(name, rng.choice(["INTEGER", "REAL"]), "number", phrase, lo=lo, hi=hi)
+        return Column(name, rng.choice(["INTEGER", "REAL"]), "number", phrase, lo=lo, hi=hi, unit=unit,
+                      more_less=COMPARATIVES.get(head) if name.split("_")[0] == head else None)
     if role == "money":
         head = rng.choice(MONEY)
         name, phrase = compose(rng, head, ent)
+        more_less = COMPARATIVES.get(head) if name == head else None
         if rng.random() < 0.25:
             unit = rng.choice(["usd", "eur"])
             name, phrase = f"{name}_{unit}", f"{phrase} {rng.choice(UNITS[unit])}"
+            lo, hi = number_range(rng, rng.choice([0, 1, 10, 100]), 5e6)
+            return Column(name, rng.choice(["REAL", "REAL", "INTEGER"]), "number", phrase, lo=lo, hi=hi,
+                          unit=unit, more_less=more_less)
         elif rng.random() < 0.15:  # "budget" -> "budget in millions"
             phrase = f"{phrase} in millions"
             return Column(name, "REAL", "number", phrase, lo=1, hi=rng.choice([50, 200, 900]))
         lo, hi = number_range(rng, rng.choice([0, 1, 10, 100]), 5e6)
-        return Column(name, rng.choice(["REAL", "REAL", "INTEGER"]), "number", phrase, lo=lo, hi=hi)
+        return Column(name, rng.choice(["REAL", "REAL", "INTEGER"]), "number", phrase, lo=lo, hi=hi,
+                      more_less=more_less)
     if role == "rating":
         head = rng.choice(list(RATINGS))
         name, phrase = compose(rng, head, ent)
@@ -568,7 +603,9 @@ def make_table(rng: random.Random, banned: frozenset[str], parent: Table | None 
     """A table with a key, a foreign key to ``parent`` (if given) and 3-7 other columns."""
     while True:
         r = rng.random()
-        if r < 0.35:
+        if parent is not None and rng.random() < 0.2:  # "order" and "order_item", as real schemas do
+            words = parent.ent.split(" ")[:1] + [rng.choice([piece(rng), rng.choice(ENTITIES).split("_")[-1]])]
+        elif r < 0.35:
             words = [pseudo_word(rng)]
         elif r < 0.6:
             words = rng.choice(ENTITIES).split("_")
@@ -669,17 +706,25 @@ class Cond:
     rel: str  # "whose height is above 30"
     has: str  # "have a height above 30"
     cols: set[Column]
+    place: bool = False  # rel is "in Cornwall": it can lead another condition without "and"
 
 
 def cond(
-    rng: random.Random, kind: str, col: Column, phrase: str | None = None, ref: str = "", owner: str = ""
+    rng: random.Random, kind: str, col: Column, phrase: str | None = None, ref: str = "", owner: str = "",
+    lone: bool = False,
 ) -> Cond | None:
     """A WHERE condition of one kind on ``col`` (written ``ref + name``), said with ``phrase``;
-    ``owner``: the joined table's entity, for "whose vessel has flag Italy"."""
+    ``owner``: the joined table's entity, for "whose vessel has flag Italy"; ``lone``: no other
+    column of the table is a place (if ``col`` is one) or has ``col``'s comparatives, so that
+    "lighthouses in Cornwall" or "taller than 30 metres" can only mean ``col``."""
     p, c = phrase or col.phrase, ref + col.name
     if kind in ("eq", "neq"):
         lit = col.values(rng)
         v = say(rng, lit)
+        if kind == "eq" and lone and col.place and rng.random() < 0.5:
+            where = rng.choice(["in", "in", "located in", "based in"])
+            return Cond(f"{c} = {lit}", f"{where} {v}", rng.choice([f"are in {v}", f"are located in {v}"]),
+                        {col}, place=True)
         if kind == "eq":
             rel = [
                 f"whose {p} is {v}",
@@ -703,6 +748,12 @@ def cond(
         op = rng.choice([">", "<", ">=", "<="])
         lit = ordered_value(rng, col)
         w, v = rng.choice((DATE_CMP_WORDS if col.type == "DATE" else CMP_WORDS)[op]), say(rng, lit)
+        if lone and col.more_less and op in (">", "<") and rng.random() < 0.45:  # "taller than 30 metres"
+            adj = col.more_less[op == "<"]
+            if col.unit and rng.random() < 0.8:
+                v = f"{v} {rng.choice(NUMBER_UNITS[col.unit])}"
+            rel = rng.choice([f"that are {adj} than {v}", f"{adj} than {v}", f"which are {adj} than {v}"])
+            return Cond(f"{c} {op} {lit}", rel, f"are {adj} than {v}", {col})
         rel = [
             f"whose {p} is {w} {v}",
             f"with a {p} {w} {v}",
@@ -789,6 +840,10 @@ def some_cond(
         b = a and some_cond(rng, k2, t, tuple(exclude) + tuple(a.cols), phrase, ref, owner)
         if not b:
             return None
+        if b.place and not a.place:  # the place first: "lighthouses in Cornwall taller than 30 metres"
+            a, b = b, a
+        if a.place and not b.place and rng.random() < 0.7:
+            return Cond(f"{a.sql} AND {b.sql}", f"{a.rel} {b.rel}", f"{a.rel} {b.has}", a.cols | b.cols)
         rel2 = (
             b.rel if rng.random() < 0.5 else re.sub(r"^(whose|with|where the|that have|having) ", "", b.rel)
         )
@@ -796,7 +851,11 @@ def some_cond(
     col = pick(rng, t.columns, COND_COLS[kind], exclude=exclude)
     if not col:
         return None
-    return cond(rng, kind, col[0], phrase(col[0]) if phrase else None, ref, owner)
+    c = col[0]
+    lone = not ref and (
+        (c.place and sum(o.place for o in t.columns) == 1)
+        or (c.more_less is not None and [o.more_less for o in t.columns].count(c.more_less) == 1))
+    return cond(rng, kind, c, phrase(c) if phrase else None, ref, owner, lone)
 
 
 # --------------------------------------------------------------------------------------------
@@ -820,6 +879,14 @@ SELECT_T = [
     "List the {a} of {ents} {cond}.",
     "Show the {a} of every {ent} {cond}.",
     "Find the {a} for {ents} {cond}.",
+]
+WHICH_T = [  # the answer is the table's label column: its name or title
+    "Which {ents} {has}?",
+    "What {ents} {has}?",
+    "Which of the {ents} {has}?",
+    "Which {ents} {has}? List them.",
+    "Which {ents} {has}? Name them.",
+    "Tell me which {ents} {has}.",
 ]
 SELECT2_T = [
     "What are the {a} and {a2} of {ents} {cond}?",
@@ -1036,6 +1103,17 @@ def b_select(kind: str) -> Callable[[random.Random, Table], Built | None]:
         )
 
     return build
+
+
+def b_which(rng, t):
+    labels = [c for c in t.columns if c.name in ("name", "title", f"{t.key.name[:-3]}_name", f"{t.ent.replace(' ', '_')}_name")]
+    if not labels:
+        return None
+    cd = some_cond(rng, rng.choice(["eq", "cmp", "and", "and"]), t, exclude=labels)
+    if not cd:
+        return None
+    return ({**names(t), "has": cd.has}, f"SELECT {labels[0].name} FROM {t.name} WHERE {cd.sql}",
+            {t: cd.cols | {labels[0]}})
 
 
 def b_select2(rng, t):
@@ -1343,6 +1421,7 @@ FORMS: dict[str, Form] = {
     "select_like": Form(b_select("like"), SELECT_T, 1.5),
     "select_between": Form(b_select("between"), SELECT_T, 1.5),
     "select2": Form(b_select2, SELECT2_T, 2),
+    "which": Form(b_which, WHICH_T, 1.5),
     "all": Form(b_all(1), ALL_T, 0.7),
     "all2": Form(b_all(2), ALL2_T, 0.7),
     "count_all": Form(b_count_all, COUNT_ALL_T, 1),
