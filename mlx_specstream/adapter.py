@@ -1,8 +1,9 @@
 """Speculative adapters: configuration, attaching to a base model, saving and loading.
 
 An adapter directory holds ``adapter_config.json`` and ``adapter.safetensors``. The config
-records the base model's fingerprint; loading onto another base is an error. Adapters can be
-swapped on a loaded base (``attach`` detaches the previous one first).
+records the base model's fingerprint; loading onto another base is an error (a training run may
+still start from such an adapter's weights: ``train(init=...)``). Adapters can be swapped on a
+loaded base (``attach`` detaches the previous one first).
 """
 
 from __future__ import annotations
@@ -128,6 +129,12 @@ def same_base(a: list[float], b: list[float]) -> bool:
     x, y = np.asarray(a) - np.mean(a), np.asarray(b) - np.mean(b)
     return len(a) == len(b) and float(x @ y) > 0.9 * float(np.linalg.norm(x) * np.linalg.norm(y))
 
+
+def made_for(model, cfg: AdapterConfig) -> bool:
+    """Whether the adapter of ``cfg`` was made for this base: same computation (fingerprint) and
+    weights that compute alike (probe); an adapter recording neither is taken as made for it."""
+    return not ((cfg.base_fingerprint and cfg.base_fingerprint != fingerprint(model))
+                or (cfg.base_probe and not same_base(cfg.base_probe, probe(model))))
 
 
 LINEAR = (nn.Linear, nn.QuantizedLinear)
@@ -302,21 +309,27 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where}){have}")
 
 
-def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None) -> AdapterConfig:
-    """Load an adapter from disk onto ``model`` (replacing the attached one)."""
-    path = resolve_adapter(model_path, name_or_path)
+def read_config(path: Path) -> AdapterConfig:
+    """The configuration saved in adapter directory ``path`` (keys of other versions ignored)."""
     try:
         raw = json.loads((path / CONFIG_FILE).read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ({e})") from None
     known = {f.name for f in fields(AdapterConfig)}
-    cfg = AdapterConfig(**{k: v for k, v in raw.items() if k in known})
-    expected = fingerprint(model)
-    if (cfg.base_fingerprint and cfg.base_fingerprint != expected) or (
-            cfg.base_probe and not same_base(cfg.base_probe, probe(model))):
+    return AdapterConfig(**{k: v for k, v in raw.items() if k in known})
+
+
+def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
+                 check_base: bool = True) -> AdapterConfig:
+    """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
+    accepts an adapter made for another base of the same shape, as a training run's starting point
+    only: its streams drafted that base's hidden states, not these."""
+    path = resolve_adapter(model_path, name_or_path)
+    cfg = read_config(path)
+    if check_base and not made_for(model, cfg):
         raise AdapterError(
             f"adapter '{path.name}' was made for another base model "
-            f"(fingerprint {cfg.base_fingerprint}, this model {expected}, or its weights differ)"
+            f"(fingerprint {cfg.base_fingerprint}, this model {fingerprint(model)}, or its weights differ)"
         )
     try:
         weights = mx.load(str(path / WEIGHTS_FILE))
@@ -338,11 +351,11 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
     return model.adapter_config
 
 
-def read_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None
-                 ) -> tuple[AdapterConfig, dict[str, mx.array]]:
+def read_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
+                 check_base: bool = True) -> tuple[AdapterConfig, dict[str, mx.array]]:
     """The config and weights of an adapter of ``model`` (checked as ``load_adapter`` checks
     them); ``model`` is left bare."""
-    cfg = load_adapter(model, name_or_path, model_path)
+    cfg = load_adapter(model, name_or_path, model_path, check_base=check_base)
     weights = dict(adapter_weights(model))
     detach(model)
     return cfg, weights

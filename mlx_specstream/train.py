@@ -65,8 +65,11 @@ from .adapter import (
     attach,
     detach,
     fingerprint,
+    made_for,
     read_adapter,
+    read_config,
     read_fine_tune,
+    resolve_adapter,
     save_adapter,
 )
 from .arch.base import causal_mask
@@ -625,9 +628,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     the quality of a next-token fine-tune, decoded losslessly with streams). In shared mode, where
     the joint training starts (a *split* shared adapter): the fine-tune's every-row LoRA trains on
     with the streams, which get stream-only LoRA of rank ``rank`` in the MSA layers of their own.
-    ``init``: an adapter of this model (name or path) of the same mode and shape whose weights the
-    run starts from, to train a shipped or finished adapter further (a fresh optimizer and
-    schedule; ``resume`` continues an interrupted run instead).
+    ``init``: an adapter (name or path) of the same mode and shape whose weights the run starts
+    from, to train a shipped or finished adapter further (a fresh optimizer and schedule;
+    ``resume`` continues an interrupted run instead), also one made for an earlier version of this
+    base (a warm start after the base was trained further; the new adapter records this base).
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -713,7 +717,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     detach(model)
     base_fp = fingerprint(model)
     tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
-    start_weights = read_adapter(model, init, model_path)[1] if init is not None else None
+    start_weights = None
+    if init is not None:
+        if not made_for(model, read_config(resolve_adapter(model_path, init))):
+            say(f"--init {init}: made for another base model; its weights are only where this run "
+                "starts")
+        start_weights = read_adapter(model, init, model_path, check_base=False)[1]
     n_train = len(train_ds)
     steps_per_epoch = math.ceil(n_train / batch_size)
     if iters is None:

@@ -613,6 +613,24 @@ def test_init_starts_from_an_adapters_weights(tmp_path):
         train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "gamma": 3})
 
 
+def test_init_from_an_adapter_of_another_base(tmp_path):
+    """A base of the same shape with other weights (trained again, say) refuses to load another's
+    adapter, but a run may start from it (``init``): at learning rate 0 it ends with those weights
+    exactly, says so, and the adapter it saves records the new base and loads onto it."""
+    _, _, _, train_ds = tune_main_stream("lossless", tmp_path / "a")
+    saved = mx.load(str(tmp_path / "a" / "adapter.safetensors"))
+    model = tiny_model("llama", seed=2)
+    with pytest.raises(AdapterError, match="another base model"):
+        load_adapter(model, tmp_path / "a")
+    said = []
+    train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "b", mode="lossless", gamma=2,
+          msa_layers=2, iters=1, batch_size=8, lr=0.0, val_every=0, progress=False, log=said.append)
+    assert any("made for another base model" in m for m in said)
+    assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
+    detach(model)
+    load_adapter(model, tmp_path / "b")
+
+
 def test_pruning_adapter_learns_next_token():
     rng = np.random.default_rng(0)
     ds = arithmetic(64, rng, length=12)
