@@ -252,7 +252,7 @@ def train(
         "it and train it on with the streams, which get stream-only LoRA of their own"),
     init: str | None = typer.Option(
         None, "--init", help="start from this adapter's weights (same mode and shape: name or dir), "
-        "to train it further"),
+        "to train it further, also one made for an earlier version of this base"),
     gamma: int = typer.Option(4, help="speculative streams"),
     msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),
     rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
