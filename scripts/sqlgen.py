@@ -197,7 +197,8 @@ def pseudo_word(rng: random.Random, lo: int = 1, hi: int = 3) -> str:
     and a model trained long on such names stops copying those pieces (docs/default-model.md)."""
     while True:
         w = "".join(
-            ("" if i == 0 and rng.random() < 0.25 else rng.choice(ONSETS)) + rng.choice(VOWELS) + rng.choice(CODAS)
+            ("" if i == 0 and rng.random() < 0.25 else rng.choice(ONSETS))
+            + rng.choice(VOWELS) + rng.choice(CODAS)
             for i in range(rng.randint(lo, hi))
         )
         if 3 <= len(w) <= 12 and w not in RESERVED:
@@ -256,7 +257,9 @@ COMPARATIVES = {  # a measure's "more" and "less" adjectives, when they name it:
     "length": ("longer", "shorter"), "height": ("taller", "shorter"), "width": ("wider", "narrower"),
     "depth": ("deeper", "shallower"), "weight": ("heavier", "lighter"), "mass": ("heavier", "lighter"),
     "distance": ("farther", "nearer"), "speed": ("faster", "slower"),
-    "temperature": ("hotter", "colder"), "duration": ("longer", "shorter"), "range": ("longer", "shorter"), "runtime": ("longer", "shorter"), "delay": ("longer", "shorter"), "power": ("more powerful", "less powerful"),
+    "temperature": ("hotter", "colder"), "duration": ("longer", "shorter"), "range": ("longer", "shorter"),
+    "runtime": ("longer", "shorter"), "delay": ("longer", "shorter"),
+    "power": ("more powerful", "less powerful"),
     "price": ("more expensive", "cheaper"), "cost": ("more expensive", "cheaper"),
     "fee": ("more expensive", "cheaper"), "fare": ("more expensive", "cheaper"),
     "rent": ("more expensive", "cheaper"),
@@ -460,7 +463,8 @@ def text_pool(rng: random.Random, kind: str) -> Callable[[random.Random], str]:
         "company": company,
         "code": code,
         "word": lambda r: pseudo_word(r).capitalize(),
-        "place": lambda r: pseudo_word(r, 2, 3).capitalize() + (r.choice(PLACE_SUFFIXES) if r.random() < 0.3 else ""),
+        "place": lambda r: (pseudo_word(r, 2, 3).capitalize()
+                            + (r.choice(PLACE_SUFFIXES) if r.random() < 0.3 else "")),
         "first": lambda r: r.choice(P["first"]),
     }
     if kind in gens:
@@ -607,7 +611,8 @@ def make_table(rng: random.Random, banned: frozenset[str], parent: Table | None 
     while True:
         r = rng.random()
         if parent is not None and rng.random() < 0.2:  # "order" and "order_item", as real schemas do
-            words = parent.ent.split(" ")[:1] + [rng.choice([piece(rng), rng.choice(ENTITIES).split("_")[-1]])]
+            words = (parent.ent.split(" ")[:1]
+                     + [rng.choice([piece(rng), rng.choice(ENTITIES).split("_")[-1]])])
         elif r < 0.35:
             words = [pseudo_word(rng)]
         elif r < 0.6:
@@ -1109,7 +1114,8 @@ def b_select(kind: str) -> Callable[[random.Random, Table], Built | None]:
 
 
 def b_which(rng, t):
-    labels = [c for c in t.columns if c.name in ("name", "title", f"{t.key.name[:-3]}_name", f"{t.ent.replace(' ', '_')}_name")]
+    label_names = ("name", "title", f"{t.key.name[:-3]}_name", f"{t.ent.replace(' ', '_')}_name")
+    labels = [c for c in t.columns if c.name in label_names]
     if not labels:
         return None
     cd = some_cond(rng, rng.choice(["eq", "cmp", "and", "and"]), t, exclude=labels)
