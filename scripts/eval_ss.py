@@ -7,8 +7,8 @@ autoregressive decoding of the same model (a lossless adapter must), or with ``-
 the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--split test|valid] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--node-cost C] [--check-ar [--ar-adapter NAME]]
-        [--out FILE]
+        [--max-tokens 96] [--no-lookup] [--node-cost C] [--streams auto|tree|deferred]
+        [--check-ar [--ar-adapter NAME]] [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md);
@@ -46,6 +46,9 @@ def main() -> None:
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
     ap.add_argument("--node-cost", type=float, default=None,
                     help="tree sizing (default: this machine's; 0: the whole tree budget, as on Metal)")
+    ap.add_argument("--streams", choices=("auto", "tree", "deferred"), default="auto",
+                    help="where lossless streams run (auto: this machine's choice, deferred on a CPU; "
+                         "tree: in the tree pass, as on Metal, so a lookup chain never drafts alone)")
     ap.add_argument("--check-ar", action="store_true",
                     help="also decode each prompt with plain AR and compare the outputs")
     ap.add_argument("--ar-adapter", help="--check-ar: plain AR of the model with this adapter instead")
@@ -60,7 +63,7 @@ def main() -> None:
     exact = tokens = passes = differ = 0
     for r in rows:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
-                       node_cost=args.node_cost, mode=mode)
+                       node_cost=args.node_cost, mode=mode, streams=args.streams)
         exact += same(res.text) == same(r["completion"])
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
@@ -69,7 +72,7 @@ def main() -> None:
             differ += ar.tokens != res.tokens
     out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
-           "node_cost": args.node_cost if args.node_cost is not None else "default",
+           "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
            "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:
         out["identical_to_ar"] = differ == 0
