@@ -763,7 +763,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
     attach(model, acfg, seed=seed, fine_tune=fine_tune)
     if start_weights is not None:
-        fresh = adapter_weights(model)
+        # a tuned adapter carries --over's fine-tune, whatever the one it starts from carried
+        carried = {f"{name}.{k}" for name, m in model.named_modules()
+                   if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")
+                   } if mode == "lossless" and fine_tune else set()
+        start_weights = {k: v for k, v in start_weights.items() if k not in carried}
+        fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
         if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
             raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
                              "msa_layers, rank, over): give the settings it was trained with")

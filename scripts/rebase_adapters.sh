@@ -7,11 +7,11 @@
 #   scripts/rebase_adapters.sh OLD               # OLD: the earlier base's adapters directory
 #   ONLY="sql-lora sql" scripts/rebase_adapters.sh OLD
 #
-# sql-lora, code and sql-tuned train from nothing with train_adapters.sh's recipes: sql-lora and code
-# are short, and sql-tuned carries sql-lora's fine-tune, which must be the new one. sql-lossless,
-# sql and sql-split start from OLD's adapter of the same name; sql and sql-split over the new
-# sql-lora (their every-row LoRA starts from the old adapter's and trains on). The draft model is
-# a model of its own (trained on the same data, not on the base) and stays.
+# sql-lora and code train from nothing with train_adapters.sh's recipes (they are short); after
+# sql-lora, sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name:
+# sql and sql-split over the new sql-lora (their every-row LoRA starts from the old adapter's and
+# trains on), sql-tuned carrying the new sql-lora (its streams start from the old adapter's). The
+# draft model is a model of its own (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/rebase_adapters.sh OLD_ADAPTERS_DIR}
@@ -29,7 +29,9 @@ warm() {  # NAME iters lr args...: start from OLD/NAME
 }
 for what in $ONLY; do
   case $what in
-    sql-lora|sql-tuned|code) ONLY=$what bash scripts/train_adapters.sh ;;
+    sql-lora|code) ONLY=$what bash scripts/train_adapters.sh ;;
+    sql-tuned) warm sql-tuned 600 5e-4 --data data/sql --mode lossless --over sql-lora --no-self-distill \
+      --msa-layers 4 --rank 32 ;;
     sql-lossless) warm sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill \
       --msa-layers 4 --rank 32 ;;
     sql) warm sql 1000 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 --rank 32 \
