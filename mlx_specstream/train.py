@@ -632,6 +632,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     from, to train a shipped or finished adapter further (a fresh optimizer and schedule;
     ``resume`` continues an interrupted run instead), also one made for an earlier version of this
     base (a warm start after the base was trained further; the new adapter records this base).
+    With ``over``, only its streams (and their own LoRA): the every-row LoRA is ``over``'s.
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -763,10 +764,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
     attach(model, acfg, seed=seed, fine_tune=fine_tune)
     if start_weights is not None:
-        # a tuned adapter carries --over's fine-tune, whatever the one it starts from carried
+        # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
+        # a split shared one's), whatever the adapter started from had: init gives the streams
         carried = {f"{name}.{k}" for name, m in model.named_modules()
                    if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")
-                   } if mode == "lossless" and fine_tune else set()
+                   } if fine_tune else set()
         start_weights = {k: v for k, v in start_weights.items() if k not in carried}
         fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
         if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:

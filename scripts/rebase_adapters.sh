@@ -9,8 +9,8 @@
 #
 # sql-lora and code train from nothing with train_adapters.sh's recipes (they are short); after
 # sql-lora, sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name:
-# sql and sql-split over the new sql-lora (their every-row LoRA starts from the old adapter's and
-# trains on), sql-tuned carrying the new sql-lora (its streams start from the old adapter's). The
+# their streams do; over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by
+# sql-tuned, trained on by sql and sql-split; `train --init` with `--over`). The
 # draft model is a model of its own (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."

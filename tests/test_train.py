@@ -631,19 +631,21 @@ def test_init_from_an_adapter_of_another_base(tmp_path):
     load_adapter(model, tmp_path / "b")
 
 
-def test_tuned_adapter_started_from_another_carries_its_own_fine_tune(tmp_path):
-    """A tuned adapter (``over``) started from one trained over another fine-tune (``init``): the
-    streams come from ``init`` (learning rate 0: exactly), the carried fine-tune from ``over``."""
+@pytest.mark.parametrize("mode", ["lossless", "shared"])
+def test_adapter_over_a_fine_tune_started_from_another_takes_overs_lora(tmp_path, mode):
+    """A tuned or split shared adapter (``over``) started from one trained over another fine-tune
+    (``init``): the streams come from ``init`` (learning rate 0: exactly), the every-row LoRA (the
+    fine-tune carried, or where shared training starts) from ``over``."""
     model, _, _, train_ds = tune_main_stream("lora", tmp_path / "lo")
     opts = dict(gamma=2, msa_layers=2, batch_size=8, val_every=0, progress=False, log=lambda m: None)
-    train(model, (train_ds, None), mode="lossless", over=tmp_path / "lo", out=tmp_path / "tu", iters=5,
+    train(model, (train_ds, None), mode=mode, over=tmp_path / "lo", out=tmp_path / "tu", iters=5,
           lr=3e-3, **opts)
     started = {k: np.array(v) for k, v in adapter_weights(model).items()}
     detach(model)
     train(model, (train_ds, None), mode="lora", out=tmp_path / "lo2", iters=5, lr=1e-2, seed=1, **opts)
     other = {k: np.array(v) for k, v in fine_tune_weights(model).items()}
     detach(model)
-    train(model, (train_ds, None), mode="lossless", over=tmp_path / "lo2", init=tmp_path / "tu", iters=1,
+    train(model, (train_ds, None), mode=mode, over=tmp_path / "lo2", init=tmp_path / "tu", iters=1,
           lr=0.0, **opts)
     carried = {k: np.array(v) for k, v in fine_tune_weights(model).items()}
     assert carried.keys() == other.keys() and all(np.array_equal(v, other[k]) for k, v in carried.items())
