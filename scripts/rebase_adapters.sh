@@ -1,17 +1,17 @@
 #!/usr/bin/env bash
 # Retrain the shipped adapters after the base model was trained further (same shape, new weights),
 # each one that can be started from its predecessor's weights (`train --init`, a warm start):
-# much shorter than scripts/train_adapters.sh's recipes from nothing. The adapters of the earlier
-# base no longer load onto the new one (their probe differs), so they are read from OLD.
+# much shorter than scripts/train_adapters.sh's recipes from nothing. The earlier base's adapters
+# are read from OLD (a copy: each run replaces the shipped adapter of its name); `--init` takes
+# them whether or not they still load onto the new base.
 #
 #   scripts/rebase_adapters.sh OLD               # OLD: the earlier base's adapters directory
 #   ONLY="sql-lora sql" scripts/rebase_adapters.sh OLD
 #
-# sql-lora and code train from nothing with train_adapters.sh's recipes (they are short); after
-# sql-lora, sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name:
-# their streams do; over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by
-# sql-tuned, trained on by sql and sql-split; `train --init` with `--over`). The
-# draft model is a model of its own (trained on the same data, not on the base) and stays.
+# sql-lora and code train from nothing with train_adapters.sh's recipes (they are short). The
+# streams of sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name;
+# over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by sql-tuned, trained
+# on by sql and sql-split; `train --init` with `--over`). The draft model is a model of its own (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/rebase_adapters.sh OLD_ADAPTERS_DIR}
