@@ -11,7 +11,8 @@
 # sql-lora and code train from nothing with train_adapters.sh's recipes (they are short). The
 # streams of sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name;
 # over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by sql-tuned, trained
-# on by sql and sql-split; `train --init` with `--over`). The draft model is a model of its own (trained on the same data, not on the base) and stays.
+# on by sql and sql-split; `train --init` with `--over`). The draft model is a model of its own
+# (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OLD=${1:?usage: scripts/rebase_adapters.sh OLD_ADAPTERS_DIR}
