@@ -269,12 +269,23 @@ def adapter_weights(model) -> dict[str, mx.array]:
     return {k: v for k, v in flat if k.startswith("adapter.") or ".lora_" in k}
 
 
+def _every_row_lora(model) -> list[tuple[str, LoRALinear]]:
+    """(name, layer) of the attached adapter's every-row LoRA layers (not stream-only)."""
+    return [(name, m) for name, m in model.named_modules()
+            if isinstance(m, LoRALinear) and not m.streams_only]
+
+
 def fine_tune_weights(model) -> dict[str, mx.array]:
     """The every-row LoRA of the attached adapter under a ``lora``-mode adapter's names: a
     shared or LoRA-baseline adapter's, or the fine-tune a tuned lossless adapter carries (found
     under its stream-only LoRA)."""
-    return {f"{name.removesuffix('.base')}.{k}": getattr(m, k) for name, m in model.named_modules()
-            if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")}
+    return {f"{name.removesuffix('.base')}.{k}": getattr(m, k) for name, m in _every_row_lora(model)
+            for k in ("lora_a", "lora_b")}
+
+
+def fine_tune_keys(model) -> set[str]:
+    """The names of the every-row LoRA matrices among :func:`adapter_weights`."""
+    return {f"{name}.{k}" for name, _ in _every_row_lora(model) for k in ("lora_a", "lora_b")}
 
 
 def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:

@@ -64,6 +64,7 @@ from .adapter import (
     adapter_weights,
     attach,
     detach,
+    fine_tune_keys,
     fingerprint,
     made_for,
     read_adapter,
@@ -766,9 +767,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if start_weights is not None:
         # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
         # a split shared one's), whatever the adapter started from had: init gives the streams
-        carried = {f"{name}.{k}" for name, m in model.named_modules()
-                   if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")
-                   } if fine_tune else set()
+        carried = fine_tune_keys(model) if fine_tune else set()
         start_weights = {k: v for k, v in start_weights.items() if k not in carried}
         fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
         if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:

@@ -20,6 +20,7 @@ from mlx_specstream.adapter import (
     adapter_size,
     adapter_weights,
     detach,
+    fine_tune_keys,
     fine_tune_weights,
     fuse,
     load_adapter,
@@ -649,9 +650,7 @@ def test_adapter_over_a_fine_tune_started_from_another_takes_overs_lora(tmp_path
           lr=0.0, **opts)
     carried = {k: np.array(v) for k, v in fine_tune_weights(model).items()}
     assert carried.keys() == other.keys() and all(np.array_equal(v, other[k]) for k, v in carried.items())
-    fine_tune = {f"{name}.{k}" for name, m in model.named_modules()
-                 if isinstance(m, LoRALinear) and not m.streams_only for k in ("lora_a", "lora_b")}
-    streams = {k: np.array(v) for k, v in adapter_weights(model).items() if k not in fine_tune}
+    streams = {k: np.array(v) for k, v in adapter_weights(model).items() if k not in fine_tune_keys(model)}
     assert streams and all(np.array_equal(v, started[k]) for k, v in streams.items())
 
 
