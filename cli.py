@@ -74,8 +74,9 @@ def generate(
     tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
     prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold"),
     node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
-                                           "one-node pass; 0: always the whole budget (default: "
-                                           "0.15 or 0.22 on a CPU, measured in docs/engine.md; 0 on Metal)"),
+                                           "one-node pass; 0: always the whole budget (default on a "
+                                           "CPU: 0.07 with deferred streams, 0.22 with streams on every "
+                                           "node, measured in docs/engine.md; 0 on Metal)"),
     lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
                                        help="ss: prompt-lookup candidates beside the streams' (default on)"),
     verbose: bool = typer.Option(False, "--verbose", "-v",

@@ -70,3 +70,15 @@ def test_generate_default_model_text_and_verbose():
         res = cli("generate", "--adapter", name, "--prompt", prompt, "-n", "16", "--verbose")
         assert res.returncode == 0, res.stderr
         assert "mean_accepted_tokens" in res.stderr
+
+
+def test_generate_help_states_the_engines_node_costs():
+    """The help's CPU node costs are the engine's defaults (both are stated by hand)."""
+    from mlx_specstream.engine import CPU_NODE_COST
+
+    res = cli("generate", "--help")
+    text = " ".join(res.stdout.replace("│", " ").split())
+    assert res.returncode == 0
+    for policy, cost in CPU_NODE_COST.items():
+        want = {"deferred": "deferred streams", "tree": "streams on every node"}[policy]
+        assert f"{cost} with {want}" in text, text
