@@ -262,6 +262,9 @@ def train(
         None, help="passes over the data (default: 1, or up to 20 for a small data set: ~200 steps)"),
     batch_size: int = typer.Option(8, "--batch-size", help="global batch (split between processes)"),
     lr: float = typer.Option(1e-3, help="peak learning rate (AdamW, warmup then cosine decay)"),
+    fine_tune_lr: float | None = typer.Option(
+        None, "--fine-tune-lr", help="shared mode: peak learning rate of the every-row LoRA (default: "
+        "--lr); lower keeps more of the fine-tune it starts from (--over)"),
     max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut or skipped"),
     length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
     chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
@@ -303,7 +306,7 @@ def train(
 
     report = run_train(model or DEFAULT_MODEL, data, mode=mode, out=out, gamma=gamma,
                        msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
-                       batch_size=batch_size, lr=lr, max_seq_len=max_seq_len,
+                       batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr, max_seq_len=max_seq_len,
                        length_policy=length_policy, chat_template=chat_template,
                        self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
                        overwrite=overwrite, seed=seed, over=over, init=init,

@@ -101,6 +101,7 @@ class TrainConfig:
     iters: int = 0
     batch_size: int = 8
     lr: float = 1e-3
+    fine_tune_lr: float | None = None  # shared: the every-row LoRA's peak rate (None: lr)
     warmup: int = 0
     weight_decay: float = 0.0
     grad_clip: float | None = None
@@ -440,14 +441,24 @@ def set_trainable(model) -> int:
     return sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
 
 
-def make_optimizer(tc: TrainConfig) -> optim.Optimizer:
-    lr = tc.lr
-    if tc.iters > 1:
-        warm = min(tc.warmup, tc.iters - 1)
-        decay = optim.cosine_decay(tc.lr, max(tc.iters - warm, 1), tc.lr * 0.1)
-        lr = optim.join_schedules([optim.linear_schedule(tc.lr * 0.01, tc.lr, warm), decay],
-                                  [warm]) if warm else decay
-    return optim.AdamW(learning_rate=lr, weight_decay=tc.weight_decay)
+def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.Optimizer:
+    """AdamW with warmup then cosine decay to a tenth. With ``tc.fine_tune_lr``, the every-row
+    LoRA (parameter paths ``fine_tune``) has an optimizer of that peak rate: a shared adapter
+    started from a fine-tune (``--over``) can train its streams fast and move the fine-tune
+    gently (at the streams' rate, 1e-3, it loses what a fine-tune made at 1e-4 had learnt)."""
+
+    def adamw(peak: float) -> optim.Optimizer:
+        lr = peak
+        if tc.iters > 1:
+            warm = min(tc.warmup, tc.iters - 1)
+            decay = optim.cosine_decay(peak, max(tc.iters - warm, 1), peak * 0.1)
+            lr = optim.join_schedules([optim.linear_schedule(peak * 0.01, peak, warm), decay],
+                                      [warm]) if warm else decay
+        return optim.AdamW(learning_rate=lr, weight_decay=tc.weight_decay)
+
+    if tc.fine_tune_lr is None or not fine_tune:
+        return adamw(tc.lr)
+    return optim.MultiOptimizer([adamw(tc.fine_tune_lr), adamw(tc.lr)], [lambda path, _: path in fine_tune])
 
 
 
@@ -596,7 +607,7 @@ def _train_local(processes: int, arguments: dict) -> dict:
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
           msa_layers: int = TrainConfig.msa_layers, rank: int = 8, iters: int | None = None,
           epochs: float | None = None, batch_size: int = 8, lr: float = TrainConfig.lr,
-          max_seq_len: int = 512,
+          fine_tune_lr: float | None = None, max_seq_len: int = 512,
           length_policy: str = "truncate", chat_template: bool = False,
           self_distill: bool | None = None, distill_tokens: int = TrainConfig.distill_tokens,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
@@ -634,6 +645,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``resume`` continues an interrupted run instead), also one made for an earlier version of this
     base (a warm start after the base was trained further; the new adapter records this base).
     With ``over``, only its streams (and their own LoRA): the every-row LoRA is ``over``'s.
+    ``fine_tune_lr`` (shared mode): the every-row LoRA's peak learning rate where it should move
+    more slowly than the streams (``lr``), as when it starts from a gentler fine-tune (``over``).
     ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
@@ -685,6 +698,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         say = (lambda msg: None)  # noqa: E731
     out_dir, name, bare = _resolve_out(out, model_path)
     alphas = _resolve_alphas(alphas, mode, gamma)
+    if fine_tune_lr is not None and mode != "shared":
+        raise ValueError(f"fine_tune_lr: only shared mode trains an every-row LoRA beside its streams "
+                         f"(this is {mode} mode: use lr)")
 
     # -- where things go, and what was there before ----------------------------------------
     work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
@@ -745,7 +761,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
                      stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
-                     batch_size=batch_size, lr=lr,
+                     batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
                      warmup=warmup if warmup is not None else min(100, iters // 20),
                      weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
                      length_policy=length_policy, chat_template=chat_template,
@@ -793,7 +809,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else:
                 valid_ds = got
     n_params = set_trainable(model)
-    optimizer = make_optimizer(tc)
+    optimizer = make_optimizer(tc, fine_tune_keys(model) if mode == "shared" else frozenset())
     optimizer.init(model.trainable_parameters())
     start = 0
     history: list[dict] = []

@@ -596,6 +596,30 @@ def test_split_shared_adapter_starts_from_its_fine_tune(tmp_path):
     assert [generate(model, None, p, max_tokens=10).tokens for p in ([3, 10], [50])] == ref
 
 
+def test_shared_adapter_moves_its_fine_tune_at_its_own_rate(tmp_path):
+    """``fine_tune_lr``: the every-row LoRA has a learning rate of its own (0: it stays the fine-tune
+    it started from, bit for bit, while the streams train at ``lr``); it survives a resume; only
+    shared mode takes it."""
+    model, _, _, train_ds = tune_main_stream("lora", tmp_path / "lo")
+    fine_tune = {k: np.array(v) for k, v in fine_tune_weights(model).items()}
+    opts = dict(mode="shared", over=tmp_path / "lo", gamma=2, msa_layers=2, batch_size=8, iters=4,
+                lr=3e-3, fine_tune_lr=0.0, val_every=0, save_every=2, progress=False, log=lambda m: None)
+
+    def stop_at_3(step, info):
+        if step == 3:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        train(model, (train_ds, None), out=tmp_path / "sp", callback=stop_at_3, **opts)
+    report = train(model, (train_ds, None), out=tmp_path / "sp", resume=True, **opts)
+    assert report["start_step"] == 3
+    assert all(np.array_equal(np.array(v), fine_tune[k]) for k, v in fine_tune_weights(model).items())
+    streams = [m for m in model.modules() if isinstance(m, LoRALinear) and m.streams_only]
+    assert streams and all(np.abs(np.array(m.lora_b)).max() > 0 for m in streams)
+    with pytest.raises(ValueError, match="only shared mode"):
+        train(model, (train_ds, None), **{**opts, "mode": "lossless", "iters": 1})
+
+
 def test_init_starts_from_an_adapters_weights(tmp_path):
     """``init``: a run starts from a finished adapter's weights (at learning rate 0 it ends with
     them exactly, and its first loss is the finished adapter's, far below a fresh adapter's); an
