@@ -27,6 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 # isort: split
 
+from tqdm import tqdm  # noqa: E402
+
 from mlx_specstream.api import generate, load  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import default_mode  # noqa: E402
@@ -61,7 +63,8 @@ def main() -> None:
     rows = [json.loads(line) for line in split.read_text().splitlines()][: args.n]
     mode = default_mode(model)  # "ar" for an adapter without streams, such as a next-token LoRA
     exact = tokens = passes = differ = 0
-    for r in rows:
+    bar = tqdm(rows, desc=f"{args.adapter} {args.task} {args.split}", unit="prompt")
+    for r in bar:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
                        node_cost=args.node_cost, mode=mode, streams=args.streams)
         exact += same(res.text) == same(r["completion"])
@@ -70,6 +73,7 @@ def main() -> None:
         if args.check_ar:
             ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
             differ += ar.tokens != res.tokens
+        bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / passes:.2f}")
     out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
