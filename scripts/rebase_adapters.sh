@@ -11,7 +11,7 @@
 # sql-lora and code train from nothing with train_adapters.sh's recipes (they are short). The
 # streams of sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name;
 # over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by sql-tuned, trained
-# on by sql and sql-split; `train --init` with `--over`). The draft model is a model of its own
+# on gently by sql and sql-split, --fine-tune-lr 1e-5; `train --init` with `--over`). The draft model is a model of its own
 # (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,9 +36,9 @@ for what in $ONLY; do
     sql-lossless) warm sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill \
       --msa-layers 4 --rank 32 ;;
     sql) warm sql 1000 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 --rank 32 \
-      --alphas "1 0.01" --accept-prompts 32 ;;
+      --alphas "1 0.01" --accept-prompts 32 --fine-tune-lr 1e-5 ;;
     sql-split) warm sql-split 500 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 2 \
-      --alphas "1 0.01" ;;
+      --alphas "1 0.01" --fine-tune-lr 1e-5 ;;
     *) echo "rebase_adapters: unknown part '$what'" >&2; exit 2 ;;
   esac
 done
