@@ -809,7 +809,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else:
                 valid_ds = got
     n_params = set_trainable(model)
-    optimizer = make_optimizer(tc, fine_tune_keys(model) if mode == "shared" else frozenset())
+    optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
     optimizer.init(model.trainable_parameters())
     start = 0
     history: list[dict] = []

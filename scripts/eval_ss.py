@@ -73,7 +73,7 @@ def main() -> None:
         if args.check_ar:
             ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
             differ += ar.tokens != res.tokens
-        bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / passes:.2f}")
+        bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / max(passes, 1):.2f}")
     out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
