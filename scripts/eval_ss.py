@@ -13,6 +13,8 @@ the model with another adapter (a tuned adapter's fine-tune, whose output it mus
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md);
 ``--split valid`` to choose between checkpoints of one run without looking at the test split.
+The results file keeps each prompt's output and whether it matched, so that two evaluations of the
+same prompts compare prompt by prompt (``scripts/compare_evals.py``).
 """
 
 from __future__ import annotations
@@ -63,11 +65,14 @@ def main() -> None:
     rows = [json.loads(line) for line in split.read_text().splitlines()][: args.n]
     mode = default_mode(model)  # "ar" for an adapter without streams, such as a next-token LoRA
     exact = tokens = passes = differ = 0
+    per_prompt = []
     bar = tqdm(rows, desc=f"{args.adapter} {args.task} {args.split}", unit="prompt")
     for r in bar:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
                        node_cost=args.node_cost, mode=mode, streams=args.streams)
-        exact += same(res.text) == same(r["completion"])
+        right = same(res.text) == same(r["completion"])
+        exact += right
+        per_prompt.append({"exact": right, "output": res.text})
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
         if args.check_ar:
@@ -82,6 +87,7 @@ def main() -> None:
         out["identical_to_ar"] = differ == 0
         out["ar_of"] = args.ar_adapter or args.adapter
     print(json.dumps(out))
+    out["per_prompt"] = per_prompt  # for scripts/compare_evals.py
     if args.out:
         write_results_file(args.out, run_meta(), [out])
 
