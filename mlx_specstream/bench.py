@@ -135,10 +135,18 @@ def speedup(m: Method, ref: Method, resamples: int = BOOTSTRAP["resamples"],
     percentile bootstrap over prompts (the same prompts resampled for both methods)."""
     tm, tr, nm, nr = _times(m), _times(ref), _tokens(m), _tokens(ref)
     ratio = (nm.sum() / tm.sum()) / (nr.sum() / tr.sum())
-    idx = np.random.default_rng(seed).integers(0, len(tm), (resamples, len(tm)))
-    boot = (nm[idx].sum(1) / tm[idx].sum(1)) / (nr[idx].sum(1) / tr[idx].sum(1))
-    lo, hi = np.percentile(boot, [2.5, 97.5])
-    return float(ratio), float(lo), float(hi)
+    lo, hi = bootstrap_interval(lambda i: (nm[i].sum(1) / tm[i].sum(1)) / (nr[i].sum(1) / tr[i].sum(1)),
+                                len(tm), resamples, seed)
+    return float(ratio), lo, hi
+
+
+def bootstrap_interval(stat, n: int, resamples: int = BOOTSTRAP["resamples"],
+                       seed: int = BOOTSTRAP["seed"]) -> tuple[float, float]:
+    """95% percentile bootstrap interval over ``n`` prompts: ``stat`` maps a (resamples, n) array
+    of prompt indices, one resample a row, to the statistic of each row."""
+    idx = np.random.default_rng(seed).integers(0, n, (resamples, n))
+    lo, hi = np.percentile(stat(idx), [2.5, 97.5])
+    return float(lo), float(hi)
 
 
 def interval_ok(rec: dict) -> bool:

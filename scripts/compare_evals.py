@@ -25,9 +25,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mlx_specstream.bench import bootstrap_interval  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
-
-RESAMPLES, SEED = 10_000, 0
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
@@ -39,7 +38,7 @@ def mcnemar_exact(only_a: int, only_b: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def paired(a: list[bool], b: list[bool], resamples: int = RESAMPLES, seed: int = SEED) -> dict:
+def paired(a: list[bool], b: list[bool]) -> dict:
     """Exact match of ``a`` and ``b`` (per-prompt right/wrong, same prompts in the same order),
     their difference a - b with a percentile bootstrap interval over prompts, the discordant
     counts and McNemar's exact p-value."""
@@ -47,12 +46,11 @@ def paired(a: list[bool], b: list[bool], resamples: int = RESAMPLES, seed: int =
         raise ValueError(f"not the same prompts: {len(a)} and {len(b)} results")
     x, y = np.asarray(a, np.float64), np.asarray(b, np.float64)
     d = x - y
-    idx = np.random.default_rng(seed).integers(0, len(d), (resamples, len(d)))
-    lo, hi = np.percentile(d[idx].mean(1), [2.5, 97.5])
+    lo, hi = bootstrap_interval(lambda i: d[i].mean(1), len(d))  # the benchmark's resamples and seed
     only_a, only_b = int((d > 0).sum()), int((d < 0).sum())
     return {"n": len(d), "exact_a": float(x.mean()), "exact_b": float(y.mean()),
             "only_a": only_a, "only_b": only_b, "difference": float(d.mean()),
-            "difference_ci95": [float(lo), float(hi)], "mcnemar_p": mcnemar_exact(only_a, only_b)}
+            "difference_ci95": [lo, hi], "mcnemar_p": mcnemar_exact(only_a, only_b)}
 
 
 def read_eval(path: Path) -> dict:
