@@ -13,6 +13,9 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[2] / "scripts"))
+from sqlgen import context  # noqa: E402  (the prompt's CREATE TABLE statements)
+
 SQL_WORDS = set("select from where and or as join on group by order desc asc limit having count avg min max "
                 "sum distinct between like not in is null t1 t2".split())
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -24,7 +27,7 @@ wrong, names = collections.Counter(), collections.Counter()
 for out, row in zip(outputs, rows):
     if out["exact"]:
         continue
-    schema = set(IDENT.findall(row["prompt"].split("### Question:")[0]))
+    schema = set(IDENT.findall(context(row["prompt"])))
     made_up = [w for w in IDENT.findall(re.sub(r"'[^']*'", "", out["output"]))
                if w.lower() not in SQL_WORDS and w not in schema]
     wrong["not copied" if made_up else "other"] += 1
