@@ -79,6 +79,9 @@ def generate(
                                            "node, measured in docs/engine.md; 0 on Metal)"),
     lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
                                        help="ss: prompt-lookup candidates beside the streams' (default on)"),
+    sql_names: bool = typer.Option(False, "--sql-names",
+                                   help="write SQL naming only the tables and columns of the prompt's "
+                                   "CREATE TABLE statements (besides keywords, literals and aliases)"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="colour accepted (green) and rejected (red) drafts; stats"),
 ) -> None:
@@ -91,14 +94,16 @@ def generate(
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
         _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
-                         mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup, verbose=verbose)
+                         mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
+                         sql_names=sql_names, verbose=verbose)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
     gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
                           seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                          prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup)
+                          prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
+                          sql_names=sql_names)
     decoder_stats = None
     try:
         for step in gen:
@@ -128,7 +133,7 @@ def _coloured(step, tok) -> str:
 
 def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
                      mode: str, branch: int | None, tree_budget: int | None, lookup: bool | None,
-                     verbose: bool) -> None:
+                     sql_names: bool, verbose: bool) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.coreml_driver import load_package, stream_package
 
@@ -137,7 +142,8 @@ def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, 
         raise ValueError(f"{package}: no tokenizer directory beside the package")
     stats = None
     for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup):
+                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
+                               sql_names=sql_names):
         if stats is None:  # said once the request was accepted, so errors stay one line
             typer.echo(f"running {package.name} on {runner.description}", err=True)
         stats = resp.stats

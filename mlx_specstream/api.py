@@ -8,9 +8,11 @@ from pathlib import Path
 
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
+from .constraint import TokenConstraint
 from .engine import DecodeOptions, Decoder, Stats
 from .loader import load_model
 from .runner import PassRequest
+from .sql_names import SQLNames
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
 
@@ -81,13 +83,27 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
              top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
              prune_threshold: float | None = None, streams: str = "auto",
-             node_cost: float | None = None, lookup: bool | None = None, batched: bool = False) -> Decoder:
+             node_cost: float | None = None, lookup: bool | None = None, sql_names: bool = False,
+             constraint: TokenConstraint | None = None, batched: bool = False) -> Decoder:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
+    ids = _prompt_ids(tokenizer, prompt)
+    if sql_names:
+        if constraint is not None:
+            raise ValueError("give either sql_names or constraint, not both")
+        constraint = sql_constraint(tokenizer, prompt, ids)
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                          prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
-                         node_cost=node_cost, lookup=lookup)
-    return Decoder(model, _prompt_ids(tokenizer, prompt), opts, batched)
+                         node_cost=node_cost, lookup=lookup, constraint=constraint)
+    return Decoder(model, ids, opts, batched)
+
+
+def sql_constraint(tokenizer, prompt, ids: list[int]) -> SQLNames:
+    """The ``sql_names`` constraint of a prompt (text, or token ids ``ids``)."""
+    if tokenizer is None:
+        raise ValueError("sql_names needs a tokenizer")
+    text = prompt if isinstance(prompt, str) else tokenizer.decode(ids, skip_special_tokens=True)
+    return SQLNames.from_prompt(text, tokenizer)
 
 
 def _held(text: str, stop: list[str]) -> int:
@@ -147,7 +163,10 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
     "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
     each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
-    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal); see
+    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal) and ``sql_names``
+    (write SQL whose identifiers are only the tables and columns of the prompt's ``CREATE TABLE``
+    statements, keywords and aliases: :mod:`~mlx_specstream.sql_names`), or any other
+    ``constraint`` (a :class:`~mlx_specstream.constraint.TokenConstraint`); see
     :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at
     ``max_tokens`` or at a ``stop`` string (whose text is not emitted).
     """

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from .adapter import AdapterConfig
-from .api import StreamResponse, _responses
+from .api import StreamResponse, _responses, sql_constraint
 from .engine import DecodeOptions, Decoder, Stats
 from .runner import Runner
 from .tree import Tree, ancestors, chain, reorder
@@ -273,7 +273,7 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
 def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int = 256,
                    temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, mode: str = "ss",
                    branch: int | None = None, tree_budget: int | None = None, lookup: bool | None = None,
-                   stop: list[str] | None = None) -> Iterator[StreamResponse]:
+                   sql_names: bool = False, stop: list[str] | None = None) -> Iterator[StreamResponse]:
     """Yield, per package call, the tokens accepted and their text (as :func:`api.stream_generate`,
     through the same decode loop); ``prompt`` is text or token ids. A package without streams
     decodes token by token (``mode="ss"`` means ``"ar"`` there)."""
@@ -284,9 +284,13 @@ def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int 
     else:
         ids = [int(t) for t in prompt]
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else runner.info.eos_token_ids
+    if sql_names and not runner.info.sampling:  # a constraint reads the logits a greedy package lacks
+        raise PackageError("this package was exported for greedy decoding only (export with "
+                           "--sampling for --sql-names)")
     mode = "ar" if mode == "ss" and not runner.info.gamma else mode
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, mode=mode,
-                         branch=branch, tree_budget=tree_budget, eos_token_ids=eos, lookup=lookup)
+                         branch=branch, tree_budget=tree_budget, eos_token_ids=eos, lookup=lookup,
+                         constraint=sql_constraint(tokenizer, prompt, ids) if sql_names else None)
     yield from _responses(Decoder(runner, ids, opts), tokenizer, stop)
 
 

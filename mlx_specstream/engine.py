@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .errors import OptionError
 from .lookup import LookupScore, lookup_match
 from .runner import MLXRunner, PassRequest, Runner
@@ -47,6 +48,9 @@ class DecodeOptions:
     # Cost of one more tree node relative to a one-node pass; > 0 sizes each tree to the most
     # expected tokens per unit of cost (tree.best_size). None: the default for this machine.
     node_cost: float | None = None
+    # Tokens the output may contain (e.g. sql_names.SQLNames): decoding is the constrained
+    # model's, exactly (docs/design.md#constrained-decoding).
+    constraint: TokenConstraint | None = None
 
 
 # Measured on a 2-core x86 CPU with small products as sgemv (docs/engine.md#cost-of-a-pass-measured):
@@ -223,14 +227,27 @@ class Decoder:
         self.stream_rate = _Rate(2.0, float(pass_cost(3, self.node_cost)) + self.stream_pass_cost)
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
+        self.constraint = opts.constraint
+        self.constraint_state = opts.constraint.start if opts.constraint is not None else None
 
     # -- pieces of a step ---------------------------------------------------------------------
-    def _target(self) -> np.ndarray:
-        """Greedy: argmax per surviving node of the last pass. Sampling: the sampling
-        distribution per node."""
+    def _target(self, tree: Tree | None = None) -> np.ndarray:
+        """Greedy: argmax per surviving node of the last pass (``tree``; None: the prefill).
+        Sampling: the sampling distribution per node. With a constraint, over the tokens it
+        allows after each node's path."""
+        c, runner = self.constraint, self.runner
+        states = None if c is None else node_states(c, self.constraint_state, tree)
         if self.opts.temperature == 0:
-            return self.runner.main_tokens()
-        return probabilities(self.runner.main_logits(), self.opts.temperature, self.opts.top_p)
+            top = runner.main_tokens()
+            return top if c is None else constrained_argmax(c, states, top, runner.main_logits)
+        logits = runner.main_logits()
+        if c is not None:
+            logits = constrained_logits(c, states, logits)
+        return probabilities(logits, self.opts.temperature, self.opts.top_p)
+
+    def _advance_constraint(self, tokens: list[int]) -> None:
+        if self.constraint is not None:
+            self.constraint_state = self.constraint.walk(self.constraint_state, tokens)
 
     def _draft(self, node: int) -> Iterator[PassRequest]:
         """Candidates for each level from the streams of ``node`` (surviving node of the last
@@ -294,6 +311,7 @@ class Decoder:
         runner.start(self.prompt, self.gamma, self.deferred)
         target = self._target()
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
+        self._advance_constraint([root])
         self.history = self.prompt + [root]
         draft = yield from self._draft(0)
         stats.prefill_time = time.perf_counter() - t0
@@ -305,7 +323,7 @@ class Decoder:
         stats.decode_time += time.perf_counter() - t_step
         yield step
         if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
-                and isinstance(runner, MLXRunner) and not self.batched):
+                and isinstance(runner, MLXRunner) and not self.batched and self.constraint is None):
             yield from self._greedy_ar_steps(root, emitted)
             return
         while step.finished is None:
@@ -318,7 +336,7 @@ class Decoder:
                               self.node_cost, draft.chain[:depth], draft.chain_scores[:depth])
             t_model = time.perf_counter()
             kept = yield from self._pass(tree, self.threshold if opts.mode == "ss" else 0.0)
-            target = self._target()
+            target = self._target(kept)
             stats.model_time += time.perf_counter() - t_model
             if opts.temperature == 0:
                 path, root = verify_greedy(kept, target)
@@ -337,6 +355,7 @@ class Decoder:
             rejected = ([lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels
                         else draft.chain[len(path) - 1:])
             runner.commit(path)
+            self._advance_constraint(accepted + [root])
             self.history += accepted + [root]
             draft = yield from self._draft(path[-1])
             step = self._emit(accepted + [root], accepted, rejected, emitted)

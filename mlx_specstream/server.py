@@ -146,6 +146,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         seed=_field(body, "seed", (int,), 0),
         # an extra field: "ss" (where the adapter has streams) or "ar"
         mode=_field(body, "mode", (str,), default_mode(model)),
+        # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
+        sql_names=_field(body, "sql_names", (bool,), False),
     )
     stop = _stop(body)
     stream = _field(body, "stream", (bool,), False)

@@ -8,6 +8,7 @@ printed while tokens arrive.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -211,6 +212,24 @@ class Tokenizer:
 
     def token_to_id(self, token: str) -> int | None:
         return self._backend.token_to_id(token)
+
+    @functools.cached_property
+    def token_texts(self) -> list[str]:
+        """What each token adds to text it follows (a SentencePiece word-start piece keeps its
+        space; a lone byte of a longer character is U+FFFD); "" for special tokens."""
+        anchor = self._backend.encode("a", add_special_tokens=False)
+        before = self.decode(anchor)
+        texts = []
+        for i in range(self.vocab_size):
+            text = self.decode([*anchor, i], skip_special_tokens=True)
+            if text != self.decode([*anchor, i]):
+                texts.append("")  # a special token
+                continue
+            k = 0
+            while k < min(len(text), len(before)) and text[k] == before[k]:
+                k += 1
+            texts.append(text[k:])
+        return texts
 
     def is_byte_token(self, i: int) -> bool:
         """Whether ``i`` is a byte-fallback piece (``<0xNN>``)."""

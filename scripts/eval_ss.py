@@ -7,7 +7,7 @@ autoregressive decoding of the same model (a lossless adapter must), or with ``-
 the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--split test|valid] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--node-cost C] [--streams auto|tree|deferred]
+        [--max-tokens 96] [--no-lookup] [--node-cost C] [--streams auto|tree|deferred] [--sql-names]
         [--check-ar [--ar-adapter NAME]] [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--check-ar", action="store_true",
                     help="also decode each prompt with plain AR and compare the outputs")
     ap.add_argument("--ar-adapter", help="--check-ar: plain AR of the model with this adapter instead")
+    ap.add_argument("--sql-names", action="store_true",
+                    help="sql: only the schema's names may be written (constrained decoding, AR check too)")
     ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
     args = ap.parse_args()
     same = norm_sql if args.task == "sql" else (lambda s: s)
@@ -69,20 +71,22 @@ def main() -> None:
     bar = tqdm(rows, desc=f"{args.adapter} {args.task} {args.split}", unit="prompt")
     for r in bar:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
-                       node_cost=args.node_cost, mode=mode, streams=args.streams)
+                       node_cost=args.node_cost, mode=mode, streams=args.streams, sql_names=args.sql_names)
         right = same(res.text) == same(r["completion"])
         exact += right
         per_prompt.append({"exact": right, "output": res.text})
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())
         passes += sum(res.stats.accepted_lengths.values())
         if args.check_ar:
-            ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar")
+            ar = generate(ar_model, tok, r["prompt"], max_tokens=args.max_tokens, mode="ar",
+                          sql_names=args.sql_names)
             differ += ar.tokens != res.tokens
         bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / max(passes, 1):.2f}")
     out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
-           "exact_match": round(exact / len(rows), 4), "tokens_per_pass": round(tokens / passes, 4)}
+           "sql_names": args.sql_names, "exact_match": round(exact / len(rows), 4),
+           "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:
         out["identical_to_ar"] = differ == 0
         out["ar_of"] = args.ar_adapter or args.adapter

@@ -15,14 +15,27 @@ from helpers import tiny_model
 import mlx_specstream.verify as verify
 from mlx_specstream.adapter import new_adapter
 from mlx_specstream.api import generate
+from mlx_specstream.constraint import TokenConstraint
 
 V, N_TOKENS, N_SAMPLES, PROMPT = 5, 3, 2500, [1, 3]
 
 
-def exact_distribution(model, temperature=1.0, top_p=1.0):
+class NoRepeat(TokenConstraint):
+    """A token may not repeat the one before it."""
+
+    start = -1
+
+    def advance(self, state, token):
+        return None if token == state else token
+
+
+def exact_distribution(model, temperature=1.0, top_p=1.0, constraint=None):
     probs = {}
     for seq in itertools.product(range(V), repeat=N_TOKENS):
         logits = np.array(model(mx.array([PROMPT + list(seq[:-1])]))[0, len(PROMPT) - 1:])
+        if constraint is not None:  # forbidden tokens at -inf before temperature and nucleus
+            for i, prev in enumerate((constraint.start, *seq[:-1])):
+                logits[i, ~constraint.mask(prev)] = -np.inf
         p = verify.probabilities(logits, temperature, top_p)
         probs[seq] = float(np.prod([p[i, t] for i, t in enumerate(seq)]))
     return probs
@@ -101,6 +114,7 @@ def test_ar_sampling_matches_exact_distribution(model, exact):
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
 
+@pytest.mark.slow  # test_constrained_sampling_matches samples with a nucleus (top_p 0.9) by default
 def test_top_p_sampling_matches(model):
     exact = exact_distribution(model, top_p=0.8)
     counts = {}
@@ -109,6 +123,15 @@ def test_top_p_sampling_matches(model):
                        seed=seed, branch=2, streams="tree")
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
     assert all(exact[k] > 0 for k in counts), "a token outside the nucleus was emitted"
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def test_constrained_sampling_matches(model):
+    """Under a constraint, SS samples follow the constrained model's distribution exactly."""
+    constraint = NoRepeat(V)
+    exact = exact_distribution(model, top_p=0.9, constraint=constraint)
+    counts = sample_counts(model, branch=2, tree_budget=16, top_p=0.9, constraint=constraint)
+    assert all(exact[k] > 0 for k in counts), "a forbidden token was emitted"
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
 

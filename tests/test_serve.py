@@ -188,12 +188,25 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": {"a": 1}}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "fast"}).encode(), 400, "mode"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode(), 400, "model"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": 1}).encode(), 400, "sql_names"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": True}).encode(), 400, "prompt"),
 ])
 def test_bad_requests_are_openai_errors(server, body, status, param):
     code, reply = server.post_raw("/v1/completions", body)
     assert code == status
     assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["message"]
     assert reply["error"]["param"] == param
+
+
+def test_sql_names_extra_field(server, base):
+    """`sql_names` as in `generate`: the shipped model writes `T2.built` for this prompt's `year`
+    column; with the field it writes only the schema's names, as constrained AR in this process."""
+    prompt = json.loads((ROOT / "data" / "sql" / "test.jsonl").read_text().splitlines()[27])["prompt"]
+    r = server.client().completions.create(model="specstream-tiny:sql-lossless", prompt=prompt, max_tokens=64,
+                                           extra_body={"sql_names": True})
+    model, tok = base
+    assert r.choices[0].text == generate(model, tok, prompt, max_tokens=64, mode="ar", sql_names=True).text
+    assert "built" not in r.choices[0].text and "built" in ar(base, prompt, 64)
 
 
 def test_errors_through_the_client_and_still_serving(server):

@@ -1,0 +1,99 @@
+"""Constrained decoding: a token constraint says which tokens may come next after the tokens
+generated so far (docs/design.md#constrained-decoding).
+
+The decode loop applies it to the target only, never to the drafts: at every node of a verified
+tree, the main stream's logits of the tokens the constraint forbids after that node's path are
+-inf before the argmax or the sampling distribution is taken. Speculative decoding then
+reproduces *constrained* autoregressive decoding exactly, as it reproduces plain decoding: greedy
+output equals constrained greedy AR token for token, samples follow the constrained
+distribution, and a draft the constraint forbids is never accepted (its target probability is 0).
+
+Example (greedy, tree ``7 -> [4, 9]`` after generated text in state ``s``): node 0's state is
+``s``, node 1's ``advance(s, 4)``, node 2's ``advance(s, 9)``; if the argmax at node 1 is a
+token whose ``advance`` is None, node 1's target becomes the best-scoring token that is allowed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+
+import numpy as np
+
+from .tree import Tree
+
+State = Hashable
+DONE: State = ("done",)  # the state after the end of the text (EOS): nothing follows
+
+
+class TokenConstraint:
+    """A state machine over generated tokens: ``start`` before the first one, ``advance`` per
+    token (None: the token is forbidden there; :data:`DONE` after an end-of-text token). States
+    are hashable, so answers are cached."""
+
+    start: State
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+        self._masks: dict[State, np.ndarray] = {}
+
+    def advance(self, state: State, token: int) -> State | None:
+        raise NotImplementedError
+
+    def walk(self, state: State, tokens: list[int]) -> State | None:
+        """The state after ``tokens`` (None if one of them is forbidden)."""
+        for t in tokens:
+            if state is None:
+                return None
+            state = self.advance(state, int(t))
+        return state
+
+    def mask(self, state: State) -> np.ndarray:
+        """(V,) bool: the tokens allowed after ``state``."""
+        m = self._masks.get(state)
+        if m is None:
+            m = np.fromiter((self.advance(state, t) is not None for t in range(self.vocab_size)),
+                            bool, self.vocab_size)
+            if not m.any():
+                raise ValueError("the constraint allows no token here")
+            self._masks[state] = m
+        return m
+
+    def best(self, state: State, logits: np.ndarray) -> int:
+        """The allowed token with the highest logit (the lowest id among equals, as argmax)."""
+        for t in np.argsort(-logits, kind="stable"):
+            if self.advance(state, int(t)) is not None:
+                return int(t)
+        raise ValueError("the constraint allows no token here")
+
+
+def node_states(constraint: TokenConstraint, root_state: State, tree: Tree | None) -> list[State | None]:
+    """The state after each node's path (node 0: ``root_state``), None where the node's target is
+    free: after a forbidden draft or after the end of the text, where decoding never goes on.
+    ``tree`` None: one node (the prefill's last prompt token)."""
+    states = [root_state]
+    for v in range(1, 0 if tree is None else len(tree)):
+        parent = states[int(tree.parents[v])]
+        states.append(None if parent in (None, DONE) else constraint.advance(parent, int(tree.tokens[v])))
+    return [None if s == DONE else s for s in states]
+
+
+def constrained_argmax(constraint: TokenConstraint, states: list[State | None], top: np.ndarray,
+                       logits: Callable[[], np.ndarray]) -> np.ndarray:
+    """Greedy targets ``top`` (M,) corrected where the constraint forbids them; ``logits()`` gives
+    the (M, V) logits, read only when a correction is needed."""
+    top, rows = np.array(top), None
+    for v, s in enumerate(states):
+        if s is not None and constraint.advance(s, int(top[v])) is None:
+            rows = logits() if rows is None else rows
+            top[v] = constraint.best(s, rows[v])
+    return top
+
+
+def constrained_logits(constraint: TokenConstraint, states: list[State | None],
+                       logits: np.ndarray) -> np.ndarray:
+    """(M, V) logits with forbidden tokens at -inf (rows of forbidden drafts unchanged)."""
+    out = np.array(logits, np.float32)
+    for v, s in enumerate(states):
+        if s is not None:
+            out[v, ~constraint.mask(s)] = -np.inf
+    return out

@@ -1,0 +1,203 @@
+"""SQL that names only what its schema has: a token constraint under which generated SQL may use
+as identifiers only the tables and columns of the prompt's ``CREATE TABLE`` statements, SQL's
+keywords and functions, and aliases (docs/design.md#constrained-decoding).
+
+Why: most wrong SQL of a small model writes a name the schema lacks (``created`` for
+``year_created``, ``cioations`` for ``citations``, ``T1.power_plant`` for ``T1.plant_id``). The
+constraint cannot make a wrong column right, but it stops a name that does not exist.
+
+The text generated so far is read left to right. Outside quotes a *word* is a run of letters,
+digits and ``_``, compared without case. A word that is finished (a non-word character follows it,
+or the text ends) must be one of:
+
+- a number (it starts with a digit);
+- a word of queries and data changes or a function (:data:`SQL_WORDS`; not ``create``, ``drop``
+  or ``constraint``, which only define a schema), or a table or column name of the schema;
+- an alias: any word right after ``AS``, a word of at most three letters and optional digits
+  right after a table name that follows ``FROM`` or ``JOIN`` (``FROM flight f``), and one letter
+  with optional digits anywhere (``T1``), since a query names its aliases (``SELECT T1.name``)
+  before it defines them (``AS T1``);
+- after ``Q.``: a column of Q's table, where Q is a table or an alias defined by then (any column
+  while Q is an alias still to be defined).
+
+A word being written must be the beginning of such a word. Text in single quotes (a string
+literal) is free; between words only spaces and SQL's operators and punctuation may come; a
+name in double quotes, backticks or brackets must be a name. The end of generation (EOS) is
+allowed only outside quotes and after a finished word that is allowed.
+
+Example (``CREATE TABLE lighthouse (name TEXT, county TEXT, height_m INTEGER)``): after
+``SELECT na`` the piece ``me`` is allowed (``name``), ``ughty`` is not; after
+``SELECT name FROM lighthouse WHERE county = '`` anything may follow until the closing quote.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+import sqlite3
+
+from .constraint import DONE, State, TokenConstraint
+
+# The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
+# that only define or administer a schema: a query that writes `create` or `constraint` has lost
+# a name), its core, aggregate, date and math functions, and type names (for CAST).
+SQL_WORDS = frozenset("""
+all and as asc between by case cast collate cross current current_date current_time
+current_timestamp default delete desc distinct do else end escape except exclude exists filter first
+following for from full glob group groups having in inner insert intersect into is isnull join last
+left like limit match natural no not nothing notnull null nulls of offset on or order others outer
+over partition preceding range recursive regexp replace returning right row rows select set then
+ties to unbounded union update using values when where window with true false
+count sum avg min max total group_concat string_agg abs round length lower upper substr substring
+trim ltrim rtrim instr coalesce ifnull nullif iif typeof printf format hex quote char unicode
+random likelihood likely unlikely sign ceil ceiling floor sqrt power pow exp ln log log10 log2 mod
+pi date time datetime julianday strftime unixepoch
+integer int real text blob numeric varchar float double boolean decimal bigint smallint
+""".split())
+
+_ALIAS_LIKE = re.compile(r"[a-z][0-9]*")  # T1, t: may be used before the AS that defines it
+_SHORT_ALIAS = re.compile(r"[a-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
+_CREATE = re.compile(r"\bcreate\s+table\b", re.IGNORECASE)
+_CLOSE = {'"': '"', "`": "`", "[": "]"}
+_PUNCT = frozenset("(),.;*=<>!+-/%|&~^?:@$#")  # what SQL writes between words, besides spaces
+
+
+def schema(text: str) -> dict[str, list[str]]:
+    """Each table of the ``CREATE TABLE`` statements in ``text`` (a statement runs to its closing
+    parenthesis) with its columns, as SQLite reads them."""
+    con = sqlite3.connect(":memory:")
+    try:
+        for i, m in enumerate(_CREATE.finditer(text), 1):
+            depth, end = 0, None
+            for j in range(m.end(), len(text)):
+                depth += {"(": 1, ")": -1}.get(text[j], 0)
+                if depth == 0 and text[j] == ")":
+                    end = j + 1
+                    break
+            if end is None:
+                raise ValueError(f"CREATE TABLE statement {i} of the prompt has no closing parenthesis")
+            try:
+                con.execute(text[m.start():end])
+            except sqlite3.Error as e:
+                raise ValueError(f"CREATE TABLE statement {i} of the prompt is not valid SQL ({e})") from None
+        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        if not tables:
+            raise ValueError("the prompt has no CREATE TABLE statement to take names from")
+        return {t: [c[1] for c in con.execute("SELECT * FROM pragma_table_info(?)", (t,))] for t in tables}
+    finally:
+        con.close()
+
+
+class SQLNames(TokenConstraint):
+    """The constraint for a schema (:func:`schema`: table -> columns) and a tokenizer's token texts
+    (``Tokenizer.token_texts``).
+
+    State ``(quote, word, after, aliases)``: the open quote ("" outside), the word being written
+    (lower case), what the last finished word allows next (``after``: "from" after FROM or JOIN,
+    "table:T" after a table T there, "as:T" after AS that follows table T, "as:" after another AS,
+    ".Q" after the qualifier Q and a dot, "" otherwise) and the aliases so far, (alias, table or "")
+    pairs."""
+
+    def __init__(self, tables: dict[str, list[str]], tokenizer):
+        super().__init__(tokenizer.vocab_size)
+        self.columns = {t.lower(): sorted({c.lower() for c in cols}) for t, cols in tables.items()}
+        if not self.columns:
+            raise ValueError("no table names to constrain SQL to")
+        self.all_columns = sorted({c for cols in self.columns.values() for c in cols})
+        self.names = set(self.columns) | set(self.all_columns)
+        self.words = sorted(self.names | SQL_WORDS)
+        self.texts = tokenizer.token_texts
+        self.eos = frozenset(tokenizer.eos_token_ids)
+        self.start = ("", "", "", frozenset())
+        self._next: dict[tuple[State, int], State | None] = {}
+
+    @classmethod
+    def from_prompt(cls, prompt: str, tokenizer) -> SQLNames:
+        """The names of the prompt's ``CREATE TABLE`` statements."""
+        return cls(schema(prompt), tokenizer)
+
+    # -- words ---------------------------------------------------------------------------------
+    def _members(self, qualifier: str, aliases: frozenset) -> list[str]:
+        """The columns that may follow ``qualifier.``: its table's, or every column while the
+        qualifier is an alias not defined yet (``SELECT T1.x FROM t AS T1``)."""
+        table = next((t for a, t in aliases if a == qualifier), qualifier)
+        return self.columns.get(table, self.all_columns)
+
+    def _partial_ok(self, word: str, after: str, aliases: frozenset) -> bool:
+        if after.startswith("."):
+            return _has_prefix(self._members(after[1:], aliases), word)
+        return (word[0].isdigit() or after.startswith("as:") or _ALIAS_LIKE.fullmatch(word) is not None
+                or (after.startswith("table:") and _SHORT_ALIAS.fullmatch(word) is not None)
+                or _has_prefix(self.words, word) or any(a.startswith(word) for a, _ in aliases))
+
+    def _finish(self, word: str, after: str, aliases: frozenset) -> tuple[str, frozenset] | None:
+        """(what the finished ``word`` allows next, aliases) or None if it is not allowed."""
+        if word[0].isdigit():
+            return "", aliases
+        if after.startswith("."):
+            return ("", aliases) if word in self._members(after[1:], aliases) else None
+        keyword_or_name = word in SQL_WORDS or word in self.names
+        if not keyword_or_name and (after.startswith("as:") or (
+                after.startswith("table:") and _SHORT_ALIAS.fullmatch(word))):
+            return "", aliases | {(word, after.split(":", 1)[1])}
+        if not (keyword_or_name or _ALIAS_LIKE.fullmatch(word) or any(a == word for a, _ in aliases)):
+            return None
+        if word == "as":
+            return "as:" + (after[6:] if after.startswith("table:") else ""), aliases
+        if word in ("from", "join"):
+            return "from", aliases
+        return ("table:" + word if after == "from" and word in self.columns else ""), aliases
+
+    # -- characters ------------------------------------------------------------------------------
+    def _char(self, state: State, ch: str) -> State | None:
+        quote, word, after, aliases = state
+        if quote == "'":
+            return ("", "", "", aliases) if ch == "'" else state
+        if quote:  # a quoted name
+            if ch == _CLOSE[quote]:
+                done = self._finish(word, after, aliases) if word else None
+                return None if done is None else ("", "", *done)
+            word += ch.lower()
+            return (quote, word, after, aliases) if self._partial_ok(word, after, aliases) else None
+        if ch.isalnum() or ch == "_":
+            word += ch.lower()
+            return ("", word, after, aliases) if self._partial_ok(word, after, aliases) else None
+        if word:
+            done = self._finish(word, after, aliases)
+            if done is None:
+                return None
+            after, aliases = done
+            if ch == "." and not word[0].isdigit():
+                return ("", "", "." + word, aliases)
+        if ch in ("'", *_CLOSE):
+            return (ch, "", after, aliases)
+        if ch.isspace():
+            return ("", "", after, aliases)
+        return ("", "", "", aliases) if ch in _PUNCT else None
+
+    def advance(self, state: State, token: int) -> State | None:
+        key = (state, token)
+        if key in self._next:
+            return self._next[key]
+        nxt = None
+        if state != DONE:
+            if token in self.eos:
+                quote, word, after, aliases = state
+                if not quote and (self._finish(word, after, aliases) is not None if word
+                                  else not after.startswith(".")):
+                    nxt = DONE
+            else:
+                text = self.texts[token] if 0 <= token < len(self.texts) else None
+                nxt = state if text else None  # a special token (no text) is never allowed
+                for ch in text or "":
+                    nxt = self._char(nxt, ch)
+                    if nxt is None:
+                        break
+        self._next[key] = nxt
+        return nxt
+
+
+def _has_prefix(words: list[str], prefix: str) -> bool:
+    """Whether a word of the sorted ``words`` starts with ``prefix``."""
+    i = bisect.bisect_left(words, prefix)
+    return i < len(words) and words[i].startswith(prefix)

@@ -1,0 +1,140 @@
+"""``sql_names``: generated SQL names only the schema's tables and columns. SQLite is the oracle:
+a query it runs on the prompt's tables is allowed to the end; one it refuses because a table or
+column does not exist is stopped."""
+
+import json
+import random
+import re
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mlx_specstream.api import DEFAULT_MODEL
+from mlx_specstream.constraint import DONE
+from mlx_specstream.sql_names import SQLNames, schema
+from mlx_specstream.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPT = ("### Context:\nCREATE TABLE lighthouse (name VARCHAR, county VARCHAR, height_m INTEGER, "
+          "lit_year INTEGER);\n### Question:\nWhich lighthouses in Cornwall are taller than 30 metres?\n"
+          "### SQL:\n")
+
+
+@pytest.fixture(scope="module")
+def tok():
+    if not (DEFAULT_MODEL / "tokenizer.json").exists():
+        pytest.skip("the default model is not built")
+    return load_tokenizer(DEFAULT_MODEL)
+
+
+def context(prompt: str) -> str:
+    return prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
+
+
+def allowed(constraint: SQLNames, tok, sql: str) -> bool:
+    """Whether the constraint lets ``sql`` be generated to the end (EOS included)."""
+    state = constraint.walk(constraint.start, tok.encode(sql, add_bos=False))
+    return state is not None and constraint.advance(state, tok.eos_token_id) == DONE
+
+
+def sqlite_verdict(ctx: str, sql: str) -> str:
+    """"runs", "missing" (a table or column that does not exist) or "other" (any other error)."""
+    con = sqlite3.connect(":memory:")
+    try:
+        con.executescript(ctx)
+        con.execute(sql).fetchall()
+        return "runs"
+    except sqlite3.Error as e:
+        return "missing" if re.match(r"no such (column|table)", str(e)) else "other"
+    finally:
+        con.close()
+
+
+def test_schema_names_as_sqlite_reads_them():
+    text = ('x\nCREATE TABLE "order item" (id INTEGER, [unit price] REAL, qty INT);\n'
+            "create table  Shop(shop_id INTEGER PRIMARY KEY, name TEXT, CHECK (shop_id > 0));")
+    assert schema(text) == {"order item": ["id", "unit price", "qty"], "Shop": ["shop_id", "name"]}
+    with pytest.raises(ValueError, match="no CREATE TABLE"):
+        schema("SELECT 1")
+    with pytest.raises(ValueError, match="statement 1 .* not valid SQL"):
+        schema("CREATE TABLE t (a INTEGER,)")
+    with pytest.raises(ValueError, match="no closing parenthesis"):
+        schema("CREATE TABLE t (a INTEGER")
+
+
+def test_every_reference_query_is_allowed(tok):
+    """No false stops: every reference query of the held-out sql splits (which SQLite runs) can be
+    written to the end."""
+    for split in ("valid", "test"):
+        for line in (ROOT / "data" / "sql" / f"{split}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            c = SQLNames.from_prompt(row["prompt"], tok)
+            assert allowed(c, tok, row["completion"]), (row["prompt"], row["completion"])
+
+
+def test_misspelt_names_are_stopped_as_sqlite_refuses_them(tok):
+    """Every schema name of 300 test queries misspelt at random (a letter dropped, doubled or
+    changed): where SQLite says the name does not exist the constraint stops the query, where it
+    runs (the misspelling is another real name) the constraint lets it through."""
+    rng = random.Random(0)
+    rows = [json.loads(line) for line in (ROOT / "data" / "sql" / "test.jsonl").read_text().splitlines()]
+    verdicts = {"runs": 0, "missing": 0}
+    for row in rows[:300]:
+        c = SQLNames.from_prompt(row["prompt"], tok)
+        words = [m for m in re.finditer(r"[A-Za-z_][A-Za-z0-9_]*", row["completion"])
+                 if m.group().lower() in c.names]
+        m = rng.choice(words)
+        w, i = m.group(), rng.randrange(len(m.group()))
+        edit = rng.choice([w[:i] + w[i + 1:], w[:i] + w[i] + w[i:],
+                           w[:i] + rng.choice("aeioust") + w[i + 1:]])
+        if not edit or edit[0].isdigit():
+            continue
+        sql = row["completion"][:m.start()] + edit + row["completion"][m.end():]
+        verdict = sqlite_verdict(context(row["prompt"]), sql)
+        if verdict == "other":
+            continue
+        verdicts[verdict] += 1
+        assert allowed(c, tok, sql) == (verdict == "runs"), (sql, verdict)
+    assert verdicts["missing"] > 200
+
+
+def test_literals_aliases_and_quoted_names(tok):
+    c = SQLNames.from_prompt(PROMPT, tok)
+    assert allowed(c, tok, "SELECT name FROM lighthouse WHERE county = 'Any words; at all (created)' "
+                           "AND height_m > 30.5")
+    assert allowed(c, tok, 'SELECT L.name, COUNT(*) AS n_lit FROM lighthouse AS L GROUP BY L.name '
+                           'ORDER BY n_lit DESC LIMIT 1')
+    assert allowed(c, tok, 'SELECT "lit_year" FROM lighthouse l WHERE l.county IS NOT NULL')
+    for bad in ("SELECT created FROM lighthouse", 'SELECT "height" FROM lighthouse',
+                "SELECT name FROM lighthouses", "SELECT name FROM lighthouse WHERE county = 'open",
+                "SELECT name FROM lighthouse WHERE county = \x07"):
+        assert not allowed(c, tok, bad), bad
+
+
+def test_generate_writes_only_schema_names(tok):
+    """The shipped model writes `built` for a `year` column here (a name the schema lacks); with
+    sql_names it cannot, and a lossless adapter's output stays constrained AR's."""
+    from mlx_specstream.api import generate, load
+
+    row = [json.loads(line) for line in (ROOT / "data" / "sql" / "test.jsonl").read_text().splitlines()][27]
+    model, _ = load(adapter="sql-lossless", fuse=False)
+    free = generate(model, tok, row["prompt"], max_tokens=96, mode="ar")
+    assert sqlite_verdict(context(row["prompt"]), free.text) == "missing", free.text
+    ar = generate(model, tok, row["prompt"], max_tokens=96, mode="ar", sql_names=True)
+    ss = generate(model, tok, row["prompt"], max_tokens=96, sql_names=True)
+    assert sqlite_verdict(context(row["prompt"]), ar.text) == "runs", ar.text
+    assert ss.tokens == ar.tokens and ss.stats.mean_accepted_tokens > 1.5
+
+
+def test_cli_sql_names(tok):
+    cli = [sys.executable, "-m", "mlx_specstream.cli", "generate", "--mode", "ar", "-n", "40", "--sql-names"]
+    res = subprocess.run([*cli, "--prompt", PROMPT], capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    assert sqlite_verdict(context(PROMPT), res.stdout.strip()) == "runs", res.stdout
+    res = subprocess.run([*cli, "--prompt", "Which lighthouses are tallest?"], capture_output=True,
+                         text=True, timeout=600)
+    lines = [line for line in res.stderr.splitlines() if line.strip()]
+    assert res.returncode != 0 and len(lines) == 1 and "no CREATE TABLE" in lines[0], res.stderr
