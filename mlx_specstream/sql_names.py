@@ -7,12 +7,13 @@ Why: most wrong SQL of a small model writes a name the schema lacks (``created``
 constraint cannot make a wrong column right, but it stops a name that does not exist.
 
 The text generated so far is read left to right. Outside quotes a *word* is a run of letters,
-digits and ``_``, compared without case. A word that is finished (a non-word character follows it,
-or the text ends) must be one of:
+digits and ``_``. A word that is finished (a non-word character follows it, or the text ends)
+must be one of:
 
 - a number (it starts with a digit);
 - a word of queries and data changes or a function (:data:`SQL_WORDS`; not ``create``, ``drop``
-  or ``constraint``, which only define a schema), or a table or column name of the schema;
+  or ``constraint``, which only define a schema), in lower or upper case; a table or column name
+  of the schema, spelt as the schema spells it (``gpa``, not ``gPA``);
 - an alias: any word right after ``AS``, a word of at most three letters and optional digits
   right after a table name that follows ``FROM`` or ``JOIN`` (``FROM flight f``), and one letter
   with optional digits anywhere (``T1``), since a query names its aliases (``SELECT T1.name``)
@@ -40,7 +41,8 @@ from .constraint import DONE, State, TokenConstraint
 
 # The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
 # that only define or administer a schema: a query that writes `create` or `constraint` has lost
-# a name), its core, aggregate, date and math functions, and type names (for CAST).
+# a name) and its core, aggregate, date and math functions. Type names need no entry: they follow
+# AS (CAST(x AS INTEGER)), where any word may.
 SQL_WORDS = frozenset("""
 all and as asc between by case cast collate cross current current_date current_time
 current_timestamp default delete desc distinct do else end escape except exclude exists filter first
@@ -52,11 +54,10 @@ count sum avg min max total group_concat string_agg abs round length lower upper
 trim ltrim rtrim instr coalesce ifnull nullif iif typeof printf format hex quote char unicode
 random likelihood likely unlikely sign ceil ceiling floor sqrt power pow exp ln log log10 log2 mod
 pi date time datetime julianday strftime unixepoch
-integer int real text blob numeric varchar float double boolean decimal bigint smallint
 """.split())
 
-_ALIAS_LIKE = re.compile(r"[a-z][0-9]*")  # T1, t: may be used before the AS that defines it
-_SHORT_ALIAS = re.compile(r"[a-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
+_ALIAS_LIKE = re.compile(r"[A-Za-z][0-9]*")  # T1, t: may be used before the AS that defines it
+_SHORT_ALIAS = re.compile(r"[A-Za-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
 _CREATE = re.compile(r"\bcreate\s+table\b", re.IGNORECASE)
 _CLOSE = {'"': '"', "`": "`", "[": "]"}
 _PUNCT = frozenset("(),.;*=<>!+-/%|&~^?:@$#")  # what SQL writes between words, besides spaces
@@ -100,12 +101,13 @@ class SQLNames(TokenConstraint):
 
     def __init__(self, tables: dict[str, list[str]], tokenizer):
         super().__init__(tokenizer.vocab_size)
-        self.columns = {t.lower(): sorted({c.lower() for c in cols}) for t, cols in tables.items()}
+        self.columns = {t: sorted(set(cols)) for t, cols in tables.items()}
         if not self.columns:
             raise ValueError("no table names to constrain SQL to")
         self.all_columns = sorted({c for cols in self.columns.values() for c in cols})
         self.names = set(self.columns) | set(self.all_columns)
-        self.words = sorted(self.names | SQL_WORDS)
+        self.keywords = SQL_WORDS | {w.upper() for w in SQL_WORDS}
+        self.words = sorted(self.names | self.keywords)
         self.texts = tokenizer.token_texts
         self.eos = frozenset(tokenizer.eos_token_ids)
         self.start = ("", "", "", frozenset())
@@ -136,15 +138,15 @@ class SQLNames(TokenConstraint):
             return "", aliases
         if after.startswith("."):
             return ("", aliases) if word in self._members(after[1:], aliases) else None
-        keyword_or_name = word in SQL_WORDS or word in self.names
+        keyword_or_name = word in self.keywords or word in self.names
         if not keyword_or_name and (after.startswith("as:") or (
                 after.startswith("table:") and _SHORT_ALIAS.fullmatch(word))):
             return "", aliases | {(word, after.split(":", 1)[1])}
         if not (keyword_or_name or _ALIAS_LIKE.fullmatch(word) or any(a == word for a, _ in aliases)):
             return None
-        if word == "as":
+        if word.lower() == "as":
             return "as:" + (after[6:] if after.startswith("table:") else ""), aliases
-        if word in ("from", "join"):
+        if word.lower() in ("from", "join"):
             return "from", aliases
         return ("table:" + word if after == "from" and word in self.columns else ""), aliases
 
@@ -157,10 +159,10 @@ class SQLNames(TokenConstraint):
             if ch == _CLOSE[quote]:
                 done = self._finish(word, after, aliases) if word else None
                 return None if done is None else ("", "", *done)
-            word += ch.lower()
+            word += ch
             return (quote, word, after, aliases) if self._partial_ok(word, after, aliases) else None
         if ch.isalnum() or ch == "_":
-            word += ch.lower()
+            word += ch
             return ("", word, after, aliases) if self._partial_ok(word, after, aliases) else None
         if word:
             done = self._finish(word, after, aliases)

@@ -235,6 +235,8 @@ def test_quantized_tokens_equal_quantized_mlx(packages, model_dir, bits):
         _check_tokens(model, runner, tok, prompt, n=30)
     with pytest.raises(PackageError, match="greedy decoding only"):
         generate_package(runner, tok, PROMPTS[0], temperature=0.5)
+    with pytest.raises(PackageError, match="--sampling for --sql-names"):  # no logits to constrain
+        generate_package(runner, tok, PROMPTS[0], sql_names=True)
 
 
 def test_package_is_judged_by_its_saved_file(packages, tmp_path):

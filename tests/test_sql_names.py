@@ -102,12 +102,14 @@ def test_misspelt_names_are_stopped_as_sqlite_refuses_them(tok):
 
 
 def test_literals_aliases_and_quoted_names(tok):
+    """Names as the schema spells them, keywords in lower or upper case, literals free."""
     c = SQLNames.from_prompt(PROMPT, tok)
     assert allowed(c, tok, "SELECT name FROM lighthouse WHERE county = 'Any words; at all (created)' "
                            "AND height_m > 30.5")
     assert allowed(c, tok, 'SELECT L.name, COUNT(*) AS n_lit FROM lighthouse AS L GROUP BY L.name '
                            'ORDER BY n_lit DESC LIMIT 1')
-    assert allowed(c, tok, 'SELECT "lit_year" FROM lighthouse l WHERE l.county IS NOT NULL')
+    assert allowed(c, tok, 'select "lit_year" from lighthouse l where l.county is not null')
+    assert allowed(c, tok, "SELECT CAST(height_m AS REAL) FROM lighthouse")
     for bad in ("SELECT created FROM lighthouse", 'SELECT "height" FROM lighthouse',
                 "SELECT name FROM lighthouses", "SELECT name FROM lighthouse WHERE county = 'open",
                 "SELECT name FROM lighthouse WHERE county = \x07"):
