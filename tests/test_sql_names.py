@@ -109,11 +109,31 @@ def test_literals_aliases_and_quoted_names(tok):
     assert allowed(c, tok, 'SELECT L.name, COUNT(*) AS n_lit FROM lighthouse AS L GROUP BY L.name '
                            'ORDER BY n_lit DESC LIMIT 1')
     assert allowed(c, tok, 'select "lit_year" from lighthouse l where l.county is not null')
-    assert allowed(c, tok, "SELECT CAST(height_m AS REAL) FROM lighthouse")
+    assert allowed(c, tok, "SELECT CAST(height_m AS REAL), count (*) FROM lighthouse ORDER BY "
+                           "lit_year NULLS LAST")
     for bad in ("SELECT created FROM lighthouse", 'SELECT "height" FROM lighthouse',
                 "SELECT name FROM lighthouses", "SELECT name FROM lighthouse WHERE county = 'open",
                 "SELECT name FROM lighthouse WHERE county = \x07"):
         assert not allowed(c, tok, bad), bad
+
+
+def test_every_word_begun_can_be_finished(tok):
+    """No dead end: each word the constraint lets a word being written become (keywords in both
+    cases, names) can be finished, in the places where words are checked against the lists."""
+    c = SQLNames.from_prompt(PROMPT, tok)
+    for before in ("SELECT ", "SELECT name FROM lighthouse WHERE ", "SELECT lighthouse."):
+        for w in c.words if not before.endswith(".") else c.columns["lighthouse"]:
+            state = c.walk(c.start, tok.encode(before + w, add_bos=False))
+            assert state is not None, before + w
+            assert any(c.walk(state, tok.encode(end, add_bos=False)[-1:]) is not None for end in "x (x"), \
+                before + w
+
+
+def test_schema_names_that_are_sql_words(tok):
+    """A column named like a function or a keyword is a column."""
+    c = SQLNames.from_prompt("CREATE TABLE log (date DATE, first TEXT, count INTEGER)", tok)
+    assert allowed(c, tok, "SELECT date, first FROM log WHERE count > 2 ORDER BY date")
+    assert allowed(c, tok, "SELECT COUNT(*), MAX(date) FROM log")
 
 
 def test_generate_writes_only_schema_names(tok):
