@@ -51,12 +51,17 @@ class TokenConstraint:
         """(V,) bool: the tokens allowed after ``state``."""
         m = self._masks.get(state)
         if m is None:
-            m = np.fromiter((self.advance(state, t) is not None for t in range(self.vocab_size)),
-                            bool, self.vocab_size)
+            m = self.allowed(state)
             if not m.any():
                 raise ValueError("the constraint allows no token here")
             self._masks[state] = m
         return m
+
+    def allowed(self, state: State) -> np.ndarray:
+        """(V,) bool, computed (``mask`` caches it): ``advance`` token by token; a constraint may
+        compute the same faster."""
+        return np.fromiter((self.advance(state, t) is not None for t in range(self.vocab_size)),
+                           bool, self.vocab_size)
 
     def best(self, state: State, logits: np.ndarray) -> int:
         """The allowed token with the highest logit (the lowest id among equals, as argmax)."""

@@ -37,6 +37,8 @@ import bisect
 import re
 import sqlite3
 
+import numpy as np
+
 from .constraint import DONE, State, TokenConstraint
 
 # The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
@@ -109,6 +111,7 @@ class SQLNames(TokenConstraint):
         self.keywords = SQL_WORDS | {w.upper() for w in SQL_WORDS}
         self.words = sorted(self.names | self.keywords)
         self.texts = tokenizer.token_texts
+        self.trie = tokenizer.text_trie
         self.eos = frozenset(tokenizer.eos_token_ids)
         self.start = ("", "", "", frozenset())
         self._next: dict[tuple[State, int], State | None] = {}
@@ -176,6 +179,24 @@ class SQLNames(TokenConstraint):
         if ch.isspace():
             return ("", "", after, aliases)
         return ("", "", "", aliases) if ch in _PUNCT else None
+
+    def allowed(self, state: State) -> np.ndarray:
+        """The tokens allowed after ``state``, reading the tokenizer's text trie: a prefix that
+        is forbidden is read once for every token that starts with it, not once per token."""
+        m = np.zeros(self.vocab_size, bool)
+        for e in self.eos:
+            m[e] = self.advance(state, e) is not None
+        if state == DONE:
+            return m
+        stack = [(self.trie, state)]
+        while stack:
+            node, st = stack.pop()
+            for ch, child in node.items():
+                if ch == "":
+                    m[child] = True
+                elif (nxt := self._char(st, ch)) is not None:
+                    stack.append((child, nxt))
+        return m
 
     def advance(self, state: State, token: int) -> State | None:
         key = (state, token)

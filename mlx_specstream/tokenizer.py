@@ -231,6 +231,19 @@ class Tokenizer:
             texts.append(text[k:])
         return texts
 
+    @functools.cached_property
+    def text_trie(self) -> dict:
+        """The token texts as a trie of characters: ``node[ch]`` is the child after ``ch``;
+        ``node[""]`` lists the tokens whose text ends there (special tokens are left out)."""
+        root: dict = {}
+        for i, text in enumerate(self.token_texts):
+            if text:
+                node = root
+                for ch in text:
+                    node = node.setdefault(ch, {})
+                node.setdefault("", []).append(i)
+        return root
+
     def is_byte_token(self, i: int) -> bool:
         """Whether ``i`` is a byte-fallback piece (``<0xNN>``)."""
         return self._backend.is_byte(int(i))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from mlx_specstream.api import DEFAULT_MODEL
-from mlx_specstream.constraint import DONE
+from mlx_specstream.constraint import DONE, TokenConstraint
 from mlx_specstream.sql_names import SQLNames, schema
 from mlx_specstream.tokenizer import load_tokenizer
 
@@ -127,6 +127,20 @@ def test_every_word_begun_can_be_finished(tok):
             assert state is not None, before + w
             assert any(c.walk(state, tok.encode(end, add_bos=False)[-1:]) is not None for end in "x (x"), \
                 before + w
+
+
+def test_trie_mask_equals_token_by_token(tok):
+    """The mask read from the tokenizer's text trie (sampling) is the one ``advance`` gives token
+    by token, at every state along 5 reference queries."""
+    rows = [json.loads(line) for line in (ROOT / "data" / "sql" / "test.jsonl").read_text().splitlines()][:5]
+    states = 0
+    for row in rows:
+        c = SQLNames.from_prompt(row["prompt"], tok)
+        state = c.start
+        for t in [*tok.encode(row["completion"], add_bos=False), tok.eos_token_id]:
+            assert (c.allowed(state) == TokenConstraint.allowed(c, state)).all(), state
+            state, states = c.advance(state, t), states + 1
+    assert states > 100
 
 
 def test_schema_names_that_are_sql_words(tok):
