@@ -96,7 +96,7 @@ class SQLNames(TokenConstraint):
     (``Tokenizer.token_texts``).
 
     State ``(quote, word, after, aliases)``: the open quote ("" outside), the word being written
-    (lower case), what the last finished word allows next (``after``: "from" after FROM or JOIN,
+    (as written), what the last finished word allows next (``after``: "from" after FROM or JOIN,
     "table:T" after a table T there, "as:T" after AS that follows table T, "as:" after another AS,
     ".Q" after the qualifier Q and a dot, "" otherwise) and the aliases so far, (alias, table or "")
     pairs."""
