@@ -227,7 +227,6 @@ class Decoder:
         self.stream_rate = _Rate(2.0, float(pass_cost(3, self.node_cost)) + self.stream_pass_cost)
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
-        self.constraint = opts.constraint
         self.constraint_state = opts.constraint.start if opts.constraint is not None else None
 
     # -- pieces of a step ---------------------------------------------------------------------
@@ -235,7 +234,7 @@ class Decoder:
         """Greedy: argmax per surviving node of the last pass (``tree``; None: the prefill).
         Sampling: the sampling distribution per node. With a constraint, over the tokens it
         allows after each node's path."""
-        c, runner = self.constraint, self.runner
+        c, runner = self.opts.constraint, self.runner
         states = None if c is None else node_states(c, self.constraint_state, tree)
         if self.opts.temperature == 0:
             top = runner.main_tokens()
@@ -246,8 +245,8 @@ class Decoder:
         return probabilities(logits, self.opts.temperature, self.opts.top_p)
 
     def _advance_constraint(self, tokens: list[int]) -> None:
-        if self.constraint is not None:
-            self.constraint_state = self.constraint.walk(self.constraint_state, tokens)
+        if self.opts.constraint is not None:
+            self.constraint_state = self.opts.constraint.walk(self.constraint_state, tokens)
 
     def _draft(self, node: int) -> Iterator[PassRequest]:
         """Candidates for each level from the streams of ``node`` (surviving node of the last
@@ -323,7 +322,7 @@ class Decoder:
         stats.decode_time += time.perf_counter() - t_step
         yield step
         if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
-                and isinstance(runner, MLXRunner) and not self.batched and self.constraint is None):
+                and isinstance(runner, MLXRunner) and not self.batched and opts.constraint is None):
             yield from self._greedy_ar_steps(root, emitted)
             return
         while step.finished is None:

@@ -18,6 +18,9 @@ from mlx_specstream.sql_names import SQLNames, schema
 from mlx_specstream.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from sqlgen import context  # noqa: E402  (a prompt's CREATE TABLE statements, for SQLite)
+
 PROMPT = ("### Context:\nCREATE TABLE lighthouse (name VARCHAR, county VARCHAR, height_m INTEGER, "
           "lit_year INTEGER);\n### Question:\nWhich lighthouses in Cornwall are taller than 30 metres?\n"
           "### SQL:\n")
@@ -28,10 +31,6 @@ def tok():
     if not (DEFAULT_MODEL / "tokenizer.json").exists():
         pytest.skip("the default model is not built")
     return load_tokenizer(DEFAULT_MODEL)
-
-
-def context(prompt: str) -> str:
-    return prompt.split("### Context:\n", 1)[1].split("\n### Question:", 1)[0]
 
 
 def allowed(constraint: SQLNames, tok, sql: str) -> bool:
