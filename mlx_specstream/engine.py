@@ -322,7 +322,7 @@ class Decoder:
         stats.decode_time += time.perf_counter() - t_step
         yield step
         if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
-                and isinstance(runner, MLXRunner) and not self.batched and opts.constraint is None):
+                and isinstance(runner, MLXRunner) and not self.batched):
             yield from self._greedy_ar_steps(root, emitted)
             return
         while step.finished is None:
@@ -381,26 +381,42 @@ class Decoder:
         on the device, fed the previous pass's argmax there, before the host reads that token,
         so building the graph and the bookkeeping overlap the model's compute. The passes, the
         tokens and the cache are those of the loop in :meth:`steps`; a pass queued behind an EOS
-        is dropped from the cache."""
-        stats, runner = self.stats, self.runner
+        is dropped from the cache.
+
+        Under a constraint the queued pass is optimistic: when the host finds the argmax
+        forbidden, that pass is dropped, the best allowed token of the same logits taken (as
+        ``constrained_argmax`` does in the loop) and the pass queued again with it."""
+        stats, runner, c = self.stats, self.runner, self.opts.constraint
         total = self.opts.max_tokens
         if self.limit is not None:
             total = min(total, self.limit - len(self.prompt))
 
-        def launch(token: mx.array) -> mx.array:
+        def launch(token: mx.array) -> tuple[mx.array, mx.array]:
             out = forward(runner.model, chain([root]), runner.caches, runner.n, tokens=token)
             runner.n += 1  # the one node is committed in place
             nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
             mx.async_eval(nxt)
-            return nxt
+            return nxt, out.main_logits
+
+        def drop_queued() -> None:
+            runner.n -= 1
+            for cache in runner.caches:
+                cache.trim(1)
 
         t = time.perf_counter()
         pending = launch(mx.array([root], mx.int32))
         stats.model_time += time.perf_counter() - t
         while True:
             t_step = time.perf_counter()
-            queued = launch(pending) if emitted + 1 < total else None  # unless this token is the last
-            root = pending.item()
+            last = emitted + 1 >= total  # this token is the last: nothing to queue behind it
+            queued = None if last else launch(pending[0])
+            root = pending[0].item()
+            if c is not None and c.advance(self.constraint_state, root) is None:
+                if queued is not None:
+                    drop_queued()
+                root = c.best(self.constraint_state, np.array(pending[1][0], np.float32))
+                queued = None if last else launch(mx.array([root], mx.int32))
+            self._advance_constraint([root])
             stats.model_time += time.perf_counter() - t_step
             stats.calls += 1
             stats.tree_nodes += 1
@@ -410,9 +426,7 @@ class Decoder:
             step = self._emit([root], [], [], emitted)
             emitted += len(step.tokens)
             if step.finished is not None and queued is not None:
-                runner.n -= 1
-                for cache in runner.caches:
-                    cache.trim(1)
+                drop_queued()
             stats.decode_time += time.perf_counter() - t_step
             yield step
             if step.finished is not None:

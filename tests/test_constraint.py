@@ -67,6 +67,17 @@ def test_constrained_ss_equals_constrained_ar(llama, streams, branch, lookup):
             assert dec.stats.mean_accepted_tokens > 1.0
 
 
+def test_pipelined_constrained_ar_at_every_length(llama):
+    """Plain greedy decoding queues each pass with the device's argmax before the host checks it:
+    a forbidden one is dropped and queued again, at any token, the last one included."""
+    c = NoSumOfThree(64)
+    prompt = [5, 9, 2, 7, 5, 9]
+    ref = [t for t in constrained_greedy(llama, prompt, c, 24) if t != 0]
+    for n in range(1, len(ref) + 1):
+        opts = DecodeOptions(max_tokens=n, mode="ar", constraint=c, eos_token_ids=frozenset([0]))
+        assert [t for s in Decoder(llama, prompt, opts).steps() for t in s.tokens] == ref[:n], n
+
+
 def test_generate_takes_a_constraint(llama):
     c = NoSumOfThree(64)
     out = generate(llama, None, [5, 9, 2], max_tokens=30, constraint=c)
