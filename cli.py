@@ -327,6 +327,24 @@ def train(
 
 
 @app.command()
+def ngrams(
+    adapter: str = typer.Option(..., "--adapter", "-a", help="adapter name (under MODEL/adapters/) or dir"),
+    data: Path = typer.Option(..., "--data", help="directory with the train.jsonl it was trained on"),
+    model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
+    max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut"),
+    chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
+) -> None:
+    """Give an adapter trained before n-gram drafts existed the drafts of its data (ngrams.npz;
+    ``train`` writes them itself): decoding then drafts what its outputs share beside the streams."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.train import write_ngrams
+
+    path, n = write_ngrams(model or DEFAULT_MODEL, adapter, data, max_seq_len=max_seq_len,
+                           chat_template=chat_template)
+    typer.echo(f"wrote {path} ({n} contexts)")
+
+
+@app.command()
 def serve(
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     adapters: str | None = typer.Option(None, "--adapters", help="adapters to serve beside the base: "

@@ -17,6 +17,7 @@ import mlx.nn as nn
 
 from .errors import AdapterError
 from .lora import LoRALinear
+from .ngrams import NGRAMS_FILE, NgramTable
 from .streams import StreamAdapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
@@ -73,7 +74,7 @@ def _setting(value):
 
 
 # Attributes that say nothing about what the base computes (``args``: the typed config, restated).
-_NOT_COMPUTATION = {"adapter_config", "path", "fused_lora", "args"}
+_NOT_COMPUTATION = {"adapter_config", "adapter_ngrams", "path", "fused_lora", "args"}
 
 
 def architecture(model) -> list:
@@ -167,6 +168,7 @@ def detach(model) -> None:
             setattr(parent, name, layer)
     model.pop("adapter")
     model.adapter_config = None
+    model.adapter_ngrams = None
 
 
 def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
@@ -184,6 +186,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
     if config.prune_layer is None:
         config.prune_layer = n - config.msa_layers
     config.validate(n)
+    model.adapter_ngrams = None  # the n-gram drafts of its data (ngrams.py), set when there are
     config.base_fingerprint = fingerprint(model)
     config.base_probe = probe(model)
     key = mx.random.key(seed)
@@ -301,6 +304,8 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
         mx.save_safetensors(str(tmp / WEIGHTS_FILE), adapter_weights(model))
         config = asdict(model.adapter_config)
         (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
+        if getattr(model, "adapter_ngrams", None) is not None:
+            model.adapter_ngrams.save(tmp / NGRAMS_FILE)
     return Path(dest)
 
 
@@ -358,6 +363,12 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
             raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
     model.load_weights(list(weights.items()), strict=False)
     mx.eval(model.parameters())
+    if (path / NGRAMS_FILE).is_file():
+        try:
+            model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
+        except Exception as e:
+            detach(model)
+            raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
     model.adapter_config.name = path.name  # what it is chosen by: a copy under a new name is that name
     return model.adapter_config
 

@@ -83,7 +83,8 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
              top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
              prune_threshold: float | None = None, streams: str = "auto",
-             node_cost: float | None = None, lookup: bool | None = None, sql_names: bool = False,
+             node_cost: float | None = None, lookup: bool | None = None, ngrams: bool | None = None,
+             sql_names: bool = False,
              constraint: TokenConstraint | None = None, batched: bool = False) -> Decoder:
     eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
     ids = _prompt_ids(tokenizer, prompt)
@@ -94,7 +95,7 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                          prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
-                         node_cost=node_cost, lookup=lookup, constraint=constraint)
+                         node_cost=node_cost, lookup=lookup, ngrams=ngrams, constraint=constraint)
     return Decoder(model, ids, opts, batched)
 
 
@@ -163,7 +164,9 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
     "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
     each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
-    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal) and ``sql_names``
+    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal), ``lookup`` and
+    ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where it has them;
+    both on by default in "ss" mode) and ``sql_names``
     (write SQL whose identifiers are only the tables and columns of the prompt's ``CREATE TABLE``
     statements, keywords and aliases: :mod:`~mlx_specstream.sql_names`), or any other
     ``constraint`` (a :class:`~mlx_specstream.constraint.TokenConstraint`); see

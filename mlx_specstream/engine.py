@@ -20,7 +20,7 @@ import numpy as np
 
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .errors import OptionError
-from .lookup import LookupScore, lookup_match
+from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import forward
 from .tree import Tree, best_rate, build_tree, chain, pass_cost
@@ -36,6 +36,9 @@ class DecodeOptions:
     mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
     # ss: prompt-lookup candidates merged into the streams' draft tree (hybrid drafts); None: on
     lookup: bool | None = None
+    # ss and lookup: the adapter's n-gram drafts (ngrams.py) lead the lookup chain where the
+    # adapter has them; None: on with lookup
+    ngrams: bool | None = None
     gamma: int | None = None  # streams used for drafting (<= the adapter's)
     branch: int | None = None  # k: candidates per stream
     tree_budget: int | None = None  # max nodes per tree (root included)
@@ -150,8 +153,11 @@ class _Draft:
     scores: list[list[float]]  # their log-probabilities
     draws: list[list[int]]  # sampling: the i.i.d. draws per level, in order
     q: list[np.ndarray]  # sampling: the stream distributions
-    chain: list[int] = field(default_factory=list)  # prompt-lookup continuation (deterministic)
+    # Deterministic continuation: the adapter's n-gram drafts (the first ``from_ngrams``), then
+    # prompt lookup's after them
+    chain: list[int] = field(default_factory=list)
     chain_scores: list[float] = field(default_factory=list)  # their log-probabilities
+    from_ngrams: int = 0
 
 
 class Decoder:
@@ -219,7 +225,8 @@ class Decoder:
             policy = "deferred" if self.deferred else "tree"
             self.node_cost = costs[policy] if opts.mode == "ss" else 0.0
         self.lookup = opts.mode == "lookup" or (opts.mode == "ss" and opts.lookup is not False)
-        self.lookup_score = LookupScore()
+        self.lookup_score, self.ngram_score = LookupScore(), LookupScore()
+        self.ngrams = runner.ngrams if self.lookup and opts.ngrams is not False else None
         # Deferred streams cost a pass of their own: tokens per unit of cost of the steps drafted
         # with them, against which a prompt-lookup chain alone is weighed (_draft). Prior: two
         # tokens a pass from a three-node tree.
@@ -256,13 +263,26 @@ class Decoder:
         unit of cost (``tree.best_rate``) are at least those of the steps drafted with streams so
         far (``stream_rate``, the stream pass counted) is the whole draft: the stream pass is
         skipped."""
-        chain, n = lookup_match(self.history, num_draft=self.budget - 1) if self.lookup else ([], 0)
-        scores = [self.lookup_score.logp(n)] * len(chain)
+        chain, scores, k = self._chain()
         draft = _Draft([], [], [], [])
         if self.opts.mode == "ss" and not self._chain_alone_pays(scores):
             draft = yield from self._stream_draft(node)
-        draft.chain, draft.chain_scores = chain, scores
+        draft.chain, draft.chain_scores, draft.from_ngrams = chain, scores, k
         return draft
+
+    def _chain(self) -> tuple[list[int], list[float], int]:
+        """The deterministic chain after the history (up to ``budget - 1`` tokens), its
+        log-probabilities and how many of its tokens lead it from the adapter's n-grams: those
+        drafts, then prompt lookup's continuation of them."""
+        room, chain, scores = self.budget - 1, [], []
+        if self.ngrams is not None:
+            chain, shares = self.ngrams.walk(self.history, room)
+            scores = [self.ngram_score.logp(p) for p in shares]
+        k = len(chain)
+        if self.lookup and len(chain) < room:
+            more, n = lookup_match(self.history + chain, num_draft=room - len(chain))
+            chain, scores = chain + more, scores + [self.lookup_score.logp(match_prior(n))] * len(more)
+        return chain, scores, k
 
     def _chain_alone_pays(self, chain_scores: list[float]) -> bool:
         """Whether a lookup chain with these log-probabilities, as the whole draft, advances at
@@ -350,7 +370,7 @@ class Decoder:
                 self.stream_rate.update(len(path), cost)
             accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:
-                self._learn_lookup(draft.chain, kept, accepted)
+                self._learn_lookup(draft, kept, accepted)
             rejected = ([lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels
                         else draft.chain[len(path) - 1:])
             runner.commit(path)
@@ -362,9 +382,10 @@ class Decoder:
             stats.decode_time += time.perf_counter() - t_step
             yield step
 
-    def _learn_lookup(self, chain: list[int], tree: Tree, accepted: list[int]) -> None:
-        """Count the lookup tokens this pass verified (its chain's nodes in the tree) and the ones
-        it accepted."""
+    def _learn_lookup(self, draft: _Draft, tree: Tree, accepted: list[int]) -> None:
+        """Count the chain tokens this pass verified (its nodes in the tree) and the ones it
+        accepted, for each source: the n-gram part, then the lookup part where the pass reached it."""
+        chain, k = draft.chain, draft.from_ngrams
         v, proposed = 0, 0
         for t in chain:
             kids = tree.children(v)
@@ -374,7 +395,11 @@ class Decoder:
             v, proposed = int(match[0]), proposed + 1
         hits = next((i for i, (a, c) in enumerate(zip(accepted, chain)) if a != c), min(len(accepted),
                                                                                       len(chain)))
-        self.lookup_score.update(proposed, min(hits, proposed))
+        hits = min(hits, proposed)
+        if k:
+            self.ngram_score.update(min(proposed, k), min(hits, k))
+        if proposed > k and hits >= k:
+            self.lookup_score.update(proposed - k, hits - k)
 
     def _greedy_ar_steps(self, root: int, emitted: int) -> Iterator[Step]:
         """Plain greedy decoding, pipelined as in mlx-lm's ``generate_step``: each pass is queued

@@ -1,7 +1,8 @@
 """Prompt-lookup drafts (Saxena, 2023): the tokens that followed the latest earlier occurrence
 of the sequence's last n-gram. Alone, a model-free baseline (``mode="lookup"``); beside the
 streams, a chain of deterministic candidates merged into the draft tree (hybrid drafts), scored
-by how long the match is and how often lookup has been right in this generation."""
+by how long the match is and how often lookup has been right in this generation. The adapter's
+n-gram drafts (:mod:`mlx_specstream.ngrams`) lead the same chain where it has them."""
 
 from __future__ import annotations
 
@@ -30,16 +31,21 @@ PRIOR = (0.25, 0.45, 0.6)
 PRIOR_WEIGHT = 2.0
 
 
+def match_prior(n: int) -> float:
+    """The prior of a lookup token after a match of ``n`` tokens."""
+    return PRIOR[min(n, len(PRIOR)) - 1]
+
+
 @dataclass
 class LookupScore:
-    """Per-token log-probability of lookup drafts: the prior of the match length, updated by the
-    tokens lookup proposed and got right so far in this generation (a Beta posterior mean)."""
+    """Per-token log-probability of one source's deterministic drafts (prompt lookup, or the
+    adapter's n-grams): a token's prior (:func:`match_prior`, or its n-gram share) updated by the
+    tokens this source proposed and got right so far in this generation (a Beta posterior mean)."""
 
     hits: int = 0
     tries: int = 0
 
-    def logp(self, n: int) -> float:
-        prior = PRIOR[min(n, len(PRIOR)) - 1]
+    def logp(self, prior: float) -> float:
         return math.log((self.hits + PRIOR_WEIGHT * prior) / (self.tries + PRIOR_WEIGHT))
 
     def update(self, proposed: int, accepted: int) -> None:

@@ -27,7 +27,7 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "model": ("config.json", ("config.json", "*.safetensors", "model.safetensors.index.json",
                               *TOKENIZER_FILES)),
     "adapter": ("adapter_config.json", ("adapter_config.json", "adapter.safetensors",
-                                        "training_report.json")),
+                                        "training_report.json", "ngrams.npz")),
     "training run": (None, ("checkpoints", "distilled")),
     "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors",
                                   "best.safetensors")),

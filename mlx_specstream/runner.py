@@ -20,6 +20,7 @@ import numpy as np
 
 from .adapter import AdapterConfig
 from .kv_cache import make_cache
+from .ngrams import NgramTable
 from .streams import ForwardOut, forward, forward_batch, stream_pass, stream_pass_batch
 from .tree import Tree, chain
 
@@ -28,6 +29,7 @@ class Runner:
     """The forward passes of one generation (one at a time) over one KV cache of length ``n``."""
 
     adapter_config: AdapterConfig | None = None  # streams, mode, default branch / budget / pruning
+    ngrams: NgramTable | None = None  # the adapter's n-gram drafts (ngrams.py), if it has them
     limit: int | None = None  # tokens the context holds, prompt and generated together
     tree_size: int | None = None  # nodes every pass runs (padded), which bounds the tree budget
     max_depth: int | None = None  # deepest draft node whose accepted path the runner can commit
@@ -82,6 +84,7 @@ class MLXRunner(Runner):
     def __init__(self, model):
         self.model = model
         self.adapter_config = getattr(model, "adapter_config", None)
+        self.ngrams = getattr(model, "adapter_ngrams", None)
         self.limit = getattr(model, "max_positions", None)
 
     def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:

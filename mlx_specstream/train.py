@@ -78,9 +78,10 @@ from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
-from .errors import USER_ERRORS
+from .errors import USER_ERRORS, AdapterError
 from .kernels import host_math
 from .lora import LoRALinear
+from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import check_replaceable, write_text_atomic
 from .process_group import DistributedGroup, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
@@ -956,12 +957,36 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     }
     model.eval()
     if out_dir is not None and main_proc:
+        if mode != "lora":  # drafts from the data beside the streams' (the lookup chain's lead)
+            model.adapter_ngrams = ngram_table(train_ds)
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,
                                                          "over": tc.over, "init": tc.init}})
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report
+
+
+def ngram_table(dataset: Dataset) -> NgramTable:
+    """The n-gram drafts of a training set's completions (:mod:`~mlx_specstream.ngrams`)."""
+    return NgramTable.build((e.tokens, e.n_prompt) for e in dataset.examples)
+
+
+def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,
+                 chat_template: bool = False) -> tuple[Path, int]:
+    """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
+    adapters it trains): ``ADAPTER/ngrams.npz``, replaced atomically. Returns its path and its
+    number of contexts."""
+    from .tokenizer import load_tokenizer
+
+    path = resolve_adapter(model_path, adapter)
+    if read_config(path).mode == "lora":
+        raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
+    tokenizer = load_tokenizer(Path(model_path))
+    train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template)
+    table = ngram_table(train_ds)
+    table.save(path / NGRAMS_FILE)
+    return path / NGRAMS_FILE, len(table.next)
 
 
 # -- peak memory against sequence length and gamma --------------------------------------------

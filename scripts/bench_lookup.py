@@ -1,9 +1,15 @@
-"""Hybrid drafts ablation: mean accepted tokens per pass of greedy decoding with the streams only,
-prompt lookup only, and both merged into one tree (the default), per shipped adapter, on the
-project's held-out test prompts. Tokens per pass are a property of the drafts, not of the
-machine's speed; every output is checked against plain autoregressive decoding.
+"""Hybrid drafts ablation: greedy decoding of the project's held-out test prompts with each draft
+source alone and together, per shipped adapter, timed by the benchmark's harness (every method
+R times per prompt, interleaved with plain AR, the fastest run counting; speed-up against AR with
+its 95% bootstrap interval over prompts; AR is the base model's, as in ``bench``), with the mean
+accepted tokens per pass and a check that every lossless output equals AR's. Run it alone: a
+second busy process changes the ratios.
 
-    .venv/bin/python scripts/bench_lookup.py [--n 40] [--max-tokens 96] [--out results/lookup.json]
+Sources: the adapter's streams, prompt lookup, and the n-gram drafts of the adapter's data
+(``ngrams.npz``), which lead the lookup chain. "lookup + n-grams" is the chain alone (no stream
+draft at all).
+
+    .venv/bin/python scripts/bench_lookup.py [--n 30] [--max-tokens 96] [--repeats 3] [--out FILE]
 """
 
 from __future__ import annotations
@@ -19,45 +25,53 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 # isort: split
 
-from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
+from mlx_specstream.bench import Method, our_decoder, speedup, time_methods  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 
 ADAPTERS = {"sql-lossless": "sql", "sql": "sql", "code": "code"}
-VARIANTS = {"streams only": {"lookup": False}, "lookup only": {"mode": "lookup"},
-            "streams + lookup": {"lookup": True}}
+VARIANTS = {"streams only": dict(lookup=False), "lookup only": dict(mode="lookup", ngrams=False),
+            "lookup + n-grams": dict(mode="lookup"), "streams + lookup": dict(ngrams=False),
+            "streams + lookup + n-grams (default)": dict()}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--n", type=int, default=40)
+    ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=96)
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    root = Path(__file__).resolve().parent.parent
     rows = []
+    base = load(DEFAULT_MODEL)[0]
     for adapter, task in ADAPTERS.items():
         model, tok = load(DEFAULT_MODEL, adapter=adapter)
-        prompts = [json.loads(line)["prompt"] for line in
-                   Path(f"data/{task}/test.jsonl").read_text().splitlines()[: args.n]]
-        refs = [generate(model, tok, p, max_tokens=args.max_tokens, mode="ar").tokens for p in prompts]
-        for name, opts in VARIANTS.items():
-            advanced = passes = 0
-            same = True
-            for p, ref in zip(prompts, refs):
-                out = generate(model, tok, p, max_tokens=args.max_tokens, **opts)
-                same &= out.tokens == ref
-                advanced += sum(k * n for k, n in out.stats.accepted_lengths.items())
-                passes += sum(out.stats.accepted_lengths.values())
-            lossless = model.adapter_config.mode == "lossless" or opts.get("mode") == "lookup"
-            rows.append({"adapter": adapter, "task": task, "drafts": name,
-                         "mean_accepted_tokens": round(advanced / passes, 3),
-                         "identical_to_ar": bool(same) if lossless else None})
-            print(rows[-1], flush=True)
-    meta = run_meta(model=recorded_path(DEFAULT_MODEL), n_prompts=args.n, max_tokens=args.max_tokens)
-    lines = ["| adapter | task | streams only | lookup only | streams + lookup |", "|---|---|---:|---:|---:|"]
-    for adapter, task in ADAPTERS.items():
-        got = {r["drafts"]: r["mean_accepted_tokens"] for r in rows if r["adapter"] == adapter}
-        lines.append(f"| {adapter} | {task} | " + " | ".join(str(got[v]) for v in VARIANTS) + " |")
-    print("\n".join(lines))
+        prompts = [tok.encode(json.loads(line)["prompt"]) for line in
+                   (root / "data" / task / "test.jsonl").read_text().splitlines()[: args.n]]
+        ar = Method("ar", our_decoder(base, tok, mode="ar"), plain_ar=True)
+        methods = [ar] + [Method(name, our_decoder(model, tok, **opts)) for name, opts in VARIANTS.items()]
+        time_methods(methods, prompts, args.max_tokens, args.repeats, desc=adapter)
+        lossless = model.adapter_config.mode == "lossless"
+        for m in methods[1:]:
+            lengths = [r["stats"].accepted_lengths for r in m.records]  # as scripts/eval_ss.py counts
+            tokens = sum(k * c for a in lengths for k, c in a.items())
+            passes = sum(c for a in lengths for c in a.values())
+            same = all(r["tokens"] == a["tokens"] for r, a in zip(m.records, ar.records))
+            s, lo, hi = speedup(m, ar)
+            rows.append({"adapter": adapter, "task": task, "drafts": m.name,
+                         "tokens_per_pass": round(tokens / passes, 3),
+                         "speedup_vs_ar": round(s, 3), "speedup_ci95": [round(lo, 3), round(hi, 3)],
+                         "ar_tokens_per_s": round(sum(len(r["tokens"]) for r in ar.records)
+                                                  / sum(r["time"] for r in ar.records), 1),
+                         "identical_to_ar": same if lossless else None})
+            print(json.dumps(rows[-1]), flush=True)
+    meta = run_meta(model=recorded_path(DEFAULT_MODEL), n_prompts=args.n, max_tokens=args.max_tokens,
+                    repeats=args.repeats)
+    table = [{**r, "speedup_vs_ar": f"{r['speedup_vs_ar']} ({r['speedup_ci95'][0]}–{r['speedup_ci95'][1]})"}
+             for r in rows]
+    print(markdown_table({"adapter": "adapter", "drafts": "drafts", "tokens_per_pass": "tokens / pass",
+                          "speedup_vs_ar": "× AR (95% interval)", "identical_to_ar": "= AR"}, table))
     if args.out:
         write_results_file(args.out, meta, rows)
 

@@ -7,8 +7,8 @@ autoregressive decoding of the same model (a lossless adapter must), or with ``-
 the model with another adapter (a tuned adapter's fine-tune, whose output it must reproduce).
 
     .venv/bin/python scripts/eval_ss.py MODEL_DIR ADAPTER [--task sql|code] [--split test|valid] [--n 200]
-        [--max-tokens 96] [--no-lookup] [--node-cost C] [--streams auto|tree|deferred] [--sql-names]
-        [--check-ar [--ar-adapter NAME]] [--out FILE]
+        [--max-tokens 96] [--no-lookup] [--no-ngrams] [--node-cost C] [--streams auto|tree|deferred]
+        [--sql-names] [--check-ar [--ar-adapter NAME]] [--out FILE]
 
 Used to compare base models (an adapter trained by the same command on each,
 results/default_model/cpu_continued_training.json) and adapters of one base (docs/training.md);
@@ -48,6 +48,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=200, help="the first N prompts of the split")
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
+    ap.add_argument("--no-ngrams", action="store_true", help="hybrid drafts without the adapter's n-grams")
     ap.add_argument("--node-cost", type=float, default=None,
                     help="tree sizing (default: this machine's; 0: the whole tree budget, as on Metal)")
     ap.add_argument("--streams", choices=("auto", "tree", "deferred"), default="auto",
@@ -71,7 +72,8 @@ def main() -> None:
     bar = tqdm(rows, desc=f"{args.adapter} {args.task} {args.split}", unit="prompt")
     for r in bar:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
-                       node_cost=args.node_cost, mode=mode, streams=args.streams, sql_names=args.sql_names)
+                       ngrams=not args.no_ngrams, node_cost=args.node_cost, mode=mode, streams=args.streams,
+                       sql_names=args.sql_names)
         right = same(res.text) == same(r["completion"])
         exact += right
         per_prompt.append({"exact": right, "output": res.text})
@@ -84,6 +86,7 @@ def main() -> None:
         bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / max(passes, 1):.2f}")
     out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
            "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
+           "ngrams": not args.no_ngrams and getattr(model, "adapter_ngrams", None) is not None,
            "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
            "sql_names": args.sql_names, "exact_match": round(exact / len(rows), 4),
            "tokens_per_pass": round(tokens / passes, 4)}

@@ -16,6 +16,7 @@ import mlx_specstream.verify as verify
 from mlx_specstream.adapter import new_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.constraint import TokenConstraint
+from mlx_specstream.ngrams import NgramTable
 
 V, N_TOKENS, N_SAMPLES, PROMPT = 5, 3, 2500, [1, 3]
 
@@ -105,6 +106,19 @@ def test_ss_sampling_matches_exact_distribution(model, exact):
     """Hybrid drafts (the default): stream draws and prompt-lookup chains (a 5-token vocabulary
     repeats, so lookup proposes nearly every pass)."""
     counts = sample_counts(model, branch=2, tree_budget=16)
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def test_ss_sampling_with_ngram_drafts_matches_exact_distribution(model, exact):
+    """The adapter's n-gram drafts lead the chain (a table of a random text, which proposes at
+    every pass): deterministic drafts of another source, the same exact distribution."""
+    rng = np.random.default_rng(1)
+    model.adapter_ngrams = NgramTable.build([(rng.integers(0, V, 300).tolist(), 0)], min_count=1,
+                                            min_prob=0.0)
+    try:
+        counts = sample_counts(model, branch=2, tree_budget=16)
+    finally:
+        model.adapter_ngrams = None
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
 

@@ -821,6 +821,18 @@ def test_cli_train_saves_named_adapter(tmp_path):
 
     model, _ = load(model_dir, adapter="arith")
     assert model.adapter_config.gamma == 3 and model.adapter_config.name == "arith"
+    # and the n-gram drafts of the data it learnt from: lossless mode's default self-distillation
+    # replaced the completions of the examples the run visits by the base's own continuations
+    from mlx_specstream.ngrams import NgramTable
+
+    rows = [json.loads(line) for line in (tmp_path / "data" / "train.jsonl").read_text().splitlines()]
+    lines = (model_dir / "adapters" / "arith.train" / "distilled" / "train.jsonl").read_text().splitlines()
+    for d in map(json.loads, lines[1:]):  # after the header line
+        rows[d["i"]]["completion"] = d["completion"]
+    table = NgramTable.build((r["prompt"] + r["completion"], len(r["prompt"])) for r in rows)
+    got = model.adapter_ngrams.next  # shares are stored as float32
+    assert got and got.keys() == table.next.keys()
+    assert all(got[c][0] == t and abs(got[c][1] - p) < 1e-6 for c, (t, p) in table.next.items())
     r = cli("--model", str(model_dir), "--out", "arith", *args)
     assert r.returncode == 1 and "already exists" in r.stderr
     bad = tmp_path / "bad"
