@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..ngrams import NGRAMS_FILE
 from ..outputs import TOKENIZER_FILES, check_replaceable
 
 FORMAT_VERSION = "1"
@@ -432,6 +433,8 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
                 if (Path(model_path) / name).is_file():
                     shutil.copy2(Path(model_path) / name, tok_tmp / name)
             (tok_tmp / "specstream.json").write_text(json.dumps(meta, indent=2))
+            if getattr(model, "adapter_ngrams", None) is not None:  # the adapter's n-gram drafts
+                model.adapter_ngrams.save(tok_tmp / NGRAMS_FILE)
         say("checking the saved package")
         from .mil_eval import Package
 

@@ -27,6 +27,7 @@ import numpy as np
 from .adapter import AdapterConfig
 from .api import StreamResponse, _responses, sql_constraint
 from .engine import DecodeOptions, Decoder, Stats
+from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
 from .tree import Tree, ancestors, chain, reorder
 
@@ -257,8 +258,8 @@ class PackageResult:
 
 
 def load_package(path: str | Path, backend: str = "auto", compute_units: str = "cpu_and_gpu"):
-    """``(runner, tokenizer)`` for a package; the tokenizer (None if absent) comes from the
-    ``NAME.tokenizer`` directory written beside it."""
+    """``(runner, tokenizer)`` for a package; the tokenizer (None if absent) and the adapter's
+    n-gram drafts come from the ``NAME.tokenizer`` directory written beside it."""
     from .tokenizer import load_tokenizer
 
     runner = PackageRunner(path, backend, compute_units)
@@ -267,6 +268,8 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
         tok_dir = Path(path).parent / runner.info.tokenizer
         if tok_dir.is_dir():
             tok = load_tokenizer(tok_dir)
+        if (tok_dir / NGRAMS_FILE).is_file():  # the exported adapter's n-gram drafts
+            runner.ngrams = NgramTable.load(tok_dir / NGRAMS_FILE)
     return runner, tok
 
 

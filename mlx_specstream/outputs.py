@@ -32,7 +32,7 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors",
                                   "best.safetensors")),
     "Core ML package": ("Manifest.json", ("Manifest.json", "Data")),
-    "Core ML tokenizer": ("specstream.json", ("specstream.json", *TOKENIZER_FILES)),
+    "Core ML tokenizer": ("specstream.json", ("specstream.json", "ngrams.npz", *TOKENIZER_FILES)),
 }
 
 

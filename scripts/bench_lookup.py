@@ -70,10 +70,10 @@ def main() -> None:
                     repeats=args.repeats)
     table = [{**r, "speedup_vs_ar": f"{r['speedup_vs_ar']} ({r['speedup_ci95'][0]}–{r['speedup_ci95'][1]})"}
              for r in rows]
-    print(markdown_table({"adapter": "adapter", "drafts": "drafts", "tokens_per_pass": "tokens / pass",
-                          "speedup_vs_ar": "× AR (95% interval)", "identical_to_ar": "= AR"}, table))
     if args.out:
         write_results_file(args.out, meta, rows)
+    print(markdown_table({"adapter": "adapter", "drafts": "drafts", "tokens / pass": "tokens_per_pass",
+                          "× AR (95% interval)": "speedup_vs_ar", "= AR": "identical_to_ar"}, table))
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ from test_coreml_common import fp16_kv, record_engine, replay, write_tokenizer
 from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.loader import atomic_dir, save_model
+from mlx_specstream.ngrams import NGRAMS_FILE, NgramTable
 from mlx_specstream.runner import MLXRunner
 from mlx_specstream.tree import chain
 
@@ -38,6 +39,7 @@ from mlx_specstream.coreml_driver import (  # noqa: E402
     PackageRunner,
     commit_inputs,
     generate_package,
+    load_package,
     tree_inputs,
 )
 from mlx_specstream.tokenizer import load_tokenizer  # noqa: E402
@@ -194,6 +196,30 @@ def test_greedy_and_sampled_tokens_equal_engine(packages, model_dir):
     assert longest >= 2, "no draft was ever accepted: the comparison would not exercise commits"
 
 
+def test_ngram_drafts_reach_the_package(packages, model_dir):
+    """The adapter's n-gram drafts, read by ``load_package`` from beside the package, draft through
+    the shared loop as they do for the MLX model: the same tokens and passes, fewer passes than
+    without them."""
+    model = load_for_export(model_dir, "shared", precision="float32")
+    tok = _tok(model_dir)
+    prompt = PROMPTS[0]
+    with fp16_kv():
+        ar = generate(model, tok, prompt, max_tokens=40, mode="ar").tokens
+    table = NgramTable.build([(prompt + ar, len(prompt))], min_count=1)
+    path = tokenizer_dir(packages["f32"].package) / NGRAMS_FILE
+    table.save(path)
+    try:
+        runner, _ = load_package(packages["f32"].package, backend="reference")
+    finally:
+        path.unlink()
+    assert runner.ngrams.next.keys() == table.next.keys()
+    model.adapter_ngrams = runner.ngrams
+    got, _ = _check_tokens(model, runner, tok, prompt)
+    without = generate_package(PackageRunner(packages["f32"].package, backend="reference"), tok, prompt,
+                               max_tokens=40)
+    assert got.tokens == without.tokens and got.stats.calls < without.stats.calls
+
+
 def test_lookup_drafts_run_on_the_package(packages, model_dir):
     """Prompt-lookup chains reach the package through the shared loop: the lookup baseline equals
     plain decoding's tokens in fewer passes, up to the package's context (a step writes
@@ -309,11 +335,17 @@ def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
 # -- the command line ---------------------------------------------------------------------------
 def test_cli_convert_and_generate(model_dir, tmp_path):
     out = tmp_path / "app" / "tiny.mlpackage"
-    res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--adapter", "lossless",
-              "--out", str(out), "--context", "64", "--tree-size", "12", "--chunk", "8")
+    table = NgramTable.build([([3, 9, 0, 5, 3, 9, 0, 5], 1)], min_count=1)
+    table.save(model_dir / "adapters" / "lossless" / NGRAMS_FILE)  # the adapter's n-gram drafts
+    try:
+        res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--adapter", "lossless",
+                  "--out", str(out), "--context", "64", "--tree-size", "12", "--chunk", "8")
+    finally:
+        (model_dir / "adapters" / "lossless" / NGRAMS_FILE).unlink()
     assert res.returncode == 0, res.stderr
     assert "wrote" in res.stdout and "[coreml] converting step" in res.stderr
     assert sorted(os.listdir(out.parent)) == ["tiny.mlpackage", "tiny.tokenizer"]
+    assert load_package(out, backend="reference")[0].ngrams.next.keys() == table.next.keys()
     meta = Package(out).metadata
     assert meta["specstream.precision"] == "float16" and meta["specstream.tree_size"] == "12"
     assert meta["specstream.mode"] == "lossless"
