@@ -387,14 +387,16 @@ def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = 
 def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int], group=None
                ) -> tuple[float, list[float]]:
     """Mean accepted tokens per forward pass of greedy Speculative Streaming on ``prompts``,
-    through the engine's own decode loop (the number a user of the adapter will see), and each
-    prompt's own. The prompts are shared out between the processes of ``group``."""
+    through the engine's own decode loop, and each prompt's own. The drafts are the streams' and
+    prompt lookup's, without the n-gram table (written at the end, the same for every step): the
+    number judges the streams. The prompts are shared out between the processes of ``group``."""
     from .engine import DecodeOptions, Decoder
 
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
     table = np.zeros((len(prompts), 3))  # advanced, passes, mean: one process per row
     for i in range(rank, len(prompts), size):
-        decoder = Decoder(model, prompts[i], DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos))
+        decoder = Decoder(model, prompts[i], DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos,
+                                                                 ngrams=False))
         for _ in decoder.steps():
             pass
         lengths = decoder.stats.accepted_lengths
