@@ -18,13 +18,14 @@ adapter trained before), loaded with it.
 
 from __future__ import annotations
 
-import os
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from .outputs import write_atomic
 
 NGRAMS_FILE = "ngrams.npz"
 
@@ -76,15 +77,9 @@ class NgramTable:
         for i, c in enumerate(self.next):
             ctx[i, self.max_n - len(c):] = c
         values = list(self.next.values())
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        try:
-            with open(tmp, "wb") as f:
-                np.savez_compressed(f, contexts=ctx, tokens=np.array([v[0] for v in values], np.int32),
-                                    shares=np.array([v[1] for v in values], np.float32))
-            os.replace(tmp, path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        write_atomic(path, lambda f: np.savez_compressed(
+            f, contexts=ctx, tokens=np.array([v[0] for v in values], np.int32),
+            shares=np.array([v[1] for v in values], np.float32)))
 
     @classmethod
     def load(cls, path: str | Path) -> NgramTable:

@@ -15,7 +15,9 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 # Files a model directory's tokenizer may consist of (copied along by import and export).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
@@ -115,12 +117,22 @@ def run_meta(command: str | None = None, **extra) -> dict:
             "blas": blas_label(), **extra}
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write ``text`` whole: a temporary file beside ``path``, then a rename, so an interrupted
-    write leaves the previous file as it was."""
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` whole: ``write`` fills a temporary file beside it, then a rename, so an
+    interrupted or failed write leaves the previous file as it was (and no temporary file)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` (UTF-8) whole, as :func:`write_atomic` does."""
+    write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
 def write_results_file(path: Path, meta: dict, results: list) -> None:
