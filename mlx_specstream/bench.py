@@ -373,7 +373,8 @@ def markdown_table(meta: dict, results: list[dict]) -> str:
     if any("edit_similarity" in r for r in results):
         keys.append("edit_similarity")
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
-    lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, "
+    device = "" if meta.get("device", "cpu") == "cpu" else f"{meta['device']}, "
+    lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, {device}MLX {meta['mlx']}, "
              f"BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load before/after: "
              f"{meta.get('load_average_1m')}), {meta['prompts']} prompts, "
              f"max {meta['max_tokens']} tokens, best of {meta['repeats']} runs per prompt; "

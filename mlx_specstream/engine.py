@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
+from .device import on_gpu
 from .errors import OptionError
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
@@ -68,7 +69,7 @@ CPU_STREAM_PASS_COST = 1.0
 
 def default_node_costs() -> dict[str, float]:
     """The node cost used when none is given, by streams policy, on this machine."""
-    return {k: 0.0 if mx.metal.is_available() else v for k, v in CPU_NODE_COST.items()}
+    return {k: 0.0 if on_gpu() else v for k, v in CPU_NODE_COST.items()}
 
 
 @dataclass
@@ -217,7 +218,7 @@ class Decoder:
         if opts.streams not in ("auto", *costs):
             raise OptionError(f"{{streams}} must be auto or {' or '.join(costs)} here, not '{opts.streams}'")
         self.deferred = opts.mode == "ss" and not self.shared and "deferred" in costs and (
-            opts.streams == "deferred" or (opts.streams == "auto" and not mx.metal.is_available()))
+            opts.streams == "deferred" or (opts.streams == "auto" and not on_gpu()))
         if opts.node_cost is not None and opts.node_cost < 0:
             raise OptionError(f"{{node_cost}} must be >= 0, not {opts.node_cost}")
         self.node_cost = opts.node_cost

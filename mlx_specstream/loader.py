@@ -18,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arch import CausalLM, build_model
+from .device import on_gpu
 from .outputs import check_replaceable
 
 
@@ -128,7 +129,7 @@ def load_model(path: str | Path, dtype: str | None = None,
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
                     class_predicate=lambda p, m: q[p] if p in q else (
                         hasattr(m, "to_quantized") and f"{p}.scales" in weights))
-    if dtype is None and not mx.metal.is_available() and any(
+    if dtype is None and not on_gpu() and any(
             w.dtype in (mx.float16, mx.bfloat16) for w in weights.values()):
         dtype = "float32"  # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path
     apply_weights(model, weights, DTYPES[dtype] if dtype else None)

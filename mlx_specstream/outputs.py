@@ -99,8 +99,8 @@ def recorded_path(path: str | Path) -> str:
 
 def run_meta(command: str | None = None, **extra) -> dict:
     """The ``meta`` every results file starts with: the command as typed (``command`` overrides
-    it), the UTC date and time, the machine, and the versions and BLAS that were timed; ``extra``
-    adds what the run was (model, task, settings)."""
+    it), the UTC date and time, the machine, the device (CPU or which GPU), and the versions and
+    BLAS that were timed; ``extra`` adds what the run was (model, task, settings)."""
     import platform
     import sys
     from datetime import datetime, timezone
@@ -108,13 +108,14 @@ def run_meta(command: str | None = None, **extra) -> dict:
     import mlx.core as mx
 
     from .blas import blas_label
+    from .device import device_label
 
     argv = [Path(sys.argv[0]).as_posix(), *sys.argv[1:]]
     return {"command": command or " ".join(argv),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "mlx": mx.__version__,
-            "blas": blas_label(), **extra}
+            "blas": blas_label(), "device": device_label(), **extra}
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

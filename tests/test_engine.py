@@ -9,6 +9,7 @@ from helpers import tiny_model
 
 from mlx_specstream.adapter import detach, new_adapter
 from mlx_specstream.api import generate
+from mlx_specstream.device import on_gpu
 from mlx_specstream.engine import DecodeOptions, Decoder
 from mlx_specstream.kv_cache import make_cache
 
@@ -68,7 +69,7 @@ def test_default_node_cost_is_the_machines():
     new_adapter(model, gamma=2, msa_layers=2)
     for streams in ("tree", "deferred"):
         d = Decoder(model, [1, 2], DecodeOptions(streams=streams))
-        assert d.node_cost == (0.0 if mx.metal.is_available() else CPU_NODE_COST[streams])
+        assert d.node_cost == (0.0 if on_gpu() else CPU_NODE_COST[streams])
     assert Decoder(model, [1, 2], DecodeOptions(node_cost=0.25)).node_cost == 0.25
     assert Decoder(model, [1, 2], DecodeOptions(mode="ar")).node_cost == 0.0
 

@@ -443,3 +443,32 @@ def test_shipped_adapter_follows_its_base_through_a_transformers_resave(tmp_path
     other = convert_ok(tmp_path / "resaved", tmp_path / "mlx-other")
     base, _ = load(dest)
     assert fingerprint(load(other)[0]) != fingerprint(base)
+
+
+@pytest.mark.parametrize("theta", [10000.0, 500000.0])
+@pytest.mark.parametrize("scaling", [
+    None,
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 8192},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+])
+def test_rotary_frequencies_match_transformers(theta, scaling):
+    """The rotary frequencies are computed on the host in float32 (NumPy), as transformers computes
+    them (to within one float32 rounding of ``pow``): the same bits whichever device MLX runs on, so
+    an adapter's fingerprint, which includes them, made on a CPU matches its base on a GPU (MLX's
+    CUDA ``pow`` differs in the last bit; docs/gpu.md)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from mlx_specstream.arch.base import make_rope
+
+    rope = {"rope_theta": theta, "rope_type": "default"} | (scaling or {})
+    cfg = transformers.LlamaConfig(hidden_size=1024, num_attention_heads=8, max_position_embeddings=131072,
+                                   rope_parameters=rope)
+    default = transformers.models.llama.modeling_llama.LlamaRotaryEmbedding.compute_default_rope_parameters
+    init = ROPE_INIT_FUNCTIONS[rope["rope_type"]] if scaling else default
+    inv, factor = init(cfg, device="cpu")
+    ours = make_rope({"rope_parameters": rope, "max_position_embeddings": 131072}, 128)
+    assert np.array(ours.inv_freq).dtype == np.float32
+    np.testing.assert_allclose(np.array(ours.inv_freq), inv.numpy(), rtol=5e-7, atol=0)
+    assert ours.attention_factor == pytest.approx(factor)

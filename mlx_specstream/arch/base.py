@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, fields
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from ..kernels import host_math
 from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, sdpa
@@ -87,21 +88,23 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
     partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
     dims = int(head_dim * partial)
     max_positions = cfg.get("max_position_embeddings", 4096)
-    inv = 1.0 / (base ** (mx.arange(0, dims, 2, dtype=mx.float32) / dims))
+    # On the host in float32 (as transformers does): the same bits on every device, so a model's
+    # fingerprint (adapter.architecture) does not depend on where it was built.
+    inv = (1.0 / (base ** (np.arange(0, dims, 2).astype(np.float32) / dims))).astype(np.float32)
     kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
-        return Rope(dims, inv)
+        return Rope(dims, mx.array(inv))
     if kind == "linear":
-        return Rope(dims, inv / float(scaling["factor"]))
+        return Rope(dims, mx.array(inv / np.float32(scaling["factor"])))
     if kind == "llama3":
         factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
         old = scaling["original_max_position_embeddings"]
         wavelen = 2 * math.pi / inv
         smooth = (old / wavelen - lo) / (hi - lo)
         mid = (1 - smooth) * inv / factor + smooth * inv
-        out = mx.where(wavelen > old / lo, inv / factor, inv)
+        out = np.where(wavelen > old / lo, inv / factor, inv)
         is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
-        return Rope(dims, mx.where(is_mid, mid, out))
+        return Rope(dims, mx.array(np.where(is_mid, mid, out).astype(np.float32)))
     if kind == "yarn":
         factor = scaling["factor"]
         old = scaling.get("original_max_position_embeddings", max_positions)
@@ -112,11 +115,12 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
 
         low = max(math.floor(corr(beta_fast)), 0)
         high = min(math.ceil(corr(beta_slow)), dims - 1)
-        ramp = mx.clip((mx.arange(dims // 2, dtype=mx.float32) - low) / max(high - low, 1e-3), 0, 1)
+        span = np.float32(max(high - low, 1e-3))
+        ramp = np.clip((np.arange(dims // 2, dtype=np.float32) - low) / span, 0, 1)
         extrapolation = 1 - ramp
         inv_y = (inv / factor) * (1 - extrapolation) + inv * extrapolation
         mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
-        return Rope(dims, inv_y, float(mscale))
+        return Rope(dims, mx.array(inv_y.astype(np.float32)), float(mscale))
     raise UnsupportedModelError(
         f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
     )
