@@ -15,6 +15,15 @@ def on_gpu() -> bool:
     return mx.default_device().type == mx.DeviceType.gpu
 
 
+def on_cuda() -> bool:
+    """True on an NVIDIA GPU (MLX's CUDA backend). There ``mx.fast.scaled_dot_product_attention``
+    of more than one query row goes through cuDNN, which builds an execution graph for each new
+    set of shapes (an LRU of exact query, key and mask shapes): a decode pass, whose key length
+    grows every pass, would build one every pass (tens of milliseconds; docs/gpu.md), so such
+    passes run their attention as plain matrix products there (``kernels.attention.sdpa``)."""
+    return on_gpu() and not mx.metal.is_available()
+
+
 def device_label() -> str:
     """What results files name as the device that computed: "cpu", or the GPU's name
     ("gpu: Apple M2 Max", "gpu: NVIDIA H100 80GB HBM3"; "gpu" when the name cannot be read)."""

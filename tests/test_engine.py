@@ -92,6 +92,23 @@ def test_lossless_greedy_other_architectures(arch):
     check_lossless(model, [4], n=100, branch=1)
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_lossless_with_the_attention_of_cuda(arch, monkeypatch):
+    """On CUDA decode passes run ``matmul_attention`` instead of cuDNN's (``device.on_cuda``),
+    taken here as on an NVIDIA GPU: greedy SS with a tree and streams on every node (the GPU
+    policy) still gives AR's tokens, and the path was used."""
+    from mlx_specstream.kernels import attention
+
+    used = []
+    monkeypatch.setattr(attention, "on_cuda", lambda: True)
+    monkeypatch.setattr(attention, "matmul_attention",
+                        lambda *a, f=attention.matmul_attention: used.append(a[0].shape[2]) or f(*a))
+    model = tiny_model(arch, seed=1, scale=2.0)
+    new_adapter(model, gamma=3, msa_layers=2, seed=4)
+    check_lossless(model, [4, 1, 6], n=120, branch=3, streams="tree", node_cost=0.0)
+    assert max(used) > 4
+
+
 @pytest.mark.parametrize("streams", ["tree", "deferred"])
 def test_long_prompt_prefilled_through_the_host_softmax_is_lossless(llama, streams):
     """A prompt longer than a decode-sized pass prefills through ``attention.sdpa``'s NumPy softmax

@@ -282,10 +282,16 @@ def test_sweep(dtype, dim, gqa, mode):
 
 @pytest.mark.parametrize("rows", [1, 4, 20, 40])
 @pytest.mark.parametrize("mask_kind", ["none", "2d-bool", "4d-bool", "2d-additive", "per-head"])
-def test_sdpa_with_folded_groups_equals_plain_sdpa(rows, mask_kind):
-    """Folding the query heads of a KV group into the rows changes nothing but the speed."""
+@pytest.mark.parametrize("cuda", [False, True])
+def test_sdpa_with_folded_groups_equals_plain_sdpa(rows, mask_kind, cuda, monkeypatch):
+    """Folding the query heads of a KV group into the rows changes nothing but the speed; nor does
+    the plain-matmul attention that decode passes run on CUDA (``matmul_attention``, taken here as
+    on an NVIDIA GPU: its fp32 arithmetic is the CPU's)."""
     from mlx_specstream.kernels.attention import sdpa
 
+    monkeypatch.setattr(A, "on_cuda", lambda: cuda)
+    used = []
+    monkeypatch.setattr(A, "matmul_attention", lambda *a, f=A.matmul_attention: used.append(1) or f(*a))
     rng = np.random.default_rng(rows)
     B, H, Hkv, S, D = 2, 6, 2, 37 + rows, 16
     q = mx.array(rng.normal(size=(B, H, rows, D)).astype(np.float32))
@@ -297,3 +303,4 @@ def test_sdpa_with_folded_groups_equals_plain_sdpa(rows, mask_kind):
             "per-head": mx.array(np.broadcast_to(see, (B, H, rows, S)))}[mask_kind]
     want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.25, mask=mask)
     np.testing.assert_allclose(np.array(sdpa(q, k, v, mask, 0.25)), np.array(want), atol=2e-6)
+    assert bool(used) == (cuda and rows > 1 and mask_kind != "per-head")

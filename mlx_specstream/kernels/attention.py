@@ -33,6 +33,7 @@ import numpy as np
 
 from .. import layout
 from .. import tree as tree_mod
+from ..device import on_cuda, on_gpu
 from . import host_math, metal_available, metal_kernel, read_metal
 from .emulator import to_mx
 
@@ -364,6 +365,7 @@ def resolve(backend: str | None) -> str:
 
 
 FOLD_MAX_ROWS = 32  # decode-sized passes; prefills and training passes run as they are
+CUDA_MATMUL_MAX_ROWS = 256  # on CUDA, passes up to this many rows (any tree with its streams) skip cuDNN
 
 
 def sdpa(q, k, v, mask, scale) -> mx.array:
@@ -377,22 +379,44 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     runs in NumPy (``host_math.attention``): MLX's CPU ``exp`` costs ~10x NumPy's, which made a 2,000-token
     prefill take seconds (docs/engine.md#long-contexts-decoding-as-the-context-grows-measured).
     Plain and speculative decoding prefill through the same call, so their caches stay equal;
-    decode-sized passes keep MLX's operations (no host round trip inside them). Inside
+    decode-sized passes keep MLX's operations (no host round trip inside them). On CUDA a pass of 2
+    to ``CUDA_MATMUL_MAX_ROWS`` rows runs ``matmul_attention`` (``device.on_cuda`` says why), and
+    no GPU folds (its kernels read K/V once per KV head already). Inside
     ``host_math.enabled()`` (a training step on a CPU) every softmax runs in NumPy."""
     B, H, T, D = q.shape
     if host_math.active():
         return host_math.attention(q, k, v, mask, scale)
     foldable = mask is None or mask.ndim == 2 or (mask.ndim == 4 and mask.shape[1] == 1)  # one per group
+    if 1 < T <= CUDA_MATMUL_MAX_ROWS and foldable and on_cuda():
+        return matmul_attention(q, k, v, mask, scale)
     if T > FOLD_MAX_ROWS and foldable:  # host_math.attention runs an additive mask in MLX itself
         with host_math.enabled():  # on a CPU, unless MLX_SPECSTREAM_HOST_MATH=0
             return host_math.attention(q, k, v, mask, scale)
     G = H // k.shape[1]
-    if G == 1 or T > FOLD_MAX_ROWS or not foldable:
+    if G == 1 or T > FOLD_MAX_ROWS or not foldable or on_gpu():  # GPUs' kernels share K/V already
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     if mask is not None:
         mask = mx.tile(mask, (G, 1) if mask.ndim == 2 else (1, 1, G, 1))
     o = mx.fast.scaled_dot_product_attention(q.reshape(B, k.shape[1], G * T, D), k, v, scale=scale, mask=mask)
     return o.reshape(B, H, T, D)
+
+
+def matmul_attention(q, k, v, mask, scale) -> mx.array:
+    """Softmax attention as plain MLX operations (scores, softmax in float32, values): the G query
+    heads of a key/value head as one product of G*T rows. q (B, H, T, D); k, v (B, Hkv, S, D);
+    mask None, (T, S) or (B|1, 1, T, S), boolean (True: visible) or additive. What a decode pass
+    runs on CUDA (``device.on_cuda``): the same function as ``mx.fast.scaled_dot_product_attention``
+    without a cuDNN graph built for each new key length."""
+    B, H, T, D = q.shape
+    hkv, S = k.shape[1], k.shape[2]
+    G = H // hkv
+    scores = ((q * scale).reshape(B, hkv, G * T, D) @ k.swapaxes(-1, -2)).reshape(B, hkv, G, T, S)
+    scores = scores.astype(mx.float32)
+    if mask is not None:
+        mask = (mask[None, None] if mask.ndim == 2 else mask)[:, :, None]  # (B|1, 1, 1, T, S)
+        scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask
+    p = mx.softmax(scores, axis=-1).astype(v.dtype)
+    return (p.reshape(B, hkv, G * T, S) @ v).reshape(B, H, T, D)
 
 
 def tree_attention(q, k, v, n_prefix: int, anc_bits, scale: float, backend: str = "auto",
