@@ -14,7 +14,7 @@
 # until its held-out validation loss stops going down (train_base.py --patience), saving a
 # checkpoint at every evaluation: an interrupted run loses at most --eval-every steps (RESUME=1).
 # It is the same command on a GPU (bf16, minutes to an hour) and on a CPU (days for the default
-# size on 2 cores; pass a smaller --hidden/--layers in TRAIN_ARGS there). docs/default-model.md
+# size on 2 cores; pass a smaller --hidden/--layers in TRAIN_ARGS there). docs/gpu.md
 # gives the route through the lent GPU machines, whose calls last at most 10 minutes. The code
 # data and the tokenizer depend on the Python version whose standard library is read
 # (data/manifest.json).
