@@ -99,8 +99,8 @@ def recorded_path(path: str | Path) -> str:
 
 def run_meta(command: str | None = None, **extra) -> dict:
     """The ``meta`` every results file starts with: the command as typed (``command`` overrides
-    it), the UTC date and time, the machine, the device (CPU or which GPU), and the versions and
-    BLAS that were timed; ``extra`` adds what the run was (model, task, settings)."""
+    it), the UTC date and time, the machine, the device (CPU or which GPU), the source commit, and
+    the versions and BLAS that were timed; ``extra`` adds what the run was (model, task, settings)."""
     import platform
     import sys
     from datetime import datetime, timezone
@@ -115,7 +115,27 @@ def run_meta(command: str | None = None, **extra) -> dict:
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "mlx": mx.__version__,
-            "blas": blas_label(), "device": device_label(), **extra}
+            "blas": blas_label(), "device": device_label(), "commit": source_commit(), **extra}
+
+
+def source_commit() -> str | None:
+    """The git commit of the mlx-specstream source that ran ("2b757c5", "+ changes" when tracked
+    files differ from it), or None outside a git checkout: the package version does not say
+    which code a results file measured."""
+    import subprocess
+
+    src = Path(__file__).resolve().parent
+    try:  # this file tracked by git, not merely inside some repository (a venv in a project)
+        if subprocess.run(["git", "ls-files", "--error-unmatch", Path(__file__).name], cwd=src,
+                          capture_output=True, timeout=10).returncode != 0:
+            return None
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=src, capture_output=True,
+                              text=True, timeout=10)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "."], cwd=src.parent,
+                               capture_output=True, timeout=10).returncode != 0
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head.stdout.strip() + (" + changes" if dirty else "")
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

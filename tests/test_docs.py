@@ -115,6 +115,13 @@ def test_results_meta_names_the_command_time_machine_and_versions(monkeypatch):
     assert meta["mlx"] == mx.__version__ and meta["blas"] == blas_label() and meta["cpus"] >= 1
     assert meta["reps"] == 3 and meta["model"] == "m" and meta["machine"]
     assert run_meta("specstream-mlx bench --quick")["command"] == "specstream-mlx bench --quick"
+    from mlx_specstream.device import on_gpu
+
+    assert meta["device"].startswith("gpu" if on_gpu() else "cpu")
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    if head.returncode == 0:  # a checkout: the commit whose code ran, marked when files differ from it
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], cwd=ROOT).returncode != 0
+        assert meta["commit"] == head.stdout.strip() + (" + changes" if dirty else "")
 
 
 def test_top_level_sources_are_linked_into_the_package_not_copied():
