@@ -19,8 +19,9 @@ def on_cuda() -> bool:
     """True on an NVIDIA GPU (MLX's CUDA backend). There ``mx.fast.scaled_dot_product_attention``
     of more than one query row goes through cuDNN, which builds an execution graph for each new
     set of shapes (an LRU of exact query, key and mask shapes): a decode pass, whose key length
-    grows every pass, would build one every pass (tens of milliseconds; docs/gpu.md), so such
-    passes run their attention as plain matrix products there (``kernels.attention.sdpa``)."""
+    grows every pass, would build one every pass (the likely cause of the slow passes measured on
+    an H100, docs/gpu.md), so such passes run their attention as plain matrix products there
+    (``kernels.attention.sdpa``)."""
     return on_gpu() and not mx.metal.is_available()
 
 
