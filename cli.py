@@ -76,7 +76,7 @@ def generate(
     node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
                                            "one-node pass; 0: always the whole budget (default on a "
                                            "CPU: 0.07 with deferred streams, 0.22 with streams on every "
-                                           "node, measured in docs/engine.md; 0 on Metal)"),
+                                           "node, measured in docs/engine.md; 0 on a GPU)"),
     lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
                                        help="ss: prompt-lookup candidates beside the streams' (default on)"),
     sql_names: bool = typer.Option(False, "--sql-names",

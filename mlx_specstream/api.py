@@ -164,7 +164,7 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
     "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
     each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
-    budget; default: the CPU costs measured in docs/engine.md, 0 on Metal), ``lookup`` and
+    budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU), ``lookup`` and
     ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where it has them;
     both on by default in "ss" mode) and ``sql_names``
     (write SQL whose identifiers are only the tables and columns of the prompt's ``CREATE TABLE``

@@ -47,7 +47,7 @@ class DecodeOptions:
     eos_token_ids: frozenset[int] = frozenset()
     # "tree": streams on every tree node in the same pass (the papers); "deferred" (lossless
     # only): streams of just the last accepted node, in a small pass after verification;
-    # "auto": deferred where extra rows cost compute (CPU), tree on Metal.
+    # "auto": deferred where extra rows cost compute (CPU), tree on a GPU (device.on_gpu).
     streams: str = "auto"
     # Cost of one more tree node relative to a one-node pass; > 0 sizes each tree to the most
     # expected tokens per unit of cost (tree.best_size). None: the default for this machine.
