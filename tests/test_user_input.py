@@ -160,11 +160,16 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
 
 
 def test_interrupted_generate_says_so(random_model_with_tokenizer):
-    # a default SIGINT handler in the child even when this run ignores SIGINT (a background job)
+    def deliverable_sigint() -> None:
+        # the child gets SIGINT even when this run ignores it (a background job) or blocks it (a CI
+        # runner): a blocked signal stays blocked across exec and would wait until the run ends
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
     p = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "generate", "-m",
                           str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=deliverable_sigint)
     assert p.stdout.read(1)  # generation has started
     time.sleep(1)
     p.send_signal(signal.SIGINT)
