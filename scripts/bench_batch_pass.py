@@ -34,7 +34,7 @@ import numpy as np  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
-from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, forward_batch  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -102,7 +102,7 @@ def main() -> None:
                             "throughput_gain": round(batch * t1 / tb, 3), "engine_ms": round(te * 1e3, 3),
                             "engine_cost_vs_one_pass": round(te / t1, 3)})
             print(results[-1], file=sys.stderr)
-    meta = run_meta(model=shown(args.model), context=args.context,
+    meta = run_meta(model=recorded_path(args.model), context=args.context,
                     load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)])
     columns = {"rows per sequence": "rows", "batch": "batch", "one sequence (ms)": "one_sequence_ms",
                "ideal batch (ms)": "batched_ms", "ideal cost vs one pass": "cost_vs_one_pass",
@@ -110,12 +110,6 @@ def main() -> None:
     print(markdown_table(columns, results))
     if args.out:
         write_results_file(args.out, meta, results)
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (results files name no local paths)."""
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 # isort: split
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, speedup, time_methods  # noqa: E402
-from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
 
@@ -156,7 +156,7 @@ def main() -> None:
             r["identical_to_ar"] = r["texts"] == ar_texts[r["concurrency"]]
     meta = run_meta(load_before_after=[round(load_before[0], 2), round(os.getloadavg()[0], 2)],
                     versions={p: version(p) for p in ("mlx", "mlx-lm", "starlette", "uvicorn")},
-                    model=shown(args.model), task=args.task, n=args.n, max_tokens=args.max_tokens,
+                    model=recorded_path(args.model), task=args.task, n=args.n, max_tokens=args.max_tokens,
                     repeats=args.repeats)
     print(table(rows))
     if args.out:
@@ -170,12 +170,6 @@ def table(rows: list[dict]) -> str:
     out = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     out += ["| " + " | ".join(str(r.get(c, "")) for c in cols) + " |" for r in rows]
     return "\n".join(out)
-
-
-def shown(path: Path) -> str:
-    """``path`` relative to the repository when inside it (results files name no local paths)."""
-    path = path.resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
 
 
 if __name__ == "__main__":

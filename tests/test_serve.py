@@ -484,3 +484,16 @@ def test_load_mixed_requests(server, base, model_dir):
         assert text == generate(m, tok, prompt, max_tokens=64, temperature=temp, seed=seed, mode=mode).text
         if temp == 0 and model_id != "specstream-tiny:sql":
             assert text == ar(base, prompt, 64)
+
+
+def test_bench_rounds_lossless_equals_ar_batching(tmp_path):
+    """scripts/bench_rounds.py drives the server's scheduler in-process: its lossless method writes
+    what AR batching writes, and its results file has a row per method."""
+    out = tmp_path / "rounds.json"
+    r = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_rounds.py"), "--n", "4",
+                        "--concurrency", "2", "--max-tokens", "8", "--repeats", "1",
+                        "--methods", "ar=,ss-lossless=sql-lossless", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    rows = {row["method"]: row for row in json.loads(out.read_text())["results"]}
+    assert rows["ss-lossless"]["identical_to_ar"] == "yes" and rows["ar"]["tokens_per_pass"] == 1.0
