@@ -322,12 +322,11 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     return {"meta": meta, "results": results}
 
 
-def summarize(methods: list[Method], task: str, refs: list[str],
-              decode: Callable[[list[int]], str]) -> list[dict]:
-    """One result per method from its records: speed against :func:`reference` with its interval,
-    tokens per pass, task metrics, and for a method that ``reproduces`` another whether every
-    output equals that one's (``identical_to_ar``, ``compared_with``); ``per_prompt`` keeps each
-    prompt's best time, every run's time, tokens, passes."""
+def speed_summary(methods: list[Method]) -> list[dict]:
+    """One speed record per method from its records: tokens per pass and per second, speed against
+    :func:`reference` with its 95% interval (and whether it lies within ±10%), and for a method that
+    ``reproduces`` another whether every output equals that one's (``identical_to_ar``,
+    ``compared_with``); ``per_prompt`` keeps each prompt's best time, every run's time, tokens, passes."""
     ref, by_name = reference(methods), {m.name: m for m in methods}
     results = []
     for m in methods:
@@ -339,9 +338,6 @@ def summarize(methods: list[Method], task: str, refs: list[str],
             "tokens_per_s": round(ntok / _times(m).sum(), 2),
             "speedup": round(ratio, 3),
             "speedup_ci95": [round(lo, 3), round(hi, 3)],
-            **task_metrics(task, [decode(r["tokens"]) for r in m.records], refs),
-            "extra_params": m.extra_params,
-            "peak_memory_mb": round(max(r["peak"] for r in m.records) / 2**20, 1),
             "generated_tokens": ntok,
         }
         rec["interval_within_10pct"] = interval_ok(rec)
@@ -353,6 +349,15 @@ def summarize(methods: list[Method], task: str, refs: list[str],
                               "tokens": len(r["tokens"]), "calls": r["calls"]} for r in m.records]
         results.append(rec)
     return results
+
+
+def summarize(methods: list[Method], task: str, refs: list[str],
+              decode: Callable[[list[int]], str]) -> list[dict]:
+    """:func:`speed_summary` of each method with its task metrics, extra parameters and peak memory."""
+    return [{**rec, **task_metrics(task, [decode(r["tokens"]) for r in m.records], refs),
+             "extra_params": m.extra_params,
+             "peak_memory_mb": round(max(r["peak"] for r in m.records) / 2**20, 1)}
+            for m, rec in zip(methods, speed_summary(methods))]
 
 
 def _versions() -> dict[str, str]:
