@@ -38,11 +38,20 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             return prompt_file.read_text(encoding="utf-8")
         except UnicodeDecodeError as e:
             raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
-    if prompt is not None:
-        return prompt
-    if not sys.stdin.isatty():
-        return sys.stdin.read()
-    raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
+    source = "--prompt"
+    if prompt is None:
+        if sys.stdin.isatty():
+            raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
+        source = "standard input"
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{source}: not UTF-8 text (byte {e.start})") from None
+    try:
+        prompt.encode("utf-8")  # bytes that are not UTF-8 arrive as lone surrogates
+    except UnicodeEncodeError as e:
+        raise ValueError(f"{source}: not UTF-8 text (character {e.start})") from None
+    return prompt
 
 
 def _show_stats(stats) -> None:
@@ -333,6 +342,7 @@ def ngrams(
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut"),
     chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace the adapter's ngrams.npz"),
 ) -> None:
     """Give an adapter trained before n-gram drafts existed the drafts of its data (ngrams.npz;
     ``train`` writes them itself): decoding then drafts what its outputs share beside the streams."""
@@ -340,7 +350,7 @@ def ngrams(
     from mlx_specstream.train import write_ngrams
 
     path, n = write_ngrams(model or DEFAULT_MODEL, adapter, data, max_seq_len=max_seq_len,
-                           chat_template=chat_template)
+                           chat_template=chat_template, overwrite=overwrite)
     typer.echo(f"wrote {path} ({n} contexts)")
 
 

@@ -342,7 +342,12 @@ class SpecStreamGraph(torch.nn.Module):
         return y + ((x @ a) @ b) * scale
 
     def _norm(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.gc.eps) * w
+        """RMS norm, computed on x divided by its largest magnitude (the norm does not change):
+        in a float16 package the squares of the residual stream itself overflow (a value of 384
+        squares to 147,456 > 65,504), the squares of x / max|x| never do."""
+        s = x.abs().amax(-1, keepdim=True).clamp_min(1e-4)
+        y = x / s
+        return y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + self.gc.eps / s / s) * w
 
     def _rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         # x: (H, R, D); cos/sin: (R, dims/2)

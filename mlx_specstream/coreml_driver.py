@@ -130,6 +130,7 @@ class PackageRunner(Runner):
             self.adapter_config = AdapterConfig(mode=info.mode, gamma=info.gamma, msa_layers=info.msa_layers,
                                                 branch=info.branch, tree_budget=info.tree_size)
         self.limit = info.context - info.tree_size + 2
+        self.vocab_size = info.vocab_size
         self.tree_size, self.max_depth = info.tree_size, info.accept_max - 1
         self.node_costs = {"tree": 0.0}  # a step costs the same at any tree size (padded)
         self.reset()

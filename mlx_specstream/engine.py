@@ -10,6 +10,7 @@ a :class:`~mlx_specstream.runner.Runner`: an MLX model, or an exported Core ML p
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -175,13 +176,19 @@ class Decoder:
             raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
         if opts.max_tokens < 1:
             raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
-        if opts.temperature < 0:
-            raise OptionError(f"{{temperature}} must be >= 0, not {opts.temperature}")
+        if not 0 <= opts.temperature < math.inf:  # NaN fails too
+            raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
+        if isinstance(opts.seed, bool) or not isinstance(opts.seed, int | np.integer) or opts.seed < 0:
+            raise OptionError(f"{{seed}} must be a whole number >= 0, not {opts.seed}")
         if not 0 < opts.top_p <= 1:
             raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
         self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
         runner.check(opts.temperature, opts.branch, opts.tree_budget, opts.prune_threshold)
         self.limit = runner.limit
+        bad = [t for t in prompt if not 0 <= t < (runner.vocab_size or 2**31)]
+        if bad:
+            raise ValueError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary "
+                             f"(0..{(runner.vocab_size or 2**31) - 1})")
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
@@ -219,8 +226,8 @@ class Decoder:
             raise OptionError(f"{{streams}} must be auto or {' or '.join(costs)} here, not '{opts.streams}'")
         self.deferred = opts.mode == "ss" and not self.shared and "deferred" in costs and (
             opts.streams == "deferred" or (opts.streams == "auto" and not on_gpu()))
-        if opts.node_cost is not None and opts.node_cost < 0:
-            raise OptionError(f"{{node_cost}} must be >= 0, not {opts.node_cost}")
+        if opts.node_cost is not None and not 0 <= opts.node_cost < math.inf:
+            raise OptionError(f"{{node_cost}} must be a finite number >= 0, not {opts.node_cost}")
         self.node_cost = opts.node_cost
         if self.node_cost is None:
             policy = "deferred" if self.deferred else "tree"

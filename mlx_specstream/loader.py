@@ -19,7 +19,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .outputs import check_replaceable
+from .outputs import WEIGHTS_MARK, check_replaceable
 
 
 class CheckpointError(ValueError):
@@ -169,5 +169,5 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
 def save_model(model: CausalLM, config: dict, dest: Path) -> None:
     """Write config + weights into an existing directory ``dest`` (use inside atomic_dir)."""
     weights = dict(_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx"})
+    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx", **WEIGHTS_MARK})
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

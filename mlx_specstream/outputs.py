@@ -38,14 +38,34 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
 }
 
 
+# Metadata of the weights files of the models the project writes. A checkpoint downloaded from a
+# hub, or written by mlx-lm, has the same file names (config.json, *.safetensors) but not this.
+WEIGHTS_MARK = {"written_by": "mlx-specstream"}
+
+
+def _weights_marked(path: Path) -> bool:
+    """Whether safetensors file ``path`` carries :data:`WEIGHTS_MARK` in its header."""
+    try:
+        with open(path, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size <= 100_000_000:
+                return False
+            meta = json.loads(f.read(size)).get("__metadata__") or {}
+    except (OSError, ValueError, AttributeError):
+        return False
+    return all(meta.get(k) == v for k, v in WEIGHTS_MARK.items())
+
+
 def foreign_entries(path: Path, kind: str) -> list[str]:
     """Entries of directory ``path`` that the project would not have written for ``kind``
-    (all of them when the marker is missing). Empty list: the directory is ours to replace."""
+    (all of them when the marker is missing; for a model, weights without :data:`WEIGHTS_MARK`).
+    Empty list: the directory is ours to replace."""
     marker, names = KINDS[kind]
     entries = sorted(p.name for p in path.iterdir())
     if marker is not None and marker not in entries:
         return entries
-    return [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)]
+    return [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)
+            or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
 
 
 def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = "--overwrite") -> None:

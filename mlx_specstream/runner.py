@@ -31,6 +31,7 @@ class Runner:
     adapter_config: AdapterConfig | None = None  # streams, mode, default branch / budget / pruning
     ngrams: NgramTable | None = None  # the adapter's n-gram drafts (ngrams.py), if it has them
     limit: int | None = None  # tokens the context holds, prompt and generated together
+    vocab_size: int | None = None  # token ids the model reads: 0 .. vocab_size - 1
     tree_size: int | None = None  # nodes every pass runs (padded), which bounds the tree budget
     max_depth: int | None = None  # deepest draft node whose accepted path the runner can commit
     # Cost of one more tree node relative to a one-node pass, per stream policy offered ("tree":
@@ -86,6 +87,7 @@ class MLXRunner(Runner):
         self.adapter_config = getattr(model, "adapter_config", None)
         self.ngrams = getattr(model, "adapter_ngrams", None)
         self.limit = getattr(model, "max_positions", None)
+        self.vocab_size = model.config.get("vocab_size") if hasattr(model, "config") else None
 
     def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
         self.gamma, self.deferred = gamma, deferred

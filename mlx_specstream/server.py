@@ -158,8 +158,10 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     except OptionError as e:
         named = _OPTION.search(e.template)
         param = named.group(1) if named else None
-        param = max_key if param == "max_tokens" else param if param in options else "model"
-        raise APIError(e.render(cli=False), param) from None
+        message = e.render(cli=False)
+        if param == "max_tokens":
+            param, message = max_key, message.replace("max_tokens", max_key)
+        raise APIError(message, param if param in (*options, max_key) else "model") from None
     except ValueError as e:
         limit = getattr(model, "max_positions", None)
         code = "context_length_exceeded" if "context" in str(e) and limit else None

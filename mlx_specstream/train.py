@@ -82,7 +82,7 @@ from .errors import USER_ERRORS, AdapterError
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .outputs import check_replaceable, write_text_atomic
+from .outputs import check_replaceable, check_replaceable_file, write_text_atomic
 from .process_group import DistributedGroup, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
@@ -975,20 +975,26 @@ def ngram_table(dataset: Dataset) -> NgramTable:
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,
-                 chat_template: bool = False) -> tuple[Path, int]:
+                 chat_template: bool = False, overwrite: bool = False) -> tuple[Path, int]:
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
-    adapters it trains): ``ADAPTER/ngrams.npz``, replaced atomically. Returns its path and its
-    number of contexts."""
+    adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
+    only with ``overwrite``, and never by an empty table. Returns its path and its number of
+    contexts."""
     from .tokenizer import load_tokenizer
 
     path = resolve_adapter(model_path, adapter)
     if read_config(path).mode == "lora":
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
+    dest = path / NGRAMS_FILE
+    check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     tokenizer = load_tokenizer(Path(model_path))
     train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template)
     table = ngram_table(train_ds)
-    table.save(path / NGRAMS_FILE)
-    return path / NGRAMS_FILE, len(table.next)
+    if not table.next:
+        raise ValueError(f"{data}: no n-gram occurs often enough in its completions to draft "
+                         "anything: nothing written")
+    table.save(dest)
+    return dest, len(table.next)
 
 
 # -- peak memory against sequence length and gamma --------------------------------------------

@@ -127,3 +127,19 @@ def test_fixed_size_inputs():
     chunks = list(prefill_chunks(list(range(10)), 4, 10))
     assert [(int(c["start"][0]), int(c["length"][0])) for c in chunks] == [(0, 4), (4, 4), (6, 4)]
     assert np.array_equal(chunks[-1]["tokens"], [6, 7, 8, 9])
+
+
+def test_norm_holds_in_float16():
+    """A float16 package's RMS norm of a residual stream with values in the hundreds (the shipped
+    model's reach 384) stays finite and equals the float32 norm: its squares would not fit."""
+    model = tiny_model("llama", seed=5)
+    graph = SpecStreamGraph(model, graph_config(model, 64, 4, 4), cache_dtype=torch.float32)
+    x = torch.tensor([[384.0, -300.0, 0.5] + [2.0] * (model.args.hidden_size - 3)])
+    w = torch.full((model.args.hidden_size,), 1.5)
+    assert not torch.isfinite(x.half().pow(2)).all()  # the plain formula overflows
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + graph.gc.eps) * w
+    half = graph._norm(x.half(), w.half()).float()
+    assert torch.isfinite(half).all() and torch.allclose(half, ref, rtol=2e-3, atol=2e-3)
+    assert torch.allclose(graph._norm(x, w), ref, rtol=1e-6, atol=1e-6)
+    zero = graph._norm(torch.zeros_like(x).half(), w.half())
+    assert torch.equal(zero, torch.zeros_like(zero))

@@ -7,6 +7,7 @@ converted by the CLI and loaded with ``mlx_specstream.load``.
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -399,7 +400,14 @@ def test_existing_destination(converted, tmp_path):
     model_dir = convert_ok(src, tmp_path / "model")
     convert_ok(src, model_dir, "--overwrite")
     assert (model_dir / "model.safetensors").is_file()
-    # ... but not one that holds the user's trained adapters
+    # ... but not a checkpoint of the user's with the same file names (a hub download, mlx-lm's)
+    user = tmp_path / "user-ckpt"
+    shutil.copytree(src, user)
+    weights = {p.name: p.read_bytes() for p in user.glob("*.safetensors")}
+    res = cli("convert", "--hf-path", src, "--mlx-path", user, "--overwrite")
+    assert res.returncode == 1 and "did not write" in res.stderr and "safetensors" in res.stderr
+    assert weights and {p.name: p.read_bytes() for p in user.glob("*.safetensors")} == weights
+    # ... nor one that holds the user's trained adapters
     (model_dir / "adapters" / "sql").mkdir(parents=True)
     res = cli("convert", "--hf-path", src, "--mlx-path", model_dir, "--overwrite")
     assert res.returncode == 1 and "adapters" in res.stderr and (model_dir / "adapters" / "sql").is_dir()

@@ -190,12 +190,26 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode(), 400, "model"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": 1}).encode(), 400, "sql_names"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": True}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny:sql", "prompt": [1, 99999], "max_tokens": 4}).encode(), 400,
+     "prompt"),
+    (json.dumps({"model": "specstream-tiny", "prompt": [1, -5], "max_tokens": 4}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny", "prompt": [1, 2**31]}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "seed": -1}).encode(), 400, "seed"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": float("nan")}).encode(), 400,
+     "temperature"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "max_completion_tokens": 0}).encode(), 400, "max_completion_tokens"),
 ])
 def test_bad_requests_are_openai_errors(server, body, status, param):
-    code, reply = server.post_raw("/v1/completions", body)
+    chat = b'"messages"' in body
+    code, reply = server.post_raw("/v1/chat/completions" if chat else "/v1/completions", body)
     assert code == status
     assert set(reply["error"]) == {"message", "type", "param", "code"} and reply["error"]["message"]
     assert reply["error"]["param"] == param
+    if param in ("seed", "temperature", "max_completion_tokens"):
+        assert param in reply["error"]["message"]
+    assert server.post_raw("/v1/completions", json.dumps(
+        {"model": "specstream-tiny", "prompt": "x", "max_tokens": 1}).encode())[0] == 200  # still serving
 
 
 def test_sql_names_extra_field(server, base):

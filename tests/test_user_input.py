@@ -52,12 +52,24 @@ def test_context_limit(arch, limit):
     ({"gamma": 0}, "gamma must be in 1..3"), ({"gamma": 99}, "gamma must be in 1..3"),
     ({"branch": 0}, "branch must be >= 1"), ({"tree_budget": 0}, "tree_budget must be >= 1"),
     ({"max_tokens": 0}, "max_tokens must be >= 1"), ({"max_tokens": -5}, "max_tokens must be >= 1"),
-    ({"top_p": 0}, "top_p must be in"), ({"temperature": -1}, "temperature must be >= 0"),
+    ({"top_p": 0}, "top_p must be in"), ({"temperature": -1}, "temperature must be a finite number >= 0"),
+    ({"temperature": float("nan")}, "temperature must be a finite"),
+    ({"temperature": float("inf")}, "temperature must be a finite"),
+    ({"node_cost": float("nan")}, "node_cost must be a finite"), ({"seed": -1}, "seed must be a whole"),
     ({"mode": "beam"}, "mode must be ss, ar or lookup"),
 ])
 def test_out_of_range_options_are_refused(options, fragment):
     with pytest.raises(OptionError, match=fragment):
         generate(with_adapter(), None, [1, 2, 3], **options)
+
+
+def test_token_ids_outside_the_vocabulary_are_refused():
+    model = with_adapter()
+    for bad in (model.config["vocab_size"], 99999, -1, 2**31):
+        for mode in ("ar", "ss"):
+            with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocabulary"):
+                generate(model, None, [1, bad, 2], max_tokens=2, mode=mode)
+    assert generate(model, None, [1, model.config["vocab_size"] - 1], max_tokens=2, mode="ar").tokens
 
 
 def test_option_errors_speak_the_callers_language():
@@ -157,6 +169,13 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
     assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x " * 8300),
                           "context holds 8192")
     assert "lookup" in cli("generate", "--help").stdout
+    for source in ([], ["--prompt", "caf\udcff"]):  # bytes that are not UTF-8, on stdin or in argv
+        res = subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *ar, *source], input=b"\xff\xfe x",
+                             capture_output=True, timeout=600)
+        res.stderr = res.stderr.decode()
+        assert_one_line_error(res, "not UTF-8 text")
+    assert_one_line_error(cli(*ar, "--prompt", "x", "--seed", "-1"), "--seed must be a whole number >= 0")
+    assert_one_line_error(cli(*ar, "--prompt", "x", "--temp", "nan"), "--temp must be a finite number")
 
 
 def test_interrupted_generate_says_so(random_model_with_tokenizer):
