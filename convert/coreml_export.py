@@ -28,7 +28,6 @@ import logging
 import os
 import shutil
 import sys
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -38,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ngrams import NGRAMS_FILE
-from ..outputs import TOKENIZER_FILES, check_replaceable
+from ..outputs import TOKENIZER_FILES, check_replaceable, temp_dir_beside
 
 FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
@@ -396,7 +395,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 
     parent = out.parent
     parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    tmp = temp_dir_beside(out)
     try:
         parts = {}
         for mode in ("prefill", "step"):

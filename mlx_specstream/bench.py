@@ -291,6 +291,8 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
     timed by ``clock``."""
     check_repeats(repeats)
+    if n < 1:
+        raise ValueError(f"--n must be >= 1, not {n}")
     check_out_dir(Path(out_dir), overwrite)
 
     data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task

@@ -10,7 +10,6 @@ import glob
 import json
 import os
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .outputs import WEIGHTS_MARK, check_replaceable
+from .outputs import WEIGHTS_MARK, check_replaceable, temp_dir_beside
 
 
 class CheckpointError(ValueError):
@@ -152,7 +151,7 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
     check_replaceable(dest, kind, overwrite)
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+        tmp = temp_dir_beside(dest)
     except OSError as e:
         raise PermissionError(f"cannot write to {dest.parent}: {e.strerror}") from None
     try:

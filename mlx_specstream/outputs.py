@@ -15,6 +15,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
@@ -156,6 +157,17 @@ def source_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return head.stdout.strip() + (" + changes" if dirty else "")
+
+
+def temp_dir_beside(dest: Path) -> Path:
+    """A new hidden directory next to ``dest``, to be renamed to it once complete, with the
+    permissions any new directory gets (``tempfile.mkdtemp`` makes it 0700, which the rename
+    would carry to the output)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    mask = os.umask(0o022)
+    os.umask(mask)
+    tmp.chmod(0o777 & ~mask)
+    return tmp
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:

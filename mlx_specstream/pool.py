@@ -60,7 +60,11 @@ class ModelPool:
         for adapter in names:
             model = share_base(self.base)
             cfg = load_adapter(model, adapter, model_path=self.path)
-            self.models[f"{self.base_id}:{cfg.name}"] = model
+            model_id = f"{self.base_id}:{cfg.name}"
+            if model_id in self.models:
+                raise ValueError(f"two adapters named '{cfg.name}' ({adapter} and an earlier one): "
+                                 "each is served under its directory's name; rename one")
+            self.models[model_id] = model
         for model in self.models.values():
             warm_up(model)
 

@@ -37,6 +37,22 @@ def test_save_adapter_refuses_a_user_folder(tmp_path):
     assert (tmp_path / "a" / "adapter.safetensors").is_file()
 
 
+def test_outputs_get_the_permissions_of_any_new_directory(tmp_path):
+    import os
+
+    old = os.umask(0o027)
+    try:
+        with atomic_dir(tmp_path / "m", "model") as tmp:
+            save_model(tiny_model(), {}, tmp)
+        model = tiny_model()
+        new_adapter(model, gamma=2, msa_layers=2)
+        save_adapter(model, tmp_path / "a")
+    finally:
+        os.umask(old)
+    for d in ("m", "a"):
+        assert (tmp_path / d).stat().st_mode & 0o777 == 0o750  # not mkdtemp's 0700
+
+
 def test_model_dir_refuses_a_user_folder(tmp_path):
     dest = user_folder(tmp_path / "mine")
     model = tiny_model()

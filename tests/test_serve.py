@@ -471,6 +471,10 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     assert [m["id"] for m in pool.describe()] == ["specstream-tiny", "specstream-tiny:code",
                                                   "specstream-tiny:code-v2"]
     assert pool.get("specstream-tiny:code-v2").adapter_config.name == "code-v2"
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "code").symlink_to(d / "adapters" / "code-v2")
+    with pytest.raises(ValueError, match="two adapters named 'code'"):  # neither may hide the other
+        ModelPool(d, ["code", str(tmp_path / "other" / "code")])
 
 
 @pytest.mark.slow
