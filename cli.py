@@ -214,8 +214,8 @@ def convert(
                                          help="(--to mlx) output directory (must not exist)"),
     to: str = typer.Option("mlx", "--to", help="output format: mlx (import, the default) or coreml (export)"),
     quantize: bool = typer.Option(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
-    q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (mlx: 4 with -q; "
-                                                              "coreml: quantize when given)"),
+    q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (quantizes; "
+                                                              "-q alone: 4)"),
     q_group_size: int | None = typer.Option(None, "--q-group-size",
                                             help="quantization group: 32, 64 or 128 (default 64)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
@@ -238,6 +238,17 @@ def convert(
 
     --to mlx: config.json + safetensors or pytorch_model.bin -> MLX model dir.
     --to coreml: MLX model (+ adapter) -> stateful multifunction NAME.mlpackage (prefill, step)."""
+    if to not in ("mlx", "coreml"):
+        raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
+    quantize = quantize or q_bits is not None or q_group_size is not None
+    only = {"mlx": {"--hf-path": hf_path, "--mlx-path": mlx_path, "--dtype": dtype},
+            "coreml": {"--model": model, "--adapter": adapter, "--out": out, "--context": context,
+                       "--tree-size": tree_size, "--chunk": chunk, "--sampling": sampling or None,
+                       "--precision": None if precision == "float16" else precision}}
+    other = "coreml" if to == "mlx" else "mlx"
+    stray = [flag for flag, value in only[other].items() if value is not None]
+    if stray:
+        raise ValueError(f"{', '.join(stray)}: an option of --to {other}, not --to {to}")
     if to == "mlx":
         from mlx_specstream.convert.hf_import import convert as hf_convert
 
@@ -247,12 +258,9 @@ def convert(
                              q_group_size=q_group_size or 64, dtype=dtype, overwrite=overwrite)
         typer.echo(f"wrote {out_dir}")
         return
-    if to == "coreml":
-        _convert_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size,
-                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
-                        sampling=sampling, overwrite=overwrite)
-        return
-    raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
+    _convert_coreml(model, out, adapter=adapter, q_bits=q_bits if q_bits is not None or not quantize else 4,
+                    q_group_size=q_group_size, precision=precision, context=context, tree_size=tree_size,
+                    chunk=chunk, sampling=sampling, overwrite=overwrite)
 
 
 @app.command()

@@ -141,8 +141,9 @@ def test_layers_whose_input_does_not_divide_stay_float(tmp_path):
                                  vocab_size=100, max_position_embeddings=64, word_embed_proj_dim=32)
     hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
     hf.save_pretrained(tmp_path / "hf")
-    model = load_model(cli_convert(tmp_path / "hf", tmp_path / "q", "-q", "--q-bits", "8"))
+    model = load_model(cli_convert(tmp_path / "hf", tmp_path / "q", "--q-bits", "8"))  # -q implied
     d = model.model
+    assert d.project_out.bits == 8
     assert type(d.embed_tokens) is nn.Embedding and type(d.project_in) is nn.Linear
     assert type(d.project_out) is nn.QuantizedLinear and type(d.layers[0].fc2) is nn.QuantizedLinear
     ids = np.arange(12)[None]
