@@ -318,6 +318,8 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
         q = Path(model_path) / "adapters" / str(name_or_path)
         if (q / CONFIG_FILE).is_file():
             return q
+    if p.is_dir():
+        raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
     found = sorted(p.parent.name for p in (Path(model_path) / "adapters").glob(f"*/{CONFIG_FILE}")
                    ) if model_path is not None else []
@@ -339,8 +341,10 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
                  check_base: bool = True) -> AdapterConfig:
     """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
     accepts an adapter made for another base of the same shape, as a training run's starting point
-    only: its streams drafted that base's hidden states, not these."""
-    path = resolve_adapter(model_path, name_or_path)
+    only: its streams drafted that base's hidden states, not these. Names are looked up under
+    ``model_path``, by default the directory the model was loaded from."""
+    path = resolve_adapter(model_path if model_path is not None else getattr(model, "path", None),
+                           name_or_path)
     cfg = read_config(path)
     if check_base and not made_for(model, cfg):
         raise AdapterError(

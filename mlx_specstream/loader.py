@@ -41,6 +41,8 @@ def read_config(path: Path) -> dict:
 def read_safetensors(files: list[str]) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for f in files:
+        if not Path(f).is_file():
+            raise CheckpointError(f"{f}: missing (a link to a file that does not exist?)")
         try:
             weights.update(mx.load(f))
         except Exception as e:  # mlx raises RuntimeError/ValueError on malformed files
@@ -111,6 +113,10 @@ def load_model(path: str | Path, dtype: str | None = None,
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such model directory")
+    if quantize is not None and not (isinstance(quantize, tuple | list) and len(quantize) == 2
+                                     and quantize[0] in (4, 8) and quantize[1] in (32, 64, 128)):
+        raise ValueError(f"quantize must be (bits, group_size) with bits 4 or 8 and group_size 32, 64 "
+                         f"or 128, e.g. (4, 64); not {quantize!r}")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
     cfg = read_config(path)

@@ -225,3 +225,23 @@ def test_empty_completions_are_counted_and_reported(tmp_path):
     said.clear()  # lossless mode's default self-distillation gives them the base's continuation
     train(tiny_model(), tmp_path, iters=1, progress=False, log=said.append, gamma=2, msa_layers=2)
     assert not any("empty completion" in s for s in said) and any("self-distill" in s for s in said), said
+
+
+def test_load_adapter_looks_under_the_models_own_directory(tmp_path):
+    from mlx_specstream.adapter import load_adapter
+    from mlx_specstream.api import load
+    from mlx_specstream.errors import AdapterError
+
+    model, _ = load(DEFAULT_MODEL, fuse=False)
+    assert load_adapter(model, "sql-lossless").name == "sql-lossless"  # no model_path needed
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(AdapterError, match="empty: not an adapter directory"):
+        load_adapter(model, tmp_path / "empty")
+
+
+@pytest.mark.parametrize("quantize", [(3, 7), "int4", (4,), (8, 48)])
+def test_load_time_quantization_is_checked_in_python_terms(quantize):
+    from mlx_specstream.api import load
+
+    with pytest.raises(ValueError, match=r"quantize must be \(bits, group_size\)"):
+        load(DEFAULT_MODEL, quantize=quantize)
