@@ -155,7 +155,7 @@ def test_layers_whose_input_does_not_divide_stay_float(tmp_path):
 def test_load_time_quantization_of_a_quantized_model_fails(dirs):
     with pytest.raises(ValueError, match="already quantized"):
         load_model(dirs[4], quantize=(8, GROUP))
-    with pytest.raises(ValueError, match="--q-bits must be 4 or 8"):
+    with pytest.raises(ValueError, match=r"quantize must be \(bits, group_size\) with bits 4 or 8"):
         load_model(dirs["f32"], quantize=(3, GROUP))
 
 

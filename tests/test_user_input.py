@@ -35,7 +35,7 @@ def test_context_limit(arch, limit):
     model = with_adapter(arch, **{key: limit})
     with pytest.raises(ValueError, match=f"the prompt has {limit + 5} tokens but the model's context "
                                          f"holds {limit}"):
-        generate(model, None, list(range(1, limit + 6)), max_tokens=4)
+        generate(model, None, [1 + i % 50 for i in range(limit + 5)], max_tokens=4)
     prompt = list(range(1, 21))
     ar = generate(model, None, prompt, max_tokens=100, mode="ar")
     ss = generate(model, None, prompt, max_tokens=100)
