@@ -185,10 +185,11 @@ class Decoder:
         self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
         runner.check(opts.temperature, opts.branch, opts.tree_budget, opts.prune_threshold)
         self.limit = runner.limit
-        bad = [t for t in prompt if not 0 <= t < (runner.vocab_size or 2**31)]
+        vocab = runner.vocab_size
+        bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
         if bad:
-            raise ValueError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary "
-                             f"(0..{(runner.vocab_size or 2**31) - 1})")
+            raise ValueError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary"
+                             + (f" (0..{vocab - 1})" if vocab is not None else ""))
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")

@@ -423,8 +423,7 @@ def test_destination_inside_source(converted, tmp_path):
     (["-q", "--q-group-size", "48"], "--q-group-size must be 32, 64 or 128"),
     (["--dtype", "float64"], "--dtype must be one of"),
     (["--to", "onnx"], "unknown output format"),
-    (["--q-bits", "3"], "--q-bits must be 4 or 8"),  # quantization asked for without -q is checked
-    (["--q-group-size", "7"], "--q-group-size must be 32, 64 or 128"),
+    (["--q-group-size", "7"], "--q-group-size must be 32, 64 or 128"),  # asked for without -q: checked
     (["--adapter", "sql", "--precision", "float32"], "--adapter, --precision: an option of --to coreml"),
 ])
 def test_bad_options(converted, tmp_path, args, fragment):

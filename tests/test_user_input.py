@@ -174,8 +174,6 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
                              capture_output=True, timeout=600)
         res.stderr = res.stderr.decode()
         assert_one_line_error(res, "not UTF-8 text")
-    assert_one_line_error(cli(*ar, "--prompt", "x", "--seed", "-1"), "--seed must be a whole number >= 0")
-    assert_one_line_error(cli(*ar, "--prompt", "x", "--temp", "nan"), "--temp must be a finite number")
 
 
 def test_interrupted_generate_says_so(random_model_with_tokenizer):
