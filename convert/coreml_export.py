@@ -85,15 +85,12 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     import mlx.core as mx
 
     from mlx_specstream.adapter import fuse, load_adapter
-    from mlx_specstream.loader import load_model, quantize_model
+    from mlx_specstream.loader import check_quantization, load_model, quantize_model
 
     if precision not in PRECISIONS:
         raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
     if q_bits is not None:
-        if q_bits not in (4, 8):
-            raise ExportError(f"--q-bits must be 4 or 8, not {q_bits}")
-        if q_group_size not in (32, 64, 128):
-            raise ExportError(f"--q-group-size must be 32, 64 or 128, not {q_group_size}")
+        check_quantization(q_bits, q_group_size, ExportError)
     model = load_model(model_path)
     model.path = Path(model_path)
     if adapter is not None:

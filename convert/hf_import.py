@@ -27,6 +27,7 @@ from ..loader import (
     CheckpointError,
     apply_weights,
     atomic_dir,
+    check_quantization,
     quantize_model,
     read_config,
     save_model,
@@ -177,10 +178,8 @@ def convert(
         raise CheckpointError(f"{src}: no such checkpoint directory")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    if quantize and q_bits not in (4, 8):
-        raise ValueError(f"--q-bits must be 4 or 8, not {q_bits}")
-    if quantize and q_group_size not in (32, 64, 128):
-        raise ValueError(f"--q-group-size must be 32, 64 or 128, not {q_group_size}")
+    if quantize:
+        check_quantization(q_bits, q_group_size)
     _check_destination(src, dest, overwrite)
 
     cfg = read_config(src)

@@ -59,11 +59,19 @@ def quantize_predicate(group_size: int):
     return pred
 
 
+Q_BITS, Q_GROUP_SIZES = (4, 8), (32, 64, 128)  # the group-wise quantizations offered
+
+
+def check_quantization(bits: int, group_size: int, error: type[Exception] = ValueError) -> None:
+    """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES`, naming the CLI's options."""
+    if bits not in Q_BITS:
+        raise error(f"--q-bits must be 4 or 8, not {bits}")
+    if group_size not in Q_GROUP_SIZES:
+        raise error(f"--q-group-size must be 32, 64 or 128, not {group_size}")
+
+
 def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
-    if bits not in (4, 8):
-        raise ValueError(f"--q-bits must be 4 or 8, not {bits}")
-    if group_size not in (32, 64, 128):
-        raise ValueError(f"--q-group-size must be 32, 64 or 128, not {group_size}")
+    check_quantization(bits, group_size)
     nn.quantize(model, group_size=group_size, bits=bits,
                 class_predicate=quantize_predicate(group_size))
 
@@ -114,7 +122,7 @@ def load_model(path: str | Path, dtype: str | None = None,
     if not path.is_dir():
         raise CheckpointError(f"{path}: no such model directory")
     if quantize is not None and not (isinstance(quantize, tuple | list) and len(quantize) == 2
-                                     and quantize[0] in (4, 8) and quantize[1] in (32, 64, 128)):
+                                     and quantize[0] in Q_BITS and quantize[1] in Q_GROUP_SIZES):
         raise ValueError(f"quantize must be (bits, group_size) with bits 4 or 8 and group_size 32, 64 "
                          f"or 128, e.g. (4, 64); not {quantize!r}")
     if dtype is not None and dtype not in DTYPES:
