@@ -1,34 +1,62 @@
-import sys, time, json, collections
-sys.path.insert(0, 'scripts'); sys.argv=['x']
-import mlx_specstream
-import bench_rounds as br
-from mlx_specstream import scheduler as sch, runner as rn
-from mlx_specstream.api import DEFAULT_MODEL
-from mlx_specstream.pool import ModelPool
-acc = collections.defaultdict(float); cnt = collections.Counter(); rows=[]
-orig = rn.run_passes
-def timed(reqs):
-    kind = 'streams' if reqs[0].tree is None else 'tree'
-    t = time.perf_counter(); orig(reqs); acc[kind] += time.perf_counter() - t; cnt[kind] += 1
-    if kind == 'tree': rows.append((len(reqs), sum(len(r.tree) for r in reqs), max(len(r.tree) for r in reqs)))
-sch.run_passes = timed
-adapter = sys.argv[1] if len(sys.argv) > 1 else 'sql-lossless'
+"""Where a batched round's time goes: the scheduler's batched passes timed by kind (tree passes,
+deferred stream passes), the rest of the wall time (prefills, host work) by difference; 12 sql test
+prompts in groups of 4, 64 tokens, the second of two passes over them. ``AD=`` for AR batching.
+
+    AD=sql-lossless .venv/bin/python results/serve/gemm_pad/round_parts.py
+"""
+
+import collections
+import json
 import os
-adapter = os.environ.get('AD', 'sql-lossless')
-pool = ModelPool(DEFAULT_MODEL, [adapter] if adapter else [])
-tok = pool.tokenizer
-model = pool.get(f"{pool.base_id}:{adapter}") if adapter else pool.base
-lines = open('data/sql/test.jsonl')
-ids = [tok.encode(json.loads(next(lines))["prompt"]) for _ in range(12)]
-s = sch.Scheduler(max_active=4); s.start()
-run = br.rounds_method(s, model, tok, mode='ss' if adapter else 'ar')
-for rep in range(2):
-    acc.clear(); cnt.clear(); rows.clear()
-    t = time.perf_counter(); ntok = 0
-    for k in range(0, 12, 4):
-        toks, passes = run(ids[k:k+4], 64); ntok += len(toks)
-    wall = time.perf_counter() - t
-print('wall', round(wall,3), 'tokens', ntok, {k: (round(v,3), cnt[k], round(v/cnt[k]*1e3,2)) for k,v in acc.items()}, 'host', round(wall-sum(acc.values()),3))
+import sys
+import time
+
 import numpy as np
-r = np.array(rows); print('tree passes: seqs mean', r[:,0].mean(), 'rows mean', r[:,1].mean(), 'max*B mean', (r[:,0]*r[:,2]).mean())
-s.stop()
+
+sys.path.insert(0, "scripts")
+import bench_rounds  # noqa: E402  (scripts/bench_rounds.py; it loads the BLAS before MLX)
+
+# isort: split
+from mlx_specstream import runner, scheduler  # noqa: E402
+from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
+from mlx_specstream.pool import ModelPool  # noqa: E402
+
+spent: dict = collections.defaultdict(float)
+count: collections.Counter = collections.Counter()
+rows: list = []
+
+
+def timed(requests) -> None:
+    kind = "streams" if requests[0].tree is None else "tree"
+    t = time.perf_counter()
+    runner.run_passes(requests)
+    spent[kind] += time.perf_counter() - t
+    count[kind] += 1
+    if kind == "tree":
+        sizes = [len(r.tree) for r in requests]
+        rows.append((len(sizes), sum(sizes), len(sizes) * max(sizes)))
+
+
+scheduler.run_passes = timed
+adapter = os.environ.get("AD", "sql-lossless")
+pool = ModelPool(DEFAULT_MODEL, [adapter] if adapter else [])
+model = pool.get(f"{pool.base_id}:{adapter}") if adapter else pool.base
+with open("data/sql/test.jsonl") as f:
+    prompts = [pool.tokenizer.encode(json.loads(next(f))["prompt"]) for _ in range(12)]
+sched = scheduler.Scheduler(max_active=4)
+sched.start()
+run = bench_rounds.rounds_method(sched, model, pool.tokenizer, mode="ss" if adapter else "ar")
+for _ in range(2):
+    spent.clear()
+    count.clear()
+    rows.clear()
+    t = time.perf_counter()
+    tokens = sum(len(run(prompts[k:k + 4], 64)[0]) for k in range(0, 12, 4))
+    wall = time.perf_counter() - t
+sched.stop()
+outside = wall - sum(spent.values())
+print("wall", round(wall, 3), "tokens", tokens, "outside batched passes", round(outside, 3))
+for kind, s in spent.items():
+    print(kind, "passes", count[kind], "total s", round(s, 3), "ms each", round(s / count[kind] * 1e3, 2))
+r = np.array(rows)
+print("tree passes: sequences", r[:, 0].mean(), "rows", r[:, 1].mean(), "rows with padding", r[:, 2].mean())
