@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from ..ngrams import NGRAMS_FILE
-from ..outputs import TOKENIZER_FILES, check_replaceable, temp_dir_beside
+from ..outputs import TOKENIZER_FILES, check_replaceable, replace_dirs, temp_dir_beside, terminate_cleanly
 
 FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
@@ -394,48 +394,51 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_dir_beside(out)
     try:
-        parts = {}
-        for mode in ("prefill", "step"):
-            t = time.perf_counter()
-            say(f"converting {mode} ...")
-            mlmodel = _convert_function(ct, graph, mode, precision)
-            if qweights:
-                say(f"  carrying {len(qweights)} MLX int{q_bits} weights into {mode}")
-            mlmodel = _finish_function(ct, mlmodel, qweights, precision)
-            parts[mode] = tmp / f"{mode}.mlpackage"
-            mlmodel.save(str(parts[mode]))
-            say(f"  {mode} done in {time.perf_counter() - t:.1f}s")
-        say("joining prefill and step into one multifunction package (shared weights)")
-        desc = ct.utils.MultiFunctionDescriptor()
-        desc.add_function(str(parts["prefill"]), src_function_name="main", target_function_name="prefill")
-        desc.add_function(str(parts["step"]), src_function_name="main", target_function_name="step")
-        desc.default_function_name = "step"
-        joined = tmp / "joined.mlpackage"
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ct.utils.save_multifunction(desc, str(joined))
-        tok_name = tokenizer_dir(out).name if tok is not None else None
-        meta = _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_size,
-                         tok_name, tok)
-        final = tmp / out.name
-        _write_with_metadata(ct, joined, final, meta, model_path)
-        for p in (*parts.values(), joined):
-            shutil.rmtree(p)
-        tok_tmp = None
-        if tok is not None:
-            tok_tmp = tmp / tokenizer_dir(out).name
-            tok_tmp.mkdir()
-            for name in TOKENIZER_FILES:
-                if (Path(model_path) / name).is_file():
-                    shutil.copy2(Path(model_path) / name, tok_tmp / name)
-            (tok_tmp / "specstream.json").write_text(json.dumps(meta, indent=2))
-            if getattr(model, "adapter_ngrams", None) is not None:  # the adapter's n-gram drafts
-                model.adapter_ngrams.save(tok_tmp / NGRAMS_FILE)
-        say("checking the saved package")
-        from .mil_eval import Package
+        with terminate_cleanly():
+            parts = {}
+            for mode in ("prefill", "step"):
+                t = time.perf_counter()
+                say(f"converting {mode} ...")
+                mlmodel = _convert_function(ct, graph, mode, precision)
+                if qweights:
+                    say(f"  carrying {len(qweights)} MLX int{q_bits} weights into {mode}")
+                mlmodel = _finish_function(ct, mlmodel, qweights, precision)
+                parts[mode] = tmp / f"{mode}.mlpackage"
+                mlmodel.save(str(parts[mode]))
+                say(f"  {mode} done in {time.perf_counter() - t:.1f}s")
+            say("joining prefill and step into one multifunction package (shared weights)")
+            desc = ct.utils.MultiFunctionDescriptor()
+            desc.add_function(str(parts["prefill"]), src_function_name="main", target_function_name="prefill")
+            desc.add_function(str(parts["step"]), src_function_name="main", target_function_name="step")
+            desc.default_function_name = "step"
+            joined = tmp / "joined.mlpackage"
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ct.utils.save_multifunction(desc, str(joined))
+            tok_name = tokenizer_dir(out).name if tok is not None else None
+            meta = _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_size,
+                             tok_name, tok)
+            final = tmp / out.name
+            _write_with_metadata(ct, joined, final, meta, model_path)
+            for p in (*parts.values(), joined):
+                shutil.rmtree(p)
+            tok_tmp = None
+            if tok is not None:
+                tok_tmp = tmp / tokenizer_dir(out).name
+                tok_tmp.mkdir()
+                for name in TOKENIZER_FILES:
+                    if (Path(model_path) / name).is_file():
+                        shutil.copy2(Path(model_path) / name, tok_tmp / name)
+                (tok_tmp / "specstream.json").write_text(json.dumps(meta, indent=2))
+                if getattr(model, "adapter_ngrams", None) is not None:  # the adapter's n-gram drafts
+                    model.adapter_ngrams.save(tok_tmp / NGRAMS_FILE)
+            say("checking the saved package")
+            from .mil_eval import Package
 
-        Package(final)  # the saved file reads back
-        _move_into_place(final, out, tok_tmp, tokenizer_dir(out), overwrite)
+            Package(final)  # the saved file reads back
+            # an earlier export's tokenizer goes too when this model has none
+            replace_dirs([(tok_tmp, tokenizer_dir(out), "Core ML tokenizer"),
+                          (final, out, "Core ML package")], overwrite)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     size = dir_size(out)
@@ -454,24 +457,6 @@ def _write_with_metadata(ct, src: Path, dest: Path, meta: dict[str, str], model_
     from .mil_eval import _weights_dir
 
     save_spec(spec, str(dest), auto_set_specification_version=False, weights_dir=_weights_dir(src))
-
-
-def _move_into_place(pkg_tmp: Path, out: Path, tok_tmp: Path | None, tok_out: Path, overwrite: bool) -> None:
-    """Rename the finished package (and tokenizer dir) into place; all or nothing."""
-    moved = []
-    try:
-        for src, dest, kind in ((tok_tmp, tok_out, "Core ML tokenizer"), (pkg_tmp, out, "Core ML package")):
-            if src is None:
-                continue
-            if dest.exists():
-                check_replaceable(dest, kind, overwrite)
-                shutil.rmtree(dest)
-            os.replace(src, dest)
-            moved.append(dest)
-    except BaseException:
-        for dest in moved:
-            shutil.rmtree(dest, ignore_errors=True)
-        raise
 
 
 __all__ = ["ExportError", "ExportResult", "carry_quantized_weights", "dir_size", "export_coreml",

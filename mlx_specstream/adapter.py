@@ -18,6 +18,7 @@ import mlx.nn as nn
 from .errors import AdapterError
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
+from .outputs import save_safetensors
 from .streams import StreamAdapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
@@ -301,7 +302,7 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
         raise AdapterError("this model's adapter is fused into its weights: save it from a model "
                            "loaded with fuse=False")
     with atomic_dir(dest, "adapter", overwrite=True) as tmp:
-        mx.save_safetensors(str(tmp / WEIGHTS_FILE), adapter_weights(model))
+        save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         config = asdict(model.adapter_config)
         (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:

@@ -12,6 +12,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .adapter import adapter_weights
+from .outputs import save_safetensors
 
 
 def _set_path(tree, path: list[str], value) -> None:
@@ -44,12 +45,12 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
 
     dest = ckpt_dir / f"step-{step:07d}"
     with atomic_dir(dest, "checkpoint", overwrite=True) as tmp:
-        mx.save_safetensors(str(tmp / "adapter.safetensors"), adapter_weights(model))
+        save_safetensors(tmp / "adapter.safetensors", adapter_weights(model))
         flat = dict(tree_flatten(optimizer.state))
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"), flat)
+        save_safetensors(tmp / "optimizer.safetensors", flat)
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
         if best is not None:
-            mx.save_safetensors(str(tmp / BEST_FILE), best)
+            save_safetensors(tmp / BEST_FILE, best)
     for old in checkpoints(ckpt_dir)[:-keep] if keep else []:
         shutil.rmtree(old, ignore_errors=True)
     return dest

@@ -48,8 +48,6 @@ USER_ERRORS = (
     AdapterError,
     CheckpointError,
     UnsupportedModelError,
-    FileExistsError,
-    FileNotFoundError,
-    PermissionError,
+    OSError,  # files: missing, existing, unreadable, a full disk (outputs.save_safetensors)
     ValueError,
 )

@@ -18,7 +18,14 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .outputs import WEIGHTS_MARK, check_replaceable, temp_dir_beside
+from .outputs import (
+    WEIGHTS_MARK,
+    check_replaceable,
+    replace_dirs,
+    save_safetensors,
+    temp_dir_beside,
+    terminate_cleanly,
+)
 
 
 class CheckpointError(ValueError):
@@ -161,19 +168,17 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
     directory the project wrote (:func:`~mlx_specstream.outputs.check_replaceable`). On any
     error the temporary directory is removed and ``dest`` is untouched.
     """
-    dest = Path(dest)
     check_replaceable(dest, kind, overwrite)
+    dest = Path(os.path.abspath(dest))  # "." or "x/.." by its name, so the work is done beside it
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = temp_dir_beside(dest)
     except OSError as e:
         raise PermissionError(f"cannot write to {dest.parent}: {e.strerror}") from None
     try:
-        yield tmp
-        if dest.exists():
-            check_replaceable(dest, kind, overwrite)
-            shutil.rmtree(dest)
-        os.replace(tmp, dest)
+        with terminate_cleanly():
+            yield tmp
+            replace_dirs([(tmp, dest, kind)], overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -182,5 +187,5 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
 def save_model(model: CausalLM, config: dict, dest: Path) -> None:
     """Write config + weights into an existing directory ``dest`` (use inside atomic_dir)."""
     weights = dict(_flatten(model.parameters()))
-    mx.save_safetensors(str(dest / "model.safetensors"), weights, metadata={"format": "mlx", **WEIGHTS_MARK})
+    save_safetensors(dest / "model.safetensors", weights, metadata={"format": "mlx", **WEIGHTS_MARK})
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

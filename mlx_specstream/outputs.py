@@ -15,8 +15,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -170,6 +174,58 @@ def temp_dir_beside(dest: Path) -> Path:
     return tmp
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived while an output was being written (:func:`terminate_cleanly`)."""
+
+
+@contextmanager
+def terminate_cleanly() -> Iterator[None]:
+    """While this block runs (in the main thread), SIGTERM raises :class:`Terminated`, so that
+    the cleanup of a half-written output runs as it does for Ctrl-C; the previous handler is put
+    back afterwards. A SIGTERM's default action would leave the temporary directory behind."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise Terminated("terminated")
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) -> None:
+    """Move finished directories into place, all or nothing: each ``(src, dest, kind)`` renames
+    ``src`` to ``dest``; ``src`` None removes ``dest``, a stale output of the same job. An existing
+    ``dest`` must be replaceable (:func:`check_replaceable`); it is first renamed aside and deleted
+    only once every move has succeeded, and put back if one fails, so a failed rename or an
+    interruption never leaves the user with neither the old output nor the new one."""
+    aside: list[tuple[Path, Path]] = []  # (old output renamed aside, where it was)
+    placed: list[Path] = []
+    try:
+        for src, dest, kind in moves:
+            if dest.exists() or dest.is_symlink():
+                check_replaceable(dest, kind, overwrite)
+                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+                os.replace(dest, old / dest.name)
+                aside.append((old, dest))
+            if src is not None:
+                os.replace(src, dest)
+                placed.append(dest)
+    except BaseException:
+        for dest in placed:
+            shutil.rmtree(dest, ignore_errors=True)
+        for old, dest in aside:
+            os.replace(old / dest.name, dest)
+            old.rmdir()
+        raise
+    for old, _ in aside:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     """Write ``path`` whole: ``write`` fills a temporary file beside it, then a rename, so an
     interrupted or failed write leaves the previous file as it was (and no temporary file)."""
@@ -181,6 +237,17 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def save_safetensors(path: Path, arrays: dict, metadata: dict | None = None) -> None:
+    """``mx.save_safetensors``, its write failures (a full disk, an I/O error: MLX raises
+    ``RuntimeError``) raised as ``OSError`` naming the file, which the CLI reports in one line."""
+    import mlx.core as mx
+
+    try:
+        mx.save_safetensors(str(path), arrays, metadata=metadata)
+    except RuntimeError as e:
+        raise OSError(f"cannot write {path}: {e}") from None
 
 
 def write_text_atomic(path: Path, text: str) -> None:
