@@ -48,10 +48,10 @@ def _weight_files(src: Path) -> tuple[str, list[Path]]:
     ):
         if (src / index).is_file():
             try:
-                weight_map = json.loads((src / index).read_text())["weight_map"]
-            except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise CheckpointError(f"{src / index}: not a valid shard index ({e})") from None
-            files = [src / name for name in sorted(set(weight_map.values()))]
+                names = sorted(set(json.loads((src / index).read_bytes())["weight_map"].values()))
+                files = [src / name for name in names]
+            except (ValueError, KeyError, TypeError, AttributeError) as e:  # not JSON, no map, not names
+                raise CheckpointError(f"{src / index}: not a valid shard index ({e!r})") from None
             missing = [f.name for f in files if not f.is_file()]
             if missing:
                 raise CheckpointError(f"{src / index} lists missing shards: {', '.join(missing[:3])}")

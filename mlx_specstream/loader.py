@@ -40,9 +40,12 @@ def read_config(path: Path) -> dict:
     if not cfg_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
     try:
-        return json.loads(cfg_file.read_text())
-    except json.JSONDecodeError as e:
+        cfg = json.loads(cfg_file.read_bytes().decode("utf-8"))
+    except ValueError as e:  # not UTF-8, or not JSON
         raise CheckpointError(f"{cfg_file}: invalid JSON ({e})") from None
+    if not isinstance(cfg, dict):
+        raise CheckpointError(f"{cfg_file}: a JSON object of settings was expected, not {type(cfg).__name__}")
+    return cfg
 
 
 def read_safetensors(files: list[str]) -> dict[str, mx.array]:

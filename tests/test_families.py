@@ -122,6 +122,18 @@ def test_unsupported_option_is_one_line(families, tmp_path):
     bad(src, tmp_path / "out", "gemma3 with attn_logit_softcapping is not supported")
 
 
+@pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
+def test_head_dim_default_follows_transformers(family):
+    """A config without ``head_dim`` gets the head size ``transformers`` gives it (Qwen3: 128,
+    not hidden_size / heads)."""
+    from mlx_specstream.arch import qwen3
+
+    hf = transformers.AutoConfig.for_model(family, hidden_size=64, num_attention_heads=4)
+    cfg = {k: v for k, v in hf.to_dict().items() if k != "head_dim"}
+    args = (qwen3.Args if family == "qwen3" else qwen3.llama.Args).from_dict(cfg)
+    assert args.head_dim == (getattr(hf, "head_dim", None) or 64 // 4)
+
+
 def test_mistral_sliding_window(tmp_path):
     """Mistral's ``sliding_window`` covers every layer (its configs have no ``layer_types``)."""
     torch.manual_seed(0)

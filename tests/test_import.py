@@ -7,6 +7,7 @@ converted by the CLI and loaded with ``mlx_specstream.load``.
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -292,6 +293,34 @@ def test_bad_model_type(llama_copy, tmp_path, model_type, fragment):
 def test_invalid_config_json(llama_copy, tmp_path):
     (llama_copy / "config.json").write_text("{ not json")
     bad(llama_copy, tmp_path / "out", "invalid JSON")
+
+
+def _set_config(src, edit):
+    cfg = json.loads((src / "config.json").read_text())
+    edit(cfg)
+    (src / "config.json").write_text(json.dumps(cfg))
+
+
+@pytest.mark.parametrize("break_it,fragment", [
+    (lambda d: _set_config(d, lambda c: c.pop("hidden_size")), "config.json has no hidden_size"),
+    (lambda d: _set_config(d, lambda c: c.update(hidden_size="64")), "hidden_size is '64', which is not int"),
+    (lambda d: _set_config(d, lambda c: c.update(rms_norm_eps=True)), "rms_norm_eps is True"),
+    (lambda d: _set_config(d, lambda c: c.update(rope_parameters="oops")), "rope_parameters is 'oops'"),
+    (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON object of settings was expected, not list"),
+    (lambda d: (d / "config.json").write_bytes(b'{"model_type": "caf\xe9"}'), "config.json: invalid JSON"),
+    (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": 5}'),
+     "model.safetensors.index.json: not a valid shard index"),
+])
+def test_broken_configs_are_one_line_errors(llama_copy, tmp_path, break_it, fragment):
+    """A config.json or shard index that is malformed in any of these ways is refused with an
+    error the CLI prints as one line, naming the file or key (in-process: no CLI start-up)."""
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+    from mlx_specstream.errors import USER_ERRORS
+
+    break_it(llama_copy)
+    with pytest.raises(USER_ERRORS, match=re.escape(fragment)):
+        hf_convert(llama_copy, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_missing_weights_file(llama_copy, tmp_path):

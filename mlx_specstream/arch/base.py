@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -28,6 +28,29 @@ class UnsupportedModelError(ValueError):
     """A checkpoint's architecture or one of its options is not supported."""
 
 
+class ConfigError(UnsupportedModelError):
+    """A key the architecture needs is missing from config.json, or has a value of the wrong type."""
+
+
+# The scalar annotations :meth:`BaseArgs.from_dict` checks (bool fields also take 0 / 1).
+_SCALARS = {"int": (int,), "float": (int, float), "bool": (bool, int), "str": (str,)}
+
+
+def _check_value(name: str, value, annotation: str) -> None:
+    """Raise :class:`ConfigError` unless ``value`` fits ``annotation`` ("int", "float | None", ...);
+    annotations other than scalars (lists, dicts) are not checked."""
+    kinds = [k.strip() for k in str(annotation).split("|")]
+    if value is None and "None" in kinds:
+        return
+    for kind in kinds:
+        allowed = _SCALARS.get(kind)
+        if allowed is None:
+            return
+        if isinstance(value, allowed) and not (isinstance(value, bool) and kind in ("int", "float")):
+            return
+    raise ConfigError(f"config.json: {name} is {value!r}, which is not {' or '.join(kinds)}")
+
+
 @dataclass
 class BaseArgs:
     """A family's typed config: :meth:`from_dict` reads the fields it declares from a HF config
@@ -35,8 +58,18 @@ class BaseArgs:
 
     @classmethod
     def from_dict(cls, cfg: dict):
-        names = {f.name for f in fields(cls) if f.init}
-        return cls(**{k: v for k, v in cfg.items() if k in names})
+        """The fields ``cls`` declares, read from ``cfg``; a required one missing, or a value of
+        the wrong type (``"hidden_size": "64"``), is a :class:`ConfigError` naming the key."""
+        declared = [f for f in fields(cls) if f.init]
+        missing = [f.name for f in declared if f.name not in cfg
+                   and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise ConfigError(f"config.json has no {', '.join(missing)} (a {cfg.get('model_type', '?')} "
+                              "model needs it)")
+        for f in declared:
+            if f.name in cfg:
+                _check_value(f.name, cfg[f.name], f.type)
+        return cls(**{f.name: cfg[f.name] for f in declared if f.name in cfg})
 
 
 @dataclass
@@ -82,6 +115,9 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
     Reads both the transformers<5 keys (``rope_theta``, ``rope_scaling``,
     ``partial_rotary_factor``) and the transformers>=5 ``rope_parameters`` dict.
     """
+    for key in ("rope_parameters", "rope_scaling"):
+        if not isinstance(cfg.get(key) or {}, dict):
+            raise ConfigError(f"config.json: {key} is {cfg[key]!r}, which is not an object")
     params = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or params
     base = params.get("rope_theta", cfg.get("rope_theta", 10000.0))

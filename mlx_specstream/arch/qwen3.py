@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import mlx.nn as nn
@@ -10,7 +11,14 @@ from . import llama
 from .base import Rope
 
 
+@dataclass
+class Args(llama.Args):
+    head_dim: int | None = 128  # transformers' Qwen3Config default, not hidden_size / heads
+
+
 class Model(llama.Model):
+    Args = Args
+
     def block(self, args: llama.Args, i: int, rope: Rope) -> nn.Module:
         qk_norm = partial(nn.RMSNorm, eps=args.rms_norm_eps)
         return llama.Block(args, rope, window=args.window(i), qk_norm=qk_norm)
