@@ -193,13 +193,14 @@ def bench(
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.api import DEFAULT_MODEL
     from mlx_specstream.bench import markdown_table, run_bench
+    from mlx_specstream.loader import model_dir
 
     if task not in ("sql", "code"):
         raise ValueError("--task must be sql or code")
     if quick:
         n, max_tokens = min(n, 8), min(max_tokens, 64)
     model = model or DEFAULT_MODEL
-    draft = draft_model or model / "draft"
+    draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
                     overwrite=overwrite, repeats=repeats)
     typer.echo(markdown_table(res["meta"], res["results"]))

@@ -48,6 +48,15 @@ def read_config(path: Path) -> dict:
     return cfg
 
 
+def model_dir(path: str | Path, flag: str = "") -> Path:
+    """``path`` as a Path, or a :class:`CheckpointError` when it is not a directory (``flag``,
+    e.g. "--draft-model", names the option it came from)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"{flag + ' ' if flag else ''}{path}: no such model directory")
+    return path
+
+
 def read_safetensors(files: list[str]) -> dict[str, mx.array]:
     weights: dict[str, mx.array] = {}
     for f in files:
@@ -128,9 +137,7 @@ def load_model(path: str | Path, dtype: str | None = None,
     ``quantize=(bits, group_size)`` quantizes a float model at load time (see
     :func:`quantize_model`).
     """
-    path = Path(path)
-    if not path.is_dir():
-        raise CheckpointError(f"{path}: no such model directory")
+    path = model_dir(path)
     if quantize is not None and not (isinstance(quantize, tuple | list) and len(quantize) == 2
                                      and quantize[0] in Q_BITS and quantize[1] in Q_GROUP_SIZES):
         raise ValueError(f"quantize must be (bits, group_size) with bits 4 or 8 and group_size 32, 64 "

@@ -88,6 +88,43 @@ def test_bench_cli_errors(tmp_path):
                           "no such model directory")
     assert_one_line_error(cli("bench", "--repeats", "0", "--out", str(tmp_path)), "--repeats must be >= 1")
     assert_one_line_error(cli("bench", "--n", "-1", "--out", str(tmp_path)), "--n must be >= 1")
+    assert_one_line_error(cli("bench", "--draft-model", str(tmp_path / "typo"), "--out", str(tmp_path)),
+                          "--draft-model")
+
+
+def test_bench_refuses_before_it_runs(tmp_path):
+    """What would fail after minutes of timing fails first: results that cannot be written, no
+    tokens to generate, a model without a tokenizer (in-process: no CLI start-up)."""
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(PermissionError, match="cannot write the results to"):
+        run_bench(DEFAULT_MODEL, "sql", 1, 8, tmp_path / "afile" / "sub", methods=[])
+    with pytest.raises(ValueError, match="--max-tokens must be >= 1"):
+        run_bench(DEFAULT_MODEL, "sql", 1, 0, tmp_path / "out", methods=[])
+    with pytest.raises(FileNotFoundError, match="no tokenizer files"):
+        run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
+
+
+def test_too_few_prompts_flag_the_interval(tmp_path):
+    """A bootstrap over fewer than MIN_BOOTSTRAP_PROMPTS prompts bounds nothing: even a steady
+    method's (zero-width) interval is flagged; the reference's is not."""
+    from mlx_specstream.bench import MIN_BOOTSTRAP_PROMPTS
+
+    clock, tok = FakeClock(), load_tokenizer(DEFAULT_MODEL)
+    n = MIN_BOOTSTRAP_PROMPTS - 1
+    texts = [f"SELECT {p}" for p in range(n)]
+    index = {tuple(tok.encode(x)): p for p, x in enumerate(texts)}.__getitem__
+    methods = [fake_method(clock, name, {p: [t] * 3 for p in range(n)}, index=lambda ids: index(tuple(ids)),
+                           **kw) for name, t, kw in [("ar", 1.0, dict(plain_ar=True)), ("steady", 0.5, {})]]
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
+                                             for x in texts))
+    res = run_bench(DEFAULT_MODEL, "sql", n, 16, tmp_path / "out", data_dir=data, methods=methods,
+                    clock=clock)
+    by = {r["method"]: r for r in res["results"]}
+    assert by["steady"]["speedup_ci95"] == [2.0, 2.0] and not by["steady"]["interval_within_10pct"]
+    assert by["ar"]["interval_within_10pct"]
+    assert "steady" in (tmp_path / "out" / "results.md").read_text().split("95% interval wider")[1]
 
 
 # --- the timing harness, with fake decoders whose times the test sets ------------------------
