@@ -40,14 +40,24 @@ def _mkl_candidates() -> list[str]:
 
 def find_blas(choice: str | None = None) -> str | None:
     """Path of the optimized BLAS to preload for ``choice`` (see module doc), or None."""
-    choice = (choice or os.environ.get("SPECSTREAM_BLAS", "auto")).strip()
+    choice = (choice or os.environ.get("SPECSTREAM_BLAS") or "auto").strip()
     if choice == "reference" or sys.platform != "linux":
         return None
-    if choice not in ("auto", "mkl", "openblas"):
-        if not Path(choice).is_file():
-            raise FileNotFoundError(f"SPECSTREAM_BLAS={choice}: no such library")
-        return choice
     found = {"mkl": _mkl_candidates(), "openblas": [p for p in _OPENBLAS if Path(p).exists()]}
+    if choice not in ("auto", "mkl", "openblas"):
+        if Path(choice).is_file():
+            return choice
+        problem = "no such library (nor auto, mkl, openblas or reference)"
+    elif choice != "auto" and not found[choice]:
+        problem = f"{choice} is not installed here"
+    else:
+        problem = None
+    if problem is not None:  # a typo must not stop every command, nor quietly cost the fast BLAS
+        import warnings
+
+        warnings.warn(f"SPECSTREAM_BLAS={choice}: {problem}; using the best BLAS found instead",
+                      RuntimeWarning, stacklevel=2)
+        choice = "auto"
     order = ["mkl", "openblas"] if choice == "auto" else [choice]
     for name in order:
         if found[name]:

@@ -127,3 +127,23 @@ def test_scripts_import_mlx_specstream_before_mlx():
                 late.append(script.name)
                 break
     assert late == []
+
+
+def test_a_bad_choice_warns_and_uses_the_best_blas_found(monkeypatch, tmp_path):
+    """``SPECSTREAM_BLAS`` with a typo, or naming a BLAS not installed, warns once and falls back
+    to what ``auto`` finds, instead of stopping every command at import or quietly running on
+    the slow reference BLAS."""
+    import pytest
+
+    from mlx_specstream import blas
+
+    best = find_blas("auto")
+    monkeypatch.setenv("SPECSTREAM_BLAS", "openbals")
+    with pytest.warns(RuntimeWarning, match="openbals: no such library"):
+        assert find_blas() == best
+    monkeypatch.setattr(blas, "_mkl_candidates", lambda: [])
+    with pytest.warns(RuntimeWarning, match="mkl is not installed here"):
+        assert find_blas("mkl") == find_blas("auto")
+    lib = tmp_path / "libmine.so"
+    lib.write_bytes(b"")
+    assert find_blas(str(lib)) == str(lib)
