@@ -3,9 +3,17 @@
 from __future__ import annotations
 
 import sys
+import warnings
 from pathlib import Path
 
 import typer
+
+
+def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
+    return f"warning: {message}\n"
+
+
+warnings.formatwarning = _one_line  # a warning is one line here, as an error is (main)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Speculative Streaming for MLX: import, train adapters, generate, export.")

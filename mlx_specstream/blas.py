@@ -38,6 +38,9 @@ def _mkl_candidates() -> list[str]:
     return sorted(p for r in roots for p in glob.glob(os.path.join(r, "lib", "libmkl_rt.so*")))
 
 
+_warned: set[str] = set()
+
+
 def find_blas(choice: str | None = None) -> str | None:
     """Path of the optimized BLAS to preload for ``choice`` (see module doc), or None."""
     choice = (choice or os.environ.get("SPECSTREAM_BLAS") or "auto").strip()
@@ -53,10 +56,12 @@ def find_blas(choice: str | None = None) -> str | None:
     else:
         problem = None
     if problem is not None:  # a typo must not stop every command, nor quietly cost the fast BLAS
-        import warnings
+        message = f"SPECSTREAM_BLAS={choice}: {problem}; using the best BLAS found instead"
+        if message not in _warned:  # once per process (import, then `specstream-mlx blas`)
+            import warnings
 
-        warnings.warn(f"SPECSTREAM_BLAS={choice}: {problem}; using the best BLAS found instead",
-                      RuntimeWarning, stacklevel=2)
+            _warned.add(message)
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
         choice = "auto"
     order = ["mkl", "openblas"] if choice == "auto" else [choice]
     for name in order:

@@ -89,10 +89,23 @@ def check_quantization(bits: int, group_size: int, error: type[Exception] = Valu
         raise error(f"--q-group-size must be 32, 64 or 128, not {group_size}")
 
 
-def quantize_model(model: nn.Module, bits: int, group_size: int) -> None:
+def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
+    """Quantize every layer :func:`quantize_predicate` allows; returns how many. None allowed is
+    an error; some left in float (input sizes that do not divide into groups) a warning."""
     check_quantization(bits, group_size)
-    nn.quantize(model, group_size=group_size, bits=bits,
-                class_predicate=quantize_predicate(group_size))
+    layers = [m for _, m in model.named_modules() if hasattr(m, "to_quantized")]
+    fits = sum(quantize_predicate(group_size)("", m) for m in layers)
+    if not fits:
+        raise ValueError(f"--q-group-size {group_size}: no layer's input size divides into groups of "
+                         f"{group_size}, so nothing would be quantized"
+                         + ("" if group_size == min(Q_GROUP_SIZES) else " (try a smaller group size)"))
+    if fits < len(layers):
+        import warnings
+
+        warnings.warn(f"{len(layers) - fits} of {len(layers)} layers stay in float: their input sizes do "
+                      f"not divide into groups of {group_size}", stacklevel=2)
+    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantize_predicate(group_size))
+    return fits
 
 
 def apply_weights(model: CausalLM, weights: dict[str, mx.array], dtype=None) -> None:

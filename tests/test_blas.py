@@ -138,6 +138,7 @@ def test_a_bad_choice_warns_and_uses_the_best_blas_found(monkeypatch, tmp_path):
     from mlx_specstream import blas
 
     best = find_blas("auto")
+    monkeypatch.setattr(blas, "_warned", set())
     monkeypatch.setenv("SPECSTREAM_BLAS", "openbals")
     with pytest.warns(RuntimeWarning, match="openbals: no such library"):
         assert find_blas() == best

@@ -152,6 +152,23 @@ def test_layers_whose_input_does_not_divide_stay_float(tmp_path):
     assert np.abs(np.array(model(mx.array(ids))) - ref).max() < 0.05
 
 
+def test_quantizing_nothing_is_an_error_and_some_a_warning():
+    """Groups wider than every layer's input quantize nothing: refused, not written as "int4"
+    weights that are all float; a few layers left in float are said, with their count."""
+    from helpers import tiny_model
+
+    from mlx_specstream.loader import quantize_model
+
+    wide = tiny_model("llama", hidden_size=40, intermediate_size=80)
+    with pytest.raises(ValueError, match="no layer's input size divides into groups of 32"):
+        quantize_model(wide, 4, 32)
+    some = tiny_model("llama", hidden_size=64, intermediate_size=96)  # down_proj's 96 inputs: not 64s
+    with pytest.warns(UserWarning, match="4 of 30 layers stay in float"):  # down_proj of 4 layers
+        quantize_model(some, 4, 64)
+    assert type(some.layers[0].mlp.down_proj) is nn.Linear
+    assert type(some.layers[0].mlp.up_proj) is nn.QuantizedLinear
+
+
 def test_load_time_quantization_of_a_quantized_model_fails(dirs):
     with pytest.raises(ValueError, match="already quantized"):
         load_model(dirs[4], quantize=(8, GROUP))
