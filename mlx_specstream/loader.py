@@ -125,6 +125,10 @@ def apply_weights(model: CausalLM, weights: dict[str, mx.array], dtype=None) -> 
                 f"shape mismatch for {name}: checkpoint {tuple(w.shape)}, "
                 f"config implies {tuple(expected[name].shape)}"
             )
+        floating = mx.issubdtype(expected[name].dtype, mx.floating)
+        if floating != mx.issubdtype(w.dtype, mx.floating):
+            raise CheckpointError(f"{name}: a {w.dtype} tensor where the architecture has "
+                                  f"{'floating-point' if floating else expected[name].dtype} weights")
     if dtype is not None:
         weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
                    for k, v in weights.items()}

@@ -323,6 +323,18 @@ def test_broken_configs_are_one_line_errors(llama_copy, tmp_path, break_it, frag
     assert not (tmp_path / "out").exists()
 
 
+def test_integer_weights_for_a_float_parameter(llama_copy, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+
+    weights = load_file(llama_copy / "model.safetensors")
+    weights["model.norm.weight"] = weights["model.norm.weight"].astype(np.int32)
+    save_file(weights, llama_copy / "model.safetensors")
+    with pytest.raises(ValueError, match="model.norm.weight: a mlx.core.int32 tensor where the architecture"):
+        hf_convert(llama_copy, tmp_path / "out")
+
+
 def test_missing_weights_file(llama_copy, tmp_path):
     (llama_copy / "model.safetensors").unlink()
     bad(llama_copy, tmp_path / "out", "no weights")
