@@ -15,6 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from .arch.base import check_value
 from .errors import AdapterError
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
@@ -331,11 +332,15 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
 def read_config(path: Path) -> AdapterConfig:
     """The configuration saved in adapter directory ``path`` (keys of other versions ignored)."""
     try:
-        raw = json.loads((path / CONFIG_FILE).read_text())
-    except (OSError, json.JSONDecodeError) as e:
+        raw = json.loads((path / CONFIG_FILE).read_bytes())
+    except (OSError, ValueError) as e:  # unreadable, not UTF-8, not JSON
         raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ({e})") from None
-    known = {f.name for f in fields(AdapterConfig)}
-    return AdapterConfig(**{k: v for k, v in raw.items() if k in known})
+    if not isinstance(raw, dict):
+        raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config (not a JSON object)")
+    known = [f for f in fields(AdapterConfig) if f.name in raw]
+    for f in known:
+        check_value(f.name, raw[f.name], f.type, source=str(path / CONFIG_FILE), error=AdapterError)
+    return AdapterConfig(**{f.name: raw[f.name] for f in known})
 
 
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,

@@ -91,7 +91,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     examples = [Example(prompts[i] + done[i], e.n_prompt) if i in wanted else e
                 for i, e in enumerate(dataset.examples)]
     out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
-                  list(dataset.notes))
+                  dataset.n_empty, list(dataset.notes))
     out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
     return out
 

@@ -43,6 +43,15 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
 }
 
 
+# kind -> {subdirectory: (the names of its entries, the kind of directory each entry is or None
+# for files, and the names of what an interrupted write of ours leaves there)}: what the project
+# writes inside a directory of that kind, checked as deep as it goes.
+NESTED: dict[str, dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...]]]] = {
+    "training run": {"checkpoints": (("step-*",), "checkpoint", (".step-*",)),
+                     "distilled": (("train.jsonl", "valid.jsonl"), None, (".*.jsonl.tmp*",))},
+}
+
+
 # Metadata of the weights files of the models the project writes. A checkpoint downloaded from a
 # hub, or written by mlx-lm, has the same file names (config.json, *.safetensors) but not this.
 WEIGHTS_MARK = {"written_by": "mlx-specstream"}
@@ -69,8 +78,26 @@ def foreign_entries(path: Path, kind: str) -> list[str]:
     entries = sorted(p.name for p in path.iterdir())
     if marker is not None and marker not in entries:
         return entries
-    return [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)
-            or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
+    foreign = [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)
+               or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
+    for sub, (patterns, inner, leftovers) in NESTED.get(kind, {}).items():
+        d = path / sub
+        if sub in foreign or not (d.exists() or d.is_symlink()):
+            continue
+        if d.is_symlink() or not d.is_dir():
+            foreign.append(sub)
+            continue
+        for e in sorted(d.iterdir()):
+            ours = any(fnmatch.fnmatchcase(e.name, pat) for pat in patterns) and not e.is_symlink() and (
+                e.is_file() if inner is None else e.is_dir() and not foreign_entries(e, inner)) or any(
+                fnmatch.fnmatchcase(e.name, pat) for pat in leftovers)
+            if not ours:
+                foreign.append(f"{sub}/{e.name}")
+    return foreign
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
 def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = "--overwrite") -> None:
@@ -82,11 +109,11 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = 
     if not overwrite:
         raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
     if dest.is_symlink() or not dest.is_dir():
-        raise FileExistsError(f"{dest} exists and is not a {kind} directory: refusing to replace it")
+        raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
-        raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as a {kind} "
+        raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "
                               f"({shown}): refusing to replace it; choose another path")
 
 

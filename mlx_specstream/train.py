@@ -45,8 +45,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import shutil
 import sys
+import tempfile
 import time
 import types
 from dataclasses import asdict, dataclass, field
@@ -78,7 +80,7 @@ from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
-from .errors import USER_ERRORS, AdapterError
+from .errors import USER_ERRORS, AdapterError, OptionError
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
@@ -468,6 +470,28 @@ def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.
 # -- the training loop -----------------------------------------------------------------------
 
 
+# option -> (the least value it takes, whether that value itself is allowed): every one a finite
+# number; None where the option may be None (its default meaning)
+_RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those weights stay as they start
+           "epochs": (0, False), "prune_weight": (0, True),
+           "warmup": (0, True), "seed": (0, True), "segment_len": (1, True), "val_every": (0, True),
+           "val_batches": (1, True), "save_every": (0, True), "accept_prompts": (0, True),
+           "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, False),
+           "weight_decay": (0, True)}
+
+
+def _check_numbers(**values) -> None:
+    """Refuse NaN, infinities and values below an option's range (:data:`_RANGES`), naming it:
+    a NaN learning rate trains an adapter of NaN weights, and saves it."""
+    for name, value in values.items():
+        if value is None:
+            continue
+        least, inclusive = _RANGES[name]
+        if not math.isfinite(value) or value < least or (value == least and not inclusive):
+            bound = f">= {least}" if inclusive else f"> {least}"
+            raise OptionError(f"{{{name}}} must be a finite number {bound}, not {value}")
+
+
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if mode == "lora":
         if alphas is not None:
@@ -483,6 +507,8 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if len(alphas) != gamma + 1:
         raise ValueError(f"alphas: give alpha_0 and alpha_1..alpha_{gamma} ({gamma + 1} numbers), "
                          f"or two (alpha_0, one alpha for every stream); got {len(alphas)}")
+    if not all(math.isfinite(a) and a >= 0 for a in alphas):
+        raise OptionError(f"{{alphas}} must be finite numbers >= 0, not {alphas}")
     if mode == "lossless" and alphas[0] != 0:
         raise ValueError("lossless mode trains no main-stream parameters: alpha_0 must be 0")
     if any(a < 0 for a in alphas) or not any(alphas[1:]):
@@ -501,6 +527,8 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
             raise ValueError(f"out='{out}' is a bare adapter name: it goes under MODEL/adapters/, "
                              "but the model's directory is unknown; give a directory path instead")
         return Path(model_path) / "adapters" / str(out), str(out), True
+    if p.name in ("", ".."):  # "." or "x/..": by the name they stand for
+        p = Path(os.path.abspath(p))
     return p, p.name, False
 
 
@@ -513,9 +541,18 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     check_replaceable(out_dir, "adapter", True)
     if work.exists():
         check_replaceable(work, "training run", True)
-    if checkpoints(work / "checkpoints") and not (resume or overwrite):
+    found = checkpoints(work / "checkpoints")
+    if found and not (resume or overwrite):
         raise FileExistsError(f"{work / 'checkpoints'} holds checkpoints of an earlier run: pass resume=True "
                               "(--resume) to continue it, or overwrite=True (--overwrite)")
+    if resume and not found and out_dir.exists() and not overwrite:
+        raise FileExistsError(f"{out_dir}: no checkpoint in {work / 'checkpoints'} to resume from; pass "
+                              "overwrite=True (--overwrite) to train it again from step 0")
+    try:  # an output that cannot be written fails now, not after the training
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=out_dir.parent).close()
+    except OSError as e:
+        raise PermissionError(f"cannot write to {out_dir.parent}: {e.strerror}") from None
 
 
 def _digest(weights: dict[str, mx.array]) -> str:
@@ -681,6 +718,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise ValueError("distill_tokens must be at least 1")
     if batch_size < 1 or (iters is not None and iters < 1) or (epochs is not None and epochs <= 0):
         raise ValueError("batch_size, iters and epochs must be positive")
+    _check_numbers(lr=lr, fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
+                   warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
+                   val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
+                   accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
+                   weight_decay=weight_decay)
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
     if processes < 1:
@@ -694,6 +736,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         model, tok = load(model_path)
         tokenizer = tokenizer if tokenizer is not None else tok
     model_path = Path(model_path) if model_path is not None else getattr(model, "path", None)
+    if model.max_positions is not None and max_seq_len > model.max_positions:
+        raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
+                          "model holds")
     group = _group(distributed)
     rank_id, world = (group.rank(), group.size()) if group is not None else (0, 1)
     main_proc = rank_id == 0
@@ -710,8 +755,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
         _check_out(out_dir, resume, overwrite)
-        if work.exists() and overwrite and not resume:
-            shutil.rmtree(work)
     if group is not None:  # every process waits for the checks above
         mx.eval(group.all_sum(mx.array(1.0)))
 
@@ -793,6 +836,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
                              "msa_layers, rank, over): give the settings it was trained with")
         model.load_weights(list(start_weights.items()), strict=False)
+    # an earlier run's checkpoints go only now, once the data, --init and --over have been read
+    if work is not None and main_proc and work.exists() and overwrite and not resume:
+        shutil.rmtree(work)
+    if group is not None:
+        mx.eval(group.all_sum(mx.array(1.0)))
     if self_distill:
         # the model as attached writes them: the base, or the base with its fine-tune
         key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
@@ -888,6 +936,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             info = {"step": step, "loss": round(float(loss.item()), 6),
                     "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")
                     else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
+            if not math.isfinite(info["loss"]):
+                raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
+                                 "(try a smaller --lr, or --grad-clip); no adapter is saved")
             history.append(info)
             bar.update(1)
             bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
@@ -980,6 +1031,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
     contexts."""
+    from .loader import read_config as read_model_config
     from .tokenizer import load_tokenizer
 
     path = resolve_adapter(model_path, adapter)
@@ -988,7 +1040,9 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     tokenizer = load_tokenizer(Path(model_path))
-    train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template)
+    vocab_size = read_model_config(Path(model_path)).get("vocab_size")
+    train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template,
+                                vocab_size=vocab_size)
     table = ngram_table(train_ds)
     if not table.next:
         raise ValueError(f"{data}: no n-gram occurs often enough in its completions to draft "

@@ -136,3 +136,19 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
         write_ngrams(model_dir, "arith", tmp_path / "tiny", overwrite=True)
     assert (model_dir / "adapters" / "arith" / NGRAMS_FILE).read_bytes() == before
     assert write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True)[1] == len(table.next)
+    (tmp_path / "far").mkdir()
+    (tmp_path / "far" / "train.jsonl").write_text('{"prompt": [1, 2], "completion": [3, 99999]}\n')
+    with pytest.raises(ValueError, match="token id out of range"):  # as train refuses the same data
+        write_ngrams(model_dir, "arith", tmp_path / "far", overwrite=True)
+
+
+@pytest.mark.parametrize("config,fragment", [("[]", "not a JSON object"),
+                                             ('{"gamma": "four"}', "gamma is 'four', which is not int")])
+def test_a_malformed_adapter_config_is_one_line(tmp_path, config, fragment):
+    from mlx_specstream.adapter import read_config
+    from mlx_specstream.errors import USER_ERRORS
+
+    (tmp_path / "adapter_config.json").write_text(config)
+    with pytest.raises(AdapterError, match=fragment) as e:
+        read_config(tmp_path)
+    assert isinstance(e.value, USER_ERRORS)

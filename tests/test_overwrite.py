@@ -200,3 +200,88 @@ def test_a_failed_write_is_an_oserror_and_leaves_nothing(tmp_path, monkeypatch):
             save_model(tiny_model(), {}, tmp)
     assert isinstance(e.value, USER_ERRORS)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_train_overwrite_never_reaches_inside_a_user_run_folder(tmp_path):
+    """A NAME.train folder is the project's only when everything in it is: user files among its
+    checkpoints or distilled data make --overwrite refuse it, and nothing is deleted."""
+    model = tiny_model()
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    run = tmp_path / "victim.train"
+    (run / "checkpoints" / "my-experiment").mkdir(parents=True)
+    (run / "checkpoints" / "my-experiment" / "model.bin").write_text("w")
+    (run / "distilled").mkdir()
+    (run / "distilled" / "mine.csv").write_text("d")
+    with pytest.raises(FileExistsError, match="checkpoints/my-experiment"):
+        train(model, (ds, None), out=tmp_path / "victim", iters=1, overwrite=True, progress=False)
+    assert (run / "checkpoints" / "my-experiment" / "model.bin").read_text() == "w"
+    assert (run / "distilled" / "mine.csv").read_text() == "d"
+
+
+def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
+    """--overwrite removes the earlier run's checkpoints only once the new run's data and --init
+    have been read: a run that fails on them leaves them. --resume with nothing to resume does
+    not silently retrain over a finished adapter."""
+    from mlx_specstream.checkpoint import checkpoints
+
+    model = tiny_model()
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    out = tmp_path / "a"
+    train(model, (ds, None), out=out, iters=2, save_every=1, progress=False)
+    before = checkpoints(tmp_path / "a.train" / "checkpoints")
+    with pytest.raises(ValueError, match="no such data directory"):
+        train(model, tmp_path / "no-data", out=out, iters=2, overwrite=True, progress=False)
+    assert checkpoints(tmp_path / "a.train" / "checkpoints") == before and before
+    import shutil
+
+    shutil.rmtree(tmp_path / "a.train")
+    weights = (out / "adapter.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="no checkpoint .* to resume from"):
+        train(model, (ds, None), out=out, iters=2, resume=True, progress=False)
+    assert (out / "adapter.safetensors").read_bytes() == weights
+
+
+@pytest.mark.parametrize("option,value,fragment", [
+    ("lr", float("nan"), "lr must be a finite number >= 0, not nan"),
+    ("lr", -1.0, "lr must be a finite number >= 0"),
+    ("fine_tune_lr", float("inf"), "fine_tune_lr must be a finite number >= 0"),
+    ("prune_weight", -1.0, "prune_weight must be a finite number >= 0"),
+    ("alphas", "0,nan", "alphas must be finite numbers >= 0"),
+    ("epochs", float("inf"), "epochs must be a finite number > 0"),
+    ("seed", -1, "seed must be a finite number >= 0"),
+    ("warmup", -1, "warmup must be a finite number >= 0"),
+    ("segment_len", -1, "segment_len must be a finite number >= 1"),
+    ("val_batches", -1, "val_batches must be a finite number >= 1"),
+    ("accept_prompts", -1, "accept_prompts must be a finite number >= 0"),
+    ("max_seq_len", 8192, "max_seq_len is 8192, beyond the"),
+])
+def test_train_refuses_nonsense_numbers_before_anything(tmp_path, option, value, fragment):
+    """A NaN learning rate used to train and save an adapter of NaN weights; each of these is
+    refused with the option named, before anything is written."""
+    from mlx_specstream.errors import OptionError
+
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    opts = {"iters": None if option == "epochs" else 1, "progress": False,
+            "mode": "shared" if option == "fine_tune_lr" else "lossless", option: value}
+    with pytest.raises((OptionError, ValueError), match=fragment):
+        train(tiny_model(max_position_embeddings=2048), (ds, None), out=tmp_path / "x", **opts)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_train_stops_when_the_loss_diverges(tmp_path, monkeypatch):
+    """A loss that turns NaN ends the run with an error and no adapter saved."""
+    import mlx.core as mx
+
+    from mlx_specstream import train as train_module
+
+    real = train_module.batch_gradients
+
+    def nan_loss(*a, **k):
+        loss, grads = real(*a, **k)
+        return loss * mx.array(float("nan")), grads
+
+    monkeypatch.setattr(train_module, "batch_gradients", nan_loss)
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    with pytest.raises(ValueError, match="step 1: the training loss is nan"):
+        train(tiny_model(), (ds, None), out=tmp_path / "x", iters=2, progress=False)
+    assert not (tmp_path / "x").exists()

@@ -36,9 +36,10 @@ class ConfigError(UnsupportedModelError):
 _SCALARS = {"int": (int,), "float": (int, float), "bool": (bool, int), "str": (str,)}
 
 
-def _check_value(name: str, value, annotation: str) -> None:
-    """Raise :class:`ConfigError` unless ``value`` fits ``annotation`` ("int", "float | None", ...);
-    annotations other than scalars (lists, dicts) are not checked."""
+def check_value(name: str, value, annotation: str, source: str = "config.json",
+                error: type[Exception] = ConfigError) -> None:
+    """Raise ``error`` unless ``value`` (of key ``name`` in file ``source``) fits ``annotation``
+    ("int", "float | None", ...); annotations other than scalars (lists, dicts) are not checked."""
     kinds = [k.strip() for k in str(annotation).split("|")]
     if value is None and "None" in kinds:
         return
@@ -48,7 +49,7 @@ def _check_value(name: str, value, annotation: str) -> None:
             return
         if isinstance(value, allowed) and not (isinstance(value, bool) and kind in ("int", "float")):
             return
-    raise ConfigError(f"config.json: {name} is {value!r}, which is not {' or '.join(kinds)}")
+    raise error(f"{source}: {name} is {value!r}, which is not {' or '.join(kinds)}")
 
 
 @dataclass
@@ -68,7 +69,7 @@ class BaseArgs:
                               "model needs it)")
         for f in declared:
             if f.name in cfg:
-                _check_value(f.name, cfg[f.name], f.type)
+                check_value(f.name, cfg[f.name], f.type)
         return cls(**{f.name: cfg[f.name] for f in declared if f.name in cfg})
 
 
