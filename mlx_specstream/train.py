@@ -564,6 +564,16 @@ def _digest(weights: dict[str, mx.array]) -> str:
     return h.hexdigest()[:16]
 
 
+def _examples_digest(ds: Dataset) -> str:
+    """A digest of a data set's examples (tokens and prompt lengths), recorded in checkpoints."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for e in ds.examples:
+        h.update(np.asarray(e.tokens, np.int64).tobytes() + e.n_prompt.to_bytes(8, "little"))
+    return h.hexdigest()[:16]
+
+
 def _all_sum(tree, group):
     """The tree of arrays summed over the processes in one message (one per array would pay the
     transport's latency for each of the adapter's ~60 arrays and the loss)."""
@@ -772,6 +782,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_lines} examples have an "
                 "empty completion: trained on as given, they teach the model to stop right after the "
                 "prompt (lossless mode's default self-distillation learns the model's own continuations)")
+    data_digest = _examples_digest(train_ds)  # the data as given: a resumed run must see the same
     if valid_ds is None:
         train_ds, valid_ds = hold_out(train_ds, seed)
         say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
@@ -869,6 +880,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     compat = {k: v for k, v in asdict(tc).items()
               if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "accept_prompts",
                            "accept_tokens", "state_cache_mb")}
+    compat["data"] = data_digest
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
@@ -877,7 +889,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             st = load_checkpoint(model, optimizer, found[-1])
             if st.get("base_fingerprint") != base_fp:
                 raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-            diff = {k: (st["config"].get(k), v) for k, v in compat.items() if st["config"].get(k) != v}
+            # (a checkpoint written before data digests were recorded is not compared on "data")
+            diff = {k: (st["config"].get(k), v) for k, v in compat.items()
+                    if st["config"].get(k, v if k == "data" else None) != v}
             if diff:
                 raise ValueError(f"{found[-1]}: the run's settings differ from the checkpoint's "
                                  f"(setting: (checkpoint, now)) {diff}")

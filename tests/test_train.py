@@ -744,6 +744,9 @@ def test_resume_continues_from_checkpoint(tmp_path):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
     with pytest.raises(ValueError, match="past iters"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "iters": 5})
+    other = Dataset(ds.examples[::-1], n_lines=len(ds))  # other data: not the batches it saw
+    with pytest.raises(ValueError, match="'data'"):
+        train(model, (other, None), out=tmp_path / "cut", resume=True, **opts)
     rep = train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "cut", resume=True,
                 **{**opts, "iters": 8})  # a further stage: continues from step 6
     assert rep["start_step"] == 6 and [h["step"] for h in rep["history"]] == list(range(1, 9))
