@@ -105,6 +105,40 @@ def test_adapter_save_load_roundtrip_and_swap(tmp_path):
     assert generate(model, None, [1, 2], max_tokens=30, branch=3).tokens == shared_out
 
 
+def _with_noise(model, where: str):
+    """``model`` with Gaussian noise of each matrix's own spread added to the matrices whose names
+    contain ``where``: a base of the same shape that computes something else."""
+    from mlx.utils import tree_flatten, tree_unflatten
+
+    mx.random.seed(9)
+    params = [(k, v + mx.random.normal(v.shape) * mx.std(v) if where in k and v.ndim > 1 else v)
+              for k, v in tree_flatten(model.parameters())]
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
+    return model
+
+
+def test_an_adapter_knows_its_base_by_its_weights(tmp_path):
+    """An adapter refuses a base of its shape whose layers (or embeddings) differ: another training
+    run, or the same weights with noise (the embedding-and-head probe alone missed the layers),
+    yet follows its own base through fp16, int8 and int4."""
+    from mlx_specstream.loader import quantize_model
+
+    model = tiny_model("llama", seed=1)
+    new_adapter(model, gamma=2, msa_layers=2, seed=0)
+    save_adapter(model, tmp_path / "a")
+    for where in ("layers", "embed_tokens"):
+        with pytest.raises(AdapterError, match="another base model"):
+            load_adapter(_with_noise(tiny_model("llama", seed=1), where), tmp_path / "a")
+    for bits in (8, 4):
+        quantized = tiny_model("llama", seed=1)
+        quantize_model(quantized, bits, 64)
+        load_adapter(quantized, tmp_path / "a")
+    half = tiny_model("llama", seed=1)
+    half.set_dtype(mx.float16)
+    load_adapter(half, tmp_path / "a")
+
+
 def test_adapter_errors(tmp_path):
     model = tiny_model("llama", seed=1)
     new_adapter(model, gamma=2, msa_layers=2, seed=0)
