@@ -395,6 +395,7 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     from mlx_specstream.errors import USER_ERRORS, OptionError
+    from mlx_specstream.outputs import Terminated
     from mlx_specstream.process_group import PeerStopped
 
     try:
@@ -405,6 +406,9 @@ def main() -> None:
     except (*USER_ERRORS, PeerStopped) as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(1)
+    except Terminated:  # SIGTERM while writing or training: cleaned up (or a checkpoint saved)
+        typer.echo("terminated", err=True)
+        sys.exit(143)
     except KeyboardInterrupt:
         typer.echo("interrupted", err=True)
         sys.exit(130)

@@ -84,7 +84,7 @@ from .errors import USER_ERRORS, AdapterError, OptionError
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .outputs import check_replaceable, check_replaceable_file, write_text_atomic
+from .outputs import check_replaceable, check_replaceable_file, terminate_cleanly, write_text_atomic
 from .process_group import DistributedGroup, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
@@ -938,41 +938,42 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     bar = tqdm(total=iters, initial=start, desc=f"train {mode}", disable=not (progress and main_proc),
                dynamic_ncols=True, file=sys.stderr)
     try:
-        for step in range(start + 1, iters + 1):
-            ids = global_batch(step - 1)
-            loss, grads = batch_gradients(model, train_ds, ids, tc, group, cache)
-            if grad_clip:
-                grads, _ = optim.clip_grad_norm(grads, grad_clip)
-            optimizer.update(model, grads)
-            mx.eval(model.trainable_parameters(), optimizer.state, loss)
-            tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
-            dt = time.perf_counter() - t0
-            info = {"step": step, "loss": round(float(loss.item()), 6),
-                    "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")
-                    else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
-            if not math.isfinite(info["loss"]):
-                raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
-                                 "(try a smaller --lr, or --grad-clip); no adapter is saved")
-            history.append(info)
-            bar.update(1)
-            bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
-            if valid_ds is not None and val_every and (step % val_every == 0 or step == iters):
-                ev = validate(step)
-                val_history.append({"step": step, **ev})
-                accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
-                per_pass = ev.get("mean_accepted_tokens")
-                say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
-                    f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
-                    + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
-                if per_pass:
-                    bar.set_postfix(loss=f"{info['loss']:.3f}", tok_pass=f"{per_pass:.2f}")
-            due = step == iters or (save_every and step % save_every == 0)
-            if ckpt_dir is not None and main_proc and due:
-                save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
-                                keep_checkpoints, best["weights"])
-                last_saved = step
-            if callback is not None:
-                callback(step, info)
+        with terminate_cleanly():  # SIGTERM saves a checkpoint, as Ctrl-C does
+            for step in range(start + 1, iters + 1):
+                ids = global_batch(step - 1)
+                loss, grads = batch_gradients(model, train_ds, ids, tc, group, cache)
+                if grad_clip:
+                    grads, _ = optim.clip_grad_norm(grads, grad_clip)
+                optimizer.update(model, grads)
+                mx.eval(model.trainable_parameters(), optimizer.state, loss)
+                tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
+                dt = time.perf_counter() - t0
+                info = {"step": step, "loss": round(float(loss.item()), 6),
+                        "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")
+                        else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
+                if not math.isfinite(info["loss"]):
+                    raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
+                                     "(try a smaller --lr, or --grad-clip); no adapter is saved")
+                history.append(info)
+                bar.update(1)
+                bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
+                if valid_ds is not None and val_every and (step % val_every == 0 or step == iters):
+                    ev = validate(step)
+                    val_history.append({"step": step, **ev})
+                    accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
+                    per_pass = ev.get("mean_accepted_tokens")
+                    say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
+                        f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
+                        + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
+                    if per_pass:
+                        bar.set_postfix(loss=f"{info['loss']:.3f}", tok_pass=f"{per_pass:.2f}")
+                due = step == iters or (save_every and step % save_every == 0)
+                if ckpt_dir is not None and main_proc and due:
+                    save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
+                                    keep_checkpoints, best["weights"])
+                    last_saved = step
+                if callback is not None:
+                    callback(step, info)
     except KeyboardInterrupt:
         bar.close()
         done = history[-1]["step"] if history else start

@@ -727,9 +727,23 @@ def test_resume_continues_from_checkpoint(tmp_path):
     with pytest.raises(FileExistsError, match="already exists"):
         train(model, (ds, None), out=tmp_path / "cut", **opts)
 
-    def interrupt_at_3(step, info):  # Ctrl-C: a checkpoint of the steps done is written
+    def interrupt_at_3(step, info):  # Ctrl-C or SIGTERM: a checkpoint of the steps done is written
         if step == 3:
             raise KeyboardInterrupt
+
+    def terminate_at_2(step, info):
+        if step == 2:
+            import os
+            import signal
+
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    from mlx_specstream.outputs import Terminated
+
+    with pytest.raises(Terminated):
+        train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "term", callback=terminate_at_2,
+              **{**opts, "save_every": 100})
+    assert (tmp_path / "term.train" / "checkpoints" / "step-0000002" / "state.json").is_file()
 
     model = tiny_model("llama", seed=0)
     with pytest.raises(KeyboardInterrupt):
