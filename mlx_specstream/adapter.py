@@ -371,6 +371,14 @@ def read_config(path: Path) -> AdapterConfig:
     return AdapterConfig(**{f.name: raw[f.name] for f in known})
 
 
+def _trained_on(path: Path) -> str | None:
+    """The base model directory an adapter's training recorded (adapters trained since 2026-11-27)."""
+    try:
+        return json.loads((path / CONFIG_FILE).read_bytes()).get("training", {}).get("base_model")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
                  check_base: bool = True) -> AdapterConfig:
     """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
@@ -381,9 +389,11 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
                            name_or_path)
     cfg = read_config(path)
     if check_base and not made_for(model, cfg):
+        trained_on = _trained_on(path)
         raise AdapterError(
             f"adapter '{path.name}' was made for another base model "
             f"(fingerprint {cfg.base_fingerprint}, this model {fingerprint(model)}, or its weights differ)"
+            + (f"; it was trained on {trained_on}" if trained_on else "")
         )
     try:
         weights = mx.load(str(path / WEIGHTS_FILE))

@@ -1027,9 +1027,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:
         if mode != "lora":  # drafts from the data beside the streams' (the lookup chain's lead)
             model.adapter_ngrams = ngram_table(train_ds)
+        base = str(Path(model_path).resolve()) if model_path is not None else None  # where it was trained
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,
-                                                         "over": tc.over, "init": tc.init}})
+                                                         "over": tc.over, "init": tc.init,
+                                                         "base_model": base}})
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report

@@ -130,6 +130,11 @@ def test_an_adapter_knows_its_base_by_its_weights(tmp_path):
     for where in ("layers", "embed_tokens"):
         with pytest.raises(AdapterError, match="another base model"):
             load_adapter(_with_noise(tiny_model("llama", seed=1), where), tmp_path / "a")
+    cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    cfg["training"] = {"base_model": "/models/mine"}  # what train records
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(cfg))
+    with pytest.raises(AdapterError, match="it was trained on /models/mine"):
+        load_adapter(tiny_model("llama", seed=2), tmp_path / "a")
     for bits in (8, 4):
         quantized = tiny_model("llama", seed=1)
         quantize_model(quantized, bits, 64)
