@@ -410,6 +410,9 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
     return (round(float(advanced / passes), 4) if passes else 0.0), [round(float(m), 4) for m in table[:, 2]]
 
 
+SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
+
+
 def drafts_better(new: dict, best: dict) -> bool:
     """Whether an evaluation's adapter (``mean_accepted_tokens``, ``per_prompt``, ``loss``)
     replaces the best so far: more tokens per pass by more than the standard error of the
@@ -923,7 +926,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             ev["mean_accepted_tokens"], ev["accepted_per_prompt"] = acceptance(model, accept_set,
                                                                                accept_tokens, eos, group)
             scored = {"mean_accepted_tokens": ev["mean_accepted_tokens"],
-                      "per_prompt": ev["accepted_per_prompt"], "loss": ev["loss"]}
+                      "per_prompt": ev["accepted_per_prompt"], "loss": ev["loss"],
+                      "main_loss": ev["main_loss"]}
             if drafts_better(scored, best):
                 best.update(step=step, **scored, weights=dict(adapter_weights(model)))
         return ev
@@ -989,7 +993,16 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     final_eval = val_history[-1] if val_history and val_history[-1]["step"] == iters else None
     if valid_ds is not None and final_eval is None:
         final_eval = {"step": iters, **validate(iters)}
-    if best["weights"] is not None and best["step"] != iters:  # an earlier adapter drafts better
+    earlier = best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
+    # in shared mode, where the adapter writes the output, it is kept only if its main stream predicts
+    # the validation data about as well as the final one's (older checkpoints did not record it)
+    if earlier and mode == "shared" and (
+            best.get("main_loss", -math.inf) > final_eval["main_loss"] * (1 + SHARED_QUALITY_SLACK)):
+        say(f"keeping the final adapter: step {best['step']} drafted more "
+            f"({best['mean_accepted_tokens']:.2f} tokens per pass against "
+            f"{final_eval['mean_accepted_tokens']:.2f}) but its main stream predicts the validation data "
+            f"worse (loss {best['main_loss']:.4f} against {final_eval['main_loss']:.4f})")
+    elif earlier:
         model.load_weights(list(best["weights"].items()), strict=False)
         say(f"keeping the adapter of step {best['step']}: {best['mean_accepted_tokens']:.2f} tokens per "
             f"pass on the validation prompts (validation loss {best.get('loss', math.nan):.4f}), against "

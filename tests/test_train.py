@@ -964,3 +964,30 @@ def test_base_state_cache_gives_the_same_step():
     small.states(model, ids, [examples[i] for i in ids])
     assert 0 < len(small.kept) < len(ids) and small.used <= small.max_bytes
     detach(model)
+
+
+@pytest.mark.parametrize("early_main_loss,kept", [(2.0, "the final adapter"),
+                                                (1.005, "the adapter of step 2")])
+def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatch, early_main_loss, kept):
+    """A shared adapter writes the output: an earlier checkpoint that drafts more is kept only if its
+    main stream predicts the validation data within 1 % of the final one's (a lossless adapter's
+    main stream is the base's, so there drafting alone decides)."""
+    from mlx_specstream import train as train_module
+
+    at = {2: (3.0, early_main_loss), 4: (1.5, 1.0)}  # step: (tokens per pass, main-stream loss)
+    step = {"now": 0}
+
+    def fake_evaluate(model, ds, tc, max_batches=None, group=None):
+        step["now"] += 2
+        return {"loss": 1.0, "main_loss": at[step["now"]][1], "stream_acc": [0.5, 0.5], "main_acc": 0.9,
+                "prune_acc": 0.5}
+
+    monkeypatch.setattr(train_module, "evaluate", fake_evaluate)
+    monkeypatch.setattr(train_module, "acceptance",
+                        lambda *a, **k: (at[step["now"]][0], [at[step["now"]][0]] * 4))
+    rng = np.random.default_rng(0)
+    ds = arithmetic(24, rng, length=10)
+    said = []
+    train(tiny_model("llama", seed=0), (ds, ds), mode="shared", gamma=2, msa_layers=1, iters=4, val_every=2,
+          batch_size=4, progress=False, log=said.append)
+    assert any(m.startswith(f"keeping {kept}") for m in said), said
