@@ -43,6 +43,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     budgets = [distill_budget(e, max_seq_len, distill_tokens) for e in dataset.examples]
     digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()
     done: dict[int, list[int]] = {}
+    torn = False
     if cache is not None and cache.is_file():
         lines = cache.read_text().splitlines()
         if lines and lines[0] == digest:
@@ -50,14 +51,16 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:  # the last line of an interrupted run
+                    torn = True
                     break
                 done[row["i"]] = row["completion"]
     if size > 1:  # every process has read the cache before the first one writes to it
         mx.eval(group.all_sum(mx.array(1.0)))
     write = cache is not None and rank == 0
-    if write and not done:
+    if write and (torn or not done):  # rows appended after a torn line would never be read
         cache.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(cache, digest + "\n")
+        write_text_atomic(cache, digest + "\n" + "".join(json.dumps({"i": i, "completion": c}) + "\n"
+                                                         for i, c in done.items()))
     wanted = range(len(prompts)) if indices is None else indices
     todo = [i for i in wanted if i not in done]
     if todo and say is not None:

@@ -457,6 +457,8 @@ def test_self_distill_resumes_and_distills_only_what_the_run_visits(tmp_path, mo
     assert calls == [16, 16]
     kept = {json.loads(line)["i"] for line in cache.read_text().splitlines()[1:]}
     assert len(kept) == 16  # the first batch, written before the interruption
+    with cache.open("a") as f:  # a line torn by a kill in the middle of an append
+        f.write('{"i": 39, "compl')
     interrupt, calls[:] = False, []
     part = distill_dataset(model, ds, None, 64, 4, key={"k": 1}, indices=list(range(30)), cache=cache,
                            progress=False)
