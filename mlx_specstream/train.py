@@ -797,7 +797,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
     start_weights = None
     if init is not None:
-        if not made_for(model, read_config(resolve_adapter(model_path, init))):
+        init_cfg = read_config(resolve_adapter(model_path, init))
+        if not made_for(model, init_cfg):
             say(f"--init {init}: made for another base model; its weights are only where this run "
                 "starts")
         start_weights = read_adapter(model, init, model_path, check_base=False)[1]
@@ -847,8 +848,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         start_weights = {k: v for k, v in start_weights.items() if k not in carried}
         fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
         if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
-            raise ValueError(f"adapter '{init}' has another shape than this run's (mode, gamma, "
-                             "msa_layers, rank, over): give the settings it was trained with")
+            theirs = ", ".join(f"{k} {getattr(init_cfg, k)}" for k in ("mode", "gamma", "msa_layers", "rank"))
+            raise ValueError(f"adapter '{init}' has another shape than this run's: it was trained with "
+                             f"{theirs} (and over {'a' if init_cfg.main_rank else 'no'} fine-tune); give "
+                             "those settings")
         model.load_weights(list(start_weights.items()), strict=False)
     # an earlier run's checkpoints go only now, once the data, --init and --over have been read
     if work is not None and main_proc and work.exists() and overwrite and not resume:
