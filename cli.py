@@ -265,7 +265,14 @@ def convert(
             raise ValueError("--to mlx needs --hf-path and --mlx-path")
         out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits if q_bits is not None else 4,
                              q_group_size=q_group_size or 64, dtype=dtype, overwrite=overwrite)
-        typer.echo(f"wrote {out_dir}")
+        from mlx_specstream.tokenizer import load_tokenizer
+
+        try:  # said now, not at the first generate
+            tok = load_tokenizer(out_dir)
+            note = "" if tok is not None else " (no tokenizer files: prompts must be token ids)"
+        except Exception as e:  # noqa: BLE001 (whatever the tokenizer library raises on a bad file)
+            note = f" (its tokenizer files do not load: {e})"
+        typer.echo(f"wrote {out_dir}{note}")
         return
     _convert_coreml(model, out, adapter=adapter, q_bits=q_bits if q_bits is not None or not quantize else 4,
                     q_group_size=q_group_size, precision=precision, context=context, tree_size=tree_size,
