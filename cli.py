@@ -13,8 +13,6 @@ def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
     return f"warning: {message}\n"
 
 
-warnings.formatwarning = _one_line  # a warning is one line here, as an error is (main)
-
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Speculative Streaming for MLX: import, train adapters, generate, export.")
 
@@ -405,6 +403,7 @@ def main() -> None:
     from mlx_specstream.outputs import Terminated
     from mlx_specstream.process_group import PeerStopped
 
+    warnings.formatwarning = _one_line  # a warning is one line, as an error is
     try:
         app()
     except OptionError as e:

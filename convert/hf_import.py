@@ -210,4 +210,4 @@ def convert(
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-    return dest
+    return Path(os.path.abspath(dest))  # "." names the directory that was replaced

@@ -215,9 +215,12 @@ def terminate_cleanly() -> Iterator[None]:
         return
 
     def stop(signum, frame):
+        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM acts at once (a stuck collective)
         raise Terminated("terminated")
 
     previous = signal.signal(signal.SIGTERM, stop)
+    if previous is None:  # a handler installed outside Python: the default stands in for it
+        previous = signal.SIG_DFL
     try:
         yield
     finally:
@@ -232,25 +235,52 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
     interruption never leaves the user with neither the old output nor the new one."""
     aside: list[tuple[Path, Path]] = []  # (old output renamed aside, where it was)
     placed: list[Path] = []
+    with _signals_held():  # Ctrl-C or SIGTERM acts once the outputs are whole again
+        try:
+            for src, dest, kind in moves:
+                if dest.exists() or dest.is_symlink():
+                    check_replaceable(dest, kind, overwrite)
+                    old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
+                    aside.append((old, dest))
+                    os.replace(dest, old / dest.name)
+                if src is not None:
+                    os.replace(src, dest)
+                    placed.append(dest)
+        except BaseException:
+            for dest in placed:
+                shutil.rmtree(dest, ignore_errors=True)
+            lost = []
+            for old, dest in aside:
+                try:
+                    if (old / dest.name).exists():
+                        os.replace(old / dest.name, dest)
+                    old.rmdir()
+                except OSError:
+                    lost.append(f"{dest} is in {old}")
+            if lost:
+                raise OSError(f"the earlier output could not be put back: {'; '.join(lost)}") from None
+            raise
+        for old, _ in aside:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def _signals_held() -> Iterator[None]:
+    """SIGINT and SIGTERM held back until the block ends, then raised again for the handlers that
+    were in place (from the main thread, where Python runs signal handlers)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    before = {s: signal.signal(s, lambda signum, frame: caught.append(signum))
+              for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        for src, dest, kind in moves:
-            if dest.exists() or dest.is_symlink():
-                check_replaceable(dest, kind, overwrite)
-                old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
-                os.replace(dest, old / dest.name)
-                aside.append((old, dest))
-            if src is not None:
-                os.replace(src, dest)
-                placed.append(dest)
-    except BaseException:
-        for dest in placed:
-            shutil.rmtree(dest, ignore_errors=True)
-        for old, dest in aside:
-            os.replace(old / dest.name, dest)
-            old.rmdir()
-        raise
-    for old, _ in aside:
-        shutil.rmtree(old, ignore_errors=True)
+        yield
+    finally:
+        for s, handler in before.items():
+            signal.signal(s, handler if handler is not None else signal.SIG_DFL)
+        if caught:
+            signal.raise_signal(caught[0])
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -274,6 +304,8 @@ def save_safetensors(path: Path, arrays: dict, metadata: dict | None = None) -> 
     try:
         mx.save_safetensors(str(path), arrays, metadata=metadata)
     except RuntimeError as e:
+        if not any(word in str(e).lower() for word in ("write", "open")):
+            raise  # not the file system's doing
         raise OSError(f"cannot write {path}: {e}") from None
 
 

@@ -84,7 +84,13 @@ from .errors import USER_ERRORS, AdapterError, OptionError
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .outputs import check_replaceable, check_replaceable_file, terminate_cleanly, write_text_atomic
+from .outputs import (
+    check_replaceable,
+    check_replaceable_file,
+    recorded_path,
+    terminate_cleanly,
+    write_text_atomic,
+)
 from .process_group import DistributedGroup, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
@@ -479,7 +485,7 @@ _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those wei
            "epochs": (0, False), "prune_weight": (0, True),
            "warmup": (0, True), "seed": (0, True), "segment_len": (1, True), "val_every": (0, True),
            "val_batches": (1, True), "save_every": (0, True), "accept_prompts": (0, True),
-           "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, False),
+           "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True)}
 
 
@@ -940,7 +946,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     tokens_seen = 0
-    last_saved = start
+    last_saved = applied = start  # applied: the last step whose update the weights hold
     step = start
     bar = tqdm(total=iters, initial=start, desc=f"train {mode}", disable=not (progress and main_proc),
                dynamic_ncols=True, file=sys.stderr)
@@ -952,6 +958,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 if grad_clip:
                     grads, _ = optim.clip_grad_norm(grads, grad_clip)
                 optimizer.update(model, grads)
+                applied = step
                 mx.eval(model.trainable_parameters(), optimizer.state, loss)
                 tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
                 dt = time.perf_counter() - t0
@@ -960,7 +967,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                         else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
                 if not math.isfinite(info["loss"]):
                     raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
-                                     "(try a smaller --lr, or --grad-clip); no adapter is saved")
+                                     "(try a smaller learning rate, --lr); no adapter is saved")
                 history.append(info)
                 bar.update(1)
                 bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
@@ -983,7 +990,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     callback(step, info)
     except KeyboardInterrupt:
         bar.close()
-        done = history[-1]["step"] if history else start
+        done = applied  # a signal lands after a step's update, maybe before its history entry
         if ckpt_dir is not None and main_proc and done > last_saved:  # the same weights everywhere
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
@@ -1043,7 +1050,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:
         if mode != "lora":  # drafts from the data beside the streams' (the lookup chain's lead)
             model.adapter_ngrams = ngram_table(train_ds)
-        base = str(Path(model_path).resolve()) if model_path is not None else None  # where it was trained
+        base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,
                                                          "over": tc.over, "init": tc.init,

@@ -523,3 +523,12 @@ def test_rotary_frequencies_match_transformers(theta, scaling):
     assert np.array(ours.inv_freq).dtype == np.float32
     np.testing.assert_allclose(np.array(ours.inv_freq), inv.numpy(), rtol=5e-7, atol=0)
     assert ours.attention_factor == pytest.approx(factor)
+
+
+def test_optional_fields_are_type_checked_too(llama_copy, tmp_path):
+    """A key that may be null (``head_dim``) is still refused when it holds a string."""
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+
+    _set_config(llama_copy, lambda c: c.update(head_dim="64"))
+    with pytest.raises(ValueError, match="head_dim is '64', which is not int or None"):
+        hf_convert(llama_copy, tmp_path / "out")

@@ -231,6 +231,8 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     before = checkpoints(tmp_path / "a.train" / "checkpoints")
     with pytest.raises(ValueError, match="no such data directory"):
         train(model, tmp_path / "no-data", out=out, iters=2, overwrite=True, progress=False)
+    with pytest.raises(ValueError, match="nope"):  # an --init adapter that does not exist
+        train(model, (ds, None), out=out, iters=2, overwrite=True, init=tmp_path / "nope", progress=False)
     assert checkpoints(tmp_path / "a.train" / "checkpoints") == before and before
     import shutil
 

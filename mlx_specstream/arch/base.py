@@ -44,6 +44,8 @@ def check_value(name: str, value, annotation: str, source: str = "config.json",
     if value is None and "None" in kinds:
         return
     for kind in kinds:
+        if kind == "None":
+            continue
         allowed = _SCALARS.get(kind)
         if allowed is None:
             return
