@@ -697,7 +697,7 @@ class Stop(Exception):
     pass
 
 
-def test_resume_continues_from_checkpoint(tmp_path):
+def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     ds = arithmetic(40, rng, length=10)
     opts = dict(gamma=2, msa_layers=2, iters=6, batch_size=8, lr=3e-3, save_every=2,
@@ -746,6 +746,26 @@ def test_resume_continues_from_checkpoint(tmp_path):
         train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "term", callback=terminate_at_2,
               **{**opts, "save_every": 100})
     assert (tmp_path / "term.train" / "checkpoints" / "step-0000002" / "state.json").is_file()
+
+    # a signal in the middle of step 3, after its update: the checkpoint is of step 3, the weights'
+    import math
+    import os
+    import signal
+
+    armed, isfinite = [], math.isfinite
+
+    def signal_inside(x):  # train checks the step's loss with math.isfinite after the update
+        if armed:
+            armed.clear()
+            os.kill(os.getpid(), signal.SIGTERM)
+        return isfinite(x)
+
+    monkeypatch.setattr(math, "isfinite", signal_inside)
+    with pytest.raises(Terminated):
+        train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "mid",
+              callback=lambda step, info: armed.append(1) if step == 2 else None,
+              **{**opts, "save_every": 100})
+    assert [p.name for p in (tmp_path / "mid.train" / "checkpoints").iterdir()] == ["step-0000003"]
 
     model = tiny_model("llama", seed=0)
     with pytest.raises(KeyboardInterrupt):
