@@ -2,11 +2,28 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 from pathlib import Path
 
 import typer
+
+PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prompt-file", "--draft-model",
+                "--init", "--over", "--adapter")
+
+
+def expand_home(argv: list[str]) -> list[str]:
+    """``--out=~/x`` as the shell leaves it (it expands ``~`` only at the start of a word): the
+    path options' values with the home directory in place of ``~/``, as ``--out ~/x`` gets it,
+    not a directory named "~". Other values (a ``--prompt`` text) are left as typed."""
+    out = []
+    for arg in argv:
+        flag, eq, value = arg.partition("=")
+        if flag in PATH_OPTIONS and eq and (value == "~" or value.startswith("~/")):
+            arg = f"{flag}={os.path.expanduser(value)}"
+        out.append(arg)
+    return out
 
 
 def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
@@ -404,6 +421,7 @@ def main() -> None:
     from mlx_specstream.process_group import PeerStopped
 
     warnings.formatwarning = _one_line  # a warning is one line, as an error is
+    sys.argv[1:] = expand_home(sys.argv[1:])
     try:
         app()
     except OptionError as e:

@@ -243,3 +243,13 @@ def test_load_time_quantization_is_checked_in_python_terms(quantize):
 
     with pytest.raises(ValueError, match=r"quantize must be \(bits, group_size\)"):
         load(DEFAULT_MODEL, quantize=quantize)
+
+
+def test_a_home_path_after_an_equals_sign_is_expanded(monkeypatch):
+    """``--out=~/x``: the shell leaves ``~`` there, and a directory named "~" would be made in
+    the current one; the CLI reads it as ``--out ~/x`` reads."""
+    from mlx_specstream.cli import expand_home
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert expand_home(["train", "--out=~/x", "--data", "~/d", "--model=~", "--prompt=~/not a path"]) == [
+        "train", "--out=/home/someone/x", "--data", "~/d", "--model=/home/someone", "--prompt=~/not a path"]
