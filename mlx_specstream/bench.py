@@ -20,7 +20,6 @@ import difflib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +33,7 @@ from .adapter import adapter_size, fine_tune_weights
 from .api import _decoder, load
 from .engine import default_node_costs
 from .loader import model_dir
-from .outputs import check_replaceable_file, is_results_json, recorded_path, run_meta
+from .outputs import check_replaceable_file, check_writable, is_results_json, recorded_path, run_meta
 from .tokenizer import load_tokenizer
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
@@ -282,11 +281,7 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     for name in RESULT_FILES:
         check_replaceable_file(out_dir / name, overwrite,
                                lambda _: is_results_json(out_dir / "results.json"))
-    try:  # a directory the results cannot be written to fails now, not after the whole run
-        out_dir.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out_dir).close()
-    except OSError as e:
-        raise PermissionError(f"cannot write the results to {out_dir}: {e.strerror}") from None
+    check_writable(out_dir, "the results")
 
 
 def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,

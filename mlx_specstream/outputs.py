@@ -296,6 +296,17 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
+def check_writable(directory: Path, what: str = "") -> None:
+    """Make ``directory`` (and its parents) and check that a file can be written there, so that an
+    output that cannot be written fails before the work, not after it (``what`` names the output)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=directory).close()
+    except OSError as e:
+        named = f"{what} " if what else ""
+        raise PermissionError(f"cannot write {named}to {directory}: {e.strerror}") from None
+
+
 def save_safetensors(path: Path, arrays: dict, metadata: dict | None = None) -> None:
     """``mx.save_safetensors``, its write failures (a full disk, an I/O error: MLX raises
     ``RuntimeError``) raised as ``OSError`` naming the file, which the CLI reports in one line."""

@@ -48,7 +48,6 @@ import math
 import os
 import shutil
 import sys
-import tempfile
 import time
 import types
 from dataclasses import asdict, dataclass, field
@@ -87,6 +86,7 @@ from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import (
     check_replaceable,
     check_replaceable_file,
+    check_writable,
     recorded_path,
     terminate_cleanly,
     write_text_atomic,
@@ -557,11 +557,7 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     if resume and not found and out_dir.exists() and not overwrite:
         raise FileExistsError(f"{out_dir}: no checkpoint in {work / 'checkpoints'} to resume from; pass "
                               "overwrite=True (--overwrite) to train it again from step 0")
-    try:  # an output that cannot be written fails now, not after the training
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=out_dir.parent).close()
-    except OSError as e:
-        raise PermissionError(f"cannot write to {out_dir.parent}: {e.strerror}") from None
+    check_writable(out_dir.parent)
 
 
 def _digest(weights: dict[str, mx.array]) -> str:
