@@ -12,6 +12,7 @@ import numpy as np
 
 from .data import Dataset, Example
 from .outputs import write_text_atomic
+from .process_group import barrier
 
 
 def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
@@ -55,7 +56,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                     break
                 done[row["i"]] = row["completion"]
     if size > 1:  # every process has read the cache before the first one writes to it
-        mx.eval(group.all_sum(mx.array(1.0)))
+        barrier(group)
     write = cache is not None and rank == 0
     if write and (torn or not done):  # rows appended after a torn line would never be read
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,13 @@ class LocalGroup:
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 
+def barrier(group) -> None:
+    """Wait until every process of ``group`` (a :class:`LocalGroup` or :class:`DistributedGroup`)
+    gets here; nothing to wait for when ``group`` is None (one process)."""
+    if group is not None:
+        mx.eval(group.all_sum(mx.array(1.0)))
+
+
 def threads_each(n: int) -> int:
     """BLAS threads for each of ``n`` processes: this process's cores shared out."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -91,7 +91,7 @@ from .outputs import (
     terminate_cleanly,
     write_text_atomic,
 )
-from .process_group import DistributedGroup, run_local, threads_each
+from .process_group import DistributedGroup, barrier, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
@@ -770,8 +770,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
         _check_out(out_dir, resume, overwrite)
-    if group is not None:  # every process waits for the checks above
-        mx.eval(group.all_sum(mx.array(1.0)))
+    barrier(group)  # every process waits for the checks above
 
     # -- data -------------------------------------------------------------------------------
     if isinstance(data, (tuple, list)):
@@ -858,8 +857,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # an earlier run's checkpoints go only now, once the data, --init and --over have been read
     if work is not None and main_proc and work.exists() and overwrite and not resume:
         shutil.rmtree(work)
-    if group is not None:
-        mx.eval(group.all_sum(mx.array(1.0)))
+    barrier(group)
     if self_distill:
         # the model as attached writes them: the base, or the base with its fine-tune
         key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
