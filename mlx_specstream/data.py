@@ -176,7 +176,7 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
 
 def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = None,
                policy: str = "truncate", chat_template: bool = False, add_eos: bool = True,
-               vocab_size: int | None = None) -> Dataset:
+               vocab_size: int | None = None, progress: bool = True) -> Dataset:
     """Read and encode one JSONL file, applying the length policy."""
     if policy not in POLICIES:
         raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
@@ -188,7 +188,8 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
     from tqdm import tqdm
 
     rows = read_jsonl(path)  # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
-    for n, row in tqdm(rows, desc=f"tokenizing {path.name}", delay=2, leave=False, file=sys.stderr):
+    for n, row in tqdm(rows, desc=f"tokenizing {path.name}", delay=2, leave=False, file=sys.stderr,
+                      disable=not progress):
         ds.n_lines += 1
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1

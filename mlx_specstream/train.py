@@ -91,7 +91,7 @@ from .outputs import (
     terminate_cleanly,
     write_text_atomic,
 )
-from .process_group import DistributedGroup, barrier, run_local, threads_each
+from .process_group import DistributedGroup, PeerStopped, barrier, run_local, threads_each
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
@@ -483,7 +483,7 @@ def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.
 # number; None where the option may be None (its default meaning)
 _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those weights stay as they start
            "epochs": (0, False), "prune_weight": (0, True),
-           "warmup": (0, True), "seed": (0, True), "segment_len": (1, True), "val_every": (0, True),
+           "warmup": (0, True), "seed": (0, True), "segment_len": (0, True), "val_every": (0, True),
            "val_batches": (1, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True)}
@@ -702,7 +702,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     With ``over``, only its streams (and their own LoRA): the every-row LoRA is ``over``'s.
     ``fine_tune_lr`` (shared mode): the every-row LoRA's peak learning rate where it should move
     more slowly than the streams (``lr``), as when it starts from a gentler fine-tune (``over``).
-    ``segment_len``: completion positions whose streams are built at once (lossless; None: all).
+    ``segment_len``: completion positions whose streams are built at once (lossless; 0 or None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
@@ -738,6 +738,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay)
+    segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
     if processes < 1:
@@ -778,7 +779,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     else:
         train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
                                            policy=length_policy, chat_template=chat_template,
-                                           vocab_size=model.config.get("vocab_size"))
+                                           vocab_size=model.config.get("vocab_size"),
+                                           progress=progress and main_proc)
     for ds in (train_ds, valid_ds):
         for note in (ds.notes if ds is not None else []):
             say(note)
@@ -982,14 +984,15 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     last_saved = step
                 if callback is not None:
                     callback(step, info)
-    except KeyboardInterrupt:
-        bar.close()
+    except (KeyboardInterrupt, PeerStopped) as stop:  # PeerStopped: a SIGTERM to the whole group
+        bar.close()  # can stop another process before this one sees its own
         done = applied  # a signal lands after a step's update, maybe before its history entry
         if ckpt_dir is not None and main_proc and done > last_saved:  # the same weights everywhere
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
                                    best["weights"])
-            say(f"interrupted: saved {dest}; continue with resume=True (--resume)")
+            why = "stopped" if isinstance(stop, PeerStopped) else "interrupted"
+            say(f"{why}: saved {dest}; continue with resume=True (--resume)")
         raise
     bar.close()
     seconds = time.perf_counter() - t0

@@ -120,3 +120,19 @@ def test_load_datasets(tmp_path):
     write(tmp_path / "valid.jsonl", [{"text": [1, 2]}, {"text": [3, 4]}])
     train, valid = load_datasets(tmp_path)
     assert len(valid) == 2
+
+
+def test_tokenizing_bar_shows_only_when_asked(tmp_path, capsys):
+    """Tokenizing that takes seconds draws a bar on stderr; ``progress=False`` (train's, a
+    notebook's) draws none."""
+    import time
+
+    class SlowTokenizer(CharTokenizer):
+        def encode(self, text, add_bos=True):
+            time.sleep(0.45)
+            return super().encode(text, add_bos)
+
+    f = write(tmp_path / "train.jsonl", [{"text": "ab"}] * 6)
+    for progress in (False, True):
+        assert len(load_jsonl(f, SlowTokenizer(), progress=progress)) == 6
+        assert ("tokenizing train.jsonl" in capsys.readouterr().err) is progress

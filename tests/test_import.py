@@ -437,9 +437,17 @@ def test_existing_destination(converted, tmp_path):
     assert res.returncode == 1 and "did not write" in res.stderr and "keep.txt" in res.stderr
     assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in dest.iterdir()) == ["keep.txt"]
-    # a model directory the project wrote is replaced
-    model_dir = convert_ok(src, tmp_path / "model")
-    convert_ok(src, model_dir, "--overwrite")
+    # a model directory the project wrote is replaced; convert says what its tokenizer files are
+    model_dir = tmp_path / "model"
+    res = cli("convert", "--hf-path", src, "--mlx-path", model_dir)
+    assert res.returncode == 0 and "tokenizer" not in res.stdout and "wrote" in res.stdout
+    bare = Path(shutil.copytree(src, tmp_path / "no-tokenizer", ignore=shutil.ignore_patterns("tokenizer*")))
+    res = cli("convert", "--hf-path", bare, "--mlx-path", model_dir, "--overwrite")
+    assert res.returncode == 0 and "(no tokenizer files: prompts must be token ids)" in res.stdout
+    broken = Path(shutil.copytree(src, tmp_path / "broken-tokenizer"))
+    (broken / "tokenizer.json").write_text("{not json")
+    res = cli("convert", "--hf-path", broken, "--mlx-path", model_dir, "--overwrite")
+    assert res.returncode == 0 and "(its tokenizer files do not load:" in res.stdout, res.stdout
     assert (model_dir / "model.safetensors").is_file()
     # ... but not a checkpoint of the user's with the same file names (a hub download, mlx-lm's)
     user = tmp_path / "user-ckpt"

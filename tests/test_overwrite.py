@@ -252,7 +252,7 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     ("epochs", float("inf"), "epochs must be a finite number > 0"),
     ("seed", -1, "seed must be a finite number >= 0"),
     ("warmup", -1, "warmup must be a finite number >= 0"),
-    ("segment_len", -1, "segment_len must be a finite number >= 1"),
+    ("segment_len", -1, "segment_len must be a finite number >= 0"),
     ("val_batches", -1, "val_batches must be a finite number >= 1"),
     ("accept_prompts", -1, "accept_prompts must be a finite number >= 0"),
     ("max_seq_len", 8192, "max_seq_len is 8192, beyond the"),

@@ -771,6 +771,17 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train(model, (ds, None), out=tmp_path / "ctrl-c", callback=interrupt_at_3, **opts)
     assert (tmp_path / "ctrl-c.train" / "checkpoints" / "step-0000003").is_dir()
+    # another training process stopped first (a SIGTERM to the whole group): rank 0 saves too
+    from mlx_specstream.process_group import PeerStopped
+
+    def peer_stops_at_2(step, info):
+        if step == 2:
+            raise PeerStopped("training process 1 of 2 stopped")
+
+    with pytest.raises(PeerStopped):
+        train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "peer", callback=peer_stops_at_2,
+              **{**opts, "save_every": 100})
+    assert (tmp_path / "peer.train" / "checkpoints" / "step-0000002" / "state.json").is_file()
     rep = train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "ctrl-c", resume=True, **opts)
     assert rep["start_step"] == 3
     got = mx.load(str(tmp_path / "ctrl-c" / "adapter.safetensors"))
@@ -1009,7 +1020,16 @@ def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatc
                         lambda *a, **k: (at[step["now"]][0], [at[step["now"]][0]] * 4))
     rng = np.random.default_rng(0)
     ds = arithmetic(24, rng, length=10)
-    said = []
-    train(tiny_model("llama", seed=0), (ds, ds), mode="shared", gamma=2, msa_layers=1, iters=4, val_every=2,
-          batch_size=4, progress=False, log=said.append)
+    said, weights = [], {}
+    model = tiny_model("llama", seed=0)
+
+    def snapshot(step, info):  # the adapter's weights after each step
+        weights[step] = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+
+    train(model, (ds, ds), mode="shared", gamma=2, msa_layers=1, iters=4, val_every=2,
+          batch_size=4, progress=False, log=said.append, callback=snapshot)
     assert any(m.startswith(f"keeping {kept}") for m in said), said
+    want = weights[4 if kept == "the final adapter" else 2]
+    got = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    assert any(not np.array_equal(weights[2][k], weights[4][k]) for k in want)  # they tell apart
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
