@@ -58,12 +58,13 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             raise FileNotFoundError(f"--prompt-file {prompt_file}: no such file" if not prompt_file.exists()
                                     else f"--prompt-file {prompt_file}: not a file")
         try:
-            return prompt_file.read_text(encoding="utf-8")
+            text = prompt_file.read_text(encoding="utf-8-sig")  # a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
+        return _nonempty(text, f"--prompt-file {prompt_file}")
     source = "--prompt"
     if prompt is None:
-        if sys.stdin.isatty():
+        if sys.stdin is None or sys.stdin.isatty():  # None: started with stdin closed
             raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
         source = "standard input"
         try:
@@ -74,6 +75,12 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
         prompt.encode("utf-8")  # bytes that are not UTF-8 arrive as lone surrogates
     except UnicodeEncodeError as e:
         raise ValueError(f"{source}: not UTF-8 text (character {e.start})") from None
+    return _nonempty(prompt, source)
+
+
+def _nonempty(prompt: str, source: str) -> str:
+    if not prompt:  # the model would write from its start token alone
+        raise ValueError(f"{source}: the prompt is empty")
     return prompt
 
 
@@ -98,7 +105,7 @@ def generate(
     max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
     top_p: float = typer.Option(1.0, "--top-p"),
-    seed: int = typer.Option(0),
+    seed: int | None = typer.Option(None, help="sampling seed (default: a fresh one each run)"),
     mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token; lookup: "
                              "prompt-lookup drafts (no adapter needed)"),
     gamma: int | None = typer.Option(None, help="streams used for drafting"),
@@ -115,40 +122,53 @@ def generate(
                                    help="write SQL naming only the tables and columns of the prompt's "
                                    "CREATE TABLE statements (besides keywords, literals and aliases)"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
-                                 help="colour accepted (green) and rejected (red) drafts; stats"),
+                                 help="on a terminal, colour accepted (green) and rejected (red) "
+                                 "drafts; statistics"),
 ) -> None:
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
     from mlx_specstream.api import load, stream_generate
+    from mlx_specstream.engine import DecodeOptions, check_used
 
     text = _read_prompt(prompt, prompt_file)
+    check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+                             prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
     if model is not None and model.name.endswith(".mlpackage"):
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
-        _generate_coreml(model, text, max_tokens=max_tokens, temp=temp, top_p=top_p, seed=seed,
-                         mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
-                         sql_names=sql_names, verbose=verbose)
+        _generate_coreml(model, text, verbose, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                         seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
+                         sql_names=sql_names)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
-    gen = stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                          seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                          prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                          sql_names=sql_names)
-    decoder_stats = None
+    _echo_steps(stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
+                                seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+                                prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
+                                sql_names=sql_names), tok, verbose)
+
+
+def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> None:
+    """Print a generation as it is accepted (with ``verbose`` on a terminal, its drafts coloured;
+    stdout elsewhere gets the plain text), then with ``verbose`` its statistics on stderr.
+    ``first_said`` goes to stderr once the request is accepted, so that errors stay one line."""
+    coloured = verbose and sys.stdout.isatty()
+    stats = None
     try:
-        for step in gen:
-            decoder_stats = step.stats
-            typer.echo(_coloured(step, tok) if verbose else step.text, nl=False)
+        for step in steps:
+            if stats is None and first_said:
+                typer.echo(first_said, err=True)
+            stats = step.stats
+            typer.echo(_coloured(step, tok) if coloured else step.text, nl=False)
     except KeyboardInterrupt:
         typer.echo("")
-        n = decoder_stats.generated_tokens if decoder_stats is not None else 0
+        n = stats.generated_tokens if stats is not None else 0
         typer.echo(f"interrupted after {n} generated tokens", err=True)
         raise typer.Exit(130) from None
     typer.echo("")
-    if verbose and decoder_stats is not None:
-        _show_stats(decoder_stats)
+    if verbose and stats is not None:
+        _show_stats(stats)
 
 
 def _coloured(step, tok) -> str:
@@ -163,26 +183,15 @@ def _coloured(step, tok) -> str:
     return out
 
 
-def _generate_coreml(package: Path, text: str, *, max_tokens: int, temp: float, top_p: float, seed: int,
-                     mode: str, branch: int | None, tree_budget: int | None, lookup: bool | None,
-                     sql_names: bool, verbose: bool) -> None:
+def _generate_coreml(package: Path, text: str, verbose: bool, **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.coreml_driver import load_package, stream_package
 
     runner, tok = load_package(package)
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package")
-    stats = None
-    for resp in stream_package(runner, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                               seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
-                               sql_names=sql_names):
-        if stats is None:  # said once the request was accepted, so errors stay one line
-            typer.echo(f"running {package.name} on {runner.description}", err=True)
-        stats = resp.stats
-        typer.echo(resp.text, nl=False)
-    typer.echo("")
-    if verbose and stats is not None:
-        _show_stats(stats)
+    _echo_steps(stream_package(runner, tok, text, **options), tok, verbose,
+                first_said=f"running {package.name} on {runner.description}")
 
 
 def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, q_bits: int | None,
@@ -364,7 +373,7 @@ def train(
                        length_policy=length_policy, chat_template=chat_template,
                        self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
                        overwrite=overwrite, seed=seed, over=over, init=init,
-                       alphas=alphas, prune_weight=prune_weight, segment_len=segment_len or None,
+                       alphas=alphas, prune_weight=prune_weight, segment_len=segment_len,
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
                        accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
@@ -416,9 +425,12 @@ def serve(
 
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
-    from mlx_specstream.errors import USER_ERRORS, OptionError
-    from mlx_specstream.outputs import Terminated
-    from mlx_specstream.process_group import PeerStopped
+    try:
+        from mlx_specstream.errors import USER_ERRORS, OptionError
+        from mlx_specstream.outputs import Terminated
+        from mlx_specstream.process_group import PeerStopped
+    except KeyboardInterrupt:  # Ctrl-C while starting up
+        sys.exit(130)
 
     warnings.formatwarning = _one_line  # a warning is one line, as an error is
     sys.argv[1:] = expand_home(sys.argv[1:])

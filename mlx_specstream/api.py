@@ -45,7 +45,9 @@ class StreamResponse:
     """One forward pass: the tokens it emitted and their text.
 
     ``text`` is exactly what this pass adds to the output: ``"".join(pieces)``, one piece per
-    token; ``drafted[i]`` tells whether token i was an accepted draft token (for colouring).
+    token, and at the very end of a generation maybe one more without a token (a character whose
+    byte tokens came in earlier passes); ``drafted[i]`` tells whether piece i is an accepted draft
+    token's (for colouring).
     ``accepted``/``rejected``: the pass's accepted draft and the best draft it rejected.
     """
 
@@ -72,6 +74,10 @@ class GenerationResult:
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
+    if isinstance(prompt, bytes | bytearray):
+        raise ValueError("a prompt is text (str) or token ids, not bytes: decode it first")
+    if isinstance(prompt, str) and not prompt:
+        raise ValueError("the prompt is empty")
     if isinstance(prompt, str):
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
@@ -80,14 +86,16 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
 
 
 def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int = 0, mode: str = "ss", gamma: int | None = None,
+             top_p: float = 1.0, seed: int | None = None, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
              prune_threshold: float | None = None, streams: str = "auto",
              node_cost: float | None = None, lookup: bool | None = None, ngrams: bool | None = None,
-             sql_names: bool = False,
-             constraint: TokenConstraint | None = None, batched: bool = False) -> Decoder:
-    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else frozenset()
+             sql_names: bool = False, constraint: TokenConstraint | None = None, batched: bool = False,
+             eos_without_tokenizer: frozenset[int] = frozenset()) -> Decoder:
+    """The decoder of one request; ``model`` is an MLX model or any :class:`~.runner.Runner` (a Core
+    ML package's). EOS is the tokenizer's, else ``eos_without_tokenizer``."""
     ids = _prompt_ids(tokenizer, prompt)
+    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else eos_without_tokenizer
     if sql_names:
         if constraint is not None:
             raise ValueError("give either sql_names or constraint, not both")
@@ -112,44 +120,50 @@ def _held(text: str, stop: list[str]) -> int:
     return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
 
 
-def _responses(decoder: Decoder, tokenizer, stop: list[str] | None) -> Iterator[StreamResponse | PassRequest]:
-    """Pass by pass: detokenize token by token and end at a stop string. Output stops at the
-    last token that ends before the stop string, so tokens and text always agree; with stop
+def _responses(decoder: Decoder, tokenizer,
+               stop: str | list[str] | None) -> Iterator[StreamResponse | PassRequest]:
+    """Pass by pass: detokenize token by token and end at a stop string, whose text and what
+    follows it are not emitted (the token it begins in is, its piece cut there). With stop
     strings, text that could begin one is held back until it cannot."""
-    stop = list(stop or [])
+    stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError("stop strings must be non-empty strings")
     if stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
     detok = tokenizer.detokenizer() if tokenizer is not None else None
     out = ""  # text yielded so far
-    held: list[tuple[int, str, bool]] = []  # (token, piece, drafted) not yielded yet
+    held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
     for step in decoder.steps():
         if isinstance(step, PassRequest):  # a batched decoder's pass: for the caller to run
             yield step
             continue
         pieces = [detok.add_token(t) for t in step.tokens] if detok else [""] * len(step.tokens)
-        if detok and step.finished and pieces:
-            pieces[-1] += detok.finalize()
         n_acc = min(len(step.accepted), len(step.tokens))
         held += [(t, p, i < n_acc) for i, (t, p) in enumerate(zip(step.tokens, pieces))]
+        tail = detok.finalize() if detok and step.finished else ""  # bytes held back until the end
+        if tail and step.tokens:
+            held[-1] = (held[-1][0], held[-1][1] + tail, held[-1][2])
+        elif tail:  # the pass wrote only EOS: the character's byte tokens came in earlier passes
+            held += [(None, tail, False)]
         text = out + "".join(p for _, p, _ in held)
         finished = step.finished
         hits = [i for i in (text.find(s, max(0, len(out) - len(s) + 1)) for s in stop) if i >= 0]
         end = min(hits) if hits else (len(text) if finished else len(text) - _held(text, stop))
-        n, pos = 0, len(out)
-        while n < len(held) and pos + len(held[n][1]) <= end:
+        n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end; at a stop, those begun before it
+        while n < len(held) and (pos < end if hits else pos + len(held[n][1]) <= end):
             pos += len(held[n][1])
             n += 1
         if hits:
             finished = "stop"
             decoder.stats.finish_reason = "stop"
-            decoder.stats.generated_tokens -= len(held) - n
+            decoder.stats.generated_tokens -= sum(t is not None for t, _, _ in held[n:])
         ready, held = held[:n], held[n:]
         piece_list = [p for _, p, _ in ready]
+        if hits and ready:  # the piece the stop string begins in, cut there
+            piece_list[-1] = piece_list[-1][: len(piece_list[-1]) - (pos - end)]
         out += "".join(piece_list)
-        yield StreamResponse([t for t, _, _ in ready], "".join(piece_list), step.accepted, step.rejected,
-                             finished, decoder.stats, piece_list, [d for _, _, d in ready])
+        yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list), step.accepted,
+                             step.rejected, finished, decoder.stats, piece_list, [d for _, _, d in ready])
         if finished:
             return
 
@@ -158,20 +172,20 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
                     **options) -> Iterator[StreamResponse]:
     """Yield, per forward pass, the tokens accepted and their text.
 
-    ``prompt`` is text or token ids. Options: ``max_tokens`` (256), ``temperature`` (0:
-    greedy), ``top_p``, ``seed``, ``mode`` ("ss", or "ar": token by token through the same
-    code path, the lossless reference), and the overrides ``gamma`` (streams used), ``branch``
-    (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams`` ("auto", "tree",
-    "deferred") and ``node_cost`` (the cost of one more tree node relative to a one-node pass:
-    each tree is cut to the size with the most expected tokens per unit of cost; 0 runs the whole
-    budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU), ``lookup`` and
-    ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where it has them;
-    both on by default in "ss" mode) and ``sql_names``
-    (write SQL whose identifiers are only the tables and columns of the prompt's ``CREATE TABLE``
-    statements, keywords and aliases: :mod:`~mlx_specstream.sql_names`), or any other
-    ``constraint`` (a :class:`~mlx_specstream.constraint.TokenConstraint`); see
-    :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at
-    ``max_tokens`` or at a ``stop`` string (whose text is not emitted).
+    ``prompt`` is text or token ids. Options: ``max_tokens`` (256), ``temperature`` (0: greedy),
+    ``top_p``, ``seed``, ``mode`` ("ss"; "ar": token by token through the same code path, the
+    lossless reference; "lookup": prompt-lookup drafts alone), and the overrides ``gamma`` (streams
+    used), ``branch`` (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams``
+    ("auto", "tree", "deferred") and ``node_cost`` (the cost of one more tree node relative to a
+    one-node pass: each tree is cut to the size with the most expected tokens per unit of cost; 0
+    runs the whole budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU),
+    ``lookup`` and ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where
+    it has them; both on by default in "ss" mode) and ``sql_names`` (write SQL whose identifiers are
+    only the tables and columns of the prompt's ``CREATE TABLE`` statements, keywords and aliases:
+    :mod:`~mlx_specstream.sql_names`), or any other ``constraint`` (a
+    :class:`~mlx_specstream.constraint.TokenConstraint`); see
+    :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at ``max_tokens`` or at a
+    ``stop`` string (whose text is not emitted).
     """
     yield from _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, stop)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from .adapter import AdapterConfig
-from .api import StreamResponse, _responses, sql_constraint
-from .engine import DecodeOptions, Decoder, Stats
+from .api import StreamResponse, _decoder, _responses
+from .engine import Stats
 from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
 from .tree import Tree, ancestors, chain, reorder
@@ -275,27 +275,22 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
 
 
 def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int = 256,
-                   temperature: float = 0.0, top_p: float = 1.0, seed: int = 0, mode: str = "ss",
+                   temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, mode: str = "ss",
                    branch: int | None = None, tree_budget: int | None = None, lookup: bool | None = None,
                    sql_names: bool = False, stop: list[str] | None = None) -> Iterator[StreamResponse]:
     """Yield, per package call, the tokens accepted and their text (as :func:`api.stream_generate`,
     through the same decode loop); ``prompt`` is text or token ids. A package without streams
     decodes token by token (``mode="ss"`` means ``"ar"`` there)."""
-    if isinstance(prompt, str):
-        if tokenizer is None:
-            raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
-        ids = tokenizer.encode(prompt)
-    else:
-        ids = [int(t) for t in prompt]
-    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else runner.info.eos_token_ids
+    if isinstance(prompt, str) and tokenizer is None:
+        raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
     if sql_names and not runner.info.sampling:  # a constraint reads the logits a greedy package lacks
         raise PackageError("this package was exported for greedy decoding only (export with "
                            "--sampling for --sql-names)")
-    mode = "ar" if mode == "ss" and not runner.info.gamma else mode
-    opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, mode=mode,
-                         branch=branch, tree_budget=tree_budget, eos_token_ids=eos, lookup=lookup,
-                         constraint=sql_constraint(tokenizer, prompt, ids) if sql_names else None)
-    yield from _responses(Decoder(runner, ids, opts), tokenizer, stop)
+    decoder = _decoder(runner, tokenizer, prompt, max_tokens=max_tokens, temperature=temperature,
+                       top_p=top_p, seed=seed, mode="ar" if mode == "ss" and not runner.info.gamma else mode,
+                       branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
+                       eos_without_tokenizer=runner.info.eos_token_ids)
+    yield from _responses(decoder, tokenizer, stop)
 
 
 def generate_package(runner: PackageRunner, tokenizer, prompt, **options) -> PackageResult:

@@ -34,7 +34,7 @@ class DecodeOptions:
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
-    seed: int = 0
+    seed: int | None = None  # sampling; None: a fresh seed from the OS each generation
     mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
     # ss: prompt-lookup candidates merged into the streams' draft tree (hybrid drafts); None: on
     lookup: bool | None = None
@@ -162,6 +162,24 @@ class _Draft:
     from_ngrams: int = 0
 
 
+# Options a mode ignores (None: not given); the command line refuses them (check_used)
+_UNUSED_IN = {"ss": (), "lookup": ("gamma", "branch", "prune_threshold"),
+              "ar": ("gamma", "branch", "tree_budget", "prune_threshold", "node_cost", "lookup", "ngrams")}
+
+
+def check_used(opts: DecodeOptions) -> None:
+    """Refuse options that ``opts.mode`` ignores (``--mode ar --gamma 2``), for callers that want
+    it said; the Python API ignores them, so one set of options serves every mode."""
+    idle = [f"{{{name}}}" for name in _UNUSED_IN.get(opts.mode, ()) if getattr(opts, name) is not None]
+    if opts.mode == "lookup" and opts.lookup is False:
+        idle.append("{lookup=False}")
+    if opts.streams != "auto" and opts.mode != "ss":
+        idle.append("{streams}")
+    if idle:
+        raise OptionError(f"{{mode={opts.mode}}} does not use {', '.join(idle)}: drop "
+                          + ("it" if len(idle) == 1 else "them"))
+
+
 class Decoder:
     """Runs one generation; iterate :meth:`steps` to get tokens pass by pass. ``model``: an MLX
     model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's). ``batched``:
@@ -178,8 +196,10 @@ class Decoder:
             raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
         if not 0 <= opts.temperature < math.inf:  # NaN fails too
             raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
-        if isinstance(opts.seed, bool) or not isinstance(opts.seed, int | np.integer) or opts.seed < 0:
-            raise OptionError(f"{{seed}} must be a whole number >= 0, not {opts.seed}")
+        seed = opts.seed  # None: a fresh one
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
+                                 or seed < 0):
+            raise OptionError(f"{{seed}} must be a whole number >= 0, not {seed}")
         if not 0 < opts.top_p <= 1:
             raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
         self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
@@ -194,10 +214,14 @@ class Decoder:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
         self.prompt, self.opts, self.batched = list(prompt), opts, batched
-        self.cfg = cfg = runner.adapter_config
-        if opts.mode == "ss" and (cfg is None or cfg.gamma == 0):
+        cfg = runner.adapter_config
+        if opts.mode == "ss" and cfg is None:
             raise OptionError("speculative decoding needs an adapter with streams: load one "
                               "({adapter}) or use {mode=ar}")
+        if opts.mode == "ss" and cfg.gamma == 0:
+            which = f"adapter '{cfg.name}'" if cfg.name else "the adapter"
+            raise OptionError(f"{which} has no streams (mode {cfg.mode}): use {{mode=ar}} or "
+                              "{mode=lookup}, or an adapter with streams")
         self.shared = cfg is not None and cfg.mode == "shared"
         self.gamma = 0
         if opts.mode == "ss" or self.shared:
@@ -218,6 +242,8 @@ class Decoder:
         for name, value in (("branch", self.branch), ("tree_budget", self.budget)):
             if value < 1:
                 raise OptionError(f"{{{name}}} must be >= 1, not {value}")
+        if vocab is not None and self.branch > vocab:
+            raise OptionError(f"{{branch}} must be at most the vocabulary's {vocab}, not {self.branch}")
         if not 0 <= self.threshold <= 1:
             raise OptionError(f"{{prune_threshold}} must be in [0, 1], not {self.threshold}")
         if opts.streams not in ("auto", "tree", "deferred"):
@@ -440,6 +466,7 @@ class Decoder:
         t = time.perf_counter()
         pending = launch(mx.array([root], mx.int32))
         stats.model_time += time.perf_counter() - t
+        stats.decode_time += time.perf_counter() - t  # decoding too: bookkeeping is their difference
         while True:
             t_step = time.perf_counter()
             last = emitted + 1 >= total  # this token is the last: nothing to queue behind it

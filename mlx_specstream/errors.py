@@ -35,6 +35,8 @@ class OptionError(ValueError):
             name, value = m.group(1), m.group(2)
             if cli:
                 flag = CLI_FLAGS.get(name, "--" + name.replace("_", "-"))
+                if value == "False":  # a --name/--no-name switch
+                    return "--no-" + flag[2:]
                 return flag if value in (None, "True") else f"{flag} {value}"
             if value is None:
                 return name

@@ -9,8 +9,9 @@ a completion token, the token that followed it most often, if it did at least ``
 the time, and that share. :meth:`NgramTable.walk` drafts greedily from the longest context
 present. Example, with ``min_count=1`` and word-level tokens: trained on the completions
 ``SELECT name FROM t`` and ``SELECT name FROM u``, ``walk(["SELECT"], 3)`` gives ``["name",
-"FROM"]`` with shares 1.0, 1.0 and stops at the table name (``FROM`` was followed by ``t`` and
-``u`` alike), which prompt lookup may then copy from the prompt.
+"FROM", "t"]`` with shares 1.0, 1.0, 0.5 (``FROM`` was followed by ``t`` and ``u`` alike: a tie
+keeps the first seen at its share); with ``min_prob=0.6`` it stops at the table name, which prompt
+lookup may then copy from the prompt.
 
 Written beside the adapter as ``ngrams.npz`` by ``train`` (or ``specstream-mlx ngrams`` for an
 adapter trained before), loaded with it.

@@ -46,9 +46,9 @@ class APIError(Exception):
 
 
 def error_response(message: str, status: int, kind: str, param: str | None = None,
-                   code: str | None = None) -> JSONResponse:
+                   code: str | None = None, headers: dict | None = None) -> JSONResponse:
     return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": code}},
-                        status_code=status)
+                        status_code=status, headers=headers)
 
 
 # -- request parsing -------------------------------------------------------------------------
@@ -77,11 +77,25 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return prompt
+        return _text(prompt, "prompt")
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
         return prompt
     raise APIError("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+
+
+def _text(s: str, param: str) -> str:
+    """``s``, refused when it is not text that UTF-8 can carry (a lone surrogate, ``"\\ud800"``)."""
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise APIError(f"'{param}' holds a character that is not valid Unicode text (position {e.start})",
+                       param) from None
+    return s
+
+
+# the roles of OpenAI's chat messages
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def _chat_prompt(body: dict, tokenizer) -> str:
@@ -92,6 +106,9 @@ def _chat_prompt(body: dict, tokenizer) -> str:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError("each message must be an object with a 'role' and a 'content'", "messages")
+        if m["role"] not in ROLES:
+            raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
+                           "messages")
         content = m.get("content")
         if isinstance(content, list):  # content parts: only text is understood
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
@@ -99,7 +116,7 @@ def _chat_prompt(body: dict, tokenizer) -> str:
             content = "".join(str(p.get("text", "")) for p in content)
         if not isinstance(content, str):
             raise APIError("a message's 'content' must be a string or a list of text parts", "messages")
-        flat.append({**m, "content": content})
+        flat.append({**m, "content": _text(content, "messages")})
     if not tokenizer.chat_template:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")
@@ -141,17 +158,22 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         max_key = "max_completion_tokens"  # the newer name
     options = dict(
         max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
-        temperature=float(_field(body, "temperature", (int, float), 0.0)),
+        temperature=float(_field(body, "temperature", (int, float), 0.0)),  # OpenAI's range: below
         top_p=float(_field(body, "top_p", (int, float), 1.0)),
-        seed=_field(body, "seed", (int,), 0),
-        # an extra field: "ss" (where the adapter has streams) or "ar"
+        seed=_field(body, "seed", (int,), None),  # absent: a fresh seed, as OpenAI
+        # an extra field: "ss" (where the adapter has streams), "ar" or "lookup"
         mode=_field(body, "mode", (str,), default_mode(model)),
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
         sql_names=_field(body, "sql_names", (bool,), False),
     )
+    if not 0 <= options["temperature"] <= 2:
+        raise APIError(f"'temperature' must be between 0 and 2, not {options['temperature']}", "temperature")
     stop = _stop(body)
     stream = _field(body, "stream", (bool,), False)
-    usage = _field(body, "stream_options", (dict,), {}).get("include_usage") is True
+    stream_options = _field(body, "stream_options", (dict,), None)
+    if stream_options is not None and not stream:
+        raise APIError("'stream_options' is only allowed with 'stream': true", "stream_options")
+    usage = _field(stream_options or {}, "include_usage", (bool,), False)
     try:
         ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
         decoder = _decoder(model, tok, ids, batched=True, **options)
@@ -215,6 +237,8 @@ class Reply:
             out = {**self._base("text_completion"), "choices": [choice]}
         if finish_reason is not None:
             out["speculative"] = speculative(self.gen.stats)
+        if self.gen.include_usage:  # OpenAI: null on every chunk but the usage chunk
+            out["usage"] = None
         return out
 
     def usage_chunk(self) -> dict:
@@ -302,11 +326,20 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
     async def chat_completions(request: Request) -> Response:
         return await generation(request, chat=True)
 
+    loaded = int(time.time())  # every model's "created": when this server loaded it
+    described = {m["id"]: {"object": "model", "created": loaded, "owned_by": "specstream-mlx", **m}
+                 for m in pool.describe()}
+
     async def models(request: Request) -> Response:
-        created = int(time.time())
-        data = [{"object": "model", "created": created, "owned_by": "specstream-mlx", **m}
-                for m in pool.describe()]
-        return JSONResponse({"object": "list", "data": data})
+        return JSONResponse({"object": "list", "data": list(described.values())})
+
+    async def model(request: Request) -> Response:
+        model_id = request.path_params["model_id"]
+        try:
+            pool.get(model_id)
+        except UnknownModelError as e:
+            raise APIError(str(e), "model", "model_not_found", status=404) from None
+        return JSONResponse(described[model_id])
 
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "active": scheduler.active, "waiting": scheduler.waiting})
@@ -315,7 +348,8 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         return exc.response()
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return error_response(exc.detail, exc.status_code, "invalid_request_error")
+        return error_response(exc.detail, exc.status_code, "invalid_request_error",
+                              headers=exc.headers)  # a 405's Allow
 
     async def server_error(request: Request, exc: Exception) -> Response:
         return error_response(f"internal error: {exc}", 500, "server_error")
@@ -328,7 +362,8 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         yield
         await asyncio.to_thread(scheduler.stop)
 
-    routes = [Route("/v1/models", models), Route("/health", health),
+    routes = [Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
+              Route("/health", health),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,

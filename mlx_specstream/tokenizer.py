@@ -8,6 +8,7 @@ printed while tokens arrive.
 
 from __future__ import annotations
 
+import codecs
 import functools
 import json
 from pathlib import Path
@@ -69,6 +70,10 @@ class _HFBackend:
         """A byte-fallback piece (``<0xNN>``)."""
         t = self.tk.id_to_token(i)
         return t is not None and len(t) == 6 and t.startswith("<0x") and t.endswith(">")
+
+    def byte_value(self, i: int) -> int:
+        """The byte of a byte-fallback piece."""
+        return int(self.tk.id_to_token(i)[3:5], 16)
 
     @property
     def vocab_size(self) -> int:
@@ -133,9 +138,10 @@ class StreamingDetokenizer:
     def _decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=self._skip)
 
-    def _pending(self) -> str:
+    def _pending(self, end: int | None = None) -> str:
+        """The text of ``tokens[_read:end]`` (decoded with its context)."""
         before = self._decode(self.tokens[self._prefix : self._read])
-        now = self._decode(self.tokens[self._prefix :])
+        now = self._decode(self.tokens[self._prefix : end])
         if now.startswith(before):
             return now[len(before) :]
         common = 0  # the context decodes differently now: emit from where they part
@@ -156,11 +162,32 @@ class StreamingDetokenizer:
         return piece
 
     def finalize(self) -> str:
-        """The text still held back (an incomplete character at the very end)."""
+        """The text still held back: characters whose bytes were held, and one U+FFFD for a
+        character cut short at the very end (by ``max_tokens``, say). A backend that decodes a
+        run of byte pieces as a whole would turn every character of the run into U+FFFD: the run
+        less its last 1-3 byte pieces is decoded alone where that is clean."""
         piece = self._pending() if self._read < len(self.tokens) else ""
+        if self._byte_runs and piece.endswith("\ufffd"):
+            for cut in range(1, 4):  # an incomplete UTF-8 character is at most 3 bytes
+                end = len(self.tokens) - cut
+                if end < self._read or not self._tokenizer.is_byte_token(self.tokens[end]):
+                    break
+                tail = bytes(self._tokenizer._backend.byte_value(t) for t in self.tokens[end:])
+                head = self._pending(end) if end > self._read else ""
+                if _incomplete_character(tail) and not head.endswith("\ufffd"):
+                    piece = head + "\ufffd"
+                    break
         self._prefix = self._read = len(self.tokens)
         self.text += piece
         return piece
+
+
+def _incomplete_character(b: bytes) -> bool:
+    """Whether ``b`` is the beginning of one UTF-8 character, short of its end."""
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(b) == ""
+    except UnicodeDecodeError:
+        return False
 
 
 class Tokenizer:

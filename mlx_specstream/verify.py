@@ -85,8 +85,9 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
 
 def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
     """Sampling distribution of logits (..., V) at a temperature, truncated to nucleus top_p."""
-    z = logits.astype(np.float64) / temperature
-    z -= z.max(-1, keepdims=True)
+    z = logits.astype(np.float64)
+    with np.errstate(over="ignore"):  # shifted first: a tiny temperature gives -inf, not inf - inf
+        z = (z - z.max(-1, keepdims=True)) / temperature
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
     if top_p < 1.0:

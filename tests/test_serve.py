@@ -111,6 +111,16 @@ def test_models_and_health(server):
     assert ids == ["specstream-tiny", "specstream-tiny:sql", "specstream-tiny:sql-lossless",
                    "specstream-tiny:code"]
     assert server.get("/health")["status"] == "ok"
+    one = server.client().models.retrieve("specstream-tiny:sql")  # GET /v1/models/{id}
+    assert one.id == "specstream-tiny:sql" and one.created == server.client().models.list().data[1].created
+    with pytest.raises(openai.NotFoundError):
+        server.client().models.retrieve("specstream-tiny:nope")
+    try:  # a 405 says which methods the path takes
+        urllib.request.urlopen(server.url + "/v1/completions", timeout=10)
+    except urllib.error.HTTPError as e:
+        assert e.code == 405 and e.headers["Allow"] == "POST"
+    else:
+        raise AssertionError("GET /v1/completions answered")
 
 
 def test_completion_equals_plain_decoding(server, base):
@@ -167,6 +177,17 @@ def test_stop_seed_and_sampling(server, base, model_dir):
                                   stop=[stop])
     assert r.choices[0].finish_reason == "stop" and stop not in r.choices[0].text
     assert full.startswith(r.choices[0].text)
+    # a stop string that begins inside a token: everything before it comes back, as OpenAI's
+    inner = next(w[1:3] for w in full.split()[2:] if len(w) > 3)
+    for stream in (False, True):
+        r = client.completions.create(model="specstream-tiny:sql-lossless", prompt=SQL[0], max_tokens=24,
+                                      stop=inner, stream=stream)
+        text = "".join(c.choices[0].text for c in r) if stream else r.choices[0].text
+        assert text == full[:full.index(inner)], (text, inner)
+    # without a seed, every sampled request draws its own (OpenAI's), not one fixed seed
+    texts = {client.completions.create(model="specstream-tiny", prompt=CODE[0], max_tokens=24,
+                                       temperature=1.0).choices[0].text for _ in range(3)}
+    assert len(texts) > 1
     kw = dict(model="specstream-tiny:sql-lossless", prompt=SQL[3], max_tokens=16, temperature=0.9, top_p=0.95)
     a = client.completions.create(**kw, seed=7).choices[0].text
     model, tok = load(model_dir, adapter="sql-lossless")
@@ -199,6 +220,15 @@ def test_stop_seed_and_sampling(server, base, model_dir):
      "temperature"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
                  "max_completion_tokens": 0}).encode(), 400, "max_completion_tokens"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": 2.5}).encode(), 400,
+     "temperature"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400,
+     "messages"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "abc \ud800"}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "\ud83d"}]}).encode(),
+     400, "messages"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x",
+                 "stream_options": {"include_usage": True}}).encode(), 400, "stream_options"),
 ])
 def test_bad_requests_are_openai_errors(server, body, status, param):
     chat = b'"messages"' in body

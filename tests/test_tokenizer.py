@@ -161,13 +161,42 @@ def test_streaming_keeps_word_start_spaces(tok):
     assert any(p.startswith(" ") for p in pieces)
 
 
+def full_text(tok, ids: list[int]) -> str:
+    """The oracle: the tokenizer's decode, except for a character cut short at the very end (its
+    byte pieces valid UTF-8 so far, as Python's strict decoder tells), which is one U+FFFD after
+    the rest's decode (a whole-run ByteFallback decode would replace the whole run's characters)."""
+    start = len(ids)
+    while start > 0 and tok.is_byte_token(ids[start - 1]):
+        start -= 1
+    run = bytes(_byte_of(tok, i) for i in ids[start:])
+    try:
+        run.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if e.reason == "unexpected end of data" and tok.decode(ids[: start + e.start])[-1:] != "\ufffd":
+            return tok.decode(ids[: start + e.start]) + "\ufffd"
+    return tok.decode(ids)
+
+
+def _byte_of(tok, i: int) -> int:
+    return next(b for b in range(256) if tok.token_to_id(f"<0x{b:02X}>") == i)
+
+
 def test_streaming_random_ids(tok):
     """Arbitrary id sequences (invalid UTF-8 byte runs included) stream to the full decode."""
     rng = random.Random(0)
     for _ in range(200):
         ids = [rng.randrange(tok.vocab_size) for _ in range(rng.randrange(1, 25))]
         pieces, rest = stream(tok, ids)
-        assert "".join(pieces) + rest == tok.decode(ids), ids
+        assert "".join(pieces) + rest == full_text(tok, ids), ids
+
+
+def test_a_character_cut_short_at_the_end_spoils_only_itself(llama_json_dir):
+    """Generation cut by max_tokens inside a character: the characters before it stay."""
+    tok = load_tokenizer(llama_json_dir)
+    ids = tok.encode("x éé🎉", add_bos=False)
+    for cut in (1, 2, 3):
+        pieces, rest = stream(tok, ids[:-cut])
+        assert "".join(pieces) + rest == "x éé\ufffd"
 
 
 @pytest.mark.parametrize("which", ["bpe", "llama_json"])

@@ -72,13 +72,73 @@ def test_token_ids_outside_the_vocabulary_are_refused():
     assert generate(model, None, [1, model.config["vocab_size"] - 1], max_tokens=2, mode="ar").tokens
 
 
+@pytest.mark.parametrize("options,fragment", [
+    ({"mode": "ar", "gamma": 2, "branch": 3}, "mode='ar' does not use gamma, branch: drop them"),
+    ({"mode": "ar", "lookup": True}, "mode='ar' does not use lookup: drop it"),
+    ({"mode": "lookup", "lookup": False}, "mode='lookup' does not use lookup=False"),
+    ({"mode": "lookup", "streams": "tree"}, "mode='lookup' does not use streams"),
+    ({"branch": 10**6}, "branch must be at most the vocabulary's"),
+])
+def test_options_a_mode_does_not_use_are_refused_not_ignored(options, fragment):
+    """On the command line (``check_used``); the Python API ignores them, so that one set of
+    options serves every mode."""
+    from mlx_specstream.engine import DecodeOptions, check_used
+
+    model = with_adapter()
+    if "branch" in options and len(options) == 1:  # a value no mode can use
+        with pytest.raises(OptionError, match=re.escape(fragment)):
+            generate(model, None, [1, 2, 3], max_tokens=2, **options)
+        return
+    with pytest.raises(OptionError, match=re.escape(fragment)):
+        check_used(DecodeOptions(**options))
+    assert generate(model, None, [1, 2, 3], max_tokens=2, **options).tokens
+
+
+def test_greedy_ar_bookkeeping_is_a_share():
+    stats = generate(with_adapter(), None, [1, 2, 3], max_tokens=3, mode="ar").stats.as_dict()
+    assert 0 <= stats["bookkeeping_share"] < 1
+
+
+def test_prompts_that_are_not_prompts():
+    model = with_adapter()
+    for prompt, fragment in (("", "the prompt is empty"), (b"SELECT", "not bytes")):
+        with pytest.raises(ValueError, match=fragment):
+            generate(model, object(), prompt, max_tokens=2)
+    with pytest.raises(ValueError, match="the prompt is empty"):
+        generate(model, None, [], max_tokens=2)
+
+
+def test_read_prompt_from_files_and_stdin(tmp_path, monkeypatch):
+    """A file's byte-order mark is not part of the prompt; an empty or closed standard input is
+    one error line, not a generation from nothing or a traceback."""
+    import io
+
+    from mlx_specstream.cli import _read_prompt
+
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfSELECT name")
+    assert _read_prompt(None, tmp_path / "bom.txt") == "SELECT name"
+    (tmp_path / "empty.txt").write_bytes(b"")
+    with pytest.raises(ValueError, match="empty.txt: the prompt is empty"):
+        _read_prompt(None, tmp_path / "empty.txt")
+    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    with pytest.raises(ValueError, match="standard input: the prompt is empty"):
+        _read_prompt(None, None)
+    monkeypatch.setattr(sys, "stdin", None)
+    with pytest.raises(ValueError, match="no prompt"):
+        _read_prompt(None, None)
+
+
 def test_option_errors_speak_the_callers_language():
-    e = OptionError("load one ({adapter}) or use {mode=ar}; {temperature} >= 0; {overwrite=True}")
-    assert str(e) == "load one (adapter) or use mode='ar'; temperature >= 0; overwrite=True"
-    assert e.render(cli=True) == "load one (--adapter) or use --mode ar; --temp >= 0; --overwrite"
+    e = OptionError("load one ({adapter}) or use {mode=ar}; {temperature} >= 0; {overwrite=True}; "
+                    "{lookup=False}")
+    assert str(e) == "load one (adapter) or use mode='ar'; temperature >= 0; overwrite=True; lookup=False"
+    assert e.render(cli=True) == ("load one (--adapter) or use --mode ar; --temp >= 0; --overwrite; "
+                                  "--no-lookup")
 
 
-def test_stop_strings_cut_tokens_and_text_together():
+def test_stop_strings_cut_the_text_where_they_begin():
+    """The text up to a stop string, as OpenAI's: the token it begins in is emitted cut there
+    (a character of byte tokens before it included); the tokens are the plain output's."""
     from mlx_specstream.api import load
 
     if not (DEFAULT_MODEL / "config.json").exists():
@@ -88,16 +148,31 @@ def test_stop_strings_cut_tokens_and_text_together():
     full = generate(model, tok, prompt, max_tokens=40)
     stop = full.text[10:13]  # a stop string from inside the output, wherever tokens split it
     out = generate(model, tok, prompt, max_tokens=40, stop=[stop])
-    assert out.finish_reason == "stop" and stop not in out.text
-    assert full.text.startswith(out.text) and len(out.text) <= full.text.index(stop)
-    assert tok.decode(out.tokens) == out.text  # tokens and text agree
+    assert out.finish_reason == "stop" and out.text == full.text[: full.text.index(stop)]
+    shown = tok.decode(out.tokens)  # the tokens: up to the one the stop string begins in
+    assert shown.startswith(out.text) and len(tok.decode(out.tokens[:-1])) < len(out.text)
     assert out.tokens == full.tokens[: len(out.tokens)] and out.stats.generated_tokens == len(out.tokens)
-    # streaming never shows a stop string's beginning that is later cut
-    streamed = "".join(s.text for s in stream_generate(model, tok, prompt, max_tokens=40, stop=[stop]))
+    # streaming never shows a stop string's beginning that is later cut; one string is one stop
+    streamed = "".join(s.text for s in stream_generate(model, tok, prompt, max_tokens=40, stop=stop))
     assert streamed == out.text
-    for bad in ([""], ["x", ""]):
+    for bad in ([""], ["x", ""], ""):
         with pytest.raises(ValueError, match="non-empty"):
             generate(model, tok, prompt, max_tokens=4, stop=bad)
+    # a stop right after a character written as byte tokens, inside the token that completes it
+    lossless, _ = load(adapter="sql-lossless")
+    text = "SELECT * FROM t WHERE name = 'José';\nSELECT * FROM t WHERE name = 'Jos"
+    assert generate(lossless, tok, text, max_tokens=12, mode="ar").text.startswith("é'")
+    assert generate(lossless, tok, text, max_tokens=12, stop="'").text == "é"
+    # max_tokens inside a character written as byte tokens: only that character is lost
+    assert generate(lossless, tok, "SELECT 1; -- ü", max_tokens=15, mode="ar").text == "üüüüüüü\ufffd"
+    # a character's byte tokens, then EOS alone in the last pass: the character is in the text
+    import copy
+
+    ends = copy.copy(tok)
+    ends.eos_token_ids = {tok.token_to_id("▁")}  # the model writes "ü" and then this
+    for mode in ("ar", "ss"):
+        out = generate(lossless, ends, "-- ü ü ü ü ü ü\n-- ü ü ü ", max_tokens=40, mode=mode)
+        assert out.text == tok.decode(out.tokens) == "ü", mode
 
 
 def first_sql_prompt() -> str:
@@ -111,7 +186,8 @@ def default_model_or_skip():
 
 def test_verbose_text_is_the_plain_text_with_colours(tmp_path):
     """What ``generate --verbose`` prints on a terminal, without its colour codes and the
-    rejected drafts (dim red, in brackets), is exactly the plain CLI output."""
+    rejected drafts (dim red, in brackets), is exactly the plain CLI output; into a pipe or a
+    file it prints the plain output itself."""
     from mlx_specstream.api import load
     from mlx_specstream.cli import _coloured
 
@@ -129,6 +205,7 @@ def test_verbose_text_is_the_plain_text_with_colours(tmp_path):
         verbose = cli("generate", "--adapter", "sql", "--prompt-file", str(tmp_path / "p.txt"), "-n", "48",
                       "--verbose")
         assert verbose.returncode == 0 and "finish_reason: stop" in verbose.stderr
+        assert verbose.stdout == plain.stdout
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +229,8 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
     assert_one_line_error(cli("generate", "-m", d, "--prompt", "x"), "use --mode ar")
     assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--gamma", "0"),
                           "--gamma must be in 1..2")
-    assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--gamma", "99"),
-                          "--gamma must be in 1..2")
+    assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x", "--gamma", "2"),
+                          "--mode ar does not use --gamma: drop it")  # not ignored
     assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--branch", "0"),
                           "--branch must be >= 1")
     assert_one_line_error(cli("generate", "-m", d, "--adapter", "a", "--prompt", "x", "--tree-budget", "0"),

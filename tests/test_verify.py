@@ -48,6 +48,19 @@ def test_probabilities_top_p():
     assert np.allclose(probabilities(np.zeros((2, 4)), 0.5).sum(-1), 1)
 
 
+def test_a_tiny_temperature_is_greedy_not_nan():
+    """Logits over a temperature of 1e-310 overflow to inf: shifted by their maximum first, the
+    distribution is the argmax's (split between ties), with no NaN."""
+    import warnings
+
+    logits = np.array([[1.0, 3.0, 2.0, 3.0], [0.5, -1.0, 0.0, 0.25]], np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        p = probabilities(logits, 1e-310)
+    assert np.array_equal(p, [[0, 0.5, 0, 0.5], [1, 0, 0, 0]])
+    assert np.allclose(probabilities(logits, 1.0).sum(-1), 1.0)
+
+
 def test_sample_and_residual_edge_cases():
     rng = np.random.default_rng(0)
     assert sample(np.array([0.0, 1.0, 0.0]), rng) == 1
