@@ -168,6 +168,21 @@ def _responses(decoder: Decoder, tokenizer,
             return
 
 
+def _check_names(options: dict, caller: str) -> None:
+    """A keyword no decoder takes (mlx-lm's ``temp``, say) is a TypeError naming the public
+    function and the likeliest intended option, not the private one it reaches."""
+    import difflib
+    import inspect
+
+    internal = ("model", "tokenizer", "prompt", "batched", "eos_without_tokenizer")
+    known = [n for n in inspect.signature(_decoder).parameters if n not in internal]
+    for name in options:
+        if name not in known:
+            near = difflib.get_close_matches(name, known, n=1) or (["temperature"] if name == "temp" else [])
+            raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'"
+                            + (f" (did you mean '{near[0]}'?)" if near else ""))
+
+
 def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
                     **options) -> Iterator[StreamResponse]:
     """Yield, per forward pass, the tokens accepted and their text.
@@ -187,12 +202,14 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at ``max_tokens`` or at a
     ``stop`` string (whose text is not emitted).
     """
+    _check_names(options, "stream_generate")
     yield from _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, stop)
 
 
 def generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
              **options) -> GenerationResult:
     """Generate a whole completion; options as for :func:`stream_generate`."""
+    _check_names(options, "generate")
     decoder = _decoder(model, tokenizer, prompt, **options)
     steps = list(_responses(decoder, tokenizer, stop))
     tokens = [t for s in steps for t in s.tokens]

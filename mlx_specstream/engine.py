@@ -192,8 +192,13 @@ class Decoder:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
             raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
+        if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int | np.integer):
+            raise OptionError(f"{{max_tokens}} must be a whole number, not {opts.max_tokens!r}")
         if opts.max_tokens < 1:
             raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
+        for name, value in (("temperature", opts.temperature), ("top_p", opts.top_p)):
+            if isinstance(value, bool) or not isinstance(value, int | float | np.number):
+                raise OptionError(f"{{{name}}} must be a number, not {value!r}")
         if not 0 <= opts.temperature < math.inf:  # NaN fails too
             raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
         seed = opts.seed  # None: a fresh one

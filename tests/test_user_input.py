@@ -99,6 +99,20 @@ def test_greedy_ar_bookkeeping_is_a_share():
     assert 0 <= stats["bookkeeping_share"] < 1
 
 
+def test_api_options_of_the_wrong_type_or_name():
+    model = with_adapter()
+    for options, fragment in (({"max_tokens": 5.5}, "max_tokens must be a whole number"),
+                              ({"max_tokens": None}, "max_tokens must be a whole number"),
+                              ({"temperature": None}, "temperature must be a number")):
+        with pytest.raises(OptionError, match=fragment):
+            generate(model, None, [1, 2, 3], **options)
+    with pytest.raises(TypeError, match=re.escape("generate() got an unexpected keyword argument 'temp' "
+                                                  "(did you mean 'temperature'?)")):
+        generate(model, None, [1, 2, 3], temp=0.7)
+    with pytest.raises(TypeError, match=r"stream_generate\(\) got an unexpected keyword argument 'verbose'"):
+        next(stream_generate(model, None, [1, 2, 3], verbose=True))
+
+
 def test_prompts_that_are_not_prompts():
     model = with_adapter()
     for prompt, fragment in (("", "the prompt is empty"), (b"SELECT", "not bytes")):
