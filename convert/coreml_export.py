@@ -38,6 +38,7 @@ import numpy as np
 
 from ..ngrams import NGRAMS_FILE
 from ..outputs import TOKENIZER_FILES, check_replaceable, replace_dirs, temp_dir_beside, terminate_cleanly
+from ..streams import check_prune_threshold
 
 FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
@@ -90,7 +91,7 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     if precision not in PRECISIONS:
         raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
     if q_bits is not None:
-        check_quantization(q_bits, q_group_size, ExportError)
+        check_quantization(q_bits, q_group_size)
     model = load_model(model_path)
     model.path = Path(model_path)
     if adapter is not None:
@@ -369,8 +370,8 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     out = _check_out(Path(out), overwrite)
     if precision not in PRECISIONS:
         raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
-    if prune_threshold is not None and not 0.0 <= prune_threshold < 1.0:
-        raise ExportError(f"prune threshold must be in [0, 1), not {prune_threshold}")
+    if prune_threshold is not None:
+        check_prune_threshold(prune_threshold)
     # Everything that can be wrong with the request is found before the first progress line.
     model = load_for_export(model_path, adapter, q_bits, q_group_size, precision)
     context, tree_size, chunk, branch = resolve_sizes(model, context, tree_size, chunk, branch)

@@ -57,8 +57,13 @@ class AdapterConfig:
         if self.main_rank and self.mode == "lora" or self.main_rank < 0:
             raise AdapterError("main_rank (a fine-tune under the streams) is for lossless and shared "
                                "adapters")
-        if not 0 <= self.prune_layer <= n_layers - self.msa_layers:
-            raise AdapterError(f"prune_layer must be in 0..{n_layers - self.msa_layers}")
+        if not 0 <= self.prune_layer <= self.msa_start(n_layers):
+            raise AdapterError(f"prune_layer must be in 0..{self.msa_start(n_layers)}")
+
+    def msa_start(self, n_layers: int) -> int:
+        """The first multi-stream layer of a model of ``n_layers``: the streams run in the top
+        ``msa_layers`` (N - N_s), the one place this rule is written."""
+        return n_layers - self.msa_layers
 
 
 def _setting(value):
@@ -213,7 +218,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
     detach(model)
     n = len(model.layers)
     if config.prune_layer is None:
-        config.prune_layer = n - config.msa_layers
+        config.prune_layer = config.msa_start(n)
     config.validate(n)
     model.adapter_ngrams = None  # the n-gram drafts of its data (ngrams.py), set when there are
     config.base_fingerprint = fingerprint(model)
@@ -234,7 +239,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
         if fine_tune is not None:
             model.load_weights(list(fine_tune.items()), strict=False)
     shared = config.mode in ("shared", "lora") and not config.main_rank  # one LoRA, every row and layer
-    first = 0 if shared else n - config.msa_layers
+    first = 0 if shared else config.msa_start(n)
     for block in model.layers[first:]:
         for parent, name in _linears(block, (*LINEAR, LoRALinear)):
             key, sub = mx.random.split(key)
@@ -339,6 +344,11 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
     return Path(dest)
 
 
+def available_adapters(model_path: str | Path) -> list[str]:
+    """Names of the adapters under ``model_path/adapters``."""
+    return sorted(p.parent.name for p in (Path(model_path) / "adapters").glob(f"*/{CONFIG_FILE}"))
+
+
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:
     """An adapter path as given, or a name under the model's ``adapters/`` folder."""
     p = Path(name_or_path)
@@ -351,8 +361,7 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
-    found = sorted(p.parent.name for p in (Path(model_path) / "adapters").glob(f"*/{CONFIG_FILE}")
-                   ) if model_path is not None else []
+    found = available_adapters(model_path) if model_path is not None else []
     have = f"; this model has: {', '.join(found)}" if found else "; this model has none"
     raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where}){have}")
 

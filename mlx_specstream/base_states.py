@@ -34,7 +34,7 @@ class FixedKV:
 
 
 def msa_start(model) -> int:
-    return len(model.layers) - model.adapter_config.msa_layers
+    return model.adapter_config.msa_start(len(model.layers))
 
 
 @host_math.enabled()  # a training pass: NumPy's exponentials on a CPU

@@ -32,8 +32,19 @@ from mlx.utils import tree_flatten
 from .adapter import adapter_size, fine_tune_weights
 from .api import _decoder, load
 from .engine import default_node_costs
+from .errors import OptionError
 from .loader import model_dir
-from .outputs import check_replaceable_file, check_writable, is_results_json, recorded_path, run_meta
+from .outputs import (
+    check_replaceable_file,
+    check_writable,
+    is_results_json,
+    markdown_table,
+    recorded_path,
+    run_meta,
+    write_atomic,
+    write_results_file,
+    write_text_atomic,
+)
 from .tokenizer import load_tokenizer
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
@@ -69,7 +80,7 @@ def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple]:
 
 def check_repeats(repeats: int) -> None:
     if repeats < 1:
-        raise ValueError(f"--repeats must be >= 1, not {repeats}")
+        raise OptionError(f"{{repeats}} must be >= 1, not {repeats}")
 
 
 def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int,
@@ -191,17 +202,21 @@ def _mlx_lm(path: Path, draft: Path | None, eos: set[int], dtype: mx.Dtype, num_
     return run, n
 
 
-def _normalize_sql(s: str) -> str:
-    return " ".join(s.strip().rstrip(";").split()).lower()
+def exact_match(task: str, output: str, ref: str) -> bool:
+    """The project's exact match: SQL with whitespace runs and a final ";" normalised (case kept:
+    a string literal's case matters), code on the stripped text. ``scripts/train_base.py``'s
+    evaluation, which runs without MLX, keeps its own copy of the SQL rule (tested equal)."""
+    if task == "sql":
+        return " ".join(output.strip().rstrip(";").split()) == " ".join(ref.strip().rstrip(";").split())
+    return output.strip() == ref.strip()
 
 
 def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
-    """SQL: exact match (whitespace/case/semicolon-normalised). Code: exact match and edit
-    similarity (difflib ratio), both on the stripped text."""
+    """Exact match (:func:`exact_match`); code also edit similarity (difflib ratio) on the
+    stripped text."""
+    em = sum(exact_match(task, o, r) for o, r in zip(outputs, refs)) / len(refs)
     if task == "sql":
-        em = sum(_normalize_sql(o) == _normalize_sql(r) for o, r in zip(outputs, refs)) / len(refs)
         return {"exact_match": round(em, 4)}
-    em = sum(o.strip() == r.strip() for o, r in zip(outputs, refs)) / len(refs)
     sim = sum(difflib.SequenceMatcher(None, o.strip(), r.strip()).ratio()
               for o, r in zip(outputs, refs)) / len(refs)
     return {"exact_match": round(em, 4), "edit_similarity": round(sim, 4)}
@@ -295,10 +310,9 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
     timed by ``clock``."""
     check_repeats(repeats)
-    if n < 1:
-        raise ValueError(f"--n must be >= 1, not {n}")
-    if max_tokens < 1:
-        raise ValueError(f"--max-tokens must be >= 1, not {max_tokens}")
+    for name, value in (("n", n), ("max_tokens", max_tokens)):
+        if value < 1:
+            raise OptionError(f"{{{name}}} must be >= 1, not {value}")
     check_out_dir(Path(out_dir), overwrite)
 
     data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
@@ -383,7 +397,8 @@ def _versions() -> dict[str, str]:
     return out
 
 
-def markdown_table(meta: dict, results: list[dict]) -> str:
+def results_markdown(meta: dict, results: list[dict]) -> str:
+    """``results.md``: the run in one line, the table, the warnings and what was skipped."""
     keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup", "95% interval", "exact_match"]
     if any("edit_similarity" in r for r in results):
         keys.append("edit_similarity")
@@ -393,17 +408,17 @@ def markdown_table(meta: dict, results: list[dict]) -> str:
              f"BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load before/after: "
              f"{meta.get('load_average_1m')}), {meta['prompts']} prompts, "
              f"max {meta['max_tokens']} tokens, best of {meta['repeats']} runs per prompt; "
-             f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)", "",
-             "| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    wide = []
+             f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)", ""]
+    cells = []
     for r in results:
         lo, hi = r["speedup_ci95"]
-        cell = {**r, "95% interval": f"{lo:.2f}–{hi:.2f}" + ("" if r["interval_within_10pct"] else " ⚠")}
+        cell = {k: r.get(k, "") for k in keys}
+        cell["95% interval"] = f"{lo:.2f}–{hi:.2f}" + ("" if r["interval_within_10pct"] else " ⚠")
         if r.get("compared_with", "ar") != "ar":  # another model's AR output (a tuned adapter's)
             cell["identical_to_ar"] = f"{r['identical_to_ar']} (to {r['compared_with']})"
-        lines.append("| " + " | ".join(str(cell.get(k, "")) for k in keys) + " |")
-        if not r["interval_within_10pct"]:
-            wide.append(r["method"])
+        cells.append(cell)
+    lines.append(markdown_table({k: k for k in keys}, cells))
+    wide = [r["method"] for r in results if not r["interval_within_10pct"]]
     if wide:
         lines.append(f"\n⚠ 95% interval wider than ±{MAX_HALF_WIDTH:.0%} of the speed-up: "
                      f"{', '.join(wide)} (more prompts, --n, or runs, --repeats, narrow it)")
@@ -413,11 +428,9 @@ def markdown_table(meta: dict, results: list[dict]) -> str:
 
 
 def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir / "results.json.tmp"
-    tmp.write_text(json.dumps({"meta": meta, "results": results}, indent=2))
-    tmp.replace(out_dir / "results.json")
-    (out_dir / "results.md").write_text(markdown_table(meta, results))
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib), each written whole."""
+    write_results_file(out_dir / "results.json", meta, results)
+    write_text_atomic(out_dir / "results.md", results_markdown(meta, results))
     try:
         import matplotlib
 
@@ -438,5 +451,5 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
         ax.invert_yaxis()
     fig.suptitle(f"{meta['task']}: {meta['prompts']} prompts, {meta['date']}, BLAS {meta['blas']}")
     fig.tight_layout()
-    fig.savefig(out_dir / "results.png", dpi=120)
+    write_atomic(out_dir / "results.png", lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)

@@ -2,7 +2,8 @@
 
 :class:`PackageRunner` is a :class:`~mlx_specstream.runner.Runner`: the engine's own decode loop
 (:class:`mlx_specstream.engine.Decoder`: drafting from the streams and prompt lookup, the tree,
-verification, sampling, statistics, stop strings) runs with the package doing the forward passes.
+verification, sampling, statistics; stop strings through :func:`mlx_specstream.api._responses`)
+runs with the package doing the forward passes.
 ``start`` prefills the prompt but its last token in chunks and runs the last prompt token as a
 one-node tree; ``step`` flattens a tree to the package's fixed size and runs the package's
 ``step``, which first commits the previous accepted path inside the model (streams on every node,

@@ -24,7 +24,7 @@ from .device import on_gpu
 from .errors import OptionError
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
-from .streams import forward
+from .streams import check_prune_threshold, forward
 from .tree import Tree, best_rate, build_tree, chain, pass_cost
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
@@ -249,8 +249,7 @@ class Decoder:
                 raise OptionError(f"{{{name}}} must be >= 1, not {value}")
         if vocab is not None and self.branch > vocab:
             raise OptionError(f"{{branch}} must be at most the vocabulary's {vocab}, not {self.branch}")
-        if not 0 <= self.threshold <= 1:
-            raise OptionError(f"{{prune_threshold}} must be in [0, 1], not {self.threshold}")
+        check_prune_threshold(self.threshold)
         if opts.streams not in ("auto", "tree", "deferred"):
             raise OptionError("{streams} must be auto, tree or deferred")
         costs = runner.node_costs if runner.node_costs is not None else default_node_costs()

@@ -5,7 +5,10 @@ from __future__ import annotations
 import re
 
 from .arch.base import UnsupportedModelError
-from .loader import CheckpointError
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
 
 
 class AdapterError(ValueError):

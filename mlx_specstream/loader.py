@@ -18,6 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
+from .errors import CheckpointError, OptionError
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -26,11 +27,6 @@ from .outputs import (
     temp_dir_beside,
     terminate_cleanly,
 )
-
-
-class CheckpointError(ValueError):
-    """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
-
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -81,12 +77,13 @@ def quantize_predicate(group_size: int):
 Q_BITS, Q_GROUP_SIZES = (4, 8), (32, 64, 128)  # the group-wise quantizations offered
 
 
-def check_quantization(bits: int, group_size: int, error: type[Exception] = ValueError) -> None:
-    """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES`, naming the CLI's options."""
+def check_quantization(bits: int, group_size: int) -> None:
+    """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES` (``q_bits`` in Python,
+    ``--q-bits`` on the command line)."""
     if bits not in Q_BITS:
-        raise error(f"--q-bits must be 4 or 8, not {bits}")
+        raise OptionError(f"{{q_bits}} must be 4 or 8, not {bits}")
     if group_size not in Q_GROUP_SIZES:
-        raise error(f"--q-group-size must be 32, 64 or 128, not {group_size}")
+        raise OptionError(f"{{q_group_size}} must be 32, 64 or 128, not {group_size}")
 
 
 def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
@@ -96,7 +93,7 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
     layers = [m for _, m in model.named_modules() if hasattr(m, "to_quantized")]
     fits = sum(quantize_predicate(group_size)("", m) for m in layers)
     if not fits:
-        raise ValueError(f"--q-group-size {group_size}: no layer's input size divides into groups of "
+        raise OptionError(f"{{q_group_size={group_size}}}: no layer's input size divides into groups of "
                          f"{group_size}, so nothing would be quantized"
                          + ("" if group_size == min(Q_GROUP_SIZES) else " (try a smaller group size)"))
     if fits < len(layers):

@@ -7,7 +7,7 @@ directory holding trained adapters, a file it did not write — is refused with 
 nothing is deleted.
 
 Example: ``convert --mlx-path notes/ --overwrite`` where ``notes/`` holds ``notes.txt`` raises
-``FileExistsError("notes: holds files mlx-specstream did not write (notes.txt): ...")``.
+``FileExistsError("notes: holds files mlx-specstream did not write as a model (notes.txt): ...")``.
 """
 
 from __future__ import annotations

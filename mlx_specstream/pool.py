@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import CONFIG_FILE, adapter_size, load_adapter
+from .adapter import adapter_size, available_adapters, load_adapter
 
 
 class UnknownModelError(ValueError):
@@ -101,6 +101,3 @@ def default_mode(model: nn.Module) -> str:
     return "ss" if cfg is not None and cfg.gamma else "ar"
 
 
-def available_adapters(path: Path) -> list[str]:
-    """Names of the adapters under ``path/adapters``."""
-    return sorted(p.parent.name for p in (Path(path) / "adapters").glob(f"*/{CONFIG_FILE}"))

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from .api import StreamResponse
+from .errors import OptionError
 from .runner import PassRequest, run_passes
 
 # emit(response, error): called on the scheduler thread after each pass; (None, None) at the end.
@@ -40,7 +41,7 @@ class Scheduler:
 
     def __init__(self, max_active: int = 16):
         if max_active < 1:
-            raise ValueError(f"max_active must be >= 1, not {max_active}")
+            raise OptionError(f"{{max_active}} must be >= 1, not {max_active}")
         self.max_active = max_active
         self._waiting: queue.Queue[Job | None] = queue.Queue()
         self._active: list[Job] = []

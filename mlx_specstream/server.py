@@ -198,10 +198,12 @@ def usage(stats: Stats) -> dict:
 
 
 def speculative(stats: Stats) -> dict:
-    """The extra field every reply carries: how the decoding went."""
-    return {"passes": stats.calls, "mean_accepted_tokens": round(stats.mean_accepted_tokens, 4),
-            "accepted_length_histogram": {str(k): v for k, v in sorted(stats.accepted_lengths.items())},
-            "prefill_time_s": round(stats.prefill_time, 6), "decode_time_s": round(stats.decode_time, 6)}
+    """The extra field every reply carries: how the decoding went (the engine's statistics,
+    ``calls`` named ``passes``; JSON's object keys are strings)."""
+    d = stats.as_dict()
+    return {"passes": d["calls"], "mean_accepted_tokens": d["mean_accepted_tokens"],
+            "accepted_length_histogram": {str(k): v for k, v in d["accepted_length_histogram"].items()},
+            "prefill_time_s": d["prefill_time_s"], "decode_time_s": d["decode_time_s"]}
 
 
 class Reply:
@@ -379,12 +381,11 @@ def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.
 
     if not 0 <= port <= 65535:
         raise OptionError(f"{{port}} must be in 0..65535 (0: any free port), not {port}")
-    if max_active < 1:
-        raise OptionError(f"{{max_active}} must be >= 1, not {max_active}")
+    scheduler = Scheduler(max_active)  # checks it
     sock = listen(host, port)
     port = sock.getsockname()[1]
     pool = ModelPool(model, adapters, name=name)
-    app = create_app(pool, Scheduler(max_active))
+    app = create_app(pool, scheduler)
     where = f"http://{'[' + host + ']' if ':' in host else host}:{port}/v1"
     print(f"serving {', '.join(pool.models)} on {where}", file=sys.stderr, flush=True)
     if host not in LOOPBACK:

@@ -72,6 +72,15 @@ def transition_probs(model, adapter: StreamAdapter, h: mx.array, tree: Tree) -> 
     return out
 
 
+def check_prune_threshold(threshold: float) -> None:
+    """A transition probability to prune below: in [0, 1] (0: no pruning; 1: only certain nodes
+    stay). The one rule for decoding and export."""
+    from .errors import OptionError
+
+    if not 0 <= threshold <= 1:  # NaN fails too
+        raise OptionError(f"{{prune_threshold}} must be in [0, 1], not {threshold}")
+
+
 def prune(tree: Tree, trans: np.ndarray, threshold: float) -> np.ndarray:
     """Indices of the nodes kept: a node goes when its transition probability is below
     ``threshold`` or its parent went. The root always stays."""
@@ -103,7 +112,7 @@ def forward(model, tree: Tree, caches, n_prefix: int, *, gamma: int = 0,
         gamma = cfg.gamma
     if adapter is not None and gamma > adapter.gamma:
         raise ValueError(f"the adapter has {adapter.gamma} streams, {gamma} were asked for")
-    msa_start = n_layers - cfg.msa_layers if adapter is not None else n_layers
+    msa_start = cfg.msa_start(n_layers) if adapter is not None else n_layers
     prune_at = cfg.prune_layer if adapter is not None else n_layers
     use_streams = adapter is not None and gamma > 0
 
@@ -161,7 +170,7 @@ def forward_batch(model, trees: list[Tree], caches: list[list], n_prefix: list[i
     if adapter is not None and cfg.mode == "shared":
         gamma = cfg.gamma
     use_streams = adapter is not None and gamma > 0
-    msa_start = len(layers) - cfg.msa_layers if adapter is not None else len(layers)
+    msa_start = cfg.msa_start(len(layers)) if adapter is not None else len(layers)
     sizes = [len(t) for t in trees]
     m = max(sizes)
     node_pos = np.array([[n + d for d in t.depths] + [n] * (m - len(t)) for t, n in zip(trees, n_prefix)])
@@ -214,6 +223,6 @@ def stream_pass_batch(model, h_nodes: mx.array, caches: list[list], n: list[int]
     else:
         mask = BatchPlan([AttentionPlan.deferred(k, gamma) for k in n], [0] * len(n), [gamma] * len(n), 0)
         per_layer = [list(c) for c in zip(*caches)]
-    for i in range(len(layers) - cfg.msa_layers, len(layers)):
+    for i in range(cfg.msa_start(len(layers)), len(layers)):
         h = layers[i](h, pos, mask, per_layer[i], n_main=0)
     return model.head(h)

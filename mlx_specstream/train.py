@@ -520,8 +520,8 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
         raise OptionError(f"{{alphas}} must be finite numbers >= 0, not {alphas}")
     if mode == "lossless" and alphas[0] != 0:
         raise ValueError("lossless mode trains no main-stream parameters: alpha_0 must be 0")
-    if any(a < 0 for a in alphas) or not any(alphas[1:]):
-        raise ValueError("alphas must be >= 0 with at least one stream weight > 0")
+    if not any(alphas[1:]):
+        raise ValueError("alphas: at least one stream weight must be > 0")
     return alphas
 
 

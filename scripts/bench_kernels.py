@@ -16,7 +16,6 @@ See docs/kernels.md for what to look for.
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import platform
 import statistics
@@ -97,29 +96,6 @@ def kernel_rows(args, rng) -> list[dict]:
     return rows
 
 
-def _engine_hook_present() -> bool:
-    from mlx_specstream import streams
-
-    return "AttentionPlan" in inspect.getsource(streams)
-
-
-def _route_engine_attention():
-    """Stand-in for the engine hook while the engine does not have it (docs/kernels.md)."""
-    from mlx_specstream import streams
-    from mlx_specstream.arch import base
-
-    dense = base.attention
-
-    def attention(q, k, v, cache, mask, n_main, scale):
-        if isinstance(mask, A.AttentionPlan):
-            return A.attend_with_cache(q, k, v, cache, mask, n_main, scale)
-        return dense(q, k, v, cache, mask, n_main, scale)
-
-    base.attention = attention
-    streams.tree_mask = A.AttentionPlan.for_tree
-    streams.stream_mask = A.AttentionPlan.for_streams
-
-
 def engine_rows(args) -> list[dict]:
     from mlx.utils import tree_flatten
 
@@ -127,8 +103,6 @@ def engine_rows(args) -> list[dict]:
     from mlx_specstream.api import generate
     from mlx_specstream.arch import build_model
 
-    if not _engine_hook_present():
-        _route_engine_attention()
     dtype = getattr(mx, args.dtype)
     cfg = dict(model_type="llama", hidden_size=args.hidden, num_attention_heads=args.heads,
                num_key_value_heads=args.kv_heads, head_dim=args.head_dim,

@@ -32,11 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tqdm import tqdm  # noqa: E402
 
 from mlx_specstream.api import generate, load  # noqa: E402
+from mlx_specstream.bench import exact_match  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import default_mode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from train_base import norm_sql  # noqa: E402  (SQL compared as the base model's evaluation compares it)
 
 
 def main() -> None:
@@ -61,7 +61,6 @@ def main() -> None:
                     help="sql: only the schema's names may be written (constrained decoding, AR check too)")
     ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
     args = ap.parse_args()
-    same = norm_sql if args.task == "sql" else (lambda s: s)
     model, tok = load(args.model, adapter=args.adapter)
     ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
     split = Path(__file__).resolve().parent.parent / "data" / args.task / f"{args.split}.jsonl"
@@ -74,7 +73,7 @@ def main() -> None:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
                        ngrams=not args.no_ngrams, node_cost=args.node_cost, mode=mode, streams=args.streams,
                        sql_names=args.sql_names)
-        right = same(res.text) == same(r["completion"])
+        right = exact_match(args.task, res.text, r["completion"])
         exact += right
         per_prompt.append({"exact": right, "output": res.text})
         tokens += sum(k * c for k, c in res.stats.accepted_lengths.items())

@@ -623,6 +623,8 @@ def save_hf(model, out: Path, max_shard_size: str) -> None:
 # evaluation: greedy decoding, batched with left padding
 # --------------------------------------------------------------------------------------------
 def norm_sql(s: str) -> str:
+    """SQL as exact match compares it: the rule of ``mlx_specstream.bench.exact_match`` (this
+    script runs without MLX; tests/test_train_base.py checks that the two agree)."""
     return " ".join(s.strip().rstrip(";").split())
 
 

@@ -13,8 +13,8 @@ from mlx_specstream.api import DEFAULT_MODEL, load
 from mlx_specstream.bench import (
     Method,
     best_time,
-    markdown_table,
     reference,
+    results_markdown,
     run_bench,
     speedup,
     task_metrics,
@@ -68,13 +68,14 @@ def test_run_bench_all_methods(model_dir, tmp_path):
     assert by["ss-lossless tree"]["mean_accepted_tokens"] >= 1.0
     saved = json.loads((tmp_path / "results.json").read_text())
     assert saved["results"] == res["results"] and saved["meta"]["command"] == "test"
-    assert (tmp_path / "results.md").read_text() == markdown_table(res["meta"], res["results"])
+    assert (tmp_path / "results.md").read_text() == results_markdown(res["meta"], res["results"])
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_task_metrics():
-    assert task_metrics("sql", ["SELECT a FROM t;", "select b"], ["select  a from T", "SELECT c"]) == {
-        "exact_match": 0.5}
+    assert task_metrics("sql", ["SELECT a FROM t;", "select b", "SELECT a FROM t WHERE c = 'X'"],
+                        ["SELECT  a\nFROM t", "SELECT b", "SELECT a FROM t WHERE c = 'x'"]) == {
+        "exact_match": 0.3333}  # whitespace and a final ";" normalised; case kept (a literal's matters)
     m = task_metrics("code", ["return x\n", "retrun"], ["return x", "return"])
     # "retrun" -> "return": 5 of 6 characters in the longest matching blocks: ratio 2 * 5 / 12
     assert m == {"exact_match": 0.5, "edit_similarity": round((1.0 + 10 / 12) / 2, 4)}
@@ -98,7 +99,7 @@ def test_bench_refuses_before_it_runs(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(PermissionError, match="cannot write the results to"):
         run_bench(DEFAULT_MODEL, "sql", 1, 8, tmp_path / "afile" / "sub", methods=[])
-    with pytest.raises(ValueError, match="--max-tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
         run_bench(DEFAULT_MODEL, "sql", 1, 0, tmp_path / "out", methods=[])
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
@@ -165,7 +166,7 @@ def test_each_prompt_runs_every_method_repeatedly_interleaved_and_the_fastest_ru
     assert log == [(m, p, r) for p in (0, 1) for r in range(3) for m in "ab"]
     assert [r["time"] for r in a.records] == [1.0, 4.0] and [r["time"] for r in b.records] == [0.5, 2.0]
     assert a.records[1]["times"] == [5.0, 6.0, 4.0]
-    with pytest.raises(ValueError, match="--repeats must be >= 1"):
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
         time_methods([a], [[0]], 16, repeats=0, clock=clock)
 
 
@@ -268,7 +269,7 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     saved = json.loads((tmp_path / "out" / "results.json").read_text())
     assert saved == json.loads(json.dumps(res))
     table = (tmp_path / "out" / "results.md").read_text()
-    assert table == markdown_table(meta, res["results"])
+    assert table == results_markdown(meta, res["results"])
     noisy_row = next(line for line in table.splitlines() if line.startswith("| noisy |"))
     steady_row = next(line for line in table.splitlines() if line.startswith("| steady |"))
     assert "⚠" in noisy_row and "⚠" not in steady_row

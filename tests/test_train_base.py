@@ -222,3 +222,15 @@ def test_shares_out_of_range_are_refused_in_one_line(data, tmp_path, flag):
     with pytest.raises(SystemExit, match=rf"^train_base: {flag} must be in \[0, 1\], not 1.5$"):
         _train(data, tmp_path, flag, "1.5")
     assert not (tmp_path / "hf").exists() and not (tmp_path / "work").exists()
+
+
+def test_the_base_evaluation_compares_sql_as_bench_does():
+    """``train_base.py`` runs without MLX and keeps its own copy of the exact-match rule."""
+    from mlx_specstream.bench import exact_match
+
+    pairs = [("SELECT a FROM t;", "SELECT a FROM t"), ("SELECT  a\nFROM t ", "SELECT a FROM t"),
+             ("SELECT a FROM t WHERE c = 'Cornwall'", "SELECT a FROM t WHERE c = 'cornwall'"),
+             ("select a from t", "SELECT a FROM t"), ("SELECT b FROM t", "SELECT a FROM t")]
+    for out, ref in pairs:
+        assert (tb.norm_sql(out) == tb.norm_sql(ref)) == exact_match("sql", out, ref), (out, ref)
+    assert [exact_match("sql", o, r) for o, r in pairs] == [True, True, False, False, False]
