@@ -224,7 +224,7 @@ def bench(
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.api import DEFAULT_MODEL
-    from mlx_specstream.bench import markdown_table, run_bench
+    from mlx_specstream.bench import results_markdown, run_bench
     from mlx_specstream.loader import model_dir
 
     if task not in ("sql", "code"):
@@ -235,7 +235,7 @@ def bench(
     draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
                     overwrite=overwrite, repeats=repeats)
-    typer.echo(markdown_table(res["meta"], res["results"]))
+    typer.echo(results_markdown(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 
 

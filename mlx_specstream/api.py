@@ -63,8 +63,8 @@ class StreamResponse:
 
 @dataclass
 class GenerationResult:
-    """A whole generation; ``text`` is the detokenized ``tokens`` (a stop string and what
-    follows it are in neither)."""
+    """A whole generation: ``text`` is the detokenized ``tokens``, except at a stop string: the
+    text ends where it begins, the tokens with the one it begins in (what follows is in neither)."""
 
     text: str
     tokens: list[int]

@@ -170,7 +170,9 @@ _UNUSED_IN = {"ss": (), "lookup": ("gamma", "branch", "prune_threshold"),
 def check_used(opts: DecodeOptions) -> None:
     """Refuse options that ``opts.mode`` ignores (``--mode ar --gamma 2``), for callers that want
     it said; the Python API ignores them, so one set of options serves every mode."""
-    idle = [f"{{{name}}}" for name in _UNUSED_IN.get(opts.mode, ()) if getattr(opts, name) is not None]
+    given = {name: getattr(opts, name) for name in _UNUSED_IN.get(opts.mode, ())}
+    idle = [f"{{{name}=False}}" if value is False else f"{{{name}}}"  # --no-lookup said as typed
+            for name, value in given.items() if value is not None]
     if opts.mode == "lookup" and opts.lookup is False:
         idle.append("{lookup=False}")
     if opts.streams != "auto" and opts.mode != "ss":

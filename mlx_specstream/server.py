@@ -143,6 +143,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     model_id = _field(body, "model", (str,), what="a model id")
     if model_id is None:
         raise APIError("'model' is required", "model")
+    _text(model_id, "model")  # a lone surrogate would fail the error message naming it
     try:
         model = pool.get(model_id)
     except UnknownModelError as e:
@@ -162,7 +163,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         top_p=float(_field(body, "top_p", (int, float), 1.0)),
         seed=_field(body, "seed", (int,), None),  # absent: a fresh seed, as OpenAI
         # an extra field: "ss" (where the adapter has streams), "ar" or "lookup"
-        mode=_field(body, "mode", (str,), default_mode(model)),
+        mode=_text(_field(body, "mode", (str,), default_mode(model)), "mode"),
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
         sql_names=_field(body, "sql_names", (bool,), False),
     )
@@ -364,7 +365,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         yield
         await asyncio.to_thread(scheduler.stop)
 
-    routes = [Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
+    routes = [Route("/v1/models", models), Route("/v1/models/{model_id:str}", model),
               Route("/health", health),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]

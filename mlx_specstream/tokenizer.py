@@ -120,7 +120,8 @@ class StreamingDetokenizer:
     into U+FFFD when any of it is invalid, so earlier characters of the run are not final). New
     tokens are always decoded together with the tokens just before them, so SentencePiece's
     word-start spaces and other context-dependent decoding come out as in a full decode:
-    ``"".join(pieces) + finalize()`` equals ``tokenizer.decode(all_ids)``.
+    ``"".join(pieces) + finalize()`` equals ``tokenizer.decode(all_ids)``, except for a character
+    cut short at the very end, which :meth:`finalize` gives as one U+FFFD after the text before it.
     """
 
     def __init__(self, tokenizer: Tokenizer, skip_special_tokens: bool = False):

@@ -4,6 +4,7 @@ timing harness (repeats, best run, reference, bootstrap interval, warning) runs 
 whose times the tests set."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -274,3 +275,19 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     steady_row = next(line for line in table.splitlines() if line.startswith("| steady |"))
     assert "⚠" in noisy_row and "⚠" not in steady_row
     assert "interval wider than ±10% of the speed-up: noisy" in table
+
+
+def test_bench_command_prints_its_table(tmp_path, monkeypatch):
+    """The command prints the run's results.md table (the run itself stubbed with a stored one:
+    the command's own code after it, in-process)."""
+    from typer.testing import CliRunner
+
+    import mlx_specstream.bench as bench
+    from mlx_specstream.cli import app
+
+    stored = json.loads((Path(__file__).resolve().parent.parent / "results" / "bench-sql-quick"
+                         / "results.json").read_text())
+    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: stored)
+    res = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path / "out")])
+    assert res.exit_code == 0, repr(res.exception)
+    assert results_markdown(stored["meta"], stored["results"]) in res.output

@@ -111,6 +111,7 @@ def test_models_and_health(server):
     assert ids == ["specstream-tiny", "specstream-tiny:sql", "specstream-tiny:sql-lossless",
                    "specstream-tiny:code"]
     assert server.get("/health")["status"] == "ok"
+    assert server.get("/v1/models/") == server.get("/v1/models")  # a trailing slash: the list
     one = server.client().models.retrieve("specstream-tiny:sql")  # GET /v1/models/{id}
     assert one.id == "specstream-tiny:sql" and one.created == server.client().models.list().data[1].created
     with pytest.raises(openai.NotFoundError):
@@ -225,6 +226,7 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400,
      "messages"),
     (json.dumps({"model": "specstream-tiny", "prompt": "abc \ud800"}).encode(), 400, "prompt"),
+    (json.dumps({"model": "specstream-tiny\ud800", "prompt": "abc"}).encode(), 400, "model"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "\ud83d"}]}).encode(),
      400, "messages"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x",

@@ -75,6 +75,7 @@ def test_token_ids_outside_the_vocabulary_are_refused():
 @pytest.mark.parametrize("options,fragment", [
     ({"mode": "ar", "gamma": 2, "branch": 3}, "mode='ar' does not use gamma, branch: drop them"),
     ({"mode": "ar", "lookup": True}, "mode='ar' does not use lookup: drop it"),
+    ({"mode": "ar", "lookup": False}, "mode='ar' does not use lookup=False: drop it"),
     ({"mode": "lookup", "lookup": False}, "mode='lookup' does not use lookup=False"),
     ({"mode": "lookup", "streams": "tree"}, "mode='lookup' does not use streams"),
     ({"branch": 10**6}, "branch must be at most the vocabulary's"),
