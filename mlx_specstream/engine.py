@@ -24,8 +24,8 @@ from .device import on_gpu
 from .errors import OptionError
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
-from .streams import check_prune_threshold, forward
-from .tree import Tree, best_rate, build_tree, chain, pass_cost
+from .streams import check_prune_threshold
+from .tree import Tree, best_rate, build_tree, pass_cost
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 
@@ -102,6 +102,14 @@ class Stats:
     def bookkeeping_share(self) -> float:
         """Share of decode time spent outside the model's forward passes."""
         return 1.0 - self.model_time / self.decode_time if self.decode_time else 0.0
+
+    def count_pass(self, tree_nodes: int, kept_nodes: int, path_length: int) -> None:
+        """One forward pass after prefill: its tree, the nodes pruning kept, the accepted path's
+        length (root included)."""
+        self.calls += 1
+        self.tree_nodes += tree_nodes
+        self.kept_nodes += kept_nodes
+        self.accepted_lengths[path_length] += 1
 
     def as_dict(self) -> dict:
         return {
@@ -402,10 +410,7 @@ class Decoder:
                 path, root = verify_greedy(kept, target)
             else:
                 path, root = verify_sampling(kept, target, draft.draws, draft.q, self.rng, draft.chain)
-            stats.calls += 1
-            stats.tree_nodes += len(tree)
-            stats.kept_nodes += len(kept)
-            stats.accepted_lengths[len(path)] += 1
+            stats.count_pass(len(tree), len(kept), len(path))
             if draft.levels and self.deferred:
                 cost = float(pass_cost(len(tree), self.node_cost)) + self.stream_pass_cost
                 self.stream_rate.update(len(path), cost)
@@ -451,49 +456,35 @@ class Decoder:
 
         Under a constraint the queued pass is optimistic: when the host finds the argmax
         forbidden, that pass is dropped, the best allowed token of the same logits taken (as
-        ``constrained_argmax`` does in the loop) and the pass queued again with it."""
+        ``constrained_argmax`` does in the loop) and the pass queued again with it. The runner
+        queues and drops the passes (``MLXRunner.queue_greedy``, ``drop_queued``)."""
         stats, runner, c = self.stats, self.runner, self.opts.constraint
         total = self.opts.max_tokens
         if self.limit is not None:
             total = min(total, self.limit - len(self.prompt))
 
-        def launch(token: mx.array) -> tuple[mx.array, mx.array]:
-            out = forward(runner.model, chain([root]), runner.caches, runner.n, tokens=token)
-            runner.n += 1  # the one node is committed in place
-            nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
-            mx.async_eval(nxt)
-            return nxt, out.main_logits
-
-        def drop_queued() -> None:
-            runner.n -= 1
-            for cache in runner.caches:
-                cache.trim(1)
-
         t = time.perf_counter()
-        pending = launch(mx.array([root], mx.int32))
+        pending = runner.queue_greedy(mx.array([root], mx.int32))
         stats.model_time += time.perf_counter() - t
         stats.decode_time += time.perf_counter() - t  # decoding too: bookkeeping is their difference
         while True:
             t_step = time.perf_counter()
             last = emitted + 1 >= total  # this token is the last: nothing to queue behind it
-            queued = None if last else launch(pending[0])
+            queued = None if last else runner.queue_greedy(pending[0])
             root = pending[0].item()
             if c is not None and c.advance(self.constraint_state, root) is None:
                 if queued is not None:
-                    drop_queued()
+                    runner.drop_queued()
                 root = c.best(self.constraint_state, np.array(pending[1][0], np.float32))
-                queued = None if last else launch(mx.array([root], mx.int32))
+                queued = None if last else runner.queue_greedy(mx.array([root], mx.int32))
             self._advance_constraint([root])
             stats.model_time += time.perf_counter() - t_step
-            stats.calls += 1
-            stats.tree_nodes += 1
-            stats.kept_nodes += 1
-            stats.accepted_lengths[1] += 1
+            stats.count_pass(1, 1, 1)
             self.history.append(root)
             step = self._emit([root], [], [], emitted)
             emitted += len(step.tokens)
             if step.finished is not None and queued is not None:
-                drop_queued()
+                runner.drop_queued()
             stats.decode_time += time.perf_counter() - t_step
             yield step
             if step.finished is not None:

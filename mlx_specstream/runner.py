@@ -128,6 +128,21 @@ class MLXRunner(Runner):
         for cache in self.caches:
             cache.trim(cache.offset - self.n)
 
+    def queue_greedy(self, token: mx.array) -> tuple[mx.array, mx.array]:
+        """Pipelined greedy decoding (``Decoder._greedy_ar_steps``): queue a one-node pass of
+        ``token`` (1,) at ``n``, still on the device (the previous pass's argmax), committed in
+        place, and its argmax; returns (argmax (1,), logits (1, V)), neither read yet."""
+        out = forward(self.model, chain([0]), self.caches, self.n, tokens=token)  # token: ``token``
+        self.n += 1
+        nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
+        mx.async_eval(nxt)
+        return nxt, out.main_logits
+
+    def drop_queued(self) -> None:
+        """Forget the last queued greedy pass (the one behind EOS, or behind a forbidden token)."""
+        self.n -= 1
+        self.discard()
+
     def commit(self, path: list[int]) -> None:
         """Layers below the pruning layer index the tree as fed, the others the pruned one."""
         upper = np.asarray(path)
