@@ -231,7 +231,8 @@ def shared_hidden(model, batch: Batch, gamma: int):
 
 
 def shared_forward(model, batch: Batch, gamma: int):
-    """Shared mode: main logits (B, W, V), stream logits (B, W, gamma, V) of the window."""
+    """Shared mode: main logits (B, W, V), stream logits (B, W, gamma, V) of the window, and the
+    hidden states entering the pruning layer (for the early-exit loss)."""
     main, streams, h_prune = shared_hidden(model, batch, gamma)
     return model.head(main), model.head(streams), h_prune
 

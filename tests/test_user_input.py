@@ -190,6 +190,30 @@ def test_stop_strings_cut_the_text_where_they_begin():
         assert out.text == tok.decode(out.tokens) == "ü", mode
 
 
+def test_byte_tokens_wait_for_their_character_before_a_stop():
+    """A pass that ends with the byte tokens of a character holds them until its text comes: if
+    the character begins a stop string, neither it nor its bytes are in the output."""
+    from types import SimpleNamespace
+
+    from mlx_specstream.api import _responses
+    from mlx_specstream.engine import Stats, Step
+    from mlx_specstream.tokenizer import load_tokenizer
+
+    default_model_or_skip()
+    tok = load_tokenizer(DEFAULT_MODEL)
+    ids = tok.encode("abé'", add_bos=False)  # "ab", the two bytes of "é", then "'"
+    assert [tok.is_byte_token(i) for i in ids] == [False, True, True, False]
+    passes = [Step(ids[:3], [], []), Step(ids[3:], [], [])]
+    stats = Stats(generated_tokens=len(ids))
+
+    def steps():
+        yield from passes
+
+    out = list(_responses(SimpleNamespace(steps=steps, stats=stats), tok, ["é"]))
+    assert "".join(r.text for r in out) == "ab" and [t for r in out for t in r.tokens] == ids[:1]
+    assert out[-1].finish_reason == "stop" and stats.generated_tokens == 1
+
+
 def first_sql_prompt() -> str:
     return json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
 
