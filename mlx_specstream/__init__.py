@@ -14,6 +14,8 @@ _API = {
     "stream_generate": "mlx_specstream.api",
     "new_adapter": "mlx_specstream.adapter",
     "load_adapter": "mlx_specstream.adapter",
+    "save_adapter": "mlx_specstream.adapter",
+    "detach": "mlx_specstream.adapter",
     "train": "mlx_specstream.train",
 }
 

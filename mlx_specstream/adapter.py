@@ -9,14 +9,15 @@ loaded base (``attach`` detaches the previous one first).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from .arch.base import check_value
-from .errors import AdapterError
+from .errors import AdapterError, check_keywords
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import save_safetensors
@@ -215,11 +216,11 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
     change on top of what the main rows compute. In a tuned lossless adapter the every-row LoRA is
     a frozen fine-tune, which main rows compute exactly; in a *split* shared adapter it trains
     with the streams (which keep low-rank capacity of their own)."""
-    detach(model)
     n = len(model.layers)
     if config.prune_layer is None:
         config.prune_layer = config.msa_start(n)
-    config.validate(n)
+    config.validate(n)  # before the attached adapter goes: a bad config leaves it in place
+    detach(model)
     model.adapter_ngrams = None  # the n-gram drafts of its data (ngrams.py), set when there are
     config.base_fingerprint = fingerprint(model)
     config.base_probe = probe(model)
@@ -260,6 +261,7 @@ def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int =
 
     Every adapter parameter is random, so lossless tests exercise real stream computations.
     """
+    check_keywords("new_adapter", options, [f.name for f in fields(AdapterConfig)])
     cfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, **options)
     attach(model, cfg, seed=seed, lora_scale=0.02)
     return cfg
@@ -388,6 +390,23 @@ def _trained_on(path: Path) -> str | None:
         return None
 
 
+@contextmanager
+def _kept_on_failure(model):
+    """If the body fails, the adapter attached before it (weights and n-grams), or none, is
+    attached again: a failed load does not leave the model without the adapter it had."""
+    cfg = getattr(model, "adapter_config", None)
+    before = (replace(cfg), adapter_weights(model), model.adapter_ngrams) if cfg is not None else None
+    try:
+        yield
+    except BaseException:
+        detach(model)
+        if before is not None:
+            attach(model, before[0])
+            model.load_weights(list(before[1].items()), strict=False)
+            model.adapter_ngrams = before[2]
+        raise
+
+
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
                  check_base: bool = True) -> AdapterConfig:
     """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
@@ -408,24 +427,22 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
         weights = mx.load(str(path / WEIGHTS_FILE))
     except Exception as e:
         raise AdapterError(f"{path / WEIGHTS_FILE}: corrupt or missing adapter weights ({e})") from None
-    attach(model, cfg)
-    current = adapter_weights(model)
-    if set(weights) != set(current):
-        detach(model)
-        missing = sorted(set(current) - set(weights))[:3]
-        raise AdapterError(f"adapter '{path.name}' does not match its config (missing {missing})")
-    for k, v in weights.items():
-        if v.shape != current[k].shape:
-            detach(model)
-            raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
-    model.load_weights(list(weights.items()), strict=False)
-    mx.eval(model.parameters())
-    if (path / NGRAMS_FILE).is_file():
-        try:
-            model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
-        except Exception as e:
-            detach(model)
-            raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
+    with _kept_on_failure(model):
+        attach(model, cfg)
+        current = adapter_weights(model)
+        if set(weights) != set(current):
+            missing = sorted(set(current) - set(weights))[:3]
+            raise AdapterError(f"adapter '{path.name}' does not match its config (missing {missing})")
+        for k, v in weights.items():
+            if v.shape != current[k].shape:
+                raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
+        model.load_weights(list(weights.items()), strict=False)
+        mx.eval(model.parameters())
+        if (path / NGRAMS_FILE).is_file():
+            try:
+                model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
+            except Exception as e:
+                raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
     model.adapter_config.name = path.name  # what it is chosen by: a copy under a new name is that name
     return model.adapter_config
 

@@ -10,6 +10,7 @@ from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .constraint import TokenConstraint
 from .engine import DecodeOptions, Decoder, Stats
+from .errors import check_keywords
 from .loader import load_model
 from .runner import PassRequest
 from .sql_names import SQLNames
@@ -171,18 +172,12 @@ def _responses(decoder: Decoder, tokenizer,
 
 
 def _check_names(options: dict, caller: str) -> None:
-    """A keyword no decoder takes (mlx-lm's ``temp``, say) is a TypeError naming the public
-    function and the likeliest intended option, not the private one it reaches."""
-    import difflib
+    """Keywords no decoder takes (mlx-lm's ``temp``, say): a TypeError naming ``caller``."""
     import inspect
 
     internal = ("model", "tokenizer", "prompt", "batched", "eos_without_tokenizer")
-    known = [n for n in inspect.signature(_decoder).parameters if n not in internal]
-    for name in options:
-        if name not in known:
-            near = difflib.get_close_matches(name, known, n=1) or (["temperature"] if name == "temp" else [])
-            raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'"
-                            + (f" (did you mean '{near[0]}'?)" if near else ""))
+    check_keywords(caller, options, [n for n in inspect.signature(_decoder).parameters if n not in internal],
+                   {"temp": "temperature"})
 
 
 def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,

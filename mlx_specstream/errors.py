@@ -49,6 +49,21 @@ class OptionError(ValueError):
         return _OPTION.sub(one, self.template)
 
 
+def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = None) -> None:
+    """A keyword none of ``known`` is a TypeError naming the public ``caller`` and the likeliest
+    intended keyword (``aliases``: other libraries' names, e.g. mlx-lm's ``temp``), not the
+    private function it would reach."""
+    import difflib
+
+    known = list(known)
+    for name in given:
+        if name not in known:
+            near = [(aliases or {}).get(name)] if name in (aliases or {}) else \
+                difflib.get_close_matches(name, known, n=1)
+            raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'"
+                            + (f" (did you mean '{near[0]}'?)" if near else ""))
+
+
 USER_ERRORS = (
     AdapterError,
     CheckpointError,

@@ -740,6 +740,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay)
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
+    if isinstance(model, (str, Path)) and out is None and distributed is None:
+        raise ValueError("train(MODEL_DIR, ...) without out= would lose the adapter (the model it loads "
+                         "is not returned): give out=NAME or DIR, or a loaded model")
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
     if processes < 1:
@@ -753,6 +756,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         model, tok = load(model_path)
         tokenizer = tokenizer if tokenizer is not None else tok
     model_path = Path(model_path) if model_path is not None else getattr(model, "path", None)
+    if tokenizer is None and model_path is not None:  # a model from load(): its own tokenizer (EOS)
+        from .tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(model_path)
     if model.max_positions is not None and max_seq_len > model.max_positions:
         raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
                           "model holds")
@@ -776,7 +783,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     # -- data -------------------------------------------------------------------------------
     if isinstance(data, (tuple, list)):
+        if len(data) != 2 or not isinstance(data[0], Dataset) or not isinstance(data[1], Dataset | None):
+            raise ValueError("data: a directory, or a (train, valid) pair of Dataset (valid may be None)")
         train_ds, valid_ds = data
+    elif not isinstance(data, (str, Path)):
+        raise ValueError(f"data: a directory, or a (train, valid) pair of Dataset; not {type(data).__name__}")
     else:
         train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
                                            policy=length_policy, chat_template=chat_template,
@@ -796,12 +807,15 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "held out for validation (acceptance, best adapter)" if valid_ds is not None
             else "no valid.jsonl: no validation during training")
 
+    wanted = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank)
+    wanted.prune_layer = wanted.msa_start(len(model.layers))
+    wanted.validate(len(model.layers))  # a bad setting leaves the attached adapter in place
+    init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
     detach(model)
     base_fp = fingerprint(model)
     tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
     start_weights = None
     if init is not None:
-        init_cfg = read_config(resolve_adapter(model_path, init))
         if not made_for(model, init_cfg):
             say(f"--init {init}: made for another base model; its weights are only where this run "
                 "starts")
@@ -1023,7 +1037,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         "start_step": start,
         "epochs": round(iters * batch_size / n_train, 4),
         "world_size": world,
-        "rank": rank_id,
+        "process_rank": rank_id,  # this process's, among world_size (the LoRA rank: config.rank)
         "trainable_parameters": int(n_params),
         "base_fingerprint": base_fp,
         "config": asdict(tc),
@@ -1045,9 +1059,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         "command": " ".join(sys.argv) if Path(sys.argv[0]).name.startswith("specstream") else None,
     }
     model.eval()
+    if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
+        model.adapter_ngrams = ngram_table(train_ds)  # in memory too: save_adapter writes them
     if out_dir is not None and main_proc:
-        if mode != "lora":  # drafts from the data beside the streams' (the lookup chain's lead)
-            model.adapter_ngrams = ngram_table(train_ds)
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,

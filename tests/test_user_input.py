@@ -369,3 +369,56 @@ def test_a_home_path_after_an_equals_sign_is_expanded(monkeypatch):
     monkeypatch.setenv("HOME", "/home/someone")
     assert expand_home(["train", "--out=~/x", "--data", "~/d", "--model=~", "--prompt=~/not a path"]) == [
         "train", "--out=/home/someone/x", "--data", "~/d", "--model=/home/someone", "--prompt=~/not a path"]
+
+
+def test_a_failed_adapter_load_keeps_the_adapter_the_model_had(tmp_path):
+    """A bad setting or a broken adapter directory is refused, and the model keeps its adapter."""
+    import mlx.core as mx
+
+    from mlx_specstream.adapter import adapter_weights, load_adapter
+    from mlx_specstream.errors import AdapterError
+
+    model = with_adapter()
+    save_adapter(model, tmp_path / "good")
+    broken = tmp_path / "broken"
+    shutil.copytree(tmp_path / "good", broken)
+    weights = mx.load(str(broken / "adapter.safetensors"))
+    mx.save_safetensors(str(broken / "adapter.safetensors"), dict(list(weights.items())[1:]))
+    before = {k: v.tolist() for k, v in adapter_weights(model).items()}
+    ref = generate(model, None, [1, 2, 3], max_tokens=8).tokens
+    with pytest.raises(AdapterError, match="msa_layers must be in"):
+        new_adapter(model, msa_layers=99)
+    with pytest.raises(AdapterError, match="does not match its config"):
+        load_adapter(model, broken)
+    with pytest.raises(TypeError, match="did you mean 'rank'"):
+        new_adapter(model, ranks=8)
+    assert {k: v.tolist() for k, v in adapter_weights(model).items()} == before
+    assert generate(model, None, [1, 2, 3], max_tokens=8).tokens == ref
+
+
+def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
+    from mlx_specstream.data import Dataset, Example
+    from mlx_specstream.train import train
+
+    examples = [Example(list(range(1, 12)), 4)] * 4
+    for data in (examples, (examples, None), Dataset(examples)):
+        with pytest.raises(ValueError, match="data: a directory, or a"):
+            train(with_adapter(), data, iters=1, progress=False)
+    with pytest.raises(ValueError, match="without out= would lose the adapter"):
+        train(str(tmp_path), str(tmp_path), iters=1, progress=False)
+
+
+def test_train_in_memory_uses_the_models_tokenizer_and_keeps_its_ngrams(tmp_path):
+    """A model from ``load`` trains on text data with its own tokenizer (no ``tokenizer=``), and
+    the adapter trained in memory drafts with the data's n-grams as a saved one does."""
+    from mlx_specstream.api import load
+    from mlx_specstream.train import train
+
+    default_model_or_skip()
+    rows = [{"prompt": f"SELECT c{i} FROM", "completion": f" t{i}"} for i in range(6)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    model, _ = load()
+    report = train(model, tmp_path, mode="lossless", self_distill=False, iters=1, batch_size=2,
+                   val_every=0, accept_prompts=0, progress=False, msa_layers=2)
+    assert report["process_rank"] == 0 and report["config"]["rank"] == 8
+    assert model.adapter_ngrams is not None and model.adapter_ngrams.next
