@@ -378,7 +378,7 @@ def train(
                        val_every=val_every, val_batches=val_batches or None, save_every=save_every,
                        accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
                        warmup=warmup, processes=processes)
-    if report["rank"] == 0:
+    if report["process_rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
         typer.echo(_json.dumps(summary, indent=2))
 
