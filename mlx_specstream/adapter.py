@@ -61,6 +61,14 @@ class AdapterConfig:
         if not 0 <= self.prune_layer <= self.msa_start(n_layers):
             raise AdapterError(f"prune_layer must be in 0..{self.msa_start(n_layers)}")
 
+    def fit(self, n_layers: int) -> AdapterConfig:
+        """This config for a model of ``n_layers``: the pruning layer by default where the
+        streams start, everything checked (:meth:`validate`)."""
+        if self.prune_layer is None:
+            self.prune_layer = self.msa_start(n_layers)
+        self.validate(n_layers)
+        return self
+
     def msa_start(self, n_layers: int) -> int:
         """The first multi-stream layer of a model of ``n_layers``: the streams run in the top
         ``msa_layers`` (N - N_s), the one place this rule is written."""
@@ -217,9 +225,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
     a frozen fine-tune, which main rows compute exactly; in a *split* shared adapter it trains
     with the streams (which keep low-rank capacity of their own)."""
     n = len(model.layers)
-    if config.prune_layer is None:
-        config.prune_layer = config.msa_start(n)
-    config.validate(n)  # before the attached adapter goes: a bad config leaves it in place
+    config.fit(n)  # before the attached adapter goes: a bad config leaves it in place
     detach(model)
     model.adapter_ngrams = None  # the n-gram drafts of its data (ngrams.py), set when there are
     config.base_fingerprint = fingerprint(model)

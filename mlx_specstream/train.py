@@ -807,9 +807,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "held out for validation (acceptance, best adapter)" if valid_ds is not None
             else "no valid.jsonl: no validation during training")
 
-    wanted = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank)
-    wanted.prune_layer = wanted.msa_start(len(model.layers))
-    wanted.validate(len(model.layers))  # a bad setting leaves the attached adapter in place
+    # a bad setting is refused before the attached adapter goes
+    AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank).fit(
+        len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
     detach(model)
     base_fp = fingerprint(model)
