@@ -233,7 +233,7 @@ def bench(
         n, max_tokens = min(n, 8), min(max_tokens, 64)
     model = model or DEFAULT_MODEL
     draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
-    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, command=" ".join(sys.argv),
+    res = run_bench(model, task, n, max_tokens, out, draft_path=draft,
                     overwrite=overwrite, repeats=repeats)
     typer.echo(results_markdown(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")

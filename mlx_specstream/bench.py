@@ -232,13 +232,18 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     try:
         methods.append(Method("mlx-lm ar", _mlx_lm(model_path, None, eos, dtype)[0], reproduces="ar",
                               plain_ar=True))
-        if draft_path and draft_path.exists():
+    except Exception as e:  # mlx-lm cannot read this model
+        skipped["mlx-lm ar"] = skipped["mlx-lm draft"] = f"mlx-lm failed to load the model: {e}"
+    if "mlx-lm draft" in skipped:
+        pass  # no mlx-lm for this model at all
+    elif not (draft_path and draft_path.exists()):
+        skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
+    else:
+        try:
             run, n = _mlx_lm(model_path, draft_path, eos, dtype)
             methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
-        else:
-            skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
-    except Exception as e:  # mlx-lm cannot read this model
-        skipped["mlx-lm ar"] = f"mlx-lm failed to load the model: {e}"
+        except Exception as e:  # mlx-lm cannot read the draft model
+            skipped["mlx-lm draft"] = f"mlx-lm failed to load the draft model {draft_path}: {e}"
     methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))
 
     adapters = model_path / "adapters"
@@ -301,7 +306,7 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
 
 def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
               draft_path: Path | None = None, data_dir: Path | None = None,
-              command: str = "", methods: list[Method] | None = None, overwrite: bool = False,
+              command: str | None = None, methods: list[Method] | None = None, overwrite: bool = False,
               repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
@@ -418,10 +423,13 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
             cell["identical_to_ar"] = f"{r['identical_to_ar']} (to {r['compared_with']})"
         cells.append(cell)
     lines.append(markdown_table({k: k for k in keys}, cells))
-    wide = [r["method"] for r in results if not r["interval_within_10pct"]]
-    if wide:
+    flagged = [r["method"] for r in results if not r["interval_within_10pct"]]
+    if flagged and meta["prompts"] < MIN_BOOTSTRAP_PROMPTS:
+        lines.append(f"\n⚠ 95% interval over fewer than {MIN_BOOTSTRAP_PROMPTS} prompts, which bounds "
+                     f"nothing: {', '.join(flagged)} (more prompts, --n, give an interval)")
+    elif flagged:
         lines.append(f"\n⚠ 95% interval wider than ±{MAX_HALF_WIDTH:.0%} of the speed-up: "
-                     f"{', '.join(wide)} (more prompts, --n, or runs, --repeats, narrow it)")
+                     f"{', '.join(flagged)} (more prompts, --n, or runs, --repeats, narrow it)")
     for name, why in meta["skipped"].items():
         lines.append(f"\nSkipped {name}: {why}")
     return "\n".join(lines) + "\n"

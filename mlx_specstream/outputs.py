@@ -12,9 +12,11 @@ Example: ``convert --mlx-path notes/ --overwrite`` where ``notes/`` holds ``note
 
 from __future__ import annotations
 
+import argparse
 import fnmatch
 import json
 import os
+import shlex
 import shutil
 import signal
 import tempfile
@@ -149,6 +151,16 @@ def recorded_path(path: str | Path) -> str:
     return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(path)
 
 
+def recorded_command(argv: list[str]) -> str:
+    """``argv`` as a results file records the command: quoted as a shell would need it, and every
+    absolute path (``/x/y``, ``--out=/x/y``) through :func:`recorded_path`."""
+    def arg(a: str) -> str:
+        flag, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
+        return flag + eq + (recorded_path(value) if os.path.isabs(value) else value)
+
+    return shlex.join([arg(Path(argv[0]).as_posix()), *map(arg, argv[1:])])
+
+
 def run_meta(command: str | None = None, **extra) -> dict:
     """The ``meta`` every results file starts with: the command as typed (``command`` overrides
     it), the UTC date and time, the machine, the device (CPU or which GPU), the source commit, and
@@ -162,8 +174,7 @@ def run_meta(command: str | None = None, **extra) -> dict:
     from .blas import blas_label
     from .device import device_label
 
-    argv = [Path(sys.argv[0]).as_posix(), *sys.argv[1:]]
-    return {"command": command or " ".join(argv),
+    return {"command": command or recorded_command(sys.argv),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
             "cpus": os.cpu_count(), "python": platform.python_version(), "mlx": mx.__version__,
@@ -323,6 +334,26 @@ def save_safetensors(path: Path, arrays: dict, metadata: dict | None = None) -> 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` (UTF-8) whole, as :func:`write_atomic` does."""
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def add_results_out(ap: argparse.ArgumentParser, default: Path | None = None) -> None:
+    """A script's ``--out FILE`` and ``--overwrite``; check them with :func:`check_results_out`."""
+    ap.add_argument("--out", type=Path, default=default,
+                    help="write a results file here (command, machine, versions, date)")
+    ap.add_argument("--overwrite", action="store_true",
+                    help="replace --out when it is a results file this project wrote")
+
+
+def check_results_out(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Before any work: ``args.out`` is absent, or (``--overwrite``) a results file this project
+    wrote, and its folder takes a file; otherwise the script ends with one line (``ap.error``)."""
+    if args.out is None:
+        return
+    try:
+        check_replaceable_file(args.out, args.overwrite, is_results_json)
+        check_writable(args.out.parent, "the results")
+    except OSError as e:
+        ap.error(str(e))
 
 
 def write_results_file(path: Path, meta: dict, results: list) -> None:

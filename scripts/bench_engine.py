@@ -34,7 +34,14 @@ from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
 from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
-from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import (  # noqa: E402
+    add_results_out,
+    check_results_out,
+    markdown_table,
+    recorded_path,
+    run_meta,
+    write_results_file,
+)
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
 
@@ -125,7 +132,9 @@ def decode_rows(model, tokenizer, prompts: list, max_tokens: int, reps: int,
     out = []
     for m in methods:
         stats = [r["stats"] for r in m.records]
-        tokens, calls = sum(s.generated_tokens for s in stats), sum(s.calls for s in stats)
+        # the decode passes' tokens (the prefill's first token and time are left out of both)
+        tokens = sum(k * c for s in stats for k, c in s.accepted_lengths.items())
+        calls = sum(s.calls for s in stats)
         decode, model_time = sum(s.decode_time for s in stats), sum(s.model_time for s in stats)
         out.append({"method": m.name, "tokens_per_s": round(tokens / decode, 1), "calls": calls,
                     "tokens_per_pass": round(tokens / calls, 3),
@@ -152,8 +161,12 @@ def main() -> None:
     ap.add_argument("--node-costs", type=lambda v: [float(c) for c in v.split(",")], default=[],
                     help="comma-separated node costs to decode with besides the default (deferred streams; "
                          "streams on every node with a shared adapter)")
-    ap.add_argument("--out", type=Path, help="write the results file here")
+    add_results_out(ap)
     args = ap.parse_args()
+    check_results_out(ap, args)
+    for flag in ("reps", "prompts", "max_tokens", "decode_reps"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")
 
     rng = np.random.default_rng(0)
     if args.random:
@@ -175,7 +188,8 @@ def main() -> None:
     shape = {k: cfg[k] for k in ("hidden_size", "num_hidden_layers", "vocab_size") if k in cfg}
     meta = run_meta(model=label, params=int(n_params), config=shape,
                     gamma=gamma, context=args.context, reps=args.reps, prompts=len(prompts),
-                    max_tokens=args.max_tokens, node_costs=default_node_costs())
+                    max_tokens=args.max_tokens, decode_reps=args.decode_reps,
+                    node_costs=default_node_costs(), node_costs_tried=args.node_costs)
     print(f"`{meta['command']}` — {meta['date']}, {meta['machine']}, MLX {meta['mlx']}, BLAS {meta['blas']}; "
           f"{label}, {n_params / 1e6:.1f}M parameters, {args.context} cached tokens\n")
     print(markdown_table({"pass": "pass", "ms": "ms", "× AR pass": "x_ar_pass"}, passes) + "\n")

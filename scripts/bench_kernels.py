@@ -16,12 +16,9 @@ See docs/kernels.md for what to look for.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import sys
 import time
-from datetime import date
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -35,6 +32,7 @@ import numpy as np  # noqa: E402
 from mlx_specstream import tree as tree_mod  # noqa: E402
 from mlx_specstream.kernels import attention as A  # noqa: E402
 from mlx_specstream.kernels import metal_available  # noqa: E402
+from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file  # noqa: E402
 
 KERNEL = "metal"  # "emulator" with --emulate
 
@@ -155,11 +153,12 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=256)
-    ap.add_argument("--out", type=Path, help="write the results as JSON here")
+    add_results_out(ap)
     ap.add_argument("--emulate", action="store_true",
                     help="run the kernels on the CPU emulator: a smoke test of this script, timings "
                          "meaningless")
     args = ap.parse_args()
+    check_results_out(ap, args)
 
     global KERNEL
     if args.emulate:
@@ -171,12 +170,11 @@ def main() -> None:
         sys.exit(2)
 
     rng = np.random.default_rng(0)
-    result = dict(date=str(date.today()), machine=platform.machine(), platform=platform.platform(),
-                  mlx=mx.__version__, device=str(mx.default_device()),
-                  device_info=({k: str(v) for k, v in mx.metal.device_info().items()}
-                               if metal_available() else {}),
-                  kernel_backend=KERNEL,
-                  args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
+    meta = run_meta(device_info=({k: str(v) for k, v in mx.metal.device_info().items()}
+                                 if metal_available() else {}),
+                    kernel_backend=KERNEL,
+                    args={k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()})
+    result = {}
     print(f"# attention kernels vs dense path: {args.dtype}, {args.heads} heads / {args.kv_heads} kv "
           f"heads, head dim {args.head_dim}, gamma {args.gamma}")
     result["kernels"] = kernel_rows(args, rng)
@@ -185,8 +183,7 @@ def main() -> None:
               f"{args.prompt}-token prompt, {args.tokens} tokens")
         result["engine"] = engine_rows(args)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+        write_results_file(args.out, meta, [result])
         print(f"wrote {args.out}")
 
 

@@ -22,7 +22,7 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.bench import Method, our_decoder, speedup, task_metrics, time_methods  # noqa: E402
-from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file  # noqa: E402
 
 DECODERS = {"ar": (None, dict(mode="ar")), "ss-lossless": ("sql-lossless", dict(branch=3)),
             "ss-shared": ("sql", dict(branch=3))}
@@ -33,8 +33,9 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--out", type=Path)
+    add_results_out(ap)
     args = ap.parse_args()
+    check_results_out(ap, args)
     rows = [json.loads(line) for line in
             (Path(__file__).resolve().parent.parent / "data" / "sql" / "test.jsonl").read_text().splitlines()]
     rows = rows[: args.n]

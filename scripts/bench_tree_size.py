@@ -50,7 +50,7 @@ def main() -> None:
             methods.append(Method(f"{label} budget {b}", run, n, ar, task_model=name))
     out = args.out or Path("results") / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
-              command=" ".join([".venv/bin/python", *sys.argv]), methods=methods, overwrite=True,
+              methods=methods, overwrite=True,
               repeats=args.repeats)
     print((out / "results.md").read_text())
 

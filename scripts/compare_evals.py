@@ -26,7 +26,13 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mlx_specstream.bench import bootstrap_interval  # noqa: E402
-from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import (  # noqa: E402
+    add_results_out,
+    check_results_out,
+    recorded_path,
+    run_meta,
+    write_results_file,
+)
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
@@ -55,7 +61,10 @@ def paired(a: list[bool], b: list[bool]) -> dict:
 
 def read_eval(path: Path) -> dict:
     """The one result of an eval_ss results file, which must hold per-prompt records."""
-    res = json.loads(path.read_text())["results"][0]
+    data = json.loads(path.read_text())
+    res = data["results"][0] if isinstance(data, dict) and data.get("results") else None
+    if not isinstance(res, dict) or "adapter" not in res:
+        raise ValueError(f"{path}: not a results file of scripts/eval_ss.py")
     if "per_prompt" not in res:
         raise ValueError(f"{path}: no per-prompt records (made before eval_ss kept them): evaluate again")
     return res
@@ -65,14 +74,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
-    ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
+    add_results_out(ap)
     args = ap.parse_args()
+    check_results_out(ap, args)
     try:
         ra, rb = read_eval(args.a), read_eval(args.b)
         key = ("task", "split", "n", "max_tokens")
         if [ra[k] for k in key] != [rb[k] for k in key]:
             raise ValueError(f"not the same prompts: {[ra[k] for k in key]} against {[rb[k] for k in key]}")
-        out = {"a": str(args.a), "b": str(args.b), "adapter_a": ra["adapter"], "adapter_b": rb["adapter"],
+        out = {"a": recorded_path(args.a), "b": recorded_path(args.b),
+               "adapter_a": ra["adapter"], "adapter_b": rb["adapter"],
                **paired([p["exact"] for p in ra["per_prompt"]], [p["exact"] for p in rb["per_prompt"]])}
     except (OSError, ValueError, KeyError, IndexError) as e:
         sys.exit(f"compare_evals: {e}")

@@ -33,7 +33,13 @@ from tqdm import tqdm  # noqa: E402
 
 from mlx_specstream.api import generate, load  # noqa: E402
 from mlx_specstream.bench import exact_match  # noqa: E402
-from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import (  # noqa: E402
+    add_results_out,
+    check_results_out,
+    recorded_path,
+    run_meta,
+    write_results_file,
+)
 from mlx_specstream.pool import default_mode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -59,8 +65,11 @@ def main() -> None:
     ap.add_argument("--ar-adapter", help="--check-ar: plain AR of the model with this adapter instead")
     ap.add_argument("--sql-names", action="store_true",
                     help="sql: only the schema's names may be written (constrained decoding, AR check too)")
-    ap.add_argument("--out", type=Path, help="also write a results file (command, machine, versions, date)")
+    add_results_out(ap)
     args = ap.parse_args()
+    check_results_out(ap, args)
+    if args.n < 1:
+        ap.error(f"--n must be at least 1, not {args.n}")
     model, tok = load(args.model, adapter=args.adapter)
     ar_model = load(args.model, adapter=args.ar_adapter)[0] if args.ar_adapter else model
     split = Path(__file__).resolve().parent.parent / "data" / args.task / f"{args.split}.jsonl"
@@ -83,8 +92,8 @@ def main() -> None:
                           sql_names=args.sql_names)
             differ += ar.tokens != res.tokens
         bar.set_postfix(exact=f"{exact / (bar.n + 1):.3f}", tok_pass=f"{tokens / max(passes, 1):.2f}")
-    out = {"model": args.model, "adapter": args.adapter, "mode": mode, "task": args.task, "split": args.split,
-           "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
+    out = {"model": recorded_path(args.model), "adapter": args.adapter, "mode": mode, "task": args.task,
+           "split": args.split, "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "ngrams": not args.no_ngrams and getattr(model, "adapter_ngrams", None) is not None,
            "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
            "sql_names": args.sql_names, "exact_match": round(exact / len(rows), 4),

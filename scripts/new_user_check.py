@@ -39,7 +39,7 @@ from make_data import functions_of  # noqa: E402
 
 from mlx_specstream.adapter import load_adapter, new_adapter  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import run_meta  # noqa: E402
+from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_text_atomic  # noqa: E402
 
 
 def user_functions(packages: list[str], seed: int) -> list[dict]:
@@ -87,8 +87,9 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", type=Path)
+    add_results_out(ap)
     args, extra = ap.parse_known_args()
+    check_results_out(ap, args)
     extra = [a for a in extra if a != "--"]
     if args.project_code:
         train_rows = project_functions("train", args.seed)[: args.n_train]
@@ -139,9 +140,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
-        tmp_out = args.out.with_suffix(".tmp")
-        tmp_out.write_text(json.dumps(result, indent=2) + "\n")
-        tmp_out.replace(args.out)
+        write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")
 
 
 if __name__ == "__main__":

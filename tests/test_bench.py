@@ -126,7 +126,8 @@ def test_too_few_prompts_flag_the_interval(tmp_path):
     by = {r["method"]: r for r in res["results"]}
     assert by["steady"]["speedup_ci95"] == [2.0, 2.0] and not by["steady"]["interval_within_10pct"]
     assert by["ar"]["interval_within_10pct"]
-    assert "steady" in (tmp_path / "out" / "results.md").read_text().split("95% interval wider")[1]
+    shown = (tmp_path / "out" / "results.md").read_text()
+    assert "steady" in shown.split(f"fewer than {MIN_BOOTSTRAP_PROMPTS} prompts")[1] and "wider" not in shown
 
 
 # --- the timing harness, with fake decoders whose times the test sets ------------------------
@@ -275,6 +276,20 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     steady_row = next(line for line in table.splitlines() if line.startswith("| steady |"))
     assert "⚠" in noisy_row and "⚠" not in steady_row
     assert "interval wider than ±10% of the speed-up: noisy" in table
+
+
+def test_a_draft_model_mlx_lm_cannot_read_skips_that_method_by_name(tmp_path):
+    from mlx_specstream.bench import build_methods
+
+    model = tmp_path / "model"
+    model.mkdir()
+    for f in DEFAULT_MODEL.iterdir():
+        if f.is_file():
+            (model / f.name).symlink_to(f.resolve())
+    (tmp_path / "empty").mkdir()
+    methods, info = build_methods(model, "sql", tmp_path / "empty")
+    assert "mlx-lm ar" in [m.name for m in methods] and "mlx-lm ar" not in info["skipped"]
+    assert "failed to load the draft model" in info["skipped"]["mlx-lm draft"]
 
 
 def test_bench_command_prints_its_table(tmp_path, monkeypatch):

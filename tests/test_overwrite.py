@@ -287,3 +287,42 @@ def test_train_stops_when_the_loss_diverges(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="step 1: the training loss is nan"):
         train(tiny_model(), (ds, None), out=tmp_path / "x", iters=2, progress=False)
     assert not (tmp_path / "x").exists()
+
+
+def test_a_scripts_out_replaces_only_a_results_file_it_wrote(tmp_path):
+    """scripts/*.py --out: refused before any work when it is a user's file (with --overwrite too)
+    or cannot be written; a results file the project wrote is replaced only with --overwrite."""
+    import argparse
+
+    from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file
+
+    ap = argparse.ArgumentParser(prog="script")
+    add_results_out(ap)
+    notes, ours = tmp_path / "notes.txt", tmp_path / "ours.json"
+    notes.write_text("mine")
+    write_results_file(ours, run_meta(), [])
+    for argv in ([str(notes)], [str(notes), "--overwrite"], [str(notes / "r.json")], [str(ours)]):
+        with pytest.raises(SystemExit):
+            check_results_out(ap, ap.parse_args(["--out", *argv]))
+    check_results_out(ap, ap.parse_args(["--out", str(ours), "--overwrite"]))
+    check_results_out(ap, ap.parse_args(["--out", str(tmp_path / "new" / "r.json")]))
+    assert notes.read_text() == "mine"
+
+
+def test_every_script_checks_its_results_file_before_the_work():
+    from pathlib import Path
+
+    scripts = Path(__file__).resolve().parent.parent / "scripts"
+    writers = [p for p in scripts.glob("*.py") if "write_results_file(" in p.read_text()
+               or "write_text_atomic(args.out," in p.read_text()]
+    assert len(writers) >= 10
+    assert [p.name for p in writers if "check_results_out(ap, args)" not in p.read_text()] == []
+
+
+def test_a_recorded_command_names_no_directory_of_the_machine():
+    from mlx_specstream.outputs import REPOSITORY, recorded_command
+
+    argv = [f"{REPOSITORY}/.venv/bin/specstream-mlx", "bench", "--out", f"{REPOSITORY}/results/x",
+            f"--model={REPOSITORY}/models/m", "--task", "a b", "/elsewhere/y"]
+    assert recorded_command(argv) == (".venv/bin/specstream-mlx bench --out results/x --model=models/m "
+                                      "--task 'a b' /elsewhere/y")
