@@ -185,11 +185,13 @@ def _coloured(step, tok) -> str:
 
 def _generate_coreml(package: Path, text: str, verbose: bool, **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
+    from mlx_specstream.convert.coreml_export import tokenizer_dir
     from mlx_specstream.coreml_driver import load_package, stream_package
 
     runner, tok = load_package(package)
     if tok is None:
-        raise ValueError(f"{package}: no tokenizer directory beside the package")
+        raise ValueError(f"{package}: no tokenizer directory beside the package "
+                         f"({tokenizer_dir(package).name})")
     _echo_steps(stream_package(runner, tok, text, **options), tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 
@@ -287,8 +289,8 @@ def convert(
 
         if hf_path is None or mlx_path is None:
             raise ValueError("--to mlx needs --hf-path and --mlx-path")
-        out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits if q_bits is not None else 4,
-                             q_group_size=q_group_size or 64, dtype=dtype, overwrite=overwrite)
+        out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
+                             dtype=dtype, overwrite=overwrite)
         from mlx_specstream.tokenizer import load_tokenizer
 
         try:  # said now, not at the first generate
@@ -375,7 +377,7 @@ def train(
                        overwrite=overwrite, seed=seed, over=over, init=init,
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len,
                        group_by_length=group_by_length,
-                       val_every=val_every, val_batches=val_batches or None, save_every=save_every,
+                       val_every=val_every, val_batches=val_batches, save_every=save_every,
                        accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
                        warmup=warmup, processes=processes)
     if report["process_rank"] == 0:

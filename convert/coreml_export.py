@@ -347,6 +347,15 @@ def _describe_spec(spec, meta: dict[str, str], model_path) -> None:
             feature.shortDescription = "main-stream keys/values (layers, kv heads, context, head dim)"
 
 
+def carried_quantization(model, q_bits: int | None, q_group_size: int) -> tuple[int | None, int]:
+    """The bits and group size of the integer weights a package carries: those asked for at export,
+    or those the model directory was quantized with at import (its ``quantization``)."""
+    done = model.config.get("quantization")
+    if q_bits is None and done:
+        return done["bits"], done["group_size"]
+    return q_bits, q_group_size
+
+
 def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Path | None = None,
                   q_bits: int | None = None, q_group_size: int = 64, precision: str = "float16",
                   context: int | None = None, tree_size: int | None = None, chunk: int | None = None,
@@ -374,6 +383,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
         check_prune_threshold(prune_threshold)
     # Everything that can be wrong with the request is found before the first progress line.
     model = load_for_export(model_path, adapter, q_bits, q_group_size, precision)
+    q_bits, q_group_size = carried_quantization(model, q_bits, q_group_size)
     context, tree_size, chunk, branch = resolve_sizes(model, context, tree_size, chunk, branch)
     tok = load_tokenizer(model_path)
 
@@ -461,4 +471,4 @@ def _write_with_metadata(ct, src: Path, dest: Path, meta: dict[str, str], model_
 
 
 __all__ = ["ExportError", "ExportResult", "carry_quantized_weights", "dir_size", "export_coreml",
-           "load_for_export", "resolve_sizes", "tokenizer_dir"]
+           "carried_quantization", "load_for_export", "resolve_sizes", "tokenizer_dir"]

@@ -161,16 +161,17 @@ def convert(
     hf_path: str | Path,
     mlx_path: str | Path,
     quantize: bool = False,
-    q_bits: int = 4,
-    q_group_size: int = 64,
+    q_bits: int | None = None,
+    q_group_size: int | None = None,
     dtype: str | None = None,
     overwrite: bool = False,
 ) -> Path:
     """Convert the HF checkpoint in ``hf_path`` to an MLX model directory ``mlx_path``.
 
     ``dtype`` (float32, float16, bfloat16) casts floating tensors; None keeps the checkpoint's.
-    ``quantize`` makes every Linear/Embedding whose input dimension divides by ``q_group_size``
-    group-wise ``q_bits``-bit (the token embedding and LM head included, as mlx-lm does).
+    ``quantize`` (implied by ``q_bits`` or ``q_group_size``, as the CLI's ``--q-bits`` quantizes)
+    makes every Linear/Embedding whose input dimension divides by ``q_group_size`` (64)
+    group-wise ``q_bits``-bit (4; the token embedding and LM head included, as mlx-lm does).
     Returns the destination path.
     """
     src, dest = Path(hf_path), Path(mlx_path)
@@ -178,6 +179,8 @@ def convert(
         raise CheckpointError(f"{src}: no such checkpoint directory")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    quantize = quantize or q_bits is not None or q_group_size is not None
+    q_bits, q_group_size = 4 if q_bits is None else q_bits, 64 if q_group_size is None else q_group_size
     if quantize:
         check_quantization(q_bits, q_group_size)
     _check_destination(src, dest, overwrite)

@@ -117,8 +117,19 @@ def sql_constraint(tokenizer, prompt, ids: list[int]) -> SQLNames:
 
 
 def _held(text: str, stop: list[str]) -> int:
-    """Characters at the end of ``text`` that could begin a stop string (held back)."""
-    return max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
+    """Characters at the end of ``text`` that could begin a stop string (held back): the longest
+    end of ``text`` that is a proper beginning of one. Only ends that start with a stop string's
+    first character are tried, so a pass costs little whatever the stop strings' length."""
+    longest = 0
+    for s in stop:
+        tail = text[len(text) - min(len(s) - 1, len(text)):]
+        i = tail.find(s[0])
+        while i >= 0 and len(tail) - i > longest:
+            if s.startswith(tail[i:]):
+                longest = len(tail) - i
+                break
+            i = tail.find(s[0], i + 1)
+    return longest
 
 
 def _responses(decoder: Decoder, tokenizer,

@@ -261,17 +261,21 @@ class PackageResult:
 
 def load_package(path: str | Path, backend: str = "auto", compute_units: str = "cpu_and_gpu"):
     """``(runner, tokenizer)`` for a package; the tokenizer (None if absent) and the adapter's
-    n-gram drafts come from the ``NAME.tokenizer`` directory written beside it."""
+    n-gram drafts come from the ``NAME.tokenizer`` directory beside ``NAME.mlpackage`` (or, for a
+    package renamed alone, the directory named when it was written)."""
+    from .convert.coreml_export import tokenizer_dir
     from .tokenizer import load_tokenizer
 
     runner = PackageRunner(path, backend, compute_units)
     tok = None
     if runner.info.tokenizer:
-        tok_dir = Path(path).parent / runner.info.tokenizer
-        if tok_dir.is_dir():
+        path = Path(path)
+        tried = [tokenizer_dir(path)] if path.name.endswith(".mlpackage") else []
+        tok_dir = next((d for d in (*tried, path.parent / runner.info.tokenizer) if d.is_dir()), None)
+        if tok_dir is not None:
             tok = load_tokenizer(tok_dir)
-        if (tok_dir / NGRAMS_FILE).is_file():  # the exported adapter's n-gram drafts
-            runner.ngrams = NgramTable.load(tok_dir / NGRAMS_FILE)
+            if (tok_dir / NGRAMS_FILE).is_file():  # the exported adapter's n-gram drafts
+                runner.ngrams = NgramTable.load(tok_dir / NGRAMS_FILE)
     return runner, tok
 
 

@@ -80,8 +80,11 @@ def _eos(tokenizer) -> list[int]:
 
 
 def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
-    if not hasattr(tokenizer, "apply_chat_template"):
-        raise DataError("the tokenizer has no chat template")
+    if not hasattr(tokenizer, "apply_chat_template") or not getattr(tokenizer, "chat_template", True):
+        from .errors import OptionError
+
+        raise OptionError("{chat_template} needs the model's chat template, and its tokenizer has none: "
+                          "train on prompt/completion rows without it")
     try:
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except TypeError:  # an implementation without the keyword
@@ -181,7 +184,9 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
     if policy not in POLICIES:
         raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
     if max_seq_len is not None and max_seq_len < 2:
-        raise ValueError("max_seq_len must be at least 2")
+        from .errors import OptionError
+
+        raise OptionError(f"{{max_seq_len}} must be at least 2, not {max_seq_len}")
     path = Path(path)
     ds = Dataset([], path)
     no_target = 0
@@ -263,6 +268,9 @@ def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool =
     """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``);
     the project's own train splits are made on first use (:func:`make_project_train_split`)."""
     data_dir = Path(data_dir)
+    if data_dir.is_file():
+        raise DataError(f"{data_dir} is a file: give the directory that holds {TRAIN_FILE} "
+                        f"(and {VALID_FILE})")
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory")
     if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):

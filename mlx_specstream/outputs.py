@@ -72,6 +72,17 @@ def _weights_marked(path: Path) -> bool:
     return all(meta.get(k) == v for k, v in WEIGHTS_MARK.items())
 
 
+def _package_marked(path: Path) -> bool:
+    """Whether Core ML package ``path`` is one ``convert --to coreml`` wrote (its metadata names
+    the Speculative Streaming format): every package has a Manifest.json and Data."""
+    from .convert.mil_eval import read_metadata
+
+    try:
+        return "specstream.format" in read_metadata(path)
+    except Exception:  # unreadable, or coremltools missing: not shown to be ours
+        return False
+
+
 def foreign_entries(path: Path, kind: str) -> list[str]:
     """Entries of directory ``path`` that the project would not have written for ``kind``
     (all of them when the marker is missing; for a model, weights without :data:`WEIGHTS_MARK`).
@@ -79,6 +90,10 @@ def foreign_entries(path: Path, kind: str) -> list[str]:
     marker, names = KINDS[kind]
     entries = sorted(p.name for p in path.iterdir())
     if marker is not None and marker not in entries:
+        return entries
+    if kind == "model" and not any(e.endswith(".safetensors") for e in entries):
+        return entries  # no weights to carry the mark: nothing shows the project wrote it
+    if kind == "Core ML package" and not _package_marked(path):
         return entries
     foreign = [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)
                or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
@@ -308,13 +323,19 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
 
 
 def check_writable(directory: Path, what: str = "") -> None:
-    """Make ``directory`` (and its parents) and check that a file can be written there, so that an
-    output that cannot be written fails before the work, not after it (``what`` names the output)."""
+    """Check that a file can be written in ``directory``, or in its nearest existing parent where
+    the output will make it, so that an output that cannot be written fails before the work, not
+    after it; nothing is created, so a run that fails later leaves no new folder (``what`` names
+    the output)."""
+    named = f"{what} " if what else ""
+    existing = Path(os.path.abspath(directory))
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise PermissionError(f"cannot write {named}to {directory}: {existing} is not a directory")
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=directory).close()
+        tempfile.TemporaryFile(dir=existing).close()
     except OSError as e:
-        named = f"{what} " if what else ""
         raise PermissionError(f"cannot write {named}to {directory}: {e.strerror}") from None
 
 
@@ -336,24 +357,27 @@ def write_text_atomic(path: Path, text: str) -> None:
     write_atomic(path, lambda f: f.write(text.encode("utf-8")))
 
 
-def add_results_out(ap: argparse.ArgumentParser, default: Path | None = None) -> None:
-    """A script's ``--out FILE`` and ``--overwrite``; check them with :func:`check_results_out`."""
-    ap.add_argument("--out", type=Path, default=default,
-                    help="write a results file here (command, machine, versions, date)")
+def parse_script_args(ap: argparse.ArgumentParser, argv: list[str] | None = None, *,
+                      pass_through: bool = False) -> argparse.Namespace:
+    """A script's arguments, with ``--out FILE`` and ``--overwrite`` added and checked before any
+    work: ``--out`` absent, or (``--overwrite``) a results file this project wrote, in a folder
+    that takes a file; otherwise the script ends with one line (``ap.error``). ``pass_through``:
+    arguments the parser does not know go to ``args.passed`` (for a command the script runs)."""
+    ap.add_argument("--out", type=Path, help="write a results file here (command, machine, versions, date)")
     ap.add_argument("--overwrite", action="store_true",
                     help="replace --out when it is a results file this project wrote")
-
-
-def check_results_out(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Before any work: ``args.out`` is absent, or (``--overwrite``) a results file this project
-    wrote, and its folder takes a file; otherwise the script ends with one line (``ap.error``)."""
-    if args.out is None:
-        return
-    try:
-        check_replaceable_file(args.out, args.overwrite, is_results_json)
-        check_writable(args.out.parent, "the results")
-    except OSError as e:
-        ap.error(str(e))
+    if pass_through:
+        args, passed = ap.parse_known_args(argv)
+        args.passed = [a for a in passed if a != "--"]
+    else:
+        args = ap.parse_args(argv)
+    if args.out is not None:
+        try:
+            check_replaceable_file(args.out, args.overwrite, is_results_json)
+            check_writable(args.out.parent, "the results")
+        except OSError as e:
+            ap.error(str(e))
+    return args
 
 
 def write_results_file(path: Path, meta: dict, results: list) -> None:

@@ -47,6 +47,7 @@ class Scheduler:
         self._active: list[Job] = []
         self._thread = threading.Thread(target=self._loop, name="specstream-scheduler", daemon=True)
         self._stopping = False
+        self._aborting = False
 
     @property
     def active(self) -> int:
@@ -69,6 +70,12 @@ class Scheduler:
         self._stopping = True
         self._waiting.put(None)
         self._thread.join(timeout)
+
+    def abort(self, timeout: float | None = None) -> None:
+        """Drop every request, running or waiting, before its next pass, then end the thread (a
+        forced stop: the process can exit without MLX work in flight)."""
+        self._aborting = True
+        self.stop(timeout)
 
     def _admit(self) -> bool:
         """Move waiting jobs into free slots (blocking while idle); False once told to stop and
@@ -129,12 +136,11 @@ class Scheduler:
                 job.responses.close()
                 self._active.remove(job)
 
-    @staticmethod
-    def _advance(job: Job) -> PassRequest | None:
+    def _advance(self, job: Job) -> PassRequest | None:
         """Run ``job`` up to its next forward pass, emitting what it produced on the way; return
         that pass, or None when the job is done (finished, failed or cancelled)."""
         while True:
-            if job.cancelled.is_set():
+            if job.cancelled.is_set() or self._aborting:
                 job.responses.close()
                 return None
             try:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import os
 import socket
 import sys
 import time
@@ -31,6 +33,9 @@ from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# Longest stop string taken: each is looked for in every pass's text, on the thread that decodes
+# every request (OpenAI's API states no limit).
+MAX_STOP_CHARS = 1000
 
 
 class APIError(Exception):
@@ -67,8 +72,10 @@ def _stop(body: dict) -> list[str]:
     if stop is None:
         return []
     stop = [stop] if isinstance(stop, str) else stop
-    if not isinstance(stop, list) or len(stop) > 4 or any(not isinstance(s, str) or not s for s in stop):
-        raise APIError("'stop' must be a non-empty string or a list of up to 4 of them", "stop")
+    if not isinstance(stop, list) or len(stop) > 4 or any(
+            not isinstance(s, str) or not 0 < len(s) <= MAX_STOP_CHARS for s in stop):
+        raise APIError(f"'stop' must be a non-empty string of at most {MAX_STOP_CHARS} characters or a "
+                       "list of up to 4 of them", "stop")
     return stop
 
 
@@ -175,6 +182,11 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     if stream_options is not None and not stream:
         raise APIError("'stream_options' is only allowed with 'stream': true", "stream_options")
     usage = _field(stream_options or {}, "include_usage", (bool,), False)
+    limit = getattr(model, "max_positions", None)
+    if isinstance(prompt, str) and tok is not None and limit and len(prompt) > limit * tok.max_token_chars:
+        # refused unencoded: encoding megabytes would hold up every other request
+        raise APIError(f"the prompt ({len(prompt)} characters) is longer than the model's context of "
+                       f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
     try:
         ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
         decoder = _decoder(model, tok, ids, batched=True, **options)
@@ -186,7 +198,6 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
             param, message = max_key, message.replace("max_tokens", max_key)
         raise APIError(message, param if param in (*options, max_key) else "model") from None
     except ValueError as e:
-        limit = getattr(model, "max_positions", None)
         code = "context_length_exceeded" if "context" in str(e) and limit else None
         raise APIError(str(e), "messages" if chat else "prompt", code) from None
     return Generation(_responses(decoder, tok, stop), decoder.stats, model_id, chat, stream, usage)
@@ -285,7 +296,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
     async def body_of(request: Request) -> dict:
         try:
             body = json.loads(await request.body())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (ValueError, RecursionError) as e:  # not JSON, not UTF-8, nested or numbers too deep
             raise APIError(f"the request body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object")
@@ -296,14 +307,26 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         job, out = submit(gen)
         reply = Reply(gen)
         if not gen.stream:
-            text, finish = [], None
-            async for r in passes(job, out):
-                if await request.is_disconnected():  # nobody to answer: free the slot
-                    job.cancel()
-                    return Response(status_code=499)
-                text.append(r.text)
-                finish = r.finish_reason
-            return JSONResponse(reply.whole("".join(text), finish))
+            async def whole() -> Response:
+                text, finish = [], None
+                async for r in passes(job, out):
+                    text.append(r.text)
+                    finish = r.finish_reason
+                return JSONResponse(reply.whole("".join(text), finish))
+
+            async def disconnect() -> None:
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+
+            # the client may leave while the request waits or decodes: drop it then, not after
+            answer, gone = asyncio.ensure_future(whole()), asyncio.ensure_future(disconnect())
+            await asyncio.wait([answer, gone], return_when=asyncio.FIRST_COMPLETED)
+            if not answer.done():
+                job.cancel()  # nobody to answer: free the slot before its next pass
+                answer.cancel()
+                return Response(status_code=499)
+            gone.cancel()
+            return answer.result()
 
         async def events():
             try:
@@ -395,10 +418,26 @@ def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.
 
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
+            draining = self.should_exit
             super().handle_exit(sig, frame)
             self._captured_signals.clear()  # in-flight requests drain: then exit 0, not by the signal
+            left = scheduler.active + scheduler.waiting
+            if left and not draining:
+                print(f"stopping: {left} request{'s' * (left != 1)} to finish first (Ctrl-C again to "
+                      "stop now)", file=sys.stderr, flush=True)
+            if self.force_exit:  # the requests' tasks are cancelled: not errors to report
+                logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
 
-    Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+    server = Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    server.run(sockets=[sock])
+    if server.force_exit:  # a second Ctrl-C: the requests left are dropped, and the thread ended
+        left = scheduler.active + scheduler.waiting
+        scheduler.abort(timeout=30)
+        print(f"stopped: {left} request{'s' * (left != 1)} dropped", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        # at once: the interpreter's teardown after cancelled tasks can end in MLX's native threads
+        # (SIGABRT, "terminate called"), and there is nothing left to write
+        os._exit(130)
     print("stopped", file=sys.stderr, flush=True)
 
 

@@ -57,6 +57,10 @@ class _HFBackend:
         except Exception:  # an unexpected decoder: be safe
             self.whole_byte_runs = True
 
+    def added_texts(self) -> list[str]:
+        """The texts of added tokens, which encoding matches in text as one token each."""
+        return [t.content for t in self.tk.get_added_tokens_decoder().values()]
+
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self.tk.encode(text, add_special_tokens=add_special_tokens).ids
 
@@ -88,6 +92,9 @@ class _SPBackend:
 
     def __init__(self, sp):
         self.sp = sp
+
+    def added_texts(self) -> list[str]:
+        return []  # user-defined pieces decode to their text (token_texts)
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         ids = self.sp.encode(text)
@@ -258,6 +265,12 @@ class Tokenizer:
                 k += 1
             texts.append(text[k:])
         return texts
+
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The most characters one token stands for: a text of n characters encodes to at least
+        n / this many tokens (a bound found without encoding it)."""
+        return max(map(len, [*self.token_texts, *self._backend.added_texts()]), default=1) or 1
 
     @functools.cached_property
     def text_trie(self) -> dict:

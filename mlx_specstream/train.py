@@ -485,7 +485,7 @@ def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.
 _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those weights stay as they start
            "epochs": (0, False), "prune_weight": (0, True),
            "warmup": (0, True), "seed": (0, True), "segment_len": (0, True), "val_every": (0, True),
-           "val_batches": (1, True), "save_every": (0, True), "accept_prompts": (0, True),
+           "val_batches": (0, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True)}
 
@@ -509,9 +509,11 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
         return [1.0]
     if alphas is None:
         return [0.0] + [1.0] * gamma if mode == "lossless" else [1.0] + [0.1] * gamma
-    if isinstance(alphas, str):
-        alphas = [float(x) for x in alphas.replace(",", " ").split()]
-    alphas = [float(a) for a in alphas]
+    try:
+        alphas = [float(a) for a in (alphas.replace(",", " ").split() if isinstance(alphas, str) else alphas)]
+    except (TypeError, ValueError):
+        raise OptionError(f"{{alphas}} must be numbers (alpha_0 and the streams' weights), "
+                          f"not {alphas!r}") from None
     if len(alphas) == 2 and gamma != 1:
         alphas = [alphas[0]] + [alphas[1]] * gamma
     if len(alphas) != gamma + 1:
@@ -530,8 +532,10 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     """(directory, adapter name, whether ``out`` was a bare name)."""
     if out is None:
         return None, "", False
+    if str(out) == "":
+        raise OptionError("{out} is empty: give an adapter name (saved under MODEL/adapters/) or a path")
     p = Path(out)
-    bare = not p.is_absolute() and len(p.parts) == 1 and not str(out).startswith(".")
+    bare = "/" not in str(out) and os.sep not in str(out) and not str(out).startswith(".")
     if bare:
         if model_path is None:
             raise ValueError(f"out='{out}' is a bare adapter name: it goes under MODEL/adapters/, "
@@ -704,6 +708,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``fine_tune_lr`` (shared mode): the every-row LoRA's peak learning rate where it should move
     more slowly than the streams (``lr``), as when it starts from a gentler fine-tune (``over``).
     ``segment_len``: completion positions whose streams are built at once (lossless; 0 or None: all).
+    ``val_batches``: validation batches per evaluation (0 or None: all).
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
@@ -731,14 +736,16 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
     self_distill = mode == "lossless" if self_distill is None else self_distill
     if distill_tokens < 1:
-        raise ValueError("distill_tokens must be at least 1")
-    if batch_size < 1 or (iters is not None and iters < 1) or (epochs is not None and epochs <= 0):
-        raise ValueError("batch_size, iters and epochs must be positive")
+        raise OptionError(f"{{distill_tokens}} must be at least 1, not {distill_tokens}")
+    for name, value in (("batch_size", batch_size), ("iters", iters)):
+        if value is not None and value < 1:
+            raise OptionError(f"{{{name}}} must be at least 1, not {value}")
     _check_numbers(lr=lr, fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
                    warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay)
+    val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if isinstance(model, (str, Path)) and out is None and distributed is None:
         raise ValueError("train(MODEL_DIR, ...) without out= would lose the adapter (the model it loads "
@@ -900,9 +907,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     history: list[dict] = []
     val_history: list[dict] = []
     elapsed0 = 0.0
+    # what a resumed run must share with its checkpoint: the training, and the prompts the best
+    # adapter so far was chosen on (compared only when the checkpoint recorded them)
     compat = {k: v for k, v in asdict(tc).items()
-              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "accept_prompts",
-                           "accept_tokens", "state_cache_mb")}
+              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "state_cache_mb")}
+    recorded_only = ("data", "accept_prompts", "accept_tokens")
     compat["data"] = data_digest
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
@@ -912,9 +921,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             st = load_checkpoint(model, optimizer, found[-1])
             if st.get("base_fingerprint") != base_fp:
                 raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-            # (a checkpoint written before data digests were recorded is not compared on "data")
             diff = {k: (st["config"].get(k), v) for k, v in compat.items()
-                    if st["config"].get(k, v if k == "data" else None) != v}
+                    if st["config"].get(k, v if k in recorded_only else None) != v}
             if diff:
                 raise ValueError(f"{found[-1]}: the run's settings differ from the checkpoint's "
                                  f"(setting: (checkpoint, now)) {diff}")
@@ -952,6 +960,21 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 best.update(step=step, **scored, weights=dict(adapter_weights(model)))
         return ev
 
+    def validation(step: int) -> None:
+        ev = validate(step)
+        val_history.append({"step": step, **ev})
+        accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
+        per_pass = ev.get("mean_accepted_tokens")
+        say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
+            f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
+            + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
+        if per_pass:
+            shown = getattr(bar, "postfix", None)  # the step's loss (a disabled bar has none)
+            bar.set_postfix_str(", ".join(filter(None, [shown, f"tok_pass={per_pass:.2f}"])))
+
+    def validation_due(step: int) -> bool:
+        return valid_ds is not None and bool(val_every) and (step % val_every == 0 or step == iters)
+
     # -- loop -----------------------------------------------------------------------------------
     cache = BaseStateCache(state_cache_mb << 20) if mode == "lossless" and state_cache_mb > 0 else None
     mx.reset_peak_memory()
@@ -963,6 +986,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                dynamic_ncols=True, file=sys.stderr)
     try:
         with terminate_cleanly():  # SIGTERM saves a checkpoint, as Ctrl-C does
+            if 0 < start < iters and validation_due(start) and start not in [v["step"] for v in val_history]:
+                validation(start)  # the checkpoint was saved by a stop during this validation
             for step in range(start + 1, iters + 1):
                 ids = global_batch(step - 1)
                 loss, grads = batch_gradients(model, train_ds, ids, tc, group, cache)
@@ -982,16 +1007,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 history.append(info)
                 bar.update(1)
                 bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")
-                if valid_ds is not None and val_every and (step % val_every == 0 or step == iters):
-                    ev = validate(step)
-                    val_history.append({"step": step, **ev})
-                    accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
-                    per_pass = ev.get("mean_accepted_tokens")
-                    say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
-                        f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
-                        + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
-                    if per_pass:
-                        bar.set_postfix(loss=f"{info['loss']:.3f}", tok_pass=f"{per_pass:.2f}")
+                if validation_due(step):
+                    validation(step)
                 due = step == iters or (save_every and step % save_every == 0)
                 if ckpt_dir is not None and main_proc and due:
                     save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
@@ -1015,7 +1032,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     final_eval = val_history[-1] if val_history and val_history[-1]["step"] == iters else None
     if valid_ds is not None and final_eval is None:
         final_eval = {"step": iters, **validate(iters)}
-    earlier = best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
+    earlier = (best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
+               and "mean_accepted_tokens" in (final_eval or {}))
     # in shared mode, where the adapter writes the output, it is kept only if its main stream predicts
     # the validation data about as well as the final one's (older checkpoints did not record it)
     if earlier and mode == "shared" and (

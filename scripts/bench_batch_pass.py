@@ -31,17 +31,11 @@ import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS be
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, forward_batch  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -90,9 +84,7 @@ def main() -> None:
     ap.add_argument("--batch", default="1,2,4,8,16")
     ap.add_argument("--rows", default="1,4", help="new rows per sequence and pass")
     ap.add_argument("--reps", type=int, default=20)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
 
     model = load_model(args.model)
     load_before = os.getloadavg()

@@ -35,18 +35,13 @@ import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS be
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.arch.base import causal_mask  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, best_time, our_decoder, speedup, time_methods  # noqa: E402
 from mlx_specstream.kernels.attention import sdpa  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
@@ -176,9 +171,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--no-passes", action="store_true", help="generations only")
     ap.add_argument("--no-generations", action="store_true", help="passes only")
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     contexts = [int(x) for x in args.contexts.split(",")]
     load_before = os.getloadavg()
     rows = [] if args.no_passes else pass_rows(args.model, args.adapter, contexts, args.gamma, args.reps)

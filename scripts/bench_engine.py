@@ -28,20 +28,14 @@ import numpy as np  # noqa: E402
 from mlx.utils import tree_flatten  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.adapter import new_adapter  # noqa: E402
 from mlx_specstream.api import load  # noqa: E402
 from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.bench import Method, best_time, our_decoder, time_methods  # noqa: E402
 from mlx_specstream.engine import default_node_costs  # noqa: E402
 from mlx_specstream.kv_cache import make_cache  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
 from mlx_specstream.tree import build_tree, chain  # noqa: E402
 
@@ -161,9 +155,7 @@ def main() -> None:
     ap.add_argument("--node-costs", type=lambda v: [float(c) for c in v.split(",")], default=[],
                     help="comma-separated node costs to decode with besides the default (deferred streams; "
                          "streams on every node with a shared adapter)")
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     for flag in ("reps", "prompts", "max_tokens", "decode_reps"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be at least 1, not {getattr(args, flag)}")

@@ -23,15 +23,10 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.bench import best_time  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, run_meta, write_results_file  # noqa: E402
 
 
 def best_ms(f, reps: int) -> float:
@@ -41,9 +36,7 @@ def best_ms(f, reps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reps", type=int, default=10)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     rng = np.random.default_rng(0)
     logits = mx.array(rng.normal(0, 3, (1024, 4096)).astype(np.float32))
     targets = mx.array(rng.integers(0, 4096, 1024).astype(np.int32))

@@ -29,10 +29,11 @@ import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS be
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream import tree as tree_mod  # noqa: E402
 from mlx_specstream.kernels import attention as A  # noqa: E402
 from mlx_specstream.kernels import metal_available  # noqa: E402
-from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 
 KERNEL = "metal"  # "emulator" with --emulate
 
@@ -153,12 +154,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=32)
     ap.add_argument("--prompt", type=int, default=512)
     ap.add_argument("--tokens", type=int, default=256)
-    add_results_out(ap)
     ap.add_argument("--emulate", action="store_true",
                     help="run the kernels on the CPU emulator: a smoke test of this script, timings "
                          "meaningless")
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
 
     global KERNEL
     if args.emulate:

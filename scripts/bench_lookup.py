@@ -25,16 +25,10 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 # isort: split
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.bench import Method, our_decoder, speedup, time_methods  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 
 ADAPTERS = {"sql-lossless": "sql", "sql": "sql", "code": "code"}
 VARIANTS = {"streams only": dict(lookup=False), "lookup only": dict(mode="lookup", ngrams=False),
@@ -47,9 +41,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=30)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     root = Path(__file__).resolve().parent.parent
     rows = []
     base = load(DEFAULT_MODEL)[0]

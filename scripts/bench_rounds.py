@@ -28,16 +28,10 @@ sys.path.insert(0, str(ROOT))
 import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS before MLX is imported)
 
 # isort: split
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, _decoder, _responses  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, speed_summary, time_methods  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import ModelPool  # noqa: E402
 from mlx_specstream.scheduler import Job, Scheduler  # noqa: E402
 
@@ -82,9 +76,7 @@ def main() -> None:
     ap.add_argument("--methods", default="ar=,ss-lossless=sql-lossless,ss-shared=sql",
                     help="NAME=ADAPTER[:NODE_COST] pairs (empty adapter: AR of the base model)")
     ap.add_argument("--repeats", type=int, default=REPEATS)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     if args.concurrency < 1 or args.n < args.concurrency or args.n % args.concurrency:
         ap.error("--n must be a positive multiple of --concurrency")
 

@@ -33,15 +33,10 @@ sys.path.insert(0, str(ROOT))
 
 
 # isort: split
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, speedup, time_methods  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import base_name, default_mode  # noqa: E402
 
 
@@ -110,9 +105,7 @@ def main() -> None:
                     help="NAME=ADAPTER pairs (empty adapter: the base model, decoded token by token)")
     ap.add_argument("--repeats", type=int, default=REPEATS,
                     help="runs of each prompt by generate and by the server; the fastest counts")
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, not {args.repeats}")
 

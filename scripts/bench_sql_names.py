@@ -20,9 +20,10 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
 # isort: split
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.bench import Method, our_decoder, speedup, task_metrics, time_methods  # noqa: E402
-from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file  # noqa: E402
+from mlx_specstream.outputs import run_meta, write_results_file  # noqa: E402
 
 DECODERS = {"ar": (None, dict(mode="ar")), "ss-lossless": ("sql-lossless", dict(branch=3)),
             "ss-shared": ("sql", dict(branch=3))}
@@ -33,9 +34,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--repeats", type=int, default=3)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     rows = [json.loads(line) for line in
             (Path(__file__).resolve().parent.parent / "data" / "sql" / "test.jsonl").read_text().splitlines()]
     rows = rows[: args.n]
@@ -51,9 +50,9 @@ def main() -> None:
     for m in methods:
         lengths = [r["stats"].accepted_lengths for r in m.records]
         plain = by_name[m.name.removesuffix(" sql-names")]
-        outputs = [tok.decode(r["tokens"]) for r in m.records]
+        texts = [tok.decode(r["tokens"]) for r in m.records]
         ratio, lo, hi = speedup(m, plain)
-        rec = {"method": m.name, **task_metrics("sql", outputs, [r["completion"] for r in rows]),
+        rec = {"method": m.name, **task_metrics("sql", texts, [r["completion"] for r in rows]),
                "tokens_per_pass": round(sum(k * c for h in lengths for k, c in h.items())
                                         / sum(sum(h.values()) for h in lengths), 3),
                "tokens_per_second": round(sum(len(r["tokens"]) for r in m.records)

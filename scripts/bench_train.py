@@ -37,19 +37,13 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream import train as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    markdown_table,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.process_group import run_local  # noqa: E402
 from mlx_specstream.train import MODES, _resolve_alphas, set_trainable  # noqa: E402
 from mlx_specstream.train_batches import epoch_batches, length_keys  # noqa: E402
@@ -144,9 +138,7 @@ def main() -> None:
                     help="also time the 2-process lossless step in parts: computing, summing (and waiting)")
     ap.add_argument("--rows", action="store_true",
                     help="only count the stream rows the lossless step builds (1 and 2 processes), no timing")
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     model, tok = load(DEFAULT_MODEL)
     ds = load_jsonl(args.data / "valid.jsonl", tok, max_seq_len=512)
     # the same examples in every row, grouped into batches as train() groups them for each mode

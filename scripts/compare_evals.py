@@ -25,14 +25,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.bench import bootstrap_interval  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
 
 
 def mcnemar_exact(only_a: int, only_b: int) -> float:
@@ -74,9 +69,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", type=Path)
     ap.add_argument("b", type=Path)
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     try:
         ra, rb = read_eval(args.a), read_eval(args.b)
         key = ("task", "split", "n", "max_tokens")

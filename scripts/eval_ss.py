@@ -31,15 +31,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tqdm import tqdm  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import generate, load  # noqa: E402
 from mlx_specstream.bench import exact_match  # noqa: E402
-from mlx_specstream.outputs import (  # noqa: E402
-    add_results_out,
-    check_results_out,
-    recorded_path,
-    run_meta,
-    write_results_file,
-)
+from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import default_mode  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,9 +60,7 @@ def main() -> None:
     ap.add_argument("--ar-adapter", help="--check-ar: plain AR of the model with this adapter instead")
     ap.add_argument("--sql-names", action="store_true",
                     help="sql: only the schema's names may be written (constrained decoding, AR check too)")
-    add_results_out(ap)
-    args = ap.parse_args()
-    check_results_out(ap, args)
+    args = outputs.parse_script_args(ap)
     if args.n < 1:
         ap.error(f"--n must be at least 1, not {args.n}")
     model, tok = load(args.model, adapter=args.adapter)

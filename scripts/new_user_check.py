@@ -37,9 +37,10 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 # isort: split
 from make_data import functions_of  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.adapter import load_adapter, new_adapter  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
-from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_text_atomic  # noqa: E402
+from mlx_specstream.outputs import run_meta, write_text_atomic  # noqa: E402
 
 
 def user_functions(packages: list[str], seed: int) -> list[dict]:
@@ -87,10 +88,8 @@ def main() -> None:
     ap.add_argument("--n-test", type=int, default=40)
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--seed", type=int, default=0)
-    add_results_out(ap)
-    args, extra = ap.parse_known_args()
-    check_results_out(ap, args)
-    extra = [a for a in extra if a != "--"]
+    args = outputs.parse_script_args(ap, pass_through=True)
+    extra = args.passed
     if args.project_code:
         train_rows = project_functions("train", args.seed)[: args.n_train]
         test_rows = project_functions("valid", args.seed)[: args.n_test]

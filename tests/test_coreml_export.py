@@ -21,6 +21,7 @@ from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import generate
 from mlx_specstream.loader import atomic_dir, save_model
 from mlx_specstream.ngrams import NGRAMS_FILE, NgramTable
+from mlx_specstream.outputs import check_replaceable
 from mlx_specstream.runner import MLXRunner
 from mlx_specstream.tree import chain
 
@@ -29,6 +30,7 @@ pytest.importorskip("coremltools")
 
 from mlx_specstream.convert.coreml_export import (  # noqa: E402
     ExportError,
+    carried_quantization,
     export_coreml,
     load_for_export,
     tokenizer_dir,
@@ -81,6 +83,7 @@ def _tok(model_dir):
 # -- the package: layout, metadata, weights ---------------------------------------------------
 def test_package_layout_and_metadata(packages, model_dir):
     res = packages["f32"]
+    check_replaceable(res.package, "Core ML package", overwrite=True)  # ours: --overwrite replaces it
     pkg = Package(res.package)
     assert sorted(pkg.functions) == ["prefill", "step"] and pkg.default_function == "step"
     step = pkg.program.functions["step"]
@@ -288,6 +291,24 @@ def test_package_is_judged_by_its_saved_file(packages, tmp_path):
     with np.errstate(all="ignore"):
         after = pkg2.predict(inputs, pkg2.new_state(), function="prefill")["main_logits"]
     assert not np.allclose(before, after)
+
+
+def test_a_package_renamed_with_its_tokenizer_finds_it(packages, tmp_path):
+    """``NAME.mlpackage`` reads ``NAME.tokenizer`` beside it, whatever name it was written under."""
+    res = packages["f32"]
+    shutil.copytree(res.package, tmp_path / "sql.mlpackage")
+    shutil.copytree(res.tokenizer, tmp_path / "sql.tokenizer")
+    tok = load_package(tmp_path / "sql.mlpackage", backend="reference")[1]
+    assert tok is not None and tok.encode("w3 w9") == load_tokenizer(res.tokenizer).encode("w3 w9")
+
+
+def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir):
+    """Exported without --q-bits, an int8 model directory's package records int8, not float."""
+    model = load_for_export(model_dir)
+    assert carried_quantization(model, None, 64) == (None, 64)
+    assert carried_quantization(model, 4, 64) == (4, 64)
+    model.config = {**model.config, "quantization": {"group_size": 32, "bits": 8}}  # as `convert -q` writes
+    assert carried_quantization(model, None, 64) == (8, 32)
 
 
 def test_unknown_op_fails_loudly(packages, monkeypatch):

@@ -113,6 +113,8 @@ def test_load_datasets(tmp_path):
     with pytest.raises(DataError, match="no train.jsonl"):
         load_datasets(tmp_path)
     write(tmp_path / "train.jsonl", [{"text": [1, 2, 3]}])
+    with pytest.raises(DataError, match="is a file: give the directory that holds train.jsonl"):
+        load_datasets(tmp_path / "train.jsonl")
     train, valid = load_datasets(tmp_path)
     assert len(train) == 1 and valid is None
     with pytest.raises(DataError, match="no valid.jsonl"):
@@ -136,3 +138,16 @@ def test_tokenizing_bar_shows_only_when_asked(tmp_path, capsys):
     for progress in (False, True):
         assert len(load_jsonl(f, SlowTokenizer(), progress=progress)) == 6
         assert ("tokenizing train.jsonl" in capsys.readouterr().err) is progress
+
+
+def test_chat_template_without_one_names_the_option():
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.data import encode_row
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.tokenizer import load_tokenizer
+
+    tok = load_tokenizer(DEFAULT_MODEL)  # the shipped model's tokenizer has no chat template
+    assert tok.chat_template is None
+    with pytest.raises(OptionError) as e:
+        encode_row({"prompt": "a", "completion": "b"}, tok, chat_template=True, where="x:1")
+    assert e.value.render(cli=True).startswith("--chat-template needs the model's chat template")

@@ -256,7 +256,7 @@ def test_quantized_load(families, tmp_path, name):
 
     _, src, dst = families[name]
     ref = mlx_logits(load_model(dst), PROMPT)
-    q8 = load_model(convert(src, tmp_path / "q8", quantize=True, q_bits=8, q_group_size=32))
+    q8 = load_model(convert(src, tmp_path / "q8", q_bits=8, q_group_size=32))  # q_bits: quantize
     q4 = load_model(dst, quantize=(4, 32))
     rel = {}
     for bits, model in ((8, q8), (4, q4)):

@@ -511,6 +511,10 @@ def test_shipped_adapter_follows_its_base_through_a_transformers_resave(tmp_path
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 8192},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "mscale": 0.707,
+     "mscale_all_dim": 1.0},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "truncate": False},
+    {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 32768, "beta_fast": 16},
 ])
 def test_rotary_frequencies_match_transformers(theta, scaling):
     """The rotary frequencies are computed on the host in float32 (NumPy), as transformers computes
@@ -531,6 +535,26 @@ def test_rotary_frequencies_match_transformers(theta, scaling):
     assert np.array(ours.inv_freq).dtype == np.float32
     np.testing.assert_allclose(np.array(ours.inv_freq), inv.numpy(), rtol=5e-7, atol=0)
     assert ours.attention_factor == pytest.approx(factor)
+
+
+@pytest.mark.parametrize("edit,fragment", [
+    ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "needs low_freq_factor"),
+    ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "'linear' needs factor"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, "rope_theta is 'abc'"),
+    ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta is -1.0, which is not"),
+    ({"layer_types": ["full_attention"]}, "layer_types has 1 entries, not one per layer"),
+    ({"num_attention_heads": 0}, "num_attention_heads is 0, which is not at least 1"),
+])
+def test_a_malformed_config_is_one_config_error(llama_copy, tmp_path, edit, fragment):
+    """Settings the architecture cannot be built from are refused by name, before anything is
+    written (not a KeyError, IndexError or ZeroDivisionError from deep inside)."""
+    from mlx_specstream.arch.base import ConfigError
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+
+    _set_config(llama_copy, lambda c: c.update(edit))
+    with pytest.raises(ConfigError, match=fragment):
+        hf_convert(llama_copy, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 def test_optional_fields_are_type_checked_too(llama_copy, tmp_path):

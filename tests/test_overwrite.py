@@ -2,6 +2,7 @@
 whichever command writes (import, Core ML export, training, saving an adapter, the benchmark)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from helpers import tiny_model
@@ -60,6 +61,32 @@ def test_model_dir_refuses_a_user_folder(tmp_path):
         with atomic_dir(dest, "model", overwrite=True) as tmp:
             save_model(model, model.config, tmp)
     assert untouched(dest)
+
+
+def test_a_folder_of_model_file_names_without_our_weights_is_not_ours(tmp_path):
+    """A user's folder holding only files a model directory may hold (config.json, tokenizer files)
+    and no weights carrying the project's mark is refused: nothing shows the project wrote it."""
+    dest = tmp_path / "mine"
+    dest.mkdir()
+    for name, text in (("config.json", '{"my": 1}'), ("tokenizer_config.json", "{}"), ("vocab.txt", "a")):
+        (dest / name).write_text(text)
+    with pytest.raises(FileExistsError, match="did not write"):
+        with atomic_dir(dest, "model", overwrite=True) as tmp:
+            save_model(tiny_model(), tiny_model().config, tmp)
+    assert (dest / "config.json").read_text() == '{"my": 1}' and (dest / "vocab.txt").exists()
+
+
+def test_a_core_ml_package_not_written_by_the_project_is_not_ours(tmp_path):
+    """Every .mlpackage has a Manifest.json and Data: only our metadata makes one replaceable."""
+    from mlx_specstream.outputs import check_replaceable
+
+    dest = tmp_path / "MyApp.mlpackage"
+    (dest / "Data" / "com.apple.CoreML").mkdir(parents=True)
+    (dest / "Manifest.json").write_text("{}")
+    (dest / "Data" / "com.apple.CoreML" / "model.mlmodel").write_text("x")
+    with pytest.raises(FileExistsError, match="did not write"):
+        check_replaceable(dest, "Core ML package", overwrite=True)
+    assert (dest / "Manifest.json").read_text() == "{}"
 
 
 def test_train_refuses_a_user_folder(tmp_path):
@@ -253,7 +280,9 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     ("seed", -1, "seed must be a finite number >= 0"),
     ("warmup", -1, "warmup must be a finite number >= 0"),
     ("segment_len", -1, "segment_len must be a finite number >= 0"),
-    ("val_batches", -1, "val_batches must be a finite number >= 1"),
+    ("val_batches", -1, "val_batches must be a finite number >= 0"),
+    ("alphas", "0,abc", "alphas must be numbers"),
+    ("iters", 0, "iters must be at least 1, not 0"),
     ("accept_prompts", -1, "accept_prompts must be a finite number >= 0"),
     ("max_seq_len", 8192, "max_seq_len is 8192, beyond the"),
 ])
@@ -268,6 +297,23 @@ def test_train_refuses_nonsense_numbers_before_anything(tmp_path, option, value,
     with pytest.raises((OptionError, ValueError), match=fragment):
         train(tiny_model(max_position_embeddings=2048), (ds, None), out=tmp_path / "x", **opts)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_failed_train_leaves_no_new_folder_and_a_name_with_a_slash_is_a_path(tmp_path):
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.train import _resolve_out
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "train.jsonl").write_text('{"prompt": [1, 2], "completion": [3]}\n{"prompt": [1]}\n')
+    with pytest.raises(ValueError, match="train.jsonl:2: has 'prompt' but no 'completion'"):
+        train(tiny_model(), data, out=tmp_path / "new" / "deep" / "ad", iters=1, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data"]
+    model_dir = tmp_path / "m"
+    assert _resolve_out("ad", model_dir) == (model_dir / "adapters" / "ad", "ad", True)
+    assert _resolve_out("ad/", model_dir) == (Path("ad"), "ad", False)  # a path: saved where it says
+    with pytest.raises(OptionError, match="out is empty"):
+        _resolve_out("", model_dir)
 
 
 def test_train_stops_when_the_loss_diverges(tmp_path, monkeypatch):
@@ -294,29 +340,26 @@ def test_a_scripts_out_replaces_only_a_results_file_it_wrote(tmp_path):
     or cannot be written; a results file the project wrote is replaced only with --overwrite."""
     import argparse
 
-    from mlx_specstream.outputs import add_results_out, check_results_out, run_meta, write_results_file
+    from mlx_specstream.outputs import parse_script_args, run_meta, write_results_file
 
-    ap = argparse.ArgumentParser(prog="script")
-    add_results_out(ap)
     notes, ours = tmp_path / "notes.txt", tmp_path / "ours.json"
     notes.write_text("mine")
     write_results_file(ours, run_meta(), [])
     for argv in ([str(notes)], [str(notes), "--overwrite"], [str(notes / "r.json")], [str(ours)]):
         with pytest.raises(SystemExit):
-            check_results_out(ap, ap.parse_args(["--out", *argv]))
-    check_results_out(ap, ap.parse_args(["--out", str(ours), "--overwrite"]))
-    check_results_out(ap, ap.parse_args(["--out", str(tmp_path / "new" / "r.json")]))
-    assert notes.read_text() == "mine"
+            parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", *argv])
+    for argv in ([str(ours), "--overwrite"], [str(tmp_path / "new" / "r.json")]):
+        args = parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", *argv])
+        assert args.out == Path(argv[0])
+    assert notes.read_text() == "mine" and not (tmp_path / "new").exists()
 
 
 def test_every_script_checks_its_results_file_before_the_work():
-    from pathlib import Path
-
     scripts = Path(__file__).resolve().parent.parent / "scripts"
     writers = [p for p in scripts.glob("*.py") if "write_results_file(" in p.read_text()
                or "write_text_atomic(args.out," in p.read_text()]
     assert len(writers) >= 10
-    assert [p.name for p in writers if "check_results_out(ap, args)" not in p.read_text()] == []
+    assert [p.name for p in writers if "outputs.parse_script_args(ap" not in p.read_text()] == []
 
 
 def test_a_recorded_command_names_no_directory_of_the_machine():

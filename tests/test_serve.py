@@ -231,6 +231,11 @@ def test_stop_seed_and_sampling(server, base, model_dir):
      400, "messages"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x",
                  "stream_options": {"include_usage": True}}).encode(), 400, "stream_options"),
+    (b"[" * 100_000, 400, None),  # nested deeper than the parser goes
+    (b'{"model": "specstream-tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "stop": ["x" * 1001]}).encode(), 400, "stop"),
+    # refused before it is encoded, which would hold up every other request
+    (json.dumps({"model": "specstream-tiny", "prompt": "hello world " * 200_000}).encode(), 400, "prompt"),
 ])
 def test_bad_requests_are_openai_errors(server, body, status, param):
     chat = b'"messages"' in body
@@ -357,6 +362,22 @@ def test_sigterm_drains_in_flight_requests(model_dir):
     assert result["finish"] == "length" and result["tokens"] > 1
     assert s.url.startswith("http://127.0.0.1:")  # loopback unless --host says otherwise
     assert "stopped" in s.proc.stderr.read()
+
+
+def test_a_second_ctrl_c_stops_now_and_cleanly(model_dir):
+    """The first Ctrl-C says what it waits for; the second drops the requests left and exits 130,
+    its threads ended first (it once died of SIGABRT, with tracebacks)."""
+    s = Server("--model", str(model_dir))
+    stream = s.client().completions.create(**LONG, stream=True)
+    next(iter(stream))
+    s.proc.send_signal(signal.SIGINT)
+    assert s.proc.stderr.readline().startswith("stopping: 1 request to finish first (Ctrl-C again")
+    s.proc.send_signal(signal.SIGINT)
+    code = s.proc.wait(30)
+    said = s.proc.stderr.read()
+    assert code == 130, said
+    assert re.search(r"stopped: [01] requests? dropped", said)  # 0: uvicorn dropped the connection first
+    assert "Traceback" not in said and "terminate" not in said
 
 
 def test_taken_port_is_one_error_line():

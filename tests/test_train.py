@@ -799,6 +799,36 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
     assert rep["start_step"] == 6 and [h["step"] for h in rep["history"]] == list(range(1, 9))
 
 
+def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
+    """Ctrl-C while step 2's validation decodes saves the checkpoint of step 2 without that
+    evaluation: the resumed run evaluates step 2 first, so it chooses its adapter among the same
+    steps as a run never stopped; it refuses other validation prompts than the best was chosen on."""
+    import mlx_specstream.train as train_mod
+
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
+    opts = dict(gamma=2, msa_layers=2, iters=4, batch_size=8, lr=3e-3, save_every=100, val_every=2,
+                val_batches=1, accept_prompts=2, accept_tokens=8, progress=False, log=lambda m: None)
+    full = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "full", **opts)
+    real, calls = train_mod.acceptance, []
+
+    def ctrl_c_in_the_first(*a, **k):
+        calls.append(1)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "acceptance", ctrl_c_in_the_first)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", **opts)
+    with pytest.raises(ValueError, match="accept_prompts"):
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True,
+              **{**opts, "accept_prompts": 0})
+    rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True, **opts)
+    assert [v["step"] for v in rep["val_history"]] == [v["step"] for v in full["val_history"]] == [2, 4]
+    assert rep["best"]["step"] == full["best"]["step"]
+
+
 def test_options_are_checked(tmp_path):
     ds = arithmetic(8, np.random.default_rng(0), length=8)
     model = tiny_model("llama", seed=0)

@@ -54,6 +54,22 @@ def check_value(name: str, value, annotation: str, source: str = "config.json",
     raise error(f"{source}: {name} is {value!r}, which is not {' or '.join(kinds)}")
 
 
+# Keys that list one entry per layer.
+PER_LAYER_KEYS = ("layer_types", "no_rope_layers")
+
+
+def _check_meaning(name: str, value, n_layers) -> None:
+    """A size, count or period (``hidden_size``, ``num_attention_heads``, ``*_interval``) is at
+    least 1; a per-layer list has one entry per layer: otherwise a :class:`ConfigError`."""
+    if (isinstance(value, int) and not isinstance(value, bool) and value < 1
+            and (name.startswith("num_") or name.endswith(("_size", "_dim", "_interval", "_pattern")))):
+        raise ConfigError(f"config.json: {name} is {value}, which is not at least 1")
+    per_layer = isinstance(value, list) and len(value) == n_layers
+    if name in PER_LAYER_KEYS and value is not None and not per_layer:
+        shown = f"{len(value)} entries" if isinstance(value, list) else repr(value)
+        raise ConfigError(f"config.json: {name} has {shown}, not one per layer ({n_layers})")
+
+
 @dataclass
 class BaseArgs:
     """A family's typed config: :meth:`from_dict` reads the fields it declares from a HF config
@@ -72,6 +88,7 @@ class BaseArgs:
         for f in declared:
             if f.name in cfg:
                 check_value(f.name, cfg[f.name], f.type)
+                _check_meaning(f.name, cfg[f.name], cfg.get("num_hidden_layers"))
         return cls(**{f.name: cfg[f.name] for f in declared if f.name in cfg})
 
 
@@ -123,43 +140,63 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
             raise ConfigError(f"config.json: {key} is {cfg[key]!r}, which is not an object")
     params = dict(cfg.get("rope_parameters") or {})
     scaling = cfg.get("rope_scaling") or params
-    base = params.get("rope_theta", cfg.get("rope_theta", 10000.0))
-    partial = params.get("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial))
+    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+    def number(key: str, default=None, source: dict = scaling) -> float:
+        """``source[key]`` (``default`` when absent), a positive number, or a ConfigError."""
+        value = source.get(key, default)
+        if value is None:
+            raise ConfigError(f"config.json: rope scaling '{kind}' needs {key}")
+        check_value(key, value, "float")
+        if not value > 0:
+            raise ConfigError(f"config.json: {key} is {value!r}, which is not positive")
+        return value
+
+    base = number("rope_theta", cfg.get("rope_theta", 10000.0), params)
+    partial = number("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial), params)
     dims = int(head_dim * partial)
     max_positions = cfg.get("max_position_embeddings", 4096)
     # On the host in float32 (as transformers does): the same bits on every device, so a model's
     # fingerprint (adapter.architecture) does not depend on where it was built.
     inv = (1.0 / (base ** (np.arange(0, dims, 2).astype(np.float32) / dims))).astype(np.float32)
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
     if kind == "default":
         return Rope(dims, mx.array(inv))
     if kind == "linear":
-        return Rope(dims, mx.array(inv / np.float32(scaling["factor"])))
+        return Rope(dims, mx.array(inv / np.float32(number("factor"))))
     if kind == "llama3":
-        factor, lo, hi = scaling["factor"], scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old = scaling["original_max_position_embeddings"]
+        factor, lo, hi = number("factor"), number("low_freq_factor"), number("high_freq_factor")
+        old = number("original_max_position_embeddings")
         wavelen = 2 * math.pi / inv
         smooth = (old / wavelen - lo) / (hi - lo)
         mid = (1 - smooth) * inv / factor + smooth * inv
         out = np.where(wavelen > old / lo, inv / factor, inv)
         is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
         return Rope(dims, mx.array(np.where(is_mid, mid, out).astype(np.float32)))
-    if kind == "yarn":
-        factor = scaling["factor"]
-        old = scaling.get("original_max_position_embeddings", max_positions)
-        beta_fast, beta_slow = scaling.get("beta_fast", 32), scaling.get("beta_slow", 1)
+    if kind == "yarn":  # transformers' _compute_yarn_parameters
+        old = number("original_max_position_embeddings", max_positions)
+        factor = number("factor", max_positions / old)
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
         def corr(rot):
             return dims * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
 
-        low = max(math.floor(corr(beta_fast)), 0)
-        high = min(math.ceil(corr(beta_slow)), dims - 1)
-        span = np.float32(max(high - low, 1e-3))
+        low, high = corr(beta_fast), corr(beta_slow)
+        if scaling.get("truncate", True):
+            low, high = math.floor(low), math.ceil(high)
+        low, high = max(low, 0), min(high, dims - 1)
+        span = np.float32((high + 0.001 if high == low else high) - low)  # no division by 0
         ramp = np.clip((np.arange(dims // 2, dtype=np.float32) - low) / span, 0, 1)
         extrapolation = 1 - ramp
         inv_y = (inv / factor) * (1 - extrapolation) + inv * extrapolation
-        mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0)
-        return Rope(dims, mx.array(inv_y.astype(np.float32)), float(mscale))
+
+        def mscale(scale: float, m: float = 1.0) -> float:
+            return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+        attention_factor = scaling.get("attention_factor")
+        if attention_factor is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+        return Rope(dims, mx.array(inv_y.astype(np.float32)), float(attention_factor))
     raise UnsupportedModelError(
         f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
     )
