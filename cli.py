@@ -26,10 +26,6 @@ def expand_home(argv: list[str]) -> list[str]:
     return out
 
 
-def _one_line(message, category, filename, lineno, file=None, line=None) -> str:
-    return f"warning: {message}\n"
-
-
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Speculative Streaming for MLX: import, train adapters, generate, export.")
 
@@ -428,13 +424,14 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     try:
+        from mlx_specstream.blas import one_line_warning
         from mlx_specstream.errors import USER_ERRORS, OptionError
         from mlx_specstream.outputs import Terminated
         from mlx_specstream.process_group import PeerStopped
     except KeyboardInterrupt:  # Ctrl-C while starting up
         sys.exit(130)
 
-    warnings.formatwarning = _one_line  # a warning is one line, as an error is
+    warnings.formatwarning = one_line_warning  # a warning is one line, as an error is
     sys.argv[1:] = expand_home(sys.argv[1:])
     try:
         app()

@@ -33,6 +33,24 @@ from pathlib import Path
 _OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
 
 
+
+def one_line_warning(message, category, filename, lineno, file=None, line=None) -> str:
+    """The project's warning format, one line as an error is (``warnings.formatwarning``): the CLI
+    sets it for every warning; this module's own warnings, given while the package is imported
+    (before the CLI can set anything), use it too."""
+    return f"warning: {message}\n"
+
+
+def _warn(message: str) -> None:
+    """A RuntimeWarning in :func:`one_line_warning`'s format (filters and handlers apply as usual)."""
+    import warnings
+
+    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
+    try:
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+    finally:
+        warnings.formatwarning = previous
+
 def _mkl_candidates() -> list[str]:
     roots = {sys.prefix, sys.base_prefix}
     return sorted(p for r in roots for p in glob.glob(os.path.join(r, "lib", "libmkl_rt.so*")))
@@ -58,10 +76,8 @@ def find_blas(choice: str | None = None) -> str | None:
     if problem is not None:  # a typo must not stop every command, nor quietly cost the fast BLAS
         message = f"SPECSTREAM_BLAS={choice}: {problem}; using the best BLAS found instead"
         if message not in _warned:  # once per process (import, then `specstream-mlx blas`)
-            import warnings
-
             _warned.add(message)
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            _warn(message)
         choice = "auto"
     order = ["mkl", "openblas"] if choice == "auto" else [choice]
     for name in order:
@@ -75,10 +91,8 @@ def small_rows_limit() -> int:
     (default 8; 0: none). A value that is not a whole number >= 0 turns it off, with a warning."""
     value = os.environ.get("SPECSTREAM_GEMV_ROWS", "8").strip()
     if not value.isdigit():
-        import warnings
-
-        warnings.warn(f"SPECSTREAM_GEMV_ROWS={value!r} is not a whole number >= 0: small matrix "
-                      "products go through OpenBLAS's sgemm", RuntimeWarning, stacklevel=2)
+        _warn(f"SPECSTREAM_GEMV_ROWS={value!r} is not a whole number >= 0: small matrix products go "
+              "through OpenBLAS's sgemm")
         return 0
     return int(value)
 
@@ -153,11 +167,8 @@ def preload_fast_blas() -> str | None:
     if lib is None:
         return None
     if "mlx.core" in sys.modules:
-        import warnings
-
-        warnings.warn(f"MLX was imported before mlx_specstream and runs on the slow reference BLAS "
-                      f"(about 5-10x slower here): import mlx_specstream first, or start Python "
-                      f"with LD_PRELOAD={lib}", RuntimeWarning, stacklevel=3)
+        _warn(f"MLX was imported before mlx_specstream and runs on the slow reference BLAS (about "
+              f"5-10x slower here): import mlx_specstream first, or start Python with LD_PRELOAD={lib}")
         return None
     if "openblas" in Path(lib).name:
         rows = small_rows_library(lib)

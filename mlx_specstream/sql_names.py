@@ -56,25 +56,57 @@ count sum avg min max total group_concat string_agg abs round length lower upper
 trim ltrim rtrim instr coalesce ifnull nullif iif typeof printf format hex quote char unicode
 random likelihood likely unlikely sign ceil ceiling floor sqrt power pow exp ln log log10 log2 mod
 pi date time datetime julianday strftime unixepoch
+row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value last_value nth_value
+nocase binary rowid oid _rowid_
 """.split())
 
+_BARE = re.compile(r"[A-Za-z_]\w*")  # a name that may be written without quotes (order_id)
+BYTE = "\ufffd"  # a byte of a character outside ASCII, as the constraint reads text
 _ALIAS_LIKE = re.compile(r"[A-Za-z][0-9]*")  # T1, t: may be used before the AS that defines it
 _SHORT_ALIAS = re.compile(r"[A-Za-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
-_CREATE = re.compile(r"\bcreate\s+table\b", re.IGNORECASE)
+_NAME = r'(?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(]+)'  # a table name, maybe quoted or schema.table
+# a CREATE TABLE statement with its column list (not "CREATE TABLE t AS SELECT ...", which names
+# no columns of its own and would run a query)
+_CREATE = re.compile(rf"\bcreate\s+(?:temp(?:orary)?\s+)?table\s+(?:if\s+not\s+exists\s+)?{_NAME}\s*\(",
+                     re.IGNORECASE)
 _CLOSE = {'"': '"', "`": "`", "[": "]"}
 _PUNCT = frozenset("(),.;*=<>!+-/%|&~^?:@$#")  # what SQL writes between words, besides spaces
+_SQLITE_STEPS = 100_000  # SQLite VM steps a prompt's statements may take (a CREATE takes ~100)
+
+
+def _masked(text: str, quotes: str) -> str:
+    """``text`` with its comments (``--`` to the line's end, ``/* */``) and the text inside the
+    ``quotes`` ("'", and '"`[' for quoted names) blanked out, positions kept: what is code there."""
+    out, i, n = list(text), 0, len(text)
+    while i < n:
+        ch, two = text[i], text[i:i + 2]
+        if two in ("--", "/*"):
+            end = text.find("\n" if two == "--" else "*/", i + 2)
+            end = n if end < 0 else end + (0 if two == "--" else 2)
+        elif ch in quotes:
+            end = text.find(_CLOSE.get(ch, ch), i + 1)
+            end = n if end < 0 else end + 1
+        else:
+            i += 1
+            continue
+        out[i:end] = " " * (end - i)
+        i = end
+    return "".join(out)
 
 
 def schema(text: str) -> dict[str, list[str]]:
-    """Each table of the ``CREATE TABLE`` statements in ``text`` (a statement runs to its closing
-    parenthesis) with its columns, as SQLite reads them."""
+    """Each table of the ``CREATE TABLE`` statements in ``text`` (outside comments and string
+    literals; a statement runs to its closing parenthesis) with its columns, as SQLite reads them."""
+    code, bare = _masked(text, "'"), _masked(text, "'\"`[")
     con = sqlite3.connect(":memory:")
+    steps = iter(range(_SQLITE_STEPS // 100))
+    con.set_progress_handler(lambda: next(steps, None) is None, 100)  # a bound, whatever the text
     try:
-        for i, m in enumerate(_CREATE.finditer(text), 1):
+        for i, m in enumerate(_CREATE.finditer(code), 1):
             depth, end = 0, None
-            for j in range(m.end(), len(text)):
-                depth += {"(": 1, ")": -1}.get(text[j], 0)
-                if depth == 0 and text[j] == ")":
+            for j in range(m.end() - 1, len(bare)):
+                depth += {"(": 1, ")": -1}.get(bare[j], 0)
+                if depth == 0:
                     end = j + 1
                     break
             if end is None:
@@ -83,7 +115,9 @@ def schema(text: str) -> dict[str, list[str]]:
                 con.execute(text[m.start():end])
             except sqlite3.Error as e:
                 raise ValueError(f"CREATE TABLE statement {i} of the prompt is not valid SQL ({e})") from None
-        tables = [r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        tables = [r[0] for r in con.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
+            "UNION ALL SELECT name FROM sqlite_temp_master WHERE type = 'table'")]
         if not tables:
             raise ValueError("the prompt has no CREATE TABLE statement to take names from")
         return {t: [c[1] for c in con.execute("SELECT * FROM pragma_table_info(?)", (t,))] for t in tables}
@@ -103,13 +137,17 @@ class SQLNames(TokenConstraint):
 
     def __init__(self, tables: dict[str, list[str]], tokenizer):
         super().__init__(tokenizer.vocab_size)
-        self.columns = {t: sorted(set(cols)) for t, cols in tables.items()}
+        self.columns = {_read(t): sorted({_read(c) for c in cols}) for t, cols in tables.items()}
         if not self.columns:
             raise ValueError("no table names to constrain SQL to")
         self.all_columns = sorted({c for cols in self.columns.values() for c in cols})
         self.names = set(self.columns) | set(self.all_columns)
         self.keywords = SQL_WORDS | {w.upper() for w in SQL_WORDS}
         self.words = sorted(self.names | self.keywords)
+        # outside quotes only names that need none can be begun ("Order Items" cannot)
+        self.bare_words = [w for w in self.words if _bare(w)]
+        self.bare_columns = {t: [c for c in cols if _bare(c)] for t, cols in self.columns.items()}
+        self.bare_all_columns = [c for c in self.all_columns if _bare(c)]
         self.texts = tokenizer.token_texts
         self.trie = tokenizer.text_trie
         self.eos = frozenset(tokenizer.eos_token_ids)
@@ -122,18 +160,22 @@ class SQLNames(TokenConstraint):
         return cls(schema(prompt), tokenizer)
 
     # -- words ---------------------------------------------------------------------------------
-    def _members(self, qualifier: str, aliases: frozenset) -> list[str]:
+    def _members(self, qualifier: str, aliases: frozenset, quoted: bool = True) -> list[str]:
         """The columns that may follow ``qualifier.``: its table's, or every column while the
-        qualifier is an alias not defined yet (``SELECT T1.x FROM t AS T1``)."""
+        qualifier is an alias not defined yet (``SELECT T1.x FROM t AS T1``); unquoted, those
+        that need no quotes."""
         table = next((t for a, t in aliases if a == qualifier), qualifier)
-        return self.columns.get(table, self.all_columns)
+        if quoted:
+            return self.columns.get(table, self.all_columns)
+        return self.bare_columns.get(table, self.bare_all_columns)
 
-    def _partial_ok(self, word: str, after: str, aliases: frozenset) -> bool:
+    def _partial_ok(self, word: str, after: str, aliases: frozenset, quoted: bool) -> bool:
         if after.startswith("."):
-            return _has_prefix(self._members(after[1:], aliases), word)
+            return _has_prefix(self._members(after[1:], aliases, quoted), word)
         return (word[0].isdigit() or after.startswith("as:") or _ALIAS_LIKE.fullmatch(word) is not None
                 or (after.startswith("table:") and _SHORT_ALIAS.fullmatch(word) is not None)
-                or _has_prefix(self.words, word) or any(a.startswith(word) for a, _ in aliases))
+                or _has_prefix(self.words if quoted else self.bare_words, word)
+                or any(a.startswith(word) and (quoted or _bare(a)) for a, _ in aliases))
 
     def _finish(self, word: str, after: str, aliases: frozenset) -> tuple[str, frozenset] | None:
         """(what the finished ``word`` allows next, aliases) or None if it is not allowed."""
@@ -149,12 +191,19 @@ class SQLNames(TokenConstraint):
             return None
         if word.lower() == "as":
             return "as:" + (after[6:] if after.startswith("table:") else ""), aliases
+        if word.lower() in ("with", "recursive"):
+            return "as:", aliases  # a common table expression's name (WITH top_paid AS ...)
         if word.lower() in ("from", "join"):
             return "from", aliases
-        return ("table:" + word if after == "from" and word in self.columns else ""), aliases
+        table = after == "from" and (word in self.columns or (word, "") in aliases)
+        return ("table:" + word if table else ""), aliases
 
     # -- characters ------------------------------------------------------------------------------
     def _char(self, state: State, ch: str) -> State | None:
+        if ch != BYTE and ord(ch) > 127:  # as the names are read: one BYTE per byte
+            for _ in ch.encode():
+                state = state and self._char(state, BYTE)
+            return state
         quote, word, after, aliases = state
         if quote == "'":
             return ("", "", "", aliases) if ch == "'" else state
@@ -163,10 +212,10 @@ class SQLNames(TokenConstraint):
                 done = self._finish(word, after, aliases) if word else None
                 return None if done is None else ("", "", *done)
             word += ch
-            return (quote, word, after, aliases) if self._partial_ok(word, after, aliases) else None
-        if ch.isalnum() or ch == "_":
+            return (quote, word, after, aliases) if self._partial_ok(word, after, aliases, True) else None
+        if ch.isalnum() or ch in ("_", BYTE):
             word += ch
-            return ("", word, after, aliases) if self._partial_ok(word, after, aliases) else None
+            return ("", word, after, aliases) if self._partial_ok(word, after, aliases, False) else None
         if word:
             done = self._finish(word, after, aliases)
             if done is None:
@@ -218,6 +267,18 @@ class SQLNames(TokenConstraint):
                         break
         self._next[key] = nxt
         return nxt
+
+
+def _read(name: str) -> str:
+    """A name as the constraint reads text: each character outside ASCII as one :data:`BYTE` per
+    byte of its UTF-8, so that ``café`` can be written whether the tokenizer has a piece for ``é``
+    or writes its two bytes as byte tokens (whose text is U+FFFD, one per byte)."""
+    return "".join(ch if ord(ch) < 128 else BYTE * len(ch.encode()) for ch in name)
+
+
+def _bare(name: str) -> bool:
+    """Whether a name (as :func:`_read` gives it) may be written without quotes."""
+    return _BARE.fullmatch(name.replace(BYTE, "a")) is not None
 
 
 def _has_prefix(words: list[str], prefix: str) -> bool:

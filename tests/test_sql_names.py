@@ -62,6 +62,18 @@ def test_schema_names_as_sqlite_reads_them():
         schema("CREATE TABLE t (a INTEGER,)")
     with pytest.raises(ValueError, match="no closing parenthesis"):
         schema("CREATE TABLE t (a INTEGER")
+    # statements, not prose or comments; parentheses in literals and comments are not the list's
+    assert schema("Given the CREATE TABLE statements below, write SQL.\n-- CREATE TABLE old (zz INT)\n"
+                  "CREATE TABLE t (a INT, b TEXT DEFAULT ')', c TEXT DEFAULT '(' -- an id (primary\n"
+                  ", d INT /* ( */); CREATE TEMP TABLE tmp (x INT)") == {"t": ["a", "b", "c", "d"],
+                                                                       "tmp": ["x"]}
+    # SQLite's own tables are not the schema's
+    autoincrement = "CREATE TABLE p (p_id INTEGER PRIMARY KEY AUTOINCREMENT, name TEXT)"
+    assert schema(autoincrement) == {"p": ["p_id", "name"]}
+    # a table made by a query is not read (it would run the query: this one never ends)
+    with pytest.raises(ValueError, match="no CREATE TABLE"):
+        schema("CREATE TABLE t AS SELECT * FROM (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL "
+               "SELECT x + 1 FROM c) SELECT x FROM c)")
 
 
 def test_every_reference_query_is_allowed(tok):
@@ -126,6 +138,26 @@ def test_every_word_begun_can_be_finished(tok):
             assert state is not None, before + w
             assert any(c.walk(state, tok.encode(end, add_bos=False)[-1:]) is not None for end in "x (x"), \
                 before + w
+
+
+def test_names_that_need_quotes_or_bytes_never_leave_nothing_allowed(tok):
+    """A name with a space can be written only quoted (bare, its first word would be a dead end);
+    one with characters the tokenizer writes as byte tokens can be written in full; and wherever
+    the constraint lets generation go, some token may follow."""
+    c = SQLNames.from_prompt('CREATE TABLE "Order Items" ("Item Id" INTEGER, prix REAL); '
+                             'CREATE TABLE café (nom TEXT, "prénom" TEXT, rank INTEGER)', tok)
+    good = ['SELECT "Item Id", prix FROM "Order Items" WHERE prix > 3',
+            "SELECT nom, prénom FROM café AS c WHERE c.prénom = 'Zoé'",
+            "WITH top AS (SELECT nom, prix FROM café, \"Order Items\") SELECT nom FROM top",
+            "SELECT nom, RANK() OVER (ORDER BY rank) FROM café"]
+    for sql in good:
+        assert allowed(c, tok, sql), sql
+        state = c.start
+        for t in tok.encode(sql, add_bos=False):
+            assert c.allowed(state).any(), sql
+            state = c.advance(state, t)
+    for bad in ("SELECT Order", "SELECT nom AS \"my name\" FROM café ORDER BY my"):
+        assert c.walk(c.start, tok.encode(bad, add_bos=False)) is None, bad
 
 
 def test_trie_mask_equals_token_by_token(tok):
