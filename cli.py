@@ -192,15 +192,17 @@ def _generate_coreml(package: Path, text: str, verbose: bool, **options) -> None
                 first_said=f"running {package.name} on {runner.description}")
 
 
-def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, q_bits: int | None,
-                    q_group_size: int | None, precision: str, context: int | None, tree_size: int | None,
-                    chunk: int | None, sampling: bool, overwrite: bool) -> None:
+def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, quantize: bool,
+                    q_bits: int | None, q_group_size: int | None, precision: str, context: int | None,
+                    tree_size: int | None, chunk: int | None, sampling: bool, overwrite: bool) -> None:
     """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
     from mlx_specstream.convert.coreml_export import export_coreml
+    from mlx_specstream.loader import asked_quantization
 
     if model is None or out is None:
         raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
-    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size or 64,
+    q_bits, q_group_size = asked_quantization(quantize, q_bits, q_group_size) or (None, 64)
+    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size,
                         precision=precision, context=context, tree_size=tree_size, chunk=chunk,
                         sampling=sampling, overwrite=overwrite)
     typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
@@ -271,7 +273,6 @@ def convert(
     --to coreml: MLX model (+ adapter) -> stateful multifunction NAME.mlpackage (prefill, step)."""
     if to not in ("mlx", "coreml"):
         raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
-    quantize = quantize or q_bits is not None or q_group_size is not None
     only = {"mlx": {"--hf-path": hf_path, "--mlx-path": mlx_path, "--dtype": dtype},
             "coreml": {"--model": model, "--adapter": adapter, "--out": out, "--context": context,
                        "--tree-size": tree_size, "--chunk": chunk, "--sampling": sampling or None,
@@ -296,8 +297,8 @@ def convert(
             note = f" (its tokenizer files do not load: {e})"
         typer.echo(f"wrote {out_dir}{note}")
         return
-    _convert_coreml(model, out, adapter=adapter, q_bits=q_bits if q_bits is not None or not quantize else 4,
-                    q_group_size=q_group_size, precision=precision, context=context, tree_size=tree_size,
+    _convert_coreml(model, out, adapter=adapter, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
+                    precision=precision, context=context, tree_size=tree_size,
                     chunk=chunk, sampling=sampling, overwrite=overwrite)
 
 

@@ -26,8 +26,8 @@ from ..loader import (
     DTYPES,
     CheckpointError,
     apply_weights,
+    asked_quantization,
     atomic_dir,
-    check_quantization,
     quantize_model,
     read_config,
     save_model,
@@ -169,7 +169,7 @@ def convert(
     """Convert the HF checkpoint in ``hf_path`` to an MLX model directory ``mlx_path``.
 
     ``dtype`` (float32, float16, bfloat16) casts floating tensors; None keeps the checkpoint's.
-    ``quantize`` (implied by ``q_bits`` or ``q_group_size``, as the CLI's ``--q-bits`` quantizes)
+    ``quantize``, ``q_bits`` or ``q_group_size`` (:func:`~mlx_specstream.loader.asked_quantization`)
     makes every Linear/Embedding whose input dimension divides by ``q_group_size`` (64)
     group-wise ``q_bits``-bit (4; the token embedding and LM head included, as mlx-lm does).
     Returns the destination path.
@@ -179,10 +179,7 @@ def convert(
         raise CheckpointError(f"{src}: no such checkpoint directory")
     if dtype is not None and dtype not in DTYPES:
         raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
-    quantize = quantize or q_bits is not None or q_group_size is not None
-    q_bits, q_group_size = 4 if q_bits is None else q_bits, 64 if q_group_size is None else q_group_size
-    if quantize:
-        check_quantization(q_bits, q_group_size)
+    asked = asked_quantization(quantize, q_bits, q_group_size)
     _check_destination(src, dest, overwrite)
 
     cfg = read_config(src)
@@ -203,10 +200,10 @@ def convert(
         for key in ("torch_dtype", "dtype"):
             if key in out_cfg:
                 out_cfg[key] = dtype
-    if quantize:
-        quantize_model(model, q_bits, q_group_size)
+    if asked:
+        quantize_model(model, *asked)
         mx.eval(model.parameters())
-        out_cfg["quantization"] = {"group_size": q_group_size, "bits": q_bits}
+        out_cfg["quantization"] = {"group_size": asked[1], "bits": asked[0]}
 
     with atomic_dir(dest, "model", overwrite=overwrite) as tmp:
         save_model(model, out_cfg, tmp)

@@ -325,6 +325,9 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
     rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
+    if len(rows) < n:
+        print(f"bench: {recorded_path(test)} has {len(rows)} prompts, fewer than the {n} asked for: "
+              "running all of them", file=sys.stderr)
     if load_tokenizer(model_dir(model_path)) is None:
         raise FileNotFoundError(f"{model_path}: no tokenizer files (tokenizer.json ...): the benchmark "
                                 "needs them to encode its prompts")

@@ -33,8 +33,8 @@ from pathlib import Path
 _OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
 
 
-
-def one_line_warning(message, category, filename, lineno, file=None, line=None) -> str:
+def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                     file: object = None, line: str | None = None) -> str:
     """The project's warning format, one line as an error is (``warnings.formatwarning``): the CLI
     sets it for every warning; this module's own warnings, given while the package is imported
     (before the CLI can set anything), use it too."""
@@ -50,6 +50,7 @@ def _warn(message: str) -> None:
         warnings.warn(message, RuntimeWarning, stacklevel=3)
     finally:
         warnings.formatwarning = previous
+
 
 def _mkl_candidates() -> list[str]:
     roots = {sys.prefix, sys.base_prefix}

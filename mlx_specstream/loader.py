@@ -77,6 +77,17 @@ def quantize_predicate(group_size: int):
 Q_BITS, Q_GROUP_SIZES = (4, 8), (32, 64, 128)  # the group-wise quantizations offered
 
 
+def asked_quantization(quantize: bool, bits: int | None, group_size: int | None) -> tuple[int, int] | None:
+    """The (bits, group size) a command asks to quantize with, checked, or None for float weights:
+    ``quantize`` (``-q``), ``bits`` or ``group_size`` given asks for it; 4 bits in groups of 64
+    unless given."""
+    if not (quantize or bits is not None or group_size is not None):
+        return None
+    asked = (4 if bits is None else bits, 64 if group_size is None else group_size)
+    check_quantization(*asked)
+    return asked
+
+
 def check_quantization(bits: int, group_size: int) -> None:
     """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES` (``q_bits`` in Python,
     ``--q-bits`` on the command line)."""

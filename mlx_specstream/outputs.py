@@ -367,6 +367,7 @@ def parse_script_args(ap: argparse.ArgumentParser, argv: list[str] | None = None
     ap.add_argument("--overwrite", action="store_true",
                     help="replace --out when it is a results file this project wrote")
     if pass_through:
+        ap.allow_abbrev = False  # --over, an option of the command, is not --overwrite
         args, passed = ap.parse_known_args(argv)
         args.passed = [a for a in passed if a != "--"]
     else:

@@ -14,14 +14,19 @@ must be one of:
 - a word of queries and data changes or a function (:data:`SQL_WORDS`; not ``create``, ``drop``
   or ``constraint``, which only define a schema), in lower or upper case; a table or column name
   of the schema, spelt as the schema spells it (``gpa``, not ``gPA``);
-- an alias: any word right after ``AS``, a word of at most three letters and optional digits
-  right after a table name that follows ``FROM`` or ``JOIN`` (``FROM flight f``), and one letter
-  with optional digits anywhere (``T1``), since a query names its aliases (``SELECT T1.name``)
-  before it defines them (``AS T1``);
+- an alias: any word right after ``AS`` or ``WITH [RECURSIVE]`` (the first common table
+  expression's name; later ones of a list are not told apart from other words after a comma), a
+  word of at most three letters and optional digits right after a table name that follows
+  ``FROM`` or ``JOIN`` (``FROM flight f``), and one letter with optional digits anywhere
+  (``T1``), since a query names its aliases (``SELECT T1.name``) before it defines them
+  (``AS T1``);
 - after ``Q.``: a column of Q's table, where Q is a table or an alias defined by then (any column
   while Q is an alias still to be defined).
 
-A word being written must be the beginning of such a word. Text in single quotes (a string
+A word being written must be the beginning of such a word; outside quotes, of one that needs no
+quotes (``"Order Items"`` cannot be begun bare). A character outside ASCII is read as its UTF-8
+bytes (:func:`_read`), so a name such as ``café`` can be finished whether the tokenizer writes
+``é`` as one piece or as byte tokens. Text in single quotes (a string
 literal) is free; between words only spaces and SQL's operators and punctuation may come; a
 name in double quotes, backticks or brackets must be a name. The end of generation (EOS) is
 allowed only outside quotes and after a finished word that is allowed.
@@ -36,6 +41,7 @@ from __future__ import annotations
 import bisect
 import re
 import sqlite3
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -66,55 +72,64 @@ _ALIAS_LIKE = re.compile(r"[A-Za-z][0-9]*")  # T1, t: may be used before the AS 
 _SHORT_ALIAS = re.compile(r"[A-Za-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
 _NAME = r'(?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(]+)'  # a table name, maybe quoted or schema.table
 # a CREATE TABLE statement with its column list (not "CREATE TABLE t AS SELECT ...", which names
-# no columns of its own and would run a query)
-_CREATE = re.compile(rf"\bcreate\s+(?:temp(?:orary)?\s+)?table\s+(?:if\s+not\s+exists\s+)?{_NAME}\s*\(",
-                     re.IGNORECASE)
-_CLOSE = {'"': '"', "`": "`", "[": "]"}
+# no columns of its own and would run a query), or a comment, which may hide one
+_CREATE_OR_COMMENT = re.compile(
+    rf"--[^\n]*|/\*.*?(?:\*/|\Z)|\bcreate\s+(?:temp(?:orary)?\s+)?table\s+(?:if\s+not\s+exists\s+)?"
+    rf"{_NAME}\s*\(", re.IGNORECASE | re.DOTALL)
+_CLOSE = {"'": "'", '"': '"', "`": "`", "[": "]"}
 _PUNCT = frozenset("(),.;*=<>!+-/%|&~^?:@$#")  # what SQL writes between words, besides spaces
-_SQLITE_STEPS = 100_000  # SQLite VM steps a prompt's statements may take (a CREATE takes ~100)
+_SQLITE_STEPS = 10_000  # SQLite VM steps one CREATE TABLE may take (one of 50 columns takes ~600)
 
 
-def _masked(text: str, quotes: str) -> str:
-    """``text`` with its comments (``--`` to the line's end, ``/* */``) and the text inside the
-    ``quotes`` ("'", and '"`[' for quoted names) blanked out, positions kept: what is code there."""
-    out, i, n = list(text), 0, len(text)
+def _closing(text: str, i: int) -> int | None:
+    """The end of the parenthesised list that opens at ``text[i]``, reading SQL's literals, quoted
+    names and comments as SQLite does (a parenthesis inside them does not count); None if none."""
+    depth, n = 0, len(text)
     while i < n:
         ch, two = text[i], text[i:i + 2]
         if two in ("--", "/*"):
             end = text.find("\n" if two == "--" else "*/", i + 2)
-            end = n if end < 0 else end + (0 if two == "--" else 2)
-        elif ch in quotes:
-            end = text.find(_CLOSE.get(ch, ch), i + 1)
-            end = n if end < 0 else end + 1
-        else:
-            i += 1
+            i = n if end < 0 else end + (1 if two == "--" else 2)
             continue
-        out[i:end] = " " * (end - i)
-        i = end
-    return "".join(out)
+        if ch in _CLOSE:
+            end = text.find(_CLOSE[ch], i + 1)
+            i = n if end < 0 else end + 1
+            continue
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        i += 1
+        if depth == 0:
+            return i
+    return None
+
+
+def _statements(text: str) -> Iterator[str]:
+    """The ``CREATE TABLE`` statements of ``text`` with their column lists, outside comments
+    (prose around them, an apostrophe in it too, is not SQL and is not read as such)."""
+    pos = 0
+    while (m := _CREATE_OR_COMMENT.search(text, pos)) is not None:
+        pos = m.end()
+        if m.group().startswith(("--", "/*")):
+            continue
+        end = _closing(text, m.end() - 1)
+        if end is None:
+            raise ValueError("a CREATE TABLE statement of the prompt has no closing parenthesis")
+        yield text[m.start():end]
+        pos = end
 
 
 def schema(text: str) -> dict[str, list[str]]:
-    """Each table of the ``CREATE TABLE`` statements in ``text`` (outside comments and string
-    literals; a statement runs to its closing parenthesis) with its columns, as SQLite reads them."""
-    code, bare = _masked(text, "'"), _masked(text, "'\"`[")
+    """Each table of the ``CREATE TABLE`` statements in ``text`` (:func:`_statements`) with its
+    columns, as SQLite reads them (each statement under a bound on SQLite's steps)."""
     con = sqlite3.connect(":memory:")
-    steps = iter(range(_SQLITE_STEPS // 100))
-    con.set_progress_handler(lambda: next(steps, None) is None, 100)  # a bound, whatever the text
     try:
-        for i, m in enumerate(_CREATE.finditer(code), 1):
-            depth, end = 0, None
-            for j in range(m.end() - 1, len(bare)):
-                depth += {"(": 1, ")": -1}.get(bare[j], 0)
-                if depth == 0:
-                    end = j + 1
-                    break
-            if end is None:
-                raise ValueError(f"CREATE TABLE statement {i} of the prompt has no closing parenthesis")
+        for i, statement in enumerate(_statements(text), 1):
+            steps = iter(range(_SQLITE_STEPS // 100))  # the handler runs every 100 steps; True stops
+            con.set_progress_handler(lambda steps=steps: next(steps, None) is None, 100)
             try:
-                con.execute(text[m.start():end])
+                con.execute(statement)
             except sqlite3.Error as e:
                 raise ValueError(f"CREATE TABLE statement {i} of the prompt is not valid SQL ({e})") from None
+        con.set_progress_handler(None, 0)
         tables = [r[0] for r in con.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
             "UNION ALL SELECT name FROM sqlite_temp_master WHERE type = 'table'")]
@@ -200,7 +215,7 @@ class SQLNames(TokenConstraint):
 
     # -- characters ------------------------------------------------------------------------------
     def _char(self, state: State, ch: str) -> State | None:
-        if ch != BYTE and ord(ch) > 127:  # as the names are read: one BYTE per byte
+        if ch != BYTE and ord(ch) > 127 and not ch.isspace():  # as names are read: a BYTE per byte
             for _ in ch.encode():
                 state = state and self._char(state, BYTE)
             return state
@@ -223,7 +238,7 @@ class SQLNames(TokenConstraint):
             after, aliases = done
             if ch == "." and not word[0].isdigit():
                 return ("", "", "." + word, aliases)
-        if ch in ("'", *_CLOSE):
+        if ch in _CLOSE:
             return (ch, "", after, aliases)
         if ch.isspace():
             return ("", "", after, aliases)
@@ -273,7 +288,7 @@ def _read(name: str) -> str:
     """A name as the constraint reads text: each character outside ASCII as one :data:`BYTE` per
     byte of its UTF-8, so that ``café`` can be written whether the tokenizer has a piece for ``é``
     or writes its two bytes as byte tokens (whose text is U+FFFD, one per byte)."""
-    return "".join(ch if ord(ch) < 128 else BYTE * len(ch.encode()) for ch in name)
+    return "".join(ch if ord(ch) < 128 or ch.isspace() else BYTE * len(ch.encode()) for ch in name)
 
 
 def _bare(name: str) -> bool:

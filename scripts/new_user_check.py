@@ -139,6 +139,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=2))
     if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.out, json.dumps(result, indent=2) + "\n")
 
 

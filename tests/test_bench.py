@@ -106,7 +106,7 @@ def test_bench_refuses_before_it_runs(tmp_path):
         run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
 
 
-def test_too_few_prompts_flag_the_interval(tmp_path):
+def test_too_few_prompts_flag_the_interval(tmp_path, capsys):
     """A bootstrap over fewer than MIN_BOOTSTRAP_PROMPTS prompts bounds nothing: even a steady
     method's (zero-width) interval is flagged; the reference's is not."""
     from mlx_specstream.bench import MIN_BOOTSTRAP_PROMPTS
@@ -121,8 +121,9 @@ def test_too_few_prompts_flag_the_interval(tmp_path):
     data.mkdir()
     (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
                                              for x in texts))
-    res = run_bench(DEFAULT_MODEL, "sql", n, 16, tmp_path / "out", data_dir=data, methods=methods,
-                    clock=clock)
+    res = run_bench(DEFAULT_MODEL, "sql", n + 3, 16, tmp_path / "out", data_dir=data, methods=methods,
+                    clock=clock)  # more asked for than there are: all of them, and said
+    assert f"has {n} prompts, fewer than the {n + 3} asked for" in capsys.readouterr().err
     by = {r["method"]: r for r in res["results"]}
     assert by["steady"]["speedup_ci95"] == [2.0, 2.0] and not by["steady"]["interval_within_10pct"]
     assert by["ar"]["interval_within_10pct"]

@@ -302,13 +302,18 @@ def test_a_package_renamed_with_its_tokenizer_finds_it(packages, tmp_path):
     assert tok is not None and tok.encode("w3 w9") == load_tokenizer(res.tokenizer).encode("w3 w9")
 
 
-def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir):
-    """Exported without --q-bits, an int8 model directory's package records int8, not float."""
-    model = load_for_export(model_dir)
-    assert carried_quantization(model, None, 64) == (None, 64)
-    assert carried_quantization(model, 4, 64) == (4, 64)
-    model.config = {**model.config, "quantization": {"group_size": 32, "bits": 8}}  # as `convert -q` writes
-    assert carried_quantization(model, None, 64) == (8, 32)
+def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir, tmp_path):
+    """Exported without --q-bits, an int8 model directory (as `convert -q` writes one) carries int8
+    in its groups, not float: what export_coreml then records (specstream.q_bits) and reports."""
+    from mlx_specstream.loader import load_model, quantize_model
+
+    assert carried_quantization(load_for_export(model_dir), None, 64) == (None, 64)
+    model = load_model(model_dir)
+    quantize_model(model, 8, 32)
+    with atomic_dir(tmp_path / "q8", "model") as tmp:
+        save_model(model, {**model.config, "quantization": {"group_size": 32, "bits": 8}}, tmp)
+    assert carried_quantization(load_for_export(tmp_path / "q8"), None, 64) == (8, 32)
+    assert carried_quantization(load_for_export(model_dir), 4, 64) == (4, 64)
 
 
 def test_unknown_op_fails_loudly(packages, monkeypatch):

@@ -557,6 +557,18 @@ def test_a_malformed_config_is_one_config_error(llama_copy, tmp_path, edit, frag
     assert not (tmp_path / "out").exists()
 
 
+def test_per_layer_lists_are_counted_against_the_familys_default():
+    """A gemma3 text config lists only what differs from Gemma3TextConfig: 26 layer types without
+    num_hidden_layers are one per layer (its default), 25 are not."""
+    from mlx_specstream.arch import gemma3
+    from mlx_specstream.arch.base import ConfigError
+
+    args = gemma3.Args.from_dict({"layer_types": ["full_attention"] * 26})
+    assert len(args.layer_types) == args.num_hidden_layers == 26
+    with pytest.raises(ConfigError, match="layer_types has 25 entries, not one per layer \\(26\\)"):
+        gemma3.Args.from_dict({"layer_types": ["full_attention"] * 25})
+
+
 def test_optional_fields_are_type_checked_too(llama_copy, tmp_path):
     """A key that may be null (``head_dim``) is still refused when it holds a string."""
     from mlx_specstream.convert.hf_import import convert as hf_convert

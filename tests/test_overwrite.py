@@ -352,6 +352,9 @@ def test_a_scripts_out_replaces_only_a_results_file_it_wrote(tmp_path):
         args = parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", *argv])
         assert args.out == Path(argv[0])
     assert notes.read_text() == "mine" and not (tmp_path / "new").exists()
+    # what a script passes on to a command it runs keeps that command's options (--over is not --overwrite)
+    args = parse_script_args(argparse.ArgumentParser(), ["--over", "ft", "--n", "2"], pass_through=True)
+    assert not args.overwrite and args.passed == ["--over", "ft", "--n", "2"]
 
 
 def test_every_script_checks_its_results_file_before_the_work():

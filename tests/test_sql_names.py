@@ -63,6 +63,11 @@ def test_schema_names_as_sqlite_reads_them():
     with pytest.raises(ValueError, match="no closing parenthesis"):
         schema("CREATE TABLE t (a INTEGER")
     # statements, not prose or comments; parentheses in literals and comments are not the list's
+    assert schema("Here's the schema; don't guess.\nCREATE TABLE \"Bob's orders\" (id INT);") == {
+        "Bob's orders": ["id"]}  # an apostrophe in prose is not a literal's
+    columns = ", ".join(f"c{j} INTEGER" for j in range(8))
+    big = "\n".join(f"CREATE TABLE t{i} ({columns});" for i in range(400))
+    assert len(schema(big)) == 400  # the bound on SQLite's steps is per statement
     assert schema("Given the CREATE TABLE statements below, write SQL.\n-- CREATE TABLE old (zz INT)\n"
                   "CREATE TABLE t (a INT, b TEXT DEFAULT ')', c TEXT DEFAULT '(' -- an id (primary\n"
                   ", d INT /* ( */); CREATE TEMP TABLE tmp (x INT)") == {"t": ["a", "b", "c", "d"],

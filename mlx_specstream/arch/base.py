@@ -85,10 +85,12 @@ class BaseArgs:
         if missing:
             raise ConfigError(f"config.json has no {', '.join(missing)} (a {cfg.get('model_type', '?')} "
                               "model needs it)")
+        n_layers = cfg.get("num_hidden_layers", next(
+            (f.default for f in declared if f.name == "num_hidden_layers"), None))
         for f in declared:
             if f.name in cfg:
                 check_value(f.name, cfg[f.name], f.type)
-                _check_meaning(f.name, cfg[f.name], cfg.get("num_hidden_layers"))
+                _check_meaning(f.name, cfg[f.name], n_layers)
         return cls(**{f.name: cfg[f.name] for f in declared if f.name in cfg})
 
 
