@@ -165,7 +165,7 @@ def _responses(decoder: Decoder, tokenizer,
         while n < len(held) and (pos < end if hits else pos + len(held[n][1]) <= end):
             pos += len(held[n][1])
             n += 1
-        while not hits and not finished and n and not held[n - 1][1]:
+        while detok is not None and not hits and not finished and n and not held[n - 1][1]:
             n -= 1  # tokens whose text has not come yet (bytes of a character) wait for it
         if hits:
             finished = "stop"

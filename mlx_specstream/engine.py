@@ -314,7 +314,7 @@ class Decoder:
         skipped."""
         chain, scores, k = self._chain()
         draft = _Draft([], [], [], [])
-        if self.opts.mode == "ss" and not self._chain_alone_pays(scores):
+        if self.opts.mode == "ss" and self.budget > 1 and not self._chain_alone_pays(scores):
             draft = yield from self._stream_draft(node)
         draft.chain, draft.chain_scores, draft.from_ngrams = chain, scores, k
         return draft
@@ -381,14 +381,12 @@ class Decoder:
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         self._advance_constraint([root])
         self.history = self.prompt + [root]
-        draft = yield from self._draft(0)
+        step = self._emit([root], [], [], 0)
+        if step.finished is None:  # no drafts for a generation that is over
+            draft = yield from self._draft(0)
         stats.prefill_time = time.perf_counter() - t0
         stats.model_time = 0.0
-
-        t_step = time.perf_counter()
-        step = self._emit([root], [], [], 0)
         emitted = len(step.tokens)
-        stats.decode_time += time.perf_counter() - t_step
         yield step
         if (opts.mode == "ar" and opts.temperature == 0 and self.gamma == 0 and step.finished is None
                 and isinstance(runner, MLXRunner) and not self.batched):
@@ -410,7 +408,6 @@ class Decoder:
                 path, root = verify_greedy(kept, target)
             else:
                 path, root = verify_sampling(kept, target, draft.draws, draft.q, self.rng, draft.chain)
-            stats.count_pass(len(tree), len(kept), len(path))
             if draft.levels and self.deferred:
                 cost = float(pass_cost(len(tree), self.node_cost)) + self.stream_pass_cost
                 self.stream_rate.update(len(path), cost)
@@ -422,8 +419,11 @@ class Decoder:
             runner.commit(path)
             self._advance_constraint(accepted + [root])
             self.history += accepted + [root]
-            draft = yield from self._draft(path[-1])
             step = self._emit(accepted + [root], accepted, rejected, emitted)
+            # the tokens the pass advanced the output by (EOS included, none past it or the limit)
+            stats.count_pass(len(tree), len(kept), len(step.tokens) + (step.finished == "stop"))
+            if step.finished is None:
+                draft = yield from self._draft(path[-1])
             emitted += len(step.tokens)
             stats.decode_time += time.perf_counter() - t_step
             yield step
@@ -493,21 +493,20 @@ class Decoder:
 
     def _emit(self, tokens: list[int], accepted: list[int], rejected: list[int],
               emitted: int) -> Step:
-        """Cut ``tokens`` at EOS or the token limit and update the statistics."""
-        finished = None
-        for i, t in enumerate(tokens):
-            if t in self.opts.eos_token_ids:
-                tokens, finished = tokens[:i], "stop"
-                break
+        """Cut ``tokens`` at EOS or the token limit, whichever comes first (as plain decoding, one
+        token a pass, would meet them), and update the statistics."""
         room = self.opts.max_tokens - emitted
         context_room = None if self.limit is None else self.limit - len(self.prompt) - emitted
-        if context_room is not None and context_room < room:
-            room = context_room
-            if len(tokens) >= room and finished is None:
+        by_context = context_room is not None and context_room < room
+        room = max(context_room if by_context else room, 0)
+        eos = next((i for i, t in enumerate(tokens) if t in self.opts.eos_token_ids), None)
+        finished = None
+        if eos is not None and eos < room:
+            tokens, finished = tokens[:eos], "stop"
+        elif len(tokens) >= room:
+            tokens, finished = tokens[:room], "length"
+            if by_context:
                 self.stats.context_limit = self.limit
-        if len(tokens) >= room and finished is None:
-            finished = "length"
-        tokens = tokens[: max(room, 0)]
         self.stats.generated_tokens += len(tokens)
         self.stats.finish_reason = finished
         return Step(tokens, accepted, rejected, finished)

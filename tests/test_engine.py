@@ -170,11 +170,45 @@ def test_eos_inside_an_accepted_draft(llama):
     assert eos not in ss.tokens
 
 
+def test_an_eos_past_the_limit_in_an_accepted_draft_is_a_length_finish(llama):
+    """A pass that accepts the limit's last token and an EOS after it ends as plain decoding
+    does, which never writes that EOS: "length". Each pass counts the tokens it advanced the
+    output by, none past the limit. Without a tokenizer, each pass's tokens stream as it ends."""
+    from mlx_specstream.api import stream_generate
+
+    new_adapter(llama, gamma=4, msa_layers=2, seed=0)
+    passes = [r.tokens for r in stream_generate(llama, None, [5], max_tokens=60, branch=3, node_cost=0.0)]
+    out = [t for p in passes for t in p]
+    assert out == generate(llama, None, [5], max_tokens=60, mode="ar").tokens and len(passes) > 10
+    # a pass of two or more tokens whose last token is new in the output: that token as EOS
+    start = [sum(map(len, passes[:i])) for i in range(len(passes))]
+    end = next(s + len(p) - 1 for s, p in zip(start, passes) if len(p) > 1 and s > 0
+               and p[-1] not in out[:s + len(p) - 1])
+
+    class Tok:
+        eos_token_ids = {out[end]}
+
+        def detokenizer(self):
+            return None
+
+    ar = generate(llama, Tok(), [5], max_tokens=end, mode="ar")
+    ss = generate(llama, Tok(), [5], max_tokens=end, branch=3, node_cost=0.0)
+    assert ss.tokens == ar.tokens == out[:end] and ss.finish_reason == ar.finish_reason == "length"
+    for res in (ar, ss):
+        advanced = sum(k * c for k, c in res.stats.accepted_lengths.items())
+        assert advanced == res.stats.generated_tokens - 1
+
+
 def test_max_tokens_is_exact(llama):
     new_adapter(llama, gamma=4, msa_layers=2, seed=0)
     for n in (1, 2, 5, 17):
-        out = generate(llama, None, [1, 2], max_tokens=n, branch=3)
+        out = generate(llama, None, [1, 2], max_tokens=n, branch=3, streams="deferred")
         assert len(out.tokens) == n and out.finish_reason == "length"
+        # a pass advances by what it emits, and no stream pass drafts for a step that never comes
+        assert sum(k * c for k, c in out.stats.accepted_lengths.items()) == n - 1
+        assert out.stats.stream_passes <= out.stats.calls
+    out = generate(llama, None, [1, 2], max_tokens=9, streams="deferred", tree_budget=1, lookup=False)
+    assert out.stats.stream_passes == 0  # a tree of one node holds no draft
 
 
 def test_kv_commit_equals_recomputed_cache(llama):
@@ -262,7 +296,8 @@ def test_lookup_chain_alone_skips_the_deferred_stream_pass_when_it_pays(llama, t
         if temperature == 0:
             assert tokens == ar.tokens
         runs[name] = dec.stats
-    assert runs["streams pay"].stream_passes == runs["streams pay"].calls + 1  # the prefill's too
+    # one after the prefill and after every pass but the last, which ends the generation
+    assert runs["streams pay"].stream_passes == runs["streams pay"].calls
     assert 0 < runs["chain pays"].stream_passes < runs["chain pays"].calls / 2
 
 
