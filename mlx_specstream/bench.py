@@ -234,14 +234,13 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
                               plain_ar=True))
     except Exception as e:  # mlx-lm cannot read this model
         skipped["mlx-lm ar"] = skipped["mlx-lm draft"] = f"mlx-lm failed to load the model: {e}"
-    if "mlx-lm draft" in skipped:
-        pass  # no mlx-lm for this model at all
-    elif not (draft_path and draft_path.exists()):
-        skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
     else:
         try:
-            run, n = _mlx_lm(model_path, draft_path, eos, dtype)
-            methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
+            if not (draft_path and draft_path.exists()):
+                skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
+            else:
+                run, n = _mlx_lm(model_path, draft_path, eos, dtype)
+                methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
         except Exception as e:  # mlx-lm cannot read the draft model
             skipped["mlx-lm draft"] = f"mlx-lm failed to load the draft model {draft_path}: {e}"
     methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))

@@ -416,24 +416,27 @@ def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.
         print(f"warning: --host {host} accepts connections from other machines; the server has no "
               "authentication", file=sys.stderr, flush=True)
 
+    def left() -> str:  # the requests not finished, said
+        n = scheduler.active + scheduler.waiting
+        return f"{n} request{'s' * (n != 1)}"
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame) -> None:
             draining = self.should_exit
             super().handle_exit(sig, frame)
             self._captured_signals.clear()  # in-flight requests drain: then exit 0, not by the signal
-            left = scheduler.active + scheduler.waiting
-            if left and not draining:
-                print(f"stopping: {left} request{'s' * (left != 1)} to finish first (Ctrl-C again to "
-                      "stop now)", file=sys.stderr, flush=True)
+            if scheduler.active + scheduler.waiting and not draining:
+                print(f"stopping: {left()} to finish first (Ctrl-C again to stop now)", file=sys.stderr,
+                      flush=True)
             if self.force_exit:  # the requests' tasks are cancelled: not errors to report
                 logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
 
     server = Server(uvicorn.Config(app, log_level="warning", access_log=False))
     server.run(sockets=[sock])
     if server.force_exit:  # a second Ctrl-C: the requests left are dropped, and the thread ended
-        left = scheduler.active + scheduler.waiting
+        dropped = left()
         scheduler.abort(timeout=30)
-        print(f"stopped: {left} request{'s' * (left != 1)} dropped", file=sys.stderr, flush=True)
+        print(f"stopped: {dropped} dropped", file=sys.stderr, flush=True)
         sys.stdout.flush()
         # at once: the interpreter's teardown after cancelled tasks can end in MLX's native threads
         # (SIGABRT, "terminate called"), and there is nothing left to write

@@ -487,7 +487,8 @@ _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those wei
            "warmup": (0, True), "seed": (0, True), "segment_len": (0, True), "val_every": (0, True),
            "val_batches": (0, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
-           "weight_decay": (0, True)}
+           "weight_decay": (0, True), "batch_size": (1, True), "iters": (1, True),
+           "distill_tokens": (1, True)}
 
 
 def _check_numbers(**values) -> None:
@@ -735,12 +736,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if self_distill and mode != "lossless":
         raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
     self_distill = mode == "lossless" if self_distill is None else self_distill
-    if distill_tokens < 1:
-        raise OptionError(f"{{distill_tokens}} must be at least 1, not {distill_tokens}")
-    for name, value in (("batch_size", batch_size), ("iters", iters)):
-        if value is not None and value < 1:
-            raise OptionError(f"{{{name}}} must be at least 1, not {value}")
-    _check_numbers(lr=lr, fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
+    _check_numbers(batch_size=batch_size, iters=iters, distill_tokens=distill_tokens, lr=lr,
+                   fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
                    warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,

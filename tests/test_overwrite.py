@@ -282,7 +282,7 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     ("segment_len", -1, "segment_len must be a finite number >= 0"),
     ("val_batches", -1, "val_batches must be a finite number >= 0"),
     ("alphas", "0,abc", "alphas must be numbers"),
-    ("iters", 0, "iters must be at least 1, not 0"),
+    ("iters", 0, "iters must be a finite number >= 1, not 0"),
     ("accept_prompts", -1, "accept_prompts must be a finite number >= 0"),
     ("max_seq_len", 8192, "max_seq_len is 8192, beyond the"),
 ])
