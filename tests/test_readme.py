@@ -3,7 +3,9 @@
 Placeholders become real paths (``MODEL_DIR``: a copy of the shipped model; ``HF_DIR``: its
 Hugging Face directory; ``PROMPT.txt``, ``SQL.mlpackage``, ``"..."``: a test prompt) and sizes
 shrink (``--iters 2``, one validation batch and two acceptance prompts, ``--n 1``, 8 new
-tokens); nothing else changes.
+tokens); nothing else changes. The blocks that train or export a Core ML package of the shipped
+model take minutes, so they run with ``-m slow``; every command of every block is parsed by the
+CLI in the default run, and the same work runs in-process there (test_train, test_coreml_export).
 The set-up block is what CI runs (``.ci/run``), so it is compared with that script instead of
 run inside the suite.
 """
@@ -64,7 +66,42 @@ def test_the_setup_block_is_what_ci_runs():
         assert line in ci.splitlines(), line
 
 
-@pytest.mark.parametrize("index", [i for i, (_, b) in enumerate(BLOCKS) if "scripts/setup.sh" not in b])
+def heavy(block: str) -> bool:
+    """Minutes of work on the shipped model (an adapter trained, a Core ML package made)."""
+    return "specstream-mlx train" in block or "--to coreml" in block
+
+
+def commands(block: str) -> list[list[str]]:
+    """The ``specstream-mlx`` commands of a bash block, as argument lists after the program."""
+    out = []
+    for line in block.strip().splitlines():
+        words = shlex.split(line, comments=True)
+        for i, word in enumerate(words):
+            if word.endswith("specstream-mlx"):
+                rest = words[i + 1:]
+                out.append(rest[: rest.index("&")] if "&" in rest else rest)
+    return out
+
+
+def test_every_readme_command_parses():
+    """Each command's subcommand, option names and option values are what the CLI accepts (the
+    blocks themselves run below, the heavy ones with ``-m slow``)."""
+    import typer.main
+
+    from mlx_specstream.cli import app
+
+    group = typer.main.get_command(app)
+    found = [args for lang, block in BLOCKS if lang == "bash" for args in commands(block)]
+    assert {args[0] for args in found} >= {"generate", "convert", "train", "bench", "serve"}
+    for args in found:
+        command = group.get_command(None, args[0])
+        assert command is not None, args
+        command.make_context(args[0], list(args[1:]))  # raises on an unknown option or a bad value
+
+
+@pytest.mark.parametrize("index", [
+    pytest.param(i, marks=[pytest.mark.slow] if heavy(b) else [])
+    for i, (_, b) in enumerate(BLOCKS) if "scripts/setup.sh" not in b])
 def test_readme_block_runs(index, tmp_path):
     lang, block = BLOCKS[index]
     prompt = json.loads((ROOT / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
