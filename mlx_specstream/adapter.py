@@ -47,6 +47,10 @@ class AdapterConfig:
     name: str = ""
 
     def validate(self, n_layers: int) -> None:
+        """Every field of the type it is declared with and in its range, for a model of
+        ``n_layers`` (a config that passes is one decoding and saving accept)."""
+        for f in fields(self):
+            check_value(f.name, getattr(self, f.name), f.type, source="adapter config", error=AdapterError)
         if self.mode not in ("lossless", "shared", "lora"):
             raise AdapterError(f"adapter mode must be 'lossless', 'shared' or 'lora', not '{self.mode}'")
         if self.mode == "lora":
@@ -60,6 +64,11 @@ class AdapterConfig:
                                "adapters")
         if not 0 <= self.prune_layer <= self.msa_start(n_layers):
             raise AdapterError(f"prune_layer must be in 0..{self.msa_start(n_layers)}")
+        if self.branch < 1 or self.tree_budget < 1:
+            raise AdapterError(f"branch and tree_budget must be >= 1, not {self.branch} and "
+                               f"{self.tree_budget}")
+        if not 0 <= self.prune_threshold <= 1:  # NaN fails too
+            raise AdapterError(f"prune_threshold must be in [0, 1], not {self.prune_threshold}")
 
     def fit(self, n_layers: int) -> AdapterConfig:
         """This config for a model of ``n_layers``: the pruning layer by default where the

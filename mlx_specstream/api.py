@@ -6,14 +6,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
+
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .constraint import TokenConstraint
-from .engine import DecodeOptions, Decoder, Stats
+from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
 from .errors import check_keywords
 from .loader import load_model
 from .runner import PassRequest
 from .sql_names import SQLNames
+from .tokenizer import config_eos_ids
 
 DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
 
@@ -49,7 +53,8 @@ class StreamResponse:
     token, and at the very end of a generation maybe one more without a token (a character whose
     byte tokens came in earlier passes); ``drafted[i]`` tells whether piece i is an accepted draft
     token's (for colouring).
-    ``accepted``/``rejected``: the pass's accepted draft and the best draft it rejected.
+    ``accepted``/``rejected``: the pass's accepted draft (the part of it in the output: not past
+    EOS or ``max_tokens``) and the best draft it rejected.
     """
 
     tokens: list[int]
@@ -75,6 +80,7 @@ class GenerationResult:
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
+    """Token ids of a text prompt, or the ids given: a 1-D sequence of whole numbers."""
     if isinstance(prompt, bytes | bytearray):
         raise ValueError("a prompt is text (str) or token ids, not bytes: decode it first")
     if isinstance(prompt, str) and not prompt:
@@ -83,7 +89,19 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
         return tokenizer.encode(prompt)
-    return [int(t) for t in prompt]
+    if isinstance(prompt, mx.array):
+        prompt = np.array(prompt)
+    if not isinstance(prompt, list | tuple | np.ndarray):
+        raise ValueError(f"a prompt is text (str) or a 1-D sequence of int token ids, not {prompt!r}")
+    items = list(prompt)
+    bad = [t for t in items if isinstance(t, bool) or not isinstance(t, int | np.integer)]
+    if bad and all(isinstance(t, dict) for t in items):
+        raise ValueError("a prompt is text or token ids: turn chat messages into text with "
+                         "tokenizer.apply_chat_template(messages)")
+    if bad:
+        raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not a "
+                         f"{type(prompt).__name__} holding {bad[0]!r}")
+    return [int(t) for t in items]
 
 
 def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
@@ -94,12 +112,20 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
              sql_names: bool = False, constraint: TokenConstraint | None = None, batched: bool = False,
              eos_without_tokenizer: frozenset[int] = frozenset()) -> Decoder:
     """The decoder of one request; ``model`` is an MLX model or any :class:`~.runner.Runner` (a Core
-    ML package's). EOS is the tokenizer's, else ``eos_without_tokenizer``."""
+    ML package's). EOS is the tokenizer's, else ``eos_without_tokenizer``, else the model
+    directory's (its config files)."""
     ids = _prompt_ids(tokenizer, prompt)
-    eos = frozenset(tokenizer.eos_token_ids) if tokenizer is not None else eos_without_tokenizer
+    if tokenizer is not None:
+        eos = frozenset(tokenizer.eos_token_ids)
+    elif eos_without_tokenizer or getattr(model, "path", None) is None:
+        eos = eos_without_tokenizer
+    else:  # an MLX model directory without tokenizer files: the EOS its configs name
+        eos = frozenset(config_eos_ids(Path(model.path)))
     if sql_names:
         if constraint is not None:
             raise ValueError("give either sql_names or constraint, not both")
+        if tokenizer is not None:
+            check_prompt_ids(ids, tokenizer.vocab_size)  # before they are decoded to read names
         constraint = sql_constraint(tokenizer, prompt, ids)
     opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
                          mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
@@ -132,16 +158,21 @@ def _held(text: str, stop: list[str]) -> int:
     return longest
 
 
-def _responses(decoder: Decoder, tokenizer,
-               stop: str | list[str] | None) -> Iterator[StreamResponse | PassRequest]:
-    """Pass by pass: detokenize token by token and end at a stop string, whose text and what
-    follows it are not emitted (the token it begins in is, its piece cut there). With stop
-    strings, text that could begin one is held back until it cannot."""
+def check_stop(stop: str | list[str] | None, tokenizer) -> list[str]:
+    """Stop strings as a list: non-empty strings, with a tokenizer to read the text."""
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError("stop strings must be non-empty strings")
     if stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
+    return stop
+
+
+def _responses(decoder: Decoder, tokenizer, stop: list[str]) -> Iterator[StreamResponse | PassRequest]:
+    """Pass by pass: detokenize token by token and end at a stop string (checked by
+    :func:`check_stop`), whose text and what follows it are not emitted (the token it begins in
+    is, its piece cut there). With stop strings, text that could begin one is held back until it
+    cannot."""
     detok = tokenizer.detokenizer() if tokenizer is not None else None
     out = ""  # text yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
@@ -176,8 +207,9 @@ def _responses(decoder: Decoder, tokenizer,
         if hits and ready:  # the piece the stop string begins in, cut there
             piece_list[-1] = piece_list[-1][: len(piece_list[-1]) - (pos - end)]
         out += "".join(piece_list)
-        yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list), step.accepted,
-                             step.rejected, finished, decoder.stats, piece_list, [d for _, _, d in ready])
+        yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list),
+                             step.accepted[:n_acc], step.rejected, finished, decoder.stats, piece_list,
+                             [d for _, _, d in ready])
         if finished:
             return
 
@@ -208,10 +240,11 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     :mod:`~mlx_specstream.sql_names`), or any other ``constraint`` (a
     :class:`~mlx_specstream.constraint.TokenConstraint`); see
     :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at ``max_tokens`` or at a
-    ``stop`` string (whose text is not emitted).
+    ``stop`` string (whose text is not emitted). Options and prompt are checked when it is called,
+    before the first pass.
     """
     _check_names(options, "stream_generate")
-    yield from _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, stop)
+    return _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, check_stop(stop, tokenizer))
 
 
 def generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
@@ -219,7 +252,7 @@ def generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     """Generate a whole completion; options as for :func:`stream_generate`."""
     _check_names(options, "generate")
     decoder = _decoder(model, tokenizer, prompt, **options)
-    steps = list(_responses(decoder, tokenizer, stop))
+    steps = list(_responses(decoder, tokenizer, check_stop(stop, tokenizer)))
     tokens = [t for s in steps for t in s.tokens]
     return GenerationResult("".join(s.text for s in steps), tokens, decoder.stats,
                             steps[-1].finish_reason if steps else None, steps)

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .adapter import AdapterConfig
-from .api import StreamResponse, _decoder, _responses
+from .api import StreamResponse, _decoder, _responses, check_stop
 from .engine import Stats
 from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
@@ -295,7 +295,7 @@ def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int 
                        top_p=top_p, seed=seed, mode="ar" if mode == "ss" and not runner.info.gamma else mode,
                        branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
                        eos_without_tokenizer=runner.info.eos_token_ids)
-    yield from _responses(decoder, tokenizer, stop)
+    return _responses(decoder, tokenizer, check_stop(stop, tokenizer))
 
 
 def generate_package(runner: PackageRunner, tokenizer, prompt, **options) -> PackageResult:

@@ -190,6 +190,14 @@ def check_used(opts: DecodeOptions) -> None:
                           + ("it" if len(idle) == 1 else "them"))
 
 
+def check_prompt_ids(prompt: list[int], vocab: int | None) -> None:
+    """Every id of ``prompt`` in the vocabulary ``0..vocab - 1`` (None: unknown, ids >= 0)."""
+    bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
+    if bad:
+        raise ValueError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary"
+                         + (f" (0..{vocab - 1})" if vocab is not None else ""))
+
+
 class Decoder:
     """Runs one generation; iterate :meth:`steps` to get tokens pass by pass. ``model``: an MLX
     model, or a :class:`~mlx_specstream.runner.Runner` (e.g. a Core ML package's). ``batched``:
@@ -214,17 +222,26 @@ class Decoder:
         seed = opts.seed  # None: a fresh one
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
                                  or seed < 0):
-            raise OptionError(f"{{seed}} must be a whole number >= 0, not {seed}")
+            raise OptionError(f"{{seed}} must be a whole number >= 0, not {seed!r}")
+        for name in ("gamma", "branch", "tree_budget"):
+            value = getattr(opts, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
+                raise OptionError(f"{{{name}}} must be a whole number, not {value!r}")
+        for name in ("node_cost", "prune_threshold"):
+            value = getattr(opts, name)
+            if value is not None and (isinstance(value, bool)
+                                      or not isinstance(value, int | float | np.number)):
+                raise OptionError(f"{{{name}}} must be a number, not {value!r}")
+        if opts.constraint is not None and not isinstance(opts.constraint, TokenConstraint):
+            raise OptionError("{constraint} must be a TokenConstraint, not "
+                              f"{type(opts.constraint).__name__}")
         if not 0 < opts.top_p <= 1:
             raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
         self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
         runner.check(opts.temperature, opts.branch, opts.tree_budget, opts.prune_threshold)
         self.limit = runner.limit
         vocab = runner.vocab_size
-        bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
-        if bad:
-            raise ValueError(f"the prompt holds token id {bad[0]}, outside the model's vocabulary"
-                             + (f" (0..{vocab - 1})" if vocab is not None else ""))
+        check_prompt_ids(prompt, vocab)
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
@@ -265,6 +282,9 @@ class Decoder:
         costs = runner.node_costs if runner.node_costs is not None else default_node_costs()
         if opts.streams not in ("auto", *costs):
             raise OptionError(f"{{streams}} must be auto or {' or '.join(costs)} here, not '{opts.streams}'")
+        if opts.mode == "ss" and self.shared and opts.streams == "deferred":
+            raise OptionError("{streams=deferred} is for lossless adapters: a shared-mode adapter's "
+                              "streams run in the tree pass")
         self.deferred = opts.mode == "ss" and not self.shared and "deferred" in costs and (
             opts.streams == "deferred" or (opts.streams == "auto" and not on_gpu()))
         if opts.node_cost is not None and not 0 <= opts.node_cost < math.inf:
@@ -274,6 +294,8 @@ class Decoder:
             policy = "deferred" if self.deferred else "tree"
             self.node_cost = costs[policy] if opts.mode == "ss" else 0.0
         self.lookup = opts.mode == "lookup" or (opts.mode == "ss" and opts.lookup is not False)
+        if opts.mode == "ss" and opts.ngrams and not self.lookup:
+            raise OptionError("{ngrams} drafts lead the prompt-lookup chain: drop {lookup=False}")
         self.lookup_score, self.ngram_score = LookupScore(), LookupScore()
         self.ngrams = runner.ngrams if self.lookup and opts.ngrams is not False else None
         # Deferred streams cost a pass of their own: tokens per unit of cost of the steps drafted

@@ -43,6 +43,13 @@ def _ids(value) -> list[int]:
     return [int(v) for v in value if isinstance(v, int)]
 
 
+def config_eos_ids(path: Path) -> set[int]:
+    """The end-of-sequence ids a model directory's configs name (``generation_config.json`` and
+    ``config.json``): EOS for a tokenizer, and for a model loaded without one."""
+    return {*_ids(_read_json(path / "generation_config.json").get("eos_token_id")),
+            *_ids(_read_json(path / "config.json").get("eos_token_id"))}
+
+
 class _HFBackend:
     """A ``tokenizers.Tokenizer`` (tokenizer.json, or vocab.json + merges.txt for GPT-2 BPE)."""
 
@@ -407,9 +414,7 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
         special["eos_token"] = sp.id_to_piece(eos_id)
     if eos_id is not None:
         eos.add(eos_id)
-    eos.update(_ids(_read_json(path / "generation_config.json").get("eos_token_id")))
-    eos.update(_ids(_read_json(path / "config.json").get("eos_token_id")))
-    eos = {i for i in eos if 0 <= i < backend.vocab_size}
+    eos = {i for i in eos | config_eos_ids(path) if 0 <= i < backend.vocab_size}
 
     add_bos = cfg.get("add_bos_token")
     if add_bos is None and sp is not None:

@@ -9,15 +9,18 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
+import mlx.core as mx
+import numpy as np
 import pytest
 from helpers import tiny_model
 from test_cli import assert_one_line_error, cli
 
 from mlx_specstream.adapter import new_adapter, save_adapter
-from mlx_specstream.api import DEFAULT_MODEL, generate, stream_generate
+from mlx_specstream.api import DEFAULT_MODEL, generate, load, stream_generate
 from mlx_specstream.data import load_jsonl
-from mlx_specstream.errors import OptionError
+from mlx_specstream.errors import AdapterError, OptionError
 from mlx_specstream.loader import atomic_dir, save_model
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -104,9 +107,25 @@ def test_api_options_of_the_wrong_type_or_name():
     model = with_adapter()
     for options, fragment in (({"max_tokens": 5.5}, "max_tokens must be a whole number"),
                               ({"max_tokens": None}, "max_tokens must be a whole number"),
-                              ({"temperature": None}, "temperature must be a number")):
-        with pytest.raises(OptionError, match=fragment):
+                              ({"temperature": None}, "temperature must be a number"),
+                              ({"gamma": "2"}, "gamma must be a whole number, not '2'"),
+                              ({"gamma": 2.5}, "gamma must be a whole number, not 2.5"),
+                              ({"branch": 2.5}, "branch must be a whole number"),
+                              ({"tree_budget": "8"}, "tree_budget must be a whole number"),
+                              ({"node_cost": "a"}, "node_cost must be a number"),
+                              ({"prune_threshold": "0"}, "prune_threshold must be a number"),
+                              ({"constraint": "x"}, "constraint must be a TokenConstraint"),
+                              ({"seed": "1", "temperature": 0.5},
+                               "seed must be a whole number >= 0, not '1'"),
+                              ({"ngrams": True, "lookup": False}, "drop lookup=False")):
+        with pytest.raises(OptionError, match=re.escape(fragment)):
             generate(model, None, [1, 2, 3], **options)
+    with pytest.raises(OptionError, match="max_tokens must be >= 1"):  # at the call, not at the first pass
+        stream_generate(model, None, [1, 2, 3], max_tokens=-5)
+    shared = tiny_model("llama", scale=3.0)
+    new_adapter(shared, mode="shared", gamma=2, msa_layers=2)
+    with pytest.raises(OptionError, match="streams='deferred' is for lossless adapters"):
+        generate(shared, None, [1, 2, 3], max_tokens=2, streams="deferred")
     with pytest.raises(TypeError, match=re.escape("generate() got an unexpected keyword argument 'temp' "
                                                   "(did you mean 'temperature'?)")):
         generate(model, None, [1, 2, 3], temp=0.7)
@@ -121,6 +140,43 @@ def test_prompts_that_are_not_prompts():
             generate(model, object(), prompt, max_tokens=2)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(model, None, [], max_tokens=2)
+    for prompt, fragment in (([1.9, 4.2], "not a list holding 1.9"), (["1", "2"], "not a list holding '1'"),
+                             ([1, True], "not a list holding True"), (None, "not None"), (5, "not 5"),
+                             (np.array([[1, 2]]), "not a ndarray holding"),
+                             ([{"role": "user", "content": "hi"}], "tokenizer.apply_chat_template")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            generate(model, None, prompt, max_tokens=2)
+    ids = generate(model, None, [1, 2, 3], max_tokens=4, mode="ar").tokens
+    for prompt in ((1, 2, 3), np.array([1, 2, 3], np.int32), mx.array([1, 2, 3])):
+        assert generate(model, None, prompt, max_tokens=4, mode="ar").tokens == ids
+
+
+def test_a_model_without_tokenizer_stops_at_the_eos_its_config_names(tmp_path):
+    """The README's token-id example: no tokenizer files, EOS from config.json (the oracle: the
+    same model's run without EOS, cut after the token made EOS)."""
+    model = tiny_model("llama", scale=3.0)
+    free = generate(model, None, [1, 2, 3], max_tokens=12, mode="ar").tokens
+    eos = free[3]
+    first = free.index(eos)
+    with atomic_dir(tmp_path / "m", "model") as tmp:
+        save_model(model, {**model.config, "eos_token_id": eos}, tmp)
+    loaded, tok = load(tmp_path / "m")
+    assert tok is None
+    new_adapter(loaded, gamma=3, msa_layers=2, seed=1)  # lossless: SS writes what AR does
+    for mode in ("ar", "ss"):
+        out = generate(loaded, None, [1, 2, 3], max_tokens=12, mode=mode)
+        assert out.tokens == free[:first] and out.finish_reason == "stop", mode  # EOS itself not emitted
+
+
+def test_new_adapter_refuses_a_config_decoding_would_refuse():
+    model = tiny_model("llama")
+    for options, fragment in (({"tree_budget": 0}, "branch and tree_budget must be >= 1"),
+                              ({"branch": -1}, "branch and tree_budget must be >= 1"),
+                              ({"prune_threshold": 5.0}, "prune_threshold must be in [0, 1]"),
+                              ({"gamma": "4"}, "gamma is '4', which is not int")):
+        with pytest.raises(AdapterError, match=re.escape(fragment)):
+            new_adapter(model, **options)
+    assert getattr(model, "adapter_config", None) is None
 
 
 def test_read_prompt_from_files_and_stdin(tmp_path, monkeypatch):
@@ -442,3 +498,28 @@ def test_train_in_memory_uses_the_models_tokenizer_and_keeps_its_ngrams(tmp_path
                    val_every=0, accept_prompts=0, progress=False, msa_layers=2)
     assert report["process_rank"] == 0 and report["config"]["rank"] == 8
     assert model.adapter_ngrams is not None and model.adapter_ngrams.next
+
+
+def test_accepted_drafts_are_those_in_the_output():
+    """A pass's ``accepted`` is a prefix of what it emitted: not the draft tokens past
+    ``max_tokens`` (the shipped model and adapter, whose drafts run past small limits)."""
+    default_model_or_skip()
+    model, tok = load(DEFAULT_MODEL, adapter="sql")
+    test_split = Path(__file__).parent.parent / "data" / "sql" / "test.jsonl"
+    prompt = json.loads(test_split.open().readline())["prompt"]
+    cut = 0
+    for limit in range(1, 9):
+        steps = list(stream_generate(model, tok, prompt, max_tokens=limit))
+        assert sum(len(s.tokens) for s in steps) <= limit
+        for s in steps:
+            assert s.accepted == s.tokens[: len(s.accepted)], (limit, s.tokens, s.accepted)
+        cut += steps[-1].finish_reason == "length" and len(steps[-1].tokens) > 1
+    assert cut  # some passes' drafts reached the limit
+
+
+def test_sql_names_refuses_token_ids_outside_the_vocabulary_before_reading_them():
+    default_model_or_skip()
+    model, tok = load(DEFAULT_MODEL, adapter="sql")
+    for bad in (-3, tok.vocab_size):
+        with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocabulary"):
+            generate(model, tok, [1, bad], sql_names=True, max_tokens=2)
