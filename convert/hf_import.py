@@ -13,6 +13,7 @@ a file that needs it is rejected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -195,7 +196,9 @@ def convert(
     apply_weights(model, weights, DTYPES[dtype] if dtype else None)
     del weights
     # the config of what was built (a multimodal checkpoint's text model: its text config)
-    out_cfg = _mlx_lm_compatible({k: v for k, v in model.config.items() if not k.startswith("_")})
+    # transformers' private keys go, except those the family reads (OPT's _remove_final_layer_norm)
+    read = {f.name for f in dataclasses.fields(model.args)}
+    out_cfg = _mlx_lm_compatible({k: v for k, v in model.config.items() if not k.startswith("_") or k in read})
     if dtype is not None:
         for key in ("torch_dtype", "dtype"):
             if key in out_cfg:

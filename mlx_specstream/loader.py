@@ -176,6 +176,10 @@ def load_model(path: str | Path, dtype: str | None = None,
     model = build_model(cfg)
     weights = model.sanitize(read_safetensors(files))
     q = cfg.get("quantization")
+    if q is not None and not (isinstance(q, dict) and all(
+            isinstance(q.get(k), int) and not isinstance(q.get(k), bool) for k in ("bits", "group_size"))):
+        raise CheckpointError(f"{path / 'config.json'}: quantization is {q!r}, not an object with "
+                              "whole-number bits and group_size")
     if q:
         if quantize is not None:
             raise ValueError(f"{path} is already quantized ({q['bits']} bits)")

@@ -542,6 +542,10 @@ def test_rotary_frequencies_match_transformers(theta, scaling):
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "'linear' needs factor"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": "abc"}}, "rope_theta is 'abc'"),
     ({"rope_parameters": {"rope_type": "default", "rope_theta": -1.0}}, "rope_theta is -1.0, which is not"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4, "beta_fast": "32"}},
+     "beta_fast is '32'"),
+    ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0, "rope_theta": 1e4, "mscale": "x"}},
+     "mscale is 'x'"),
     ({"layer_types": ["full_attention"]}, "layer_types has 1 entries, not one per layer"),
     ({"num_attention_heads": 0}, "num_attention_heads is 0, which is not at least 1"),
 ])
@@ -576,3 +580,60 @@ def test_optional_fields_are_type_checked_too(llama_copy, tmp_path):
     _set_config(llama_copy, lambda c: c.update(head_dim="64"))
     with pytest.raises(ValueError, match="head_dim is '64', which is not int or None"):
         hf_convert(llama_copy, tmp_path / "out")
+
+
+def _config_json(path: Path, edit) -> None:
+    cfg = json.loads((path / "config.json").read_text())
+    edit(cfg)
+    (path / "config.json").write_text(json.dumps(cfg))
+
+
+SMALL4 = dict(SMALL, num_hidden_layers=4, num_key_value_heads=2, intermediate_size=128)
+
+
+@pytest.mark.parametrize("name,config,edit", [
+    # every layer of phi3 slides, as mistral's (transformers' Phi3 applies config.sliding_window)
+    ("phi3_window", lambda: transformers.Phi3Config(**SMALL4, sliding_window=8, pad_token_id=0), None),
+    # a qwen2 config as transformers < 4.53 wrote it: no layer_types, the window from max_window_layers
+    ("qwen2_legacy_window", lambda: transformers.Qwen2Config(**SMALL4, use_sliding_window=True,
+                                                             sliding_window=8, max_window_layers=2),
+     lambda c: c.pop("layer_types")),
+    ("phi_gelu_fast", lambda: transformers.PhiConfig(**SMALL, intermediate_size=128, hidden_act="gelu_fast"),
+     None),
+    ("opt_no_final_norm", lambda: transformers.OPTConfig(**SMALL, ffn_dim=128, max_position_embeddings=64,
+                                                         _remove_final_layer_norm=True), None),
+    # SmolLM3 ties its embeddings unless the config says otherwise
+    ("smollm3_tied_by_default", lambda: transformers.SmolLM3Config(**SMALL4, tie_word_embeddings=True,
+                                                                                  pad_token_id=0),
+     lambda c: c.pop("tie_word_embeddings")),
+])
+def test_configs_are_read_as_transformers_reads_them(tmp_path, name, config, edit):
+    """Settings a family reads by its own defaults (windows, activations, private keys, tying): the
+    converted model's logits equal transformers' on a prompt three times the window, whole and
+    through the cache."""
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+
+    torch.manual_seed(0)
+    path = tmp_path / name
+    transformers.AutoModelForCausalLM.from_config(config()).save_pretrained(path)
+    if edit is not None:
+        _config_json(path, edit)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+    hf_convert(path, tmp_path / "mlx")
+    model, _ = load(tmp_path / "mlx")
+    ids = np.random.default_rng(1).integers(0, 100, (1, 24))
+    ref = torch_logits(hf, ids)
+    for prefill in (None, 5):
+        diff = np.abs(mlx_logits(model, ids, prefill) - ref).max()
+        assert diff < TOL, f"{name}: logits differ by {diff} (prefill {prefill})"
+
+
+def test_a_malformed_quantization_config_is_one_error(converted, tmp_path):
+    from mlx_specstream.errors import CheckpointError
+
+    dest = tmp_path / "q"
+    shutil.copytree(converted["llama"][2], dest)
+    for q in ({"group_size": 64}, True, {"bits": "4", "group_size": 64}):
+        _config_json(dest, lambda c, q=q: c.update(quantization=q))
+        with pytest.raises(CheckpointError, match="not an object with whole-number bits and group_size"):
+            load(dest)

@@ -154,6 +154,11 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
             raise ConfigError(f"config.json: {key} is {value!r}, which is not positive")
         return value
 
+    def given(key: str, default: float | None = None) -> float | None:
+        """``scaling[key]`` checked by :func:`number` where set; ``default`` where absent or 0
+        (transformers' ``get(key) or default``)."""
+        return number(key) if scaling.get(key) else default
+
     base = number("rope_theta", cfg.get("rope_theta", 10000.0), params)
     partial = number("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial), params)
     dims = int(head_dim * partial)
@@ -177,7 +182,7 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
     if kind == "yarn":  # transformers' _compute_yarn_parameters
         old = number("original_max_position_embeddings", max_positions)
         factor = number("factor", max_positions / old)
-        beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+        beta_fast, beta_slow = given("beta_fast", 32), given("beta_slow", 1)
 
         def corr(rot):
             return dims * math.log(old / (rot * 2 * math.pi)) / (2 * math.log(base))
@@ -194,9 +199,9 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
         def mscale(scale: float, m: float = 1.0) -> float:
             return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
 
-        attention_factor = scaling.get("attention_factor")
+        attention_factor = number("attention_factor") if scaling.get("attention_factor") is not None else None
         if attention_factor is None:
-            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            m, m_all = given("mscale"), given("mscale_all_dim")
             attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
         return Rope(dims, mx.array(inv_y.astype(np.float32)), float(attention_factor))
     raise UnsupportedModelError(
@@ -322,7 +327,8 @@ ACTIVATIONS = {
     "gelu": nn.gelu,
     "gelu_new": nn.gelu_approx,
     "gelu_pytorch_tanh": nn.gelu_approx,
-    "gelu_fast": nn.gelu_fast_approx,
+    "gelu_fast": nn.gelu_approx,  # transformers' gelu_fast is the tanh form
+    "quick_gelu": nn.gelu_fast_approx,  # x * sigmoid(1.702 x)
 }
 
 

@@ -31,7 +31,8 @@ class Args(BaseArgs):
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     sliding_window: int | None = None
-    use_sliding_window: bool = True
+    use_sliding_window: bool | None = None  # None: transformers' default for the family
+    max_window_layers: int = 28  # qwen2/qwen3 without layer_types: the layers from here on slide
     layer_types: list[str] | None = None
     qkv_bias: bool = field(init=False)
     o_bias: bool = field(init=False)
@@ -42,14 +43,24 @@ class Args(BaseArgs):
         qwen2 = self.model_type == "qwen2"  # biases on q/k/v only, whatever attention_bias says
         self.qkv_bias = qwen2 or self.attention_bias
         self.o_bias = self.attention_bias and not qwen2
+        if self.use_sliding_window is None:  # a switch only Qwen's and SmolLM3's configs have, off there
+            self.use_sliding_window = self.model_type not in ("qwen2", "qwen3", "smollm3")
+
+    def slides(self, layer: int) -> bool:
+        """Whether a layer slides in a config without ``layer_types``: as transformers derives
+        them, qwen2/qwen3's layers from ``max_window_layers`` on."""
+        return self.model_type in ("qwen2", "qwen3") and layer >= self.max_window_layers
 
     def window(self, layer: int) -> int | None:
-        """The sliding window of a layer: of those ``layer_types`` marks "sliding_attention", or of
-        every layer of a mistral config without ``layer_types`` (as transformers reads them)."""
-        if self.layer_types is not None:
+        """The sliding window of a layer, as transformers reads the config: every layer of mistral
+        and phi3 (their models ignore ``layer_types``); else those ``layer_types`` marks
+        "sliding_attention", or without it :meth:`slides`; none unless ``use_sliding_window``."""
+        if self.model_type in ("mistral", "phi3"):
+            sliding = True
+        elif self.layer_types is not None:
             sliding = self.layer_types[layer] == "sliding_attention"
         else:
-            sliding = self.model_type == "mistral"
+            sliding = self.slides(layer)
         return self.sliding_window if sliding and self.use_sliding_window and self.sliding_window else None
 
 

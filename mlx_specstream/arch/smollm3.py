@@ -13,7 +13,7 @@ from .base import Rope
 
 @dataclass
 class Args(llama.Args):
-    use_sliding_window: bool = False
+    tie_word_embeddings: bool = True  # transformers' SmolLM3Config default
     no_rope_layers: list[int] | None = None
     no_rope_layer_interval: int = 4
 
@@ -22,6 +22,10 @@ class Args(llama.Args):
         if self.no_rope_layers is None:
             self.no_rope_layers = [int((i + 1) % self.no_rope_layer_interval != 0)
                                    for i in range(self.num_hidden_layers)]
+
+    def slides(self, layer: int) -> bool:
+        """Without ``layer_types``, the layers without rotary embeddings slide (transformers)."""
+        return not self.no_rope_layers[layer]
 
 
 class Model(llama.Model):
