@@ -353,6 +353,10 @@ def train(
                                        help="validation prompts decoded at each evaluation to measure "
                                        "the tokens accepted per pass; the best adapter is kept (0: off)"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
+    branch: int = typer.Option(3, "--branch", help="saved with the adapter as its decoding default: "
+                               "candidates per stream"),
+    tree_budget: int = typer.Option(32, "--tree-budget", help="saved with the adapter as its decoding "
+                                    "default: nodes per tree (the whole of it runs on a GPU)"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
     processes: int | None = typer.Option(None, "--processes", "-j",
                                          help="train data-parallel in N processes on this machine, the "
@@ -376,7 +380,7 @@ def train(
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches, save_every=save_every,
                        accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
-                       warmup=warmup, processes=processes)
+                       branch=branch, tree_budget=tree_budget, warmup=warmup, processes=processes)
     if report["process_rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
         typer.echo(_json.dumps(summary, indent=2))

@@ -198,7 +198,8 @@ def convert(
     # the config of what was built (a multimodal checkpoint's text model: its text config)
     # transformers' private keys go, except those the family reads (OPT's _remove_final_layer_norm)
     read = {f.name for f in dataclasses.fields(model.args)}
-    out_cfg = _mlx_lm_compatible({k: v for k, v in model.config.items() if not k.startswith("_") or k in read})
+    out_cfg = _mlx_lm_compatible({k: v for k, v in model.config.items()
+                                  if not k.startswith("_") or k in read})
     if dtype is not None:
         for key in ("torch_dtype", "dtype"):
             if key in out_cfg:

@@ -488,7 +488,7 @@ _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those wei
            "val_batches": (0, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True), "batch_size": (1, True), "iters": (1, True),
-           "distill_tokens": (1, True)}
+           "distill_tokens": (1, True), "branch": (1, True), "tree_budget": (1, True)}
 
 
 def _check_numbers(**values) -> None:
@@ -678,6 +678,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           val_batches: int | None = 25, save_every: int = 100, keep_checkpoints: int = 2,
           stream_init_rank: int = 0, prune_rank: int = 8, lora_alpha: float = 16.0,
           accept_prompts: int = 8, accept_tokens: int = 48, state_cache_mb: int = 1024,
+          branch: int = AdapterConfig.branch, tree_budget: int = AdapterConfig.tree_budget,
           over: str | Path | None = None, init: str | Path | None = None, tokenizer=None,
           model_path: str | Path | None = None, progress: bool = True,
           processes: int | None = 1, distributed=None, callback=None, log=None) -> dict:
@@ -710,6 +711,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     more slowly than the streams (``lr``), as when it starts from a gentler fine-tune (``over``).
     ``segment_len``: completion positions whose streams are built at once (lossless; 0 or None: all).
     ``val_batches``: validation batches per evaluation (0 or None: all).
+    ``branch``, ``tree_budget``: the decoding defaults saved with the adapter (candidates per
+    stream, nodes per tree; decoding may override them), also those the acceptance is measured with.
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
@@ -741,7 +744,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
-                   weight_decay=weight_decay)
+                   weight_decay=weight_decay, branch=branch, tree_budget=tree_budget)
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if isinstance(model, (str, Path)) and out is None and distributed is None:
@@ -812,8 +815,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else "no valid.jsonl: no validation during training")
 
     # a bad setting is refused before the attached adapter goes
-    AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank).fit(
-        len(model.layers))
+    AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
+                  branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
     detach(model)
     base_fp = fingerprint(model)
@@ -859,7 +862,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # -- adapter, optimizer, resume --------------------------------------------------------------
     acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
                          lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
-                         prune_rank=prune_rank, name=name,
+                         prune_rank=prune_rank, name=name, branch=branch, tree_budget=tree_budget,
                          main_rank=tune_cfg.rank if tune_cfg else 0,
                          main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
     attach(model, acfg, seed=seed, fine_tune=fine_tune)

@@ -29,7 +29,7 @@ from mlx_specstream.adapter import (
 from mlx_specstream.api import generate
 from mlx_specstream.base_states import base_states
 from mlx_specstream.data import Dataset, Example
-from mlx_specstream.errors import AdapterError
+from mlx_specstream.errors import AdapterError, OptionError
 from mlx_specstream.kv_cache import make_cache
 from mlx_specstream.lora import LoRALinear
 from mlx_specstream.streams import forward
@@ -843,6 +843,9 @@ def test_options_are_checked(tmp_path):
         train(model, (ds, None), iters=2, epochs=1, **quiet)
     with pytest.raises(ValueError, match="bare adapter name"):
         train(model, (ds, None), out="sql", **quiet)
+    for name in ("branch", "tree_budget"):
+        with pytest.raises(OptionError, match=f"{name} must be a finite number >= 1, not 0"):
+            train(model, (ds, None), **{name: 0}, **quiet)
     rep = train(model, (ds, None), gamma=2, msa_layers=2, alphas="0,0.5", epochs=2, batch_size=3,
                 **quiet)
     assert rep["iters"] == 6 and rep["config"]["alphas"] == [0.0, 0.5, 0.5] and rep["adapter"] is None
@@ -887,7 +890,7 @@ def cli(*args, launch: int = 0, cwd=None):
 def test_cli_train_saves_named_adapter(tmp_path):
     model_dir = make_model_dir(tmp_path)
     args = [a if a is not None else str(tmp_path / "data") for a in ARGS]
-    r = cli("--model", str(model_dir), "--out", "arith", *args)
+    r = cli("--model", str(model_dir), "--out", "arith", "--branch", "4", "--tree-budget", "48", *args)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     from mlx_specstream.train import default_processes
@@ -903,6 +906,7 @@ def test_cli_train_saves_named_adapter(tmp_path):
 
     model, _ = load(model_dir, adapter="arith")
     assert model.adapter_config.gamma == 3 and model.adapter_config.name == "arith"
+    assert (model.adapter_config.branch, model.adapter_config.tree_budget) == (4, 48)  # decoding defaults
     # and the n-gram drafts of the data it learnt from: lossless mode's default self-distillation
     # replaced the completions of the examples the run visits by the base's own continuations
     from mlx_specstream.ngrams import NgramTable
