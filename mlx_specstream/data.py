@@ -75,11 +75,41 @@ def _is_ids(x) -> bool:
 
 
 def _eos(tokenizer) -> list[int]:
+    """The token a completion ends with: the tokenizer's ``eos_token_id`` (its ``eos_token``),
+    else the smallest of its EOS ids."""
+    named = getattr(tokenizer, "eos_token_id", None)
     ids = list(getattr(tokenizer, "eos_token_ids", None) or [])
-    return [int(sorted(ids)[0])] if ids else []
+    return [int(named)] if named is not None else ([int(min(ids))] if ids else [])
 
 
-def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
+def _encode_pair(tokenizer, prompt: str | list[int], completion: str) -> tuple[list[int], list[int]]:
+    """Prompt and completion tokens as decoding meets them: the prompt encoded alone (as a request
+    is), the completion as the encoding of both goes on after it, where that begins with the
+    prompt's tokens (a tokenizer that marks where a text starts, SentencePiece's "▁", marks the
+    prompt's start only), else encoded alone. ``prompt``: text, or a chat template's ids."""
+    if not isinstance(prompt, str):
+        return prompt, list(tokenizer.encode(completion, add_bos=False))
+    p = list(tokenizer.encode(prompt, add_bos=True))
+    joint = list(tokenizer.encode(prompt + completion, add_bos=True))
+    c = joint[len(p):] if joint[:len(p)] == p else list(tokenizer.encode(completion, add_bos=False))
+    return p, c
+
+
+def _text_content(content, where: str) -> str:
+    """A message's content: a string, or OpenAI's list of parts whose text parts are joined (as
+    the server reads them)."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text"
+                                         and isinstance(c.get("text"), str) for c in content):
+        return "".join(c["text"] for c in content)
+    raise DataError(f"{where}: a message's 'content' must be text (a string or text parts), "
+                    f"not {content!r:.60}")
+
+
+def _chat_prompt(tokenizer, messages: list[dict]) -> str | list[int]:
+    """The chat template's rendering of ``messages`` with the assistant's turn begun: its text
+    (tokenizers of this package) or ids (others)."""
     if not hasattr(tokenizer, "apply_chat_template") or not getattr(tokenizer, "chat_template", True):
         from .errors import OptionError
 
@@ -89,9 +119,7 @@ def _chat_prompt(tokenizer, messages: list[dict]) -> list[int]:
         out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
     except TypeError:  # an implementation without the keyword
         out = tokenizer.apply_chat_template(messages)
-    if isinstance(out, str):
-        return list(tokenizer.encode(out, add_bos=True))
-    return [int(t) for t in out]
+    return out if isinstance(out, str) else [int(t) for t in out]
 
 
 def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bool = True,
@@ -113,14 +141,13 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
             raise DataError(f"{where}: 'prompt' and 'completion' must both be strings "
                             "(or both lists of token ids)")
         _need_tokenizer(tokenizer, where)
+        _check_text(where, prompt=prompt, completion=completion)
         if chat_template:
-            p = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}])
-        else:
-            p = list(tokenizer.encode(prompt, add_bos=True))
-        c = list(tokenizer.encode(completion, add_bos=False)) + (_eos(tokenizer) if add_eos else [])
+            prompt = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}])
+        p, c = _encode_pair(tokenizer, prompt, completion)
         if not p:
             raise DataError(f"{where}: the prompt encodes to no tokens")
-        return Example(p + c, len(p))
+        return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "messages" in row:
         msgs = row["messages"]
         if not chat_template:
@@ -129,8 +156,9 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                 or msgs[-1].get("role") != "assistant"):
             raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
         _need_tokenizer(tokenizer, where)
-        p = _chat_prompt(tokenizer, msgs[:-1])
-        c = list(tokenizer.encode(str(msgs[-1].get("content", "")), add_bos=False))
+        msgs = [{**m, "content": _text_content(m.get("content"), where)} for m in msgs]
+        _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)})
+        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1]), msgs[-1]["content"])
         return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "text" in row:
         text = row["text"]
@@ -139,16 +167,39 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
         if not isinstance(text, str):
             raise DataError(f"{where}: 'text' must be a string (or a list of token ids)")
         _need_tokenizer(tokenizer, where)
+        _check_text(where, text=text)
         ids = list(tokenizer.encode(text, add_bos=True)) + (_eos(tokenizer) if add_eos else [])
         return Example(ids, 1)
     keys = ", ".join(sorted(row)) or "none"
     raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'text' (found: {keys})")
 
 
+def _check_text(where: str, **texts: str) -> None:
+    """Text a tokenizer can read: no lone surrogate (``"\\ud800"`` in JSON)."""
+    for key, text in texts.items():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise DataError(f"{where}: '{key}' is not valid Unicode text (a lone surrogate "
+                            f"{text[e.start]!r} at character {e.start + 1})") from None
+
+
 def _need_tokenizer(tokenizer, where: str) -> None:
     if tokenizer is None:
         raise DataError(f"{where}: text data needs a tokenizer (the model has none); "
                         "give token ids instead")
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _unique_keys(pairs: list[tuple[str, object]]) -> dict:
+    """A JSON object whose keys are all different (json.loads would keep the last silently)."""
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        raise _DuplicateKey(next(k for i, (k, _) in enumerate(pairs) if k in dict(pairs[:i])))
+    return out
 
 
 def read_jsonl(path: Path) -> list[tuple[int, dict]]:
@@ -167,7 +218,9 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
         if not line.strip():
             continue
         try:
-            rows.append((n, json.loads(line)))
+            rows.append((n, json.loads(line, object_pairs_hook=_unique_keys)))
+        except _DuplicateKey as e:
+            raise DataError(f"{path}:{n}: the key {e.args[0]!r} is given twice") from None
         except json.JSONDecodeError as e:
             what = e.msg.removesuffix(" at").removesuffix(": line 1")
             near = line[max(0, e.pos - 12): e.pos + 12]

@@ -217,7 +217,11 @@ class Tokenizer:
         self.bos_token = special.get("bos_token")
         self.bos_token_id = bos_token_id
         self.eos_token_ids = set(eos_token_ids)
-        self.eos_token_id = min(eos_token_ids) if eos_token_ids else None
+        # the one a text ends with (training data): the tokenizer's eos_token (a chat model's end of
+        # turn, <|im_end|>, <|eot_id|>), else the smallest of the ids
+        named = backend.token_to_id(special["eos_token"]) if special.get("eos_token") else None
+        self.eos_token_id = named if named in self.eos_token_ids else (
+            min(eos_token_ids) if eos_token_ids else None)
         self.add_bos_token = add_bos_token
         self.chat_template = chat_template
 

@@ -1091,8 +1091,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
 
 def ngram_table(dataset: Dataset) -> NgramTable:
-    """The n-gram drafts of a training set's completions (:mod:`~mlx_specstream.ngrams`)."""
-    return NgramTable.build((e.tokens, e.n_prompt) for e in dataset.examples)
+    """The n-gram drafts of a training set's completions (:mod:`~mlx_specstream.ngrams`). Examples
+    with one target are left out: a prompt given alone ends in EOS only, and would teach the table
+    to draft EOS after whatever prompts end with."""
+    return NgramTable.build((e.tokens, e.n_prompt) for e in dataset.examples
+                            if e.n_targets > 1)
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,

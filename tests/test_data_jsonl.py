@@ -151,3 +151,62 @@ def test_chat_template_without_one_names_the_option():
     with pytest.raises(OptionError) as e:
         encode_row({"prompt": "a", "completion": "b"}, tok, chat_template=True, where="x:1")
     assert e.value.render(cli=True).startswith("--chat-template needs the model's chat template")
+
+
+def shipped_tokenizer_copy(dest, edit_json=None, generation_eos=None):
+    """The shipped tokenizer's files in ``dest``, its tokenizer.json edited by ``edit_json``."""
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.tokenizer import load_tokenizer
+
+    if not (DEFAULT_MODEL / "tokenizer.json").is_file():
+        pytest.skip("the default model is not built")
+    dest.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        (dest / name).write_bytes((DEFAULT_MODEL / name).read_bytes())
+    if edit_json is not None:
+        cfg = json.loads((dest / "tokenizer.json").read_text())
+        edit_json(cfg)
+        (dest / "tokenizer.json").write_text(json.dumps(cfg))
+    if generation_eos is not None:
+        (dest / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
+    return load_tokenizer(dest)
+
+
+def test_a_completion_is_tokenized_as_it_follows_its_prompt(tmp_path):
+    """A tokenizer that marks the start of a text (SentencePiece's "▁", Llama and Mistral) marks
+    the prompt's start only: the example is the encoding of prompt and completion together
+    (the oracle), the prompt's tokens first, not a completion that begins with a word-start mark."""
+    tok = shipped_tokenizer_copy(tmp_path / "tok",
+                                 lambda c: c["pre_tokenizer"].update(prepend_scheme="first"))
+    prompt, completion = "### SQL:\n", "SELECT name FROM t"
+    assert tok.encode(completion, add_bos=False) != tok.encode(prompt + completion)[len(tok.encode(prompt)):]
+    e = encode_row({"prompt": prompt, "completion": completion}, tok)
+    assert e.tokens == tok.encode(prompt + completion) + [tok.eos_token_id]
+    assert e.n_prompt == len(tok.encode(prompt))
+
+
+def test_a_completion_ends_with_the_tokenizers_eos_token(tmp_path):
+    """With several EOS ids (a chat model's end of turn and end of text), the one its
+    ``eos_token`` names ends each completion, not the smallest id."""
+    tok = shipped_tokenizer_copy(tmp_path / "tok", generation_eos=[1, 2])  # eos_token "</s>" is 2
+    assert tok.eos_token_ids == {1, 2} and tok.eos_token_id == 2
+    assert encode_row({"prompt": "a", "completion": "b"}, tok).tokens[-1] == 2
+
+
+def test_message_contents_and_text_are_checked(tmp_path):
+    tok = CharTokenizer()
+    parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+    msgs = {"messages": [{"role": "user", "content": parts}, {"role": "assistant", "content": "yo"}]}
+    assert encode_row(msgs, tok, chat_template=True).tokens == encode_row(
+        {"messages": [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "yo"}]}, tok,
+        chat_template=True).tokens  # OpenAI's text parts, as the server reads them
+    for content in (None, 5, [{"type": "image_url", "image_url": "x"}]):
+        bad = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]}
+        with pytest.raises(DataError, match="x.jsonl:3: a message's 'content' must be text"):
+            encode_row(bad, tok, chat_template=True, where="x.jsonl:3")
+    f = write(tmp_path / "sur.jsonl", ['{"prompt": "a\\ud800", "completion": "b"}'])
+    with pytest.raises(DataError, match=r"sur.jsonl:1: 'prompt' is not valid Unicode text"):
+        load_jsonl(f, tok)
+    f = write(tmp_path / "dup.jsonl", ['{"prompt": "a", "completion": "b", "completion": ""}'])
+    with pytest.raises(DataError, match="dup.jsonl:1: the key 'completion' is given twice"):
+        load_jsonl(f, tok)

@@ -152,3 +152,15 @@ def test_a_malformed_adapter_config_is_one_line(tmp_path, config, fragment):
     with pytest.raises(AdapterError, match=fragment) as e:
         read_config(tmp_path)
     assert isinstance(e.value, USER_ERRORS)
+
+
+def test_prompts_given_alone_draft_nothing():
+    """A prompt without completion leaves EOS as its only target: the table must not learn to
+    draft EOS after what prompts end with."""
+    from mlx_specstream.data import Dataset, Example
+    from mlx_specstream.train import ngram_table
+
+    alone = [Example([1, 5, 6, 7, 2], 4)] * 10  # BOS, the prompt, then EOS only
+    assert not ngram_table(Dataset(alone)).next
+    full = [Example([1, 5, 6, 7, 8, 9, 2], 4)] * 10
+    assert ngram_table(Dataset(alone + full)).next[(7,)] == (8, 1.0)
