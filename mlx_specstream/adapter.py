@@ -15,6 +15,7 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
 from .arch.base import check_value
 from .errors import AdapterError, check_keywords
@@ -48,8 +49,12 @@ class AdapterConfig:
 
     def validate(self, n_layers: int) -> None:
         """Every field of the type it is declared with and in its range, for a model of
-        ``n_layers`` (a config that passes is one decoding and saving accept)."""
+        ``n_layers`` (a config that passes is one decoding and saving accept; NumPy scalars are
+        taken as the Python numbers they are)."""
         for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, np.integer | np.floating):
+                setattr(self, f.name, value.item())
             check_value(f.name, getattr(self, f.name), f.type, source="adapter config", error=AdapterError)
         if self.mode not in ("lossless", "shared", "lora"):
             raise AdapterError(f"adapter mode must be 'lossless', 'shared' or 'lora', not '{self.mode}'")

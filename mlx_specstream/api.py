@@ -91,15 +91,17 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
         return tokenizer.encode(prompt)
     if isinstance(prompt, mx.array):
         prompt = np.array(prompt)
-    if not isinstance(prompt, list | tuple | np.ndarray):
-        raise ValueError(f"a prompt is text (str) or a 1-D sequence of int token ids, not {prompt!r}")
-    items = list(prompt)
+    try:
+        items = [t.item() if isinstance(t, mx.array) and t.ndim == 0 else t for t in prompt]
+    except TypeError:  # not iterable
+        raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, "
+                         f"not {prompt!r}") from None
     bad = [t for t in items if isinstance(t, bool) or not isinstance(t, int | np.integer)]
     if bad and all(isinstance(t, dict) for t in items):
         raise ValueError("a prompt is text or token ids: turn chat messages into text with "
                          "tokenizer.apply_chat_template(messages)")
     if bad:
-        raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not a "
+        raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not "
                          f"{type(prompt).__name__} holding {bad[0]!r}")
     return [int(t) for t in items]
 
@@ -168,11 +170,13 @@ def check_stop(stop: str | list[str] | None, tokenizer) -> list[str]:
     return stop
 
 
-def _responses(decoder: Decoder, tokenizer, stop: list[str]) -> Iterator[StreamResponse | PassRequest]:
+def _responses(decoder: Decoder, tokenizer,
+               stop: list[str] | None) -> Iterator[StreamResponse | PassRequest]:
     """Pass by pass: detokenize token by token and end at a stop string (checked by
     :func:`check_stop`), whose text and what follows it are not emitted (the token it begins in
     is, its piece cut there). With stop strings, text that could begin one is held back until it
     cannot."""
+    stop = stop or []
     detok = tokenizer.detokenizer() if tokenizer is not None else None
     out = ""  # text yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet

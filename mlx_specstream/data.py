@@ -156,8 +156,11 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                 or msgs[-1].get("role") != "assistant"):
             raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
         _need_tokenizer(tokenizer, where)
-        msgs = [{**m, "content": _text_content(m.get("content"), where)} for m in msgs]
-        _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)})
+        # earlier messages' contents may be None (OpenAI's tool calls): the template reads them
+        msgs = [{**m, "content": _text_content(m.get("content"), where)}
+                if i == len(msgs) - 1 or m.get("content") is not None else m for i, m in enumerate(msgs)]
+        _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)
+                              if isinstance(m.get("content"), str)})
         p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1]), msgs[-1]["content"])
         return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "text" in row:

@@ -130,6 +130,8 @@ class TrainConfig:
     state_cache_mb: int = 1024  # lossless: base states kept across epochs (BaseStateCache)
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
+    branch: int = 3  # the tree they are decoded with (saved with the adapter as its default)
+    tree_budget: int = 32
     over: str | None = None  # the fine-tune (a lora-mode adapter): lossless drafts it, shared starts from it
     init: str | None = None  # the adapter whose weights the run starts from
 
@@ -855,8 +857,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      prune_weight=prune_weight,
                      segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
                      val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb,
-                     over=str(over) if over is not None else None,
+                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
+                     tree_budget=tree_budget, over=str(over) if over is not None else None,
                      init=str(init) if init is not None else None)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
@@ -911,7 +913,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # adapter so far was chosen on (compared only when the checkpoint recorded them)
     compat = {k: v for k, v in asdict(tc).items()
               if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "state_cache_mb")}
-    recorded_only = ("data", "accept_prompts", "accept_tokens")
+    recorded_only = ("data", "accept_prompts", "accept_tokens", "branch", "tree_budget")
     compat["data"] = data_digest
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
@@ -942,7 +944,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 "val_history": val_history, "seconds": step_seconds, "world_size": world,
                 "best": {k: v for k, v in best.items() if k != "weights"}}
 
-    eos = frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
+    eos = _eos_ids(tokenizer)
     limit = model.max_positions or 1 << 30
     accept_set = [e.tokens[: e.n_prompt] for e in (valid_ds.examples if valid_ds is not None else [])
                   if e.n_prompt + accept_tokens < limit][:accept_prompts] if gamma else []
@@ -1078,7 +1080,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     }
     model.eval()
     if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
-        model.adapter_ngrams = ngram_table(train_ds)  # in memory too: save_adapter writes them
+        # in memory too: save_adapter writes them
+        model.adapter_ngrams = ngram_table(train_ds, _eos_ids(tokenizer))
     if out_dir is not None and main_proc:
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
@@ -1090,12 +1093,17 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     return report
 
 
-def ngram_table(dataset: Dataset) -> NgramTable:
+def _eos_ids(tokenizer) -> frozenset[int]:
+    """The tokenizer's EOS ids (none without a tokenizer)."""
+    return frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
+
+
+def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable:
     """The n-gram drafts of a training set's completions (:mod:`~mlx_specstream.ngrams`). Examples
-    with one target are left out: a prompt given alone ends in EOS only, and would teach the table
+    whose one target is EOS (``eos_ids``) are left out: a prompt given alone would teach the table
     to draft EOS after whatever prompts end with."""
     return NgramTable.build((e.tokens, e.n_prompt) for e in dataset.examples
-                            if e.n_targets > 1)
+                            if not (e.n_targets == 1 and e.tokens[-1] in eos_ids))
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,
@@ -1116,7 +1124,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     vocab_size = read_model_config(Path(model_path)).get("vocab_size")
     train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template,
                                 vocab_size=vocab_size)
-    table = ngram_table(train_ds)
+    table = ngram_table(train_ds, _eos_ids(tokenizer))
     if not table.next:
         raise ValueError(f"{data}: no n-gram occurs often enough in its completions to draft "
                          "anything: nothing written")

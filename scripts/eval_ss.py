@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--max-tokens", type=int, default=96)
     ap.add_argument("--no-lookup", action="store_true", help="streams-only drafts")
     ap.add_argument("--no-ngrams", action="store_true", help="hybrid drafts without the adapter's n-grams")
+    ap.add_argument("--branch", type=int, default=None, help="candidates per stream (default: the adapter's)")
+    ap.add_argument("--tree-budget", type=int, default=None, help="nodes per tree (default: the adapter's)")
     ap.add_argument("--node-cost", type=float, default=None,
                     help="tree sizing (default: this machine's; 0: the whole tree budget, as on Metal)")
     ap.add_argument("--streams", choices=("auto", "tree", "deferred"), default="auto",
@@ -73,7 +75,8 @@ def main() -> None:
     bar = tqdm(rows, desc=f"{args.adapter} {args.task} {args.split}", unit="prompt")
     for r in bar:
         res = generate(model, tok, r["prompt"], max_tokens=args.max_tokens, lookup=not args.no_lookup,
-                       ngrams=not args.no_ngrams, node_cost=args.node_cost, mode=mode, streams=args.streams,
+                       ngrams=False if args.no_ngrams else None, node_cost=args.node_cost, mode=mode,
+                       streams=args.streams, branch=args.branch, tree_budget=args.tree_budget,
                        sql_names=args.sql_names)
         right = exact_match(args.task, res.text, r["completion"])
         exact += right
@@ -88,7 +91,9 @@ def main() -> None:
     out = {"model": recorded_path(args.model), "adapter": args.adapter, "mode": mode, "task": args.task,
            "split": args.split, "n": len(rows), "max_tokens": args.max_tokens, "lookup": not args.no_lookup,
            "ngrams": not args.no_ngrams and getattr(model, "adapter_ngrams", None) is not None,
-           "node_cost": args.node_cost if args.node_cost is not None else "default", "streams": args.streams,
+           "node_cost": args.node_cost if args.node_cost is not None else "default",
+           "branch": args.branch or "adapter's", "tree_budget": args.tree_budget or "adapter's",
+           "streams": args.streams,
            "sql_names": args.sql_names, "exact_match": round(exact / len(rows), 4),
            "tokens_per_pass": round(tokens / passes, 4)}
     if args.check_ar:

@@ -204,6 +204,9 @@ def test_message_contents_and_text_are_checked(tmp_path):
         bad = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": content}]}
         with pytest.raises(DataError, match="x.jsonl:3: a message's 'content' must be text"):
             encode_row(bad, tok, chat_template=True, where="x.jsonl:3")
+    tools = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None},
+                          {"role": "tool", "content": "42"}, {"role": "assistant", "content": "a"}]}
+    assert encode_row(tools, tok, chat_template=True).tokens[-2:] == tok.encode("a", add_bos=False) + [2]
     f = write(tmp_path / "sur.jsonl", ['{"prompt": "a\\ud800", "completion": "b"}'])
     with pytest.raises(DataError, match=r"sur.jsonl:1: 'prompt' is not valid Unicode text"):
         load_jsonl(f, tok)

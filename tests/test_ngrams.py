@@ -161,6 +161,8 @@ def test_prompts_given_alone_draft_nothing():
     from mlx_specstream.train import ngram_table
 
     alone = [Example([1, 5, 6, 7, 2], 4)] * 10  # BOS, the prompt, then EOS only
-    assert not ngram_table(Dataset(alone)).next
+    assert not ngram_table(Dataset(alone), {2}).next
     full = [Example([1, 5, 6, 7, 8, 9, 2], 4)] * 10
-    assert ngram_table(Dataset(alone + full)).next[(7,)] == (8, 1.0)
+    assert ngram_table(Dataset(alone + full), {2}).next[(7,)] == (8, 1.0)
+    one = [Example([1, 5, 6, 7, 9], 4)] * 10  # token ids as given: a completion of one token
+    assert ngram_table(Dataset(one), {2}).next[(7,)] == (9, 1.0)

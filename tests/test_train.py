@@ -789,6 +789,8 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
         np.testing.assert_allclose(np.array(got[k]), v, atol=1e-6)
     with pytest.raises(ValueError, match="differ"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
+    with pytest.raises(ValueError, match="'tree_budget'"):  # the tree the best adapter was chosen with
+        train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "tree_budget": 64})
     with pytest.raises(ValueError, match="past iters"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "iters": 5})
     other = Dataset(ds.examples[::-1], n_lines=len(ds))  # other data: not the batches it saw

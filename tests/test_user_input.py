@@ -2,6 +2,7 @@
 and one clear error line for bad input (each item of the new-user report, against an oracle:
 plain AR decoding, the tokenizer's own decode, the plain CLI output)."""
 
+import array
 import json
 import re
 import shutil
@@ -140,14 +141,15 @@ def test_prompts_that_are_not_prompts():
             generate(model, object(), prompt, max_tokens=2)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(model, None, [], max_tokens=2)
-    for prompt, fragment in (([1.9, 4.2], "not a list holding 1.9"), (["1", "2"], "not a list holding '1'"),
-                             ([1, True], "not a list holding True"), (None, "not None"), (5, "not 5"),
-                             (np.array([[1, 2]]), "not a ndarray holding"),
+    for prompt, fragment in (([1.9, 4.2], "not list holding 1.9"), (["1", "2"], "not list holding '1'"),
+                             ([1, True], "not list holding True"), (None, "not None"), (5, "not 5"),
+                             (np.array([[1, 2]]), "not ndarray holding"),
                              ([{"role": "user", "content": "hi"}], "tokenizer.apply_chat_template")):
         with pytest.raises(ValueError, match=re.escape(fragment)):
             generate(model, None, prompt, max_tokens=2)
     ids = generate(model, None, [1, 2, 3], max_tokens=4, mode="ar").tokens
-    for prompt in ((1, 2, 3), np.array([1, 2, 3], np.int32), mx.array([1, 2, 3])):
+    for prompt in ((1, 2, 3), np.array([1, 2, 3], np.int32), mx.array([1, 2, 3]), range(1, 4),
+                   array.array("i", [1, 2, 3]), list(mx.array([1, 2, 3]))):
         assert generate(model, None, prompt, max_tokens=4, mode="ar").tokens == ids
 
 
@@ -177,6 +179,9 @@ def test_new_adapter_refuses_a_config_decoding_would_refuse():
         with pytest.raises(AdapterError, match=re.escape(fragment)):
             new_adapter(model, **options)
     assert getattr(model, "adapter_config", None) is None
+    # NumPy scalars are taken as the numbers they are (and save as JSON)
+    cfg = new_adapter(model, gamma=np.int64(2), branch=np.int64(5), prune_threshold=np.float32(0.5))
+    assert (cfg.gamma, cfg.branch, cfg.prune_threshold) == (2, 5, 0.5) and type(cfg.gamma) is int
 
 
 def test_read_prompt_from_files_and_stdin(tmp_path, monkeypatch):
