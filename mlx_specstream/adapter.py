@@ -427,6 +427,18 @@ def _kept_on_failure(model):
         raise
 
 
+def check_made_for(model, path: Path, cfg: AdapterConfig) -> None:
+    """An AdapterError unless the adapter in ``path`` (config ``cfg``) was made for ``model``
+    (:func:`made_for`), naming the base it was trained on where it recorded one."""
+    if not made_for(model, cfg):
+        trained_on = _trained_on(path)
+        raise AdapterError(
+            f"adapter '{path.name}' was made for another base model "
+            f"(fingerprint {cfg.base_fingerprint}, this model {fingerprint(model)}, or its weights differ)"
+            + (f"; it was trained on {trained_on}" if trained_on else "")
+        )
+
+
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
                  check_base: bool = True) -> AdapterConfig:
     """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
@@ -436,13 +448,8 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
     path = resolve_adapter(model_path if model_path is not None else getattr(model, "path", None),
                            name_or_path)
     cfg = read_config(path)
-    if check_base and not made_for(model, cfg):
-        trained_on = _trained_on(path)
-        raise AdapterError(
-            f"adapter '{path.name}' was made for another base model "
-            f"(fingerprint {cfg.base_fingerprint}, this model {fingerprint(model)}, or its weights differ)"
-            + (f"; it was trained on {trained_on}" if trained_on else "")
-        )
+    if check_base:
+        check_made_for(model, path, cfg)
     try:
         weights = mx.load(str(path / WEIGHTS_FILE))
     except Exception as e:

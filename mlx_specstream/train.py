@@ -64,6 +64,7 @@ from .adapter import (
     AdapterConfig,
     adapter_weights,
     attach,
+    check_made_for,
     detach,
     fine_tune_keys,
     fingerprint,
@@ -1111,13 +1112,16 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
-    contexts."""
+    contexts. The adapter must have been made for the model (its drafts are in the model's tokens)."""
+    from .loader import load_model
     from .loader import read_config as read_model_config
     from .tokenizer import load_tokenizer
 
     path = resolve_adapter(model_path, adapter)
-    if read_config(path).mode == "lora":
+    cfg = read_config(path)
+    if cfg.mode == "lora":
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
+    check_made_for(load_model(model_path), path, cfg)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     tokenizer = load_tokenizer(Path(model_path))

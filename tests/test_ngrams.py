@@ -166,3 +166,23 @@ def test_prompts_given_alone_draft_nothing():
     assert ngram_table(Dataset(alone + full), {2}).next[(7,)] == (8, 1.0)
     one = [Example([1, 5, 6, 7, 9], 4)] * 10  # token ids as given: a completion of one token
     assert ngram_table(Dataset(one), {2}).next[(7,)] == (9, 1.0)
+
+
+def test_a_table_is_written_only_for_the_adapters_own_base(tmp_path):
+    """Its drafts are token ids of the model given: an adapter of another base is refused (as
+    decoding with it is), and nothing is written."""
+    from test_train import CONFIGS, make_model_dir
+
+    from mlx_specstream.loader import load_model, save_model
+    from mlx_specstream.train import write_ngrams
+
+    model_dir = make_model_dir(tmp_path)
+    m = load_model(model_dir)
+    new_adapter(m, gamma=2, msa_layers=1, seed=0)
+    save_adapter(m, tmp_path / "ad")
+    (tmp_path / "other").mkdir()
+    save_model(tiny_model("llama", seed=5), CONFIGS["llama"], tmp_path / "other")
+    with pytest.raises(AdapterError, match="made for another base model"):
+        write_ngrams(tmp_path / "other", tmp_path / "ad", tmp_path / "data")
+    assert not (tmp_path / "ad" / NGRAMS_FILE).exists()
+    assert write_ngrams(model_dir, tmp_path / "ad", tmp_path / "data")[1] > 0
