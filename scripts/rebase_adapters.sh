@@ -11,7 +11,7 @@
 # sql-lora and code train from nothing with train_adapters.sh's recipes (they are short). The
 # streams of sql-lossless, sql, sql-tuned and sql-split start from OLD's adapter of the same name;
 # over the new sql-lora, their every-row LoRA is the new sql-lora's (carried by sql-tuned, trained
-# on gently by sql and sql-split, --fine-tune-lr 1e-5; `train --init` with `--over`). The draft model is a model of its own
+# on gently by sql, --fine-tune-lr 2e-6, and sql-split, 1e-5; `train --init` with `--over`). The draft model is a model of its own
 # (trained on the same data, not on the base) and stays.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -34,9 +34,9 @@ for what in $ONLY; do
     sql-tuned) warm sql-tuned 600 5e-4 --data data/sql --mode lossless --over sql-lora --no-self-distill \
       --msa-layers 4 --rank 32 ;;
     sql-lossless) warm sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill \
-      --msa-layers 4 --rank 32 ;;
-    sql) warm sql 1000 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 --rank 32 \
-      --alphas "1 0.01" --accept-prompts 32 --fine-tune-lr 1e-5 ;;
+      --msa-layers 4 --rank 32 --branch 5 --tree-budget 64 ;;
+    sql) warm sql 600 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 --rank 32 \
+      --alphas "1 0.01" --accept-prompts 32 --fine-tune-lr 2e-6 --branch 5 --tree-budget 64 ;;  # f
     sql-split) warm sql-split 500 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 2 \
       --alphas "1 0.01" --fine-tune-lr 1e-5 ;;
     *) echo "rebase_adapters: unknown part '$what'" >&2; exit 2 ;;

@@ -26,6 +26,9 @@ M=${MODEL:-models/specstream-tiny/mlx}
 ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --overwrite)
+# the sql adapters' decoding tree: 5 candidates a stream, 64 nodes (more tokens a pass where the
+# whole tree runs, the same speed on a CPU: results/adapters/base4/tree/)
+TREE="--branch 5 --tree-budget 64"
 train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a new cosine to their end)
   local name=$1 stages=${ITERS:-$2} lr=${LR:-$3} again=$AGAIN iters done=0
   shift 3
@@ -51,11 +54,12 @@ further() {  # NAME iters lr args...: train the finished adapter NAME further (-
 for what in $ONLY; do
   case $what in
     sql-lossless)
-      train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill --msa-layers 4 --rank 32
+      train sql-lossless 2000 1e-3 --data data/sql --mode lossless --no-self-distill --msa-layers 4 --rank 32 \
+        $TREE
       further sql-lossless 1600 5e-4 --data data/sql --mode lossless --no-self-distill --msa-layers 4 \
-        --rank 32 ;;
+        --rank 32 $TREE ;;
     sql) train sql "1000 2000 3000" 1e-3 --data data/sql --mode shared --over sql-lora --msa-layers 4 \
-      --rank 32 --alphas "1 0.01" --accept-prompts 32 --fine-tune-lr 1e-5 ;;  # after sql-lora: a
+      --rank 32 --alphas "1 0.01" --accept-prompts 32 --fine-tune-lr 1e-5 $TREE ;;  # after sql-lora: a
       # split adapter started from that fine-tune; 32 validation prompts choose the step kept (8
       # chose step 2100 of 3000, which drafted 3.40 tokens per pass on the 500 valid prompts against
       # step 3000's 3.55). The fine-tune moves at 1e-5: at the streams' 1e-3 it lost exact match
