@@ -104,9 +104,12 @@ def replay(run, rec: Recording, prompt, *, tree_size, chunk, context, accept_max
         clear = _margins(ref_main) > 1e-3
         assert np.array_equal(out["main_token"][kept][clear], ref_main.argmax(-1)[clear]), f"step {k}"
         if ref_streams is not None:
-            top = np.argsort(-ref_streams, axis=-1, kind="stable")[..., : out["stream_tokens"].shape[-1]]
+            branch = out["stream_tokens"].shape[-1]
+            top = np.argsort(-ref_streams, axis=-1, kind="stable")[..., :branch]
             got = out["stream_tokens"][kept][:, : ref_streams.shape[1]]
-            assert np.mean(got == top) > 0.99, f"step {k}: stream top-k differ"
+            # candidates closer than 1e-2 in logit may swap ranks (fp16 keys and values; 2e-3 seen)
+            clear_ranks = _rank_margins(ref_streams, branch) > 1e-2
+            assert np.array_equal(got[clear_ranks], top[clear_ranks]), f"step {k}: stream top-k differ"
         err["steps"] += 1
     return err
 
@@ -118,6 +121,15 @@ def _np(a):
 def _margins(logits: np.ndarray) -> np.ndarray:
     s = np.sort(logits, axis=-1)
     return s[..., -1] - s[..., -2]
+
+
+def _rank_margins(logits: np.ndarray, k: int) -> np.ndarray:
+    """(..., k): how far the r-th largest logit stands from its neighbours in rank (the smaller
+    gap), for the top ``k``: a candidate whose rank a small error cannot change has a margin."""
+    s = -np.sort(-logits, axis=-1)[..., : k + 1]
+    below = s[..., :-1] - s[..., 1:]
+    above = np.concatenate([np.full(below[..., :1].shape, np.inf), below[..., :-1]], axis=-1)
+    return np.minimum(below, above)
 
 
 def torch_runner(graph):
