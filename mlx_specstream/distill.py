@@ -13,6 +13,7 @@ import numpy as np
 from .data import Dataset, Example
 from .outputs import write_text_atomic
 from .process_group import barrier
+from .tokenizer import eos_ids
 
 
 def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
@@ -39,7 +40,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     from .batch import greedy_batches
 
     rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
-    eos = set(getattr(tokenizer, "eos_token_ids", None) or []) if tokenizer is not None else set()
+    eos = eos_ids(tokenizer)
     prompts = [e.tokens[: e.n_prompt] for e in dataset.examples]
     budgets = [distill_budget(e, max_seq_len, distill_tokens) for e in dataset.examples]
     digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()

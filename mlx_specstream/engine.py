@@ -190,6 +190,14 @@ def check_used(opts: DecodeOptions) -> None:
                           + ("it" if len(idle) == 1 else "them"))
 
 
+_KINDS = {"a whole number": int | np.integer, "a number": int | float | np.number}
+# Numeric options: what each must be, and whether None (the default) is allowed
+_TYPED_OPTIONS = {"max_tokens": ("a whole number", False), "temperature": ("a number", False),
+                  "top_p": ("a number", False), "gamma": ("a whole number", True),
+                  "branch": ("a whole number", True), "tree_budget": ("a whole number", True),
+                  "node_cost": ("a number", True), "prune_threshold": ("a number", True)}
+
+
 def check_prompt_ids(prompt: list[int], vocab: int | None) -> None:
     """Every id of ``prompt`` in the vocabulary ``0..vocab - 1`` (None: unknown, ids >= 0)."""
     bad = [t for t in prompt if t < 0 or (vocab is not None and t >= vocab)]
@@ -210,28 +218,19 @@ class Decoder:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
             raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
-        if isinstance(opts.max_tokens, bool) or not isinstance(opts.max_tokens, int | np.integer):
-            raise OptionError(f"{{max_tokens}} must be a whole number, not {opts.max_tokens!r}")
+        for name, (what, optional) in _TYPED_OPTIONS.items():
+            value = getattr(opts, name)
+            if not (optional and value is None) and (isinstance(value, bool)
+                                                     or not isinstance(value, _KINDS[what])):
+                raise OptionError(f"{{{name}}} must be {what}, not {value!r}")
         if opts.max_tokens < 1:
             raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
-        for name, value in (("temperature", opts.temperature), ("top_p", opts.top_p)):
-            if isinstance(value, bool) or not isinstance(value, int | float | np.number):
-                raise OptionError(f"{{{name}}} must be a number, not {value!r}")
         if not 0 <= opts.temperature < math.inf:  # NaN fails too
             raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
         seed = opts.seed  # None: a fresh one
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
                                  or seed < 0):
             raise OptionError(f"{{seed}} must be a whole number >= 0, not {seed!r}")
-        for name in ("gamma", "branch", "tree_budget"):
-            value = getattr(opts, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int | np.integer)):
-                raise OptionError(f"{{{name}}} must be a whole number, not {value!r}")
-        for name in ("node_cost", "prune_threshold"):
-            value = getattr(opts, name)
-            if value is not None and (isinstance(value, bool)
-                                      or not isinstance(value, int | float | np.number)):
-                raise OptionError(f"{{{name}}} must be a number, not {value!r}")
         if opts.constraint is not None and not isinstance(opts.constraint, TokenConstraint):
             raise OptionError("{constraint} must be a TokenConstraint, not "
                               f"{type(opts.constraint).__name__}")

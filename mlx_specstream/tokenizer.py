@@ -43,6 +43,11 @@ def _ids(value) -> list[int]:
     return [int(v) for v in value if isinstance(v, int)]
 
 
+def eos_ids(tokenizer) -> frozenset[int]:
+    """The EOS ids of any tokenizer object (none without a tokenizer)."""
+    return frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
+
+
 def config_eos_ids(path: Path) -> set[int]:
     """The end-of-sequence ids a model directory's configs name (``generation_config.json`` and
     ``config.json``): EOS for a tokenizer, and for a model loaded without one."""

@@ -93,6 +93,7 @@ from .outputs import (
     write_text_atomic,
 )
 from .process_group import DistributedGroup, PeerStopped, barrier, run_local, threads_each
+from .tokenizer import eos_ids
 from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
@@ -131,8 +132,8 @@ class TrainConfig:
     state_cache_mb: int = 1024  # lossless: base states kept across epochs (BaseStateCache)
     accept_prompts: int = 8  # validation prompts decoded at each evaluation (0: none)
     accept_tokens: int = 48  # tokens generated per prompt there
-    branch: int = 3  # the tree they are decoded with (saved with the adapter as its default)
-    tree_budget: int = 32
+    branch: int = AdapterConfig.branch  # the tree they are decoded with (the adapter's default)
+    tree_budget: int = AdapterConfig.tree_budget
     over: str | None = None  # the fine-tune (a lora-mode adapter): lossless drafts it, shared starts from it
     init: str | None = None  # the adapter whose weights the run starts from
 
@@ -945,7 +946,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 "val_history": val_history, "seconds": step_seconds, "world_size": world,
                 "best": {k: v for k, v in best.items() if k != "weights"}}
 
-    eos = _eos_ids(tokenizer)
+    eos = eos_ids(tokenizer)
     limit = model.max_positions or 1 << 30
     accept_set = [e.tokens[: e.n_prompt] for e in (valid_ds.examples if valid_ds is not None else [])
                   if e.n_prompt + accept_tokens < limit][:accept_prompts] if gamma else []
@@ -1082,7 +1083,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     model.eval()
     if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
         # in memory too: save_adapter writes them
-        model.adapter_ngrams = ngram_table(train_ds, _eos_ids(tokenizer))
+        model.adapter_ngrams = ngram_table(train_ds, eos_ids(tokenizer))
     if out_dir is not None and main_proc:
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
@@ -1092,11 +1093,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report
-
-
-def _eos_ids(tokenizer) -> frozenset[int]:
-    """The tokenizer's EOS ids (none without a tokenizer)."""
-    return frozenset(getattr(tokenizer, "eos_token_ids", None) or ())
 
 
 def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable:
@@ -1128,7 +1124,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     vocab_size = read_model_config(Path(model_path)).get("vocab_size")
     train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template,
                                 vocab_size=vocab_size)
-    table = ngram_table(train_ds, _eos_ids(tokenizer))
+    table = ngram_table(train_ds, eos_ids(tokenizer))
     if not table.next:
         raise ValueError(f"{data}: no n-gram occurs often enough in its completions to draft "
                          "anything: nothing written")
