@@ -537,6 +537,22 @@ def test_rotary_frequencies_match_transformers(theta, scaling):
     assert ours.attention_factor == pytest.approx(factor)
 
 
+@pytest.mark.parametrize("theta,head_dim", [(10000.0, 64), (500000.0, 128), (1e6, 96), (10000.0, 80)])
+def test_rotary_frequencies_are_the_same_bits_on_every_machine(theta, head_dim):
+    """Each frequency is the float32 nearest to its exact value (computed here in 50-digit decimals),
+    not the last bit of some machine's float32 ``pow``: NumPy's differs between CPUs (AVX-512 or
+    not), which once changed the shipped model's fingerprint and locked out its own adapters."""
+    from decimal import Decimal, getcontext
+
+    from mlx_specstream.arch.base import make_rope
+
+    getcontext().prec = 50
+    exact = [Decimal(1) / Decimal(theta) ** (Decimal(i) / Decimal(head_dim)) for i in range(0, head_dim, 2)]
+    nearest = np.array([float(x) for x in exact]).astype(np.float32)  # one rounding, then another
+    ours = np.array(make_rope({"rope_theta": theta}, head_dim).inv_freq)
+    assert ours.dtype == np.float32 and np.array_equal(ours, nearest)
+
+
 @pytest.mark.parametrize("edit,fragment", [
     ({"rope_parameters": {"rope_type": "llama3", "factor": 8.0, "rope_theta": 1e4}}, "needs low_freq_factor"),
     ({"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4}}, "'linear' needs factor"),

@@ -1,6 +1,7 @@
 """Multi-stream attention properties and adapters on disk."""
 
 import json
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -165,6 +166,23 @@ def test_adapter_errors(tmp_path):
     with pytest.raises(AdapterError):
         new_adapter(model, mode="other")
     assert fingerprint(model) == fingerprint(tiny_model("llama", seed=1))
+
+
+SHIPPED = Path(__file__).resolve().parents[1] / "models" / "specstream-tiny" / "mlx"
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").exists(), reason="no shipped model")
+def test_shipped_adapters_load_on_the_shipped_model():
+    """Every adapter the project ships is accepted by its own base here (fingerprint, probe and
+    weights probe): `generate --adapter sql`, the first command a user runs, depends on it."""
+    from mlx_specstream.adapter import available_adapters, made_for, read_config
+    from mlx_specstream.api import load
+
+    model, _ = load(SHIPPED)
+    names = available_adapters(SHIPPED)
+    assert {"sql", "sql-lossless", "code"} <= set(names)
+    refused = [n for n in names if not made_for(model, read_config(SHIPPED / "adapters" / n))]
+    assert not refused, f"{refused}: made for fingerprint other than {fingerprint(model)}"
 
 
 @pytest.mark.parametrize("arch", ["llama", "opt"])

@@ -163,13 +163,15 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
     partial = number("partial_rotary_factor", cfg.get("partial_rotary_factor", default_partial), params)
     dims = int(head_dim * partial)
     max_positions = cfg.get("max_position_embeddings", 4096)
-    # On the host in float32 (as transformers does): the same bits on every device, so a model's
-    # fingerprint (adapter.architecture) does not depend on where it was built.
-    inv = (1.0 / (base ** (np.arange(0, dims, 2).astype(np.float32) / dims))).astype(np.float32)
+    # On the host in float64 with libm's pow, rounded to float32 once at the end: the same bits on
+    # every machine and device (NumPy's float32 pow differs in the last bit between CPUs, AVX-512
+    # or not, and MLX's between devices), so a model's fingerprint (adapter.architecture) does not
+    # depend on where it was built. transformers computes them in float32: within 5e-7 of these.
+    inv = np.array([1.0 / math.pow(base, i / dims) for i in range(0, dims, 2)])
     if kind == "default":
-        return Rope(dims, mx.array(inv))
+        return Rope(dims, _float32(inv))
     if kind == "linear":
-        return Rope(dims, mx.array(inv / np.float32(number("factor"))))
+        return Rope(dims, _float32(inv / number("factor")))
     if kind == "llama3":
         factor, lo, hi = number("factor"), number("low_freq_factor"), number("high_freq_factor")
         old = number("original_max_position_embeddings")
@@ -178,7 +180,7 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
         mid = (1 - smooth) * inv / factor + smooth * inv
         out = np.where(wavelen > old / lo, inv / factor, inv)
         is_mid = (wavelen <= old / lo) & (wavelen >= old / hi)
-        return Rope(dims, mx.array(np.where(is_mid, mid, out).astype(np.float32)))
+        return Rope(dims, _float32(np.where(is_mid, mid, out)))
     if kind == "yarn":  # transformers' _compute_yarn_parameters
         old = number("original_max_position_embeddings", max_positions)
         factor = number("factor", max_positions / old)
@@ -191,8 +193,8 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
         if scaling.get("truncate", True):
             low, high = math.floor(low), math.ceil(high)
         low, high = max(low, 0), min(high, dims - 1)
-        span = np.float32((high + 0.001 if high == low else high) - low)  # no division by 0
-        ramp = np.clip((np.arange(dims // 2, dtype=np.float32) - low) / span, 0, 1)
+        span = (high + 0.001 if high == low else high) - low  # no division by 0
+        ramp = np.clip((np.arange(dims // 2, dtype=np.float64) - low) / span, 0, 1)
         extrapolation = 1 - ramp
         inv_y = (inv / factor) * (1 - extrapolation) + inv * extrapolation
 
@@ -203,10 +205,15 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
         if attention_factor is None:
             m, m_all = given("mscale"), given("mscale_all_dim")
             attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-        return Rope(dims, mx.array(inv_y.astype(np.float32)), float(attention_factor))
+        return Rope(dims, _float32(inv_y), float(attention_factor))
     raise UnsupportedModelError(
         f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
     )
+
+
+def _float32(table: np.ndarray) -> mx.array:
+    """A float64 rotary table as the float32 MLX array a Rope holds."""
+    return mx.array(table.astype(np.float32))
 
 
 def causal_mask(n_rows: int, offset: int) -> mx.array:
