@@ -252,15 +252,16 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     if (adapters / lossless_name).exists():
         m, _ = load(model_path, adapter=lossless_name)
         n = adapter_size(m)
-        for label, opts in (("chain", dict(branch=1)), ("tree", dict(branch=3, prune_threshold=0.0)),
-                            ("tree+prune", dict(branch=3, prune_threshold=PRUNE_THRESHOLD))):
+        # "tree": the adapter's own (branch, budget), as users decode it
+        for label, opts in (("chain", dict(branch=1)), ("tree", dict(prune_threshold=0.0)),
+                            ("tree+prune", dict(prune_threshold=PRUNE_THRESHOLD))):
             methods.append(Method(f"ss-lossless {label}", our_decoder(m, tok, **opts), n, reproduces="ar"))
     else:
         skipped["ss-lossless"] = f"no adapter {recorded_path(adapters / lossless_name)}"
     if (adapters / shared_name).exists():
         m, _ = load(model_path, adapter=shared_name)
         n = adapter_size(m)
-        methods.append(Method("ss-shared", our_decoder(m, tok, branch=3), n, task_model="shared"))
+        methods.append(Method("ss-shared", our_decoder(m, tok), n, task_model="shared"))
         shared_ar = load(model_path, adapter=shared_name)[0]
         methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n, task_model="shared"))
     else:
@@ -275,7 +276,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     if (adapters / f"{task}-tuned").exists():
         m, _ = load(model_path, adapter=f"{task}-tuned")
         same = fine_tune is not None and _equal(fine_tune_weights(m), fine_tune)
-        methods.append(Method("ss-tuned", our_decoder(m, tok, branch=3), adapter_size(m),
+        methods.append(Method("ss-tuned", our_decoder(m, tok), adapter_size(m),
                               reproduces="lora-ar" if same else None, task_model="lora"))
         if not same:
             skipped["ss-tuned output check"] = f"its fine-tune is not {task}-lora's"
