@@ -95,7 +95,8 @@ def _show_stats(stats) -> None:
 def generate(
     model: Path | None = typer.Option(None, "--model", "-m",
                                          help="MLX model dir or .mlpackage (default: shipped model)"),
-    adapter: str | None = typer.Option(None, help="adapter name (under MODEL/adapters) or path"),
+    adapter: str | None = typer.Option(
+        None, help="adapter name (under MODEL/adapters; ./NAME for a folder here) or path"),
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text"),
     prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
@@ -429,8 +430,8 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     try:
-        from mlx_specstream.blas import one_line_warning
         from mlx_specstream.errors import USER_ERRORS, OptionError
+        from mlx_specstream.machine import one_line_warning
         from mlx_specstream.outputs import Terminated
         from mlx_specstream.process_group import PeerStopped
     except KeyboardInterrupt:  # Ctrl-C while starting up

@@ -372,14 +372,15 @@ def available_adapters(model_path: str | Path) -> list[str]:
 
 
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:
-    """An adapter path as given, or a name under the model's ``adapters/`` folder."""
+    """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
+    (``sql``) is the model's adapter first, whatever directory of that name the current one holds
+    (``./sql`` names that one), as ``train --out sql`` writes under the model."""
     p = Path(name_or_path)
-    if (p / CONFIG_FILE).is_file():
-        return p
-    if model_path is not None:
-        q = Path(model_path) / "adapters" / str(name_or_path)
-        if (q / CONFIG_FILE).is_file():
-            return q
+    q = Path(model_path) / "adapters" / str(name_or_path) if model_path is not None else None
+    bare = str(name_or_path) == p.name and p.name not in ("", ".", "..")
+    for candidate in ([q, p] if bare else [p, q]):
+        if candidate is not None and (candidate / CONFIG_FILE).is_file():
+            return candidate
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""

@@ -30,26 +30,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-_OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
+from .machine import cache_dir, env_whole_number, warn
+
+_OPENBLAS = ["/usr/lib/x86_64-linux-gnu/libopenblas.so.0", "/usr/lib/aarch64-linux-gnu/libopenblas.so.0",
+             "/usr/lib64/libopenblas.so.0", "/usr/lib/libopenblas.so.0"]  # Debian, Fedora, Arch
 
 
-def one_line_warning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
-                     file: object = None, line: str | None = None) -> str:
-    """The project's warning format, one line as an error is (``warnings.formatwarning``): the CLI
-    sets it for every warning; this module's own warnings, given while the package is imported
-    (before the CLI can set anything), use it too."""
-    return f"warning: {message}\n"
+def _openblas_candidates() -> list[str]:
+    """The system's OpenBLAS: at a known path, else wherever the dynamic linker finds it."""
+    import ctypes.util
 
-
-def _warn(message: str) -> None:
-    """A RuntimeWarning in :func:`one_line_warning`'s format (filters and handlers apply as usual)."""
-    import warnings
-
-    previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
-    try:
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-    finally:
-        warnings.formatwarning = previous
+    found = [p for p in _OPENBLAS if Path(p).exists()]
+    return found or [p for p in [ctypes.util.find_library("openblas")] if p]
 
 
 def _mkl_candidates() -> list[str]:
@@ -65,7 +57,7 @@ def find_blas(choice: str | None = None) -> str | None:
     choice = (choice or os.environ.get("SPECSTREAM_BLAS") or "auto").strip()
     if choice == "reference" or sys.platform != "linux":
         return None
-    found = {"mkl": _mkl_candidates(), "openblas": [p for p in _OPENBLAS if Path(p).exists()]}
+    found = {"mkl": _mkl_candidates(), "openblas": _openblas_candidates()}
     if choice not in ("auto", "mkl", "openblas"):
         if Path(choice).is_file():
             return choice
@@ -78,7 +70,7 @@ def find_blas(choice: str | None = None) -> str | None:
         message = f"SPECSTREAM_BLAS={choice}: {problem}; using the best BLAS found instead"
         if message not in _warned:  # once per process (import, then `specstream-mlx blas`)
             _warned.add(message)
-            _warn(message)
+            warn(message)
         choice = "auto"
     order = ["mkl", "openblas"] if choice == "auto" else [choice]
     for name in order:
@@ -90,12 +82,7 @@ def find_blas(choice: str | None = None) -> str | None:
 def small_rows_limit() -> int:
     """``SPECSTREAM_GEMV_ROWS``: products of at most this many rows go through ``small_gemm.c``
     (default 8; 0: none). A value that is not a whole number >= 0 turns it off, with a warning."""
-    value = os.environ.get("SPECSTREAM_GEMV_ROWS", "8").strip()
-    if not value.isdigit():
-        _warn(f"SPECSTREAM_GEMV_ROWS={value!r} is not a whole number >= 0: small matrix products go "
-              "through OpenBLAS's sgemm")
-        return 0
-    return int(value)
+    return env_whole_number("SPECSTREAM_GEMV_ROWS", 8, 0, "small matrix products go through OpenBLAS's sgemm")
 
 
 def small_rows_library(blas: str) -> str | None:
@@ -108,12 +95,13 @@ def small_rows_library(blas: str) -> str | None:
         return None
     source = Path(__file__).with_name("small_gemm.c")
     key = hashlib.sha256(source.read_bytes() + blas.encode()).hexdigest()[:16]
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlx-specstream"
+    cache = cache_dir("small_gemm")
+    if cache is None:
+        return None
     lib = cache / f"small_gemm-{key}.so"
     if lib.exists():
         return str(lib)
     try:
-        cache.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:  # built aside, then renamed: never half-written
             out = Path(tmp) / lib.name
             subprocess.run([cc, "-O2", "-shared", "-fPIC", f'-DBLAS_LIBRARY="{blas}"', "-o", str(out),
@@ -168,7 +156,7 @@ def preload_fast_blas() -> str | None:
     if lib is None:
         return None
     if "mlx.core" in sys.modules:
-        _warn(f"MLX was imported before mlx_specstream and runs on the slow reference BLAS (about "
+        warn(f"MLX was imported before mlx_specstream and runs on the slow reference BLAS (about "
               f"5-10x slower here): import mlx_specstream first, or start Python with LD_PRELOAD={lib}")
         return None
     if "openblas" in Path(lib).name:

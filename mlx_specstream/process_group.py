@@ -22,7 +22,6 @@ raises :class:`PeerStopped` (on rank 0 with the failed process's error) instead 
 from __future__ import annotations
 
 import multiprocessing
-import os
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
@@ -30,6 +29,7 @@ import mlx.core as mx
 import numpy as np
 
 from . import blas
+from .machine import cores
 
 
 class PeerStopped(RuntimeError):
@@ -109,8 +109,7 @@ def barrier(group) -> None:
 
 def threads_each(n: int) -> int:
     """BLAS threads for each of ``n`` processes: this process's cores shared out."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, cores // n)
+    return max(1, cores() // n)
 
 
 def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callable, kwargs: dict,

@@ -178,11 +178,14 @@ class SQLNames(TokenConstraint):
     def _members(self, qualifier: str, aliases: frozenset, quoted: bool = True) -> list[str]:
         """The columns that may follow ``qualifier.``: its table's, or every column while the
         qualifier is an alias not defined yet (``SELECT T1.x FROM t AS T1``); unquoted, those
-        that need no quotes."""
-        table = next((t for a, t in aliases if a == qualifier), qualifier)
-        if quoted:
-            return self.columns.get(table, self.all_columns)
-        return self.bare_columns.get(table, self.bare_all_columns)
+        that need no quotes. An alias bound twice (the same ``T1`` in a subquery) allows the columns
+        of either table: which one it means depends on the scope, which this does not follow."""
+        tables = sorted({t for a, t in aliases if a == qualifier}) or [qualifier]
+        every, named = (self.all_columns, self.columns) if quoted else (self.bare_all_columns,
+                                                                         self.bare_columns)
+        if len(tables) == 1:
+            return named.get(tables[0], every)
+        return sorted({c for t in tables for c in named.get(t, every)})
 
     def _partial_ok(self, word: str, after: str, aliases: frozenset, quoted: bool) -> bool:
         if after.startswith("."):

@@ -29,7 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 
@@ -126,7 +127,7 @@ def stream_rows(data, batches: list[list[int]], processes: int, gamma: int = 4,
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--data", type=Path, default=Path("data/sql"))
+    ap.add_argument("--data", type=Path, default=ROOT / "data" / "sql")
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--batch-size", type=int, default=8)

@@ -14,7 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
 
 
 
@@ -48,7 +49,7 @@ def main() -> None:
         for b in map(int, args.budgets.split(",")):
             run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0, prune_threshold=0.0)
             methods.append(Method(f"{label} budget {b}", run, n, ar, task_model=name))
-    out = args.out or Path("results") / f"tree-size-{args.task}"
+    out = args.out or ROOT / "results" / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
               methods=methods, overwrite=True,
               repeats=args.repeats)

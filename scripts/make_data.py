@@ -858,9 +858,17 @@ def stdlib_modules() -> dict[str, list[Path]]:
 
 
 def code_splits() -> dict[str, list[str]]:
+    """Top-level stdlib modules by split. The held-out ones (valid, test) are those the shipped
+    ``data/manifest.json`` names, whatever Python runs this: a seeded shuffle of another Python's
+    module list would move held-out modules into train. Every other module here is train."""
     names = sorted(stdlib_modules())
-    n = len(names)
-    return split_names(names, n_valid=max(1, n // 14), n_test=max(1, n // 9))
+    manifest = ROOT / "data" / "manifest.json"
+    if not manifest.is_file():  # the first split of all
+        n = len(names)
+        return split_names(names, n_valid=max(1, n // 14), n_test=max(1, n // 9))
+    held = json.loads(manifest.read_text())["code_splits"]
+    out = {k: [m for m in names if m in held[k]] for k in ("test", "valid")}
+    return out | {"train": [m for m in names if m not in held["test"] + held["valid"]]}
 
 
 def module_name(path: Path) -> str:

@@ -117,6 +117,20 @@ def test_code_modules_held_out(made):
     assert not tops["train"] & (tops["valid"] | tops["test"])
 
 
+def test_code_held_out_modules_stay_held_out_on_another_python(monkeypatch):
+    """Another Python's stdlib has other modules (3.12 drops some, adds others): the held-out
+    modules are still the shipped manifest's, and none of them becomes train."""
+    shipped = json.loads((ROOT / "data" / "manifest.json").read_text())["code_splits"]
+    here = md.stdlib_modules()
+    dropped = set(shipped["train"][:5]) | {shipped["test"][0]}
+    other = {m: f for m, f in here.items() if m not in dropped} | {"_newmod": [], "zz_added": []}
+    monkeypatch.setattr(md, "stdlib_modules", lambda: other)
+    splits = md.code_splits()
+    assert splits["test"] == shipped["test"][1:] and splits["valid"] == shipped["valid"]
+    assert set(splits["train"]) == set(other) - set(shipped["test"]) - set(shipped["valid"])
+    assert "_newmod" in splits["train"] and not dropped & set(splits["train"])
+
+
 def test_code_parses(made):
     out, _ = made
     for split in ("train", "valid", "test"):

@@ -133,6 +133,27 @@ def test_literals_aliases_and_quoted_names(tok):
         assert not allowed(c, tok, bad), bad
 
 
+def test_an_alias_bound_twice_allows_either_tables_columns(tok):
+    """``T1`` names one table outside a subquery and another inside it: SQLite runs both queries,
+    and the constraint allows them whatever order Python's hash seed gives a set (once it picked
+    one table by that order, stopping a correct query in some processes)."""
+    prompt = ("### Context:\nCREATE TABLE singer (singer_id INT, name TEXT);\n"
+              "CREATE TABLE concert (concert_id INT, venue TEXT);\n\n### Question:\nq\n\n### Answer:\n")
+    queries = ["SELECT T1.name FROM singer AS T1 WHERE T1.singer_id IN "
+               "(SELECT concert_id FROM concert AS T1 WHERE T1.venue = 'x')",
+               "SELECT T1.venue FROM concert AS T1 WHERE T1.concert_id IN "
+               "(SELECT singer_id FROM singer AS T1 WHERE T1.name = 'y')"]
+    code = ("import sys; sys.path[:0] = [{!r}]; from test_sql_names import *; "
+            "tok = load_tokenizer(DEFAULT_MODEL); c = SQLNames.from_prompt({!r}, tok); "
+            "print([allowed(c, tok, q) for q in {!r}])")
+    for seed in ("1", "2", "3"):
+        for q in queries:
+            assert sqlite_verdict(context(prompt), q) == "runs"
+        out = subprocess.run([sys.executable, "-c", code.format(str(Path(__file__).parent), prompt, queries)],
+                             capture_output=True, text=True, env={"PYTHONHASHSEED": seed, "PATH": ""})
+        assert out.stdout.strip() == "[True, True]", out.stderr[-500:]
+
+
 def test_every_word_begun_can_be_finished(tok):
     """No dead end: each word the constraint lets a word being written become (keywords in both
     cases, names) can be finished, in the places where words are checked against the lists."""

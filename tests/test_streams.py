@@ -168,6 +168,20 @@ def test_adapter_errors(tmp_path):
     assert fingerprint(model) == fingerprint(tiny_model("llama", seed=1))
 
 
+def test_a_bare_adapter_name_is_the_models_whatever_the_current_directory_holds(tmp_path, monkeypatch):
+    """``--adapter sql`` is the model's ``adapters/sql`` even where the current directory has an
+    adapter folder ``sql`` of its own; ``./sql`` is that folder."""
+    model = tiny_model("llama", seed=1)
+    new_adapter(model, gamma=2, msa_layers=1, seed=0)
+    save_adapter(model, tmp_path / "model" / "adapters" / "sql")
+    new_adapter(model, gamma=3, msa_layers=1, seed=0)
+    save_adapter(model, tmp_path / "cwd" / "sql")
+    monkeypatch.chdir(tmp_path / "cwd")
+    assert load_adapter(model, "sql", model_path=tmp_path / "model").gamma == 2
+    assert load_adapter(model, "./sql", model_path=tmp_path / "model").gamma == 3
+    assert load_adapter(model, tmp_path / "cwd" / "sql", model_path=tmp_path / "model").gamma == 3
+
+
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "specstream-tiny" / "mlx"
 
 

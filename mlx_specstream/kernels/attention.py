@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from .. import layout
+from .. import layout, machine
 from .. import tree as tree_mod
 from ..device import on_cuda, on_gpu
 from . import host_math, metal_available, metal_kernel, read_metal
@@ -41,7 +41,19 @@ BACKENDS = ("auto", "mlx", "metal", "emulator")
 ROWS_PER_SIMDGROUP = 4
 THREADGROUP_MEMORY = 32768
 
-_backend = os.environ.get("MLX_SPECSTREAM_ATTENTION", "auto")
+
+
+def _env_backend() -> str:
+    """``$MLX_SPECSTREAM_ATTENTION``: a backend of :data:`BACKENDS`; anything else is ``auto``,
+    with a warning that names the variable (a stray value must not fail every generation)."""
+    value = os.environ.get("MLX_SPECSTREAM_ATTENTION", "auto").strip() or "auto"
+    if value not in BACKENDS:
+        machine.warn(f"MLX_SPECSTREAM_ATTENTION={value!r} is not one of {', '.join(BACKENDS)}: using auto")
+        return "auto"
+    return value
+
+
+_backend = _env_backend()
 calls: Counter = Counter()  # kernel launches by backend, for tests and benchmarks
 
 

@@ -23,7 +23,7 @@ by returning, lanes of one simdgroup waiting at different simdgroup functions, m
 of threadgroup memory, more than 1024 threads per threadgroup, writes past an output's end.
 
 Builds are cached by a hash of the generated C++ source, the header and the compiler flags in
-``$MLX_SPECSTREAM_KERNEL_CACHE`` (default ``~/.cache/mlx_specstream/kernels``). A compile error is
+``$MLX_SPECSTREAM_KERNEL_CACHE`` (default ``~/.cache/mlx-specstream/kernels``). A compile error is
 raised as :class:`MetalCompileError` with the kernel's own file names and line numbers
 (``NAME.metal:LINE`` for the source, ``NAME.header:LINE`` for the header).
 
@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import re
 import subprocess
 import sys
@@ -47,6 +48,8 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
+
+from .. import machine
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 
@@ -394,8 +397,12 @@ def cpp_source(name, input_names, output_names, source, header, inputs: list[_In
 # ---- compilation and cache --------------------------------------------------------------------
 
 def cache_dir() -> Path:
-    d = os.environ.get("MLX_SPECSTREAM_KERNEL_CACHE")
-    return Path(d) if d else Path.home() / ".cache" / "mlx_specstream" / "kernels"
+    """Where compiled kernels are kept: ``$MLX_SPECSTREAM_KERNEL_CACHE``, else the user's cache
+    (:func:`machine.cache_dir`)."""
+    d = os.environ.get("MLX_SPECSTREAM_KERNEL_CACHE") or machine.cache_dir("kernels")
+    if d is None:
+        raise RuntimeError("no folder to compile kernels into: set MLX_SPECSTREAM_KERNEL_CACHE")
+    return Path(d)
 
 
 def compiler() -> str:
@@ -437,7 +444,7 @@ def _digest_inputs() -> str:
         for p in sorted(INCLUDE_DIR.iterdir()):
             h.update(p.name.encode() + p.read_bytes())
         _header_digest = h.hexdigest()
-    return _header_digest + _compiler_version()
+    return _header_digest + _compiler_version() + platform.machine()  # one cache, several machines
 
 
 def _readable_errors(output: str, name: str) -> str:
@@ -481,10 +488,15 @@ def build(cpp: str, name: str) -> ctypes.CDLL:
 
 _defaults = {
     "schedule": os.environ.get("MLX_SPECSTREAM_EMU_SCHEDULE", "forward"),
-    "workers": int(os.environ.get("MLX_SPECSTREAM_EMU_WORKERS", "0")) or min(4, os.cpu_count() or 1),
+    "workers": 0,  # 0: $MLX_SPECSTREAM_EMU_WORKERS, else up to 4 of this process's cores
     "seed": 0,
     "stack_kb": 256,
 }
+
+
+def _env_workers() -> int:
+    return machine.env_whole_number("MLX_SPECSTREAM_EMU_WORKERS", 0, 0, "up to 4 cores run a kernel's "
+                                    "threadgroups") or min(4, machine.cores())
 
 
 def set_defaults(**kw) -> dict:
@@ -599,7 +611,7 @@ class EmulatedKernel:
             raise ValueError(f"schedule must be one of {sorted(SCHEDULES)}")
         cfg = (ctypes.c_longlong * 10)(
             *[int(g) for g in grid], *[int(t) for t in threadgroup],
-            int(workers or _defaults["workers"]), SCHEDULES[sched],
+            int(workers or _defaults["workers"] or _env_workers()), SCHEDULES[sched],
             int(_defaults["seed"] if seed is None else seed), int(_defaults["stack_kb"]))
         bufs = (ctypes.c_void_p * max(1, len(ptrs)))(*ptrs)
         err = ctypes.create_string_buffer(4096)

@@ -27,9 +27,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from .. import machine
+
 _enabled = False
 _allowed = os.environ.get("MLX_SPECSTREAM_HOST_MATH", "1") != "0"  # "0": MLX's operations everywhere
-_THREADS = max(1, min(8, os.cpu_count() or 1))
+_THREADS = min(8, machine.cores())
 _pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="host-math") if _THREADS > 1 else None
 _MIN_SPLIT = 1 << 15  # elements below which one thread does the whole array
 
