@@ -170,14 +170,14 @@ def check_stop(stop: str | list[str] | None, tokenizer) -> list[str]:
     return stop
 
 
-def _responses(decoder: Decoder, tokenizer,
-               stop: list[str] | None) -> Iterator[StreamResponse | PassRequest]:
+def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
+               skip_special_tokens: bool = False) -> Iterator[StreamResponse | PassRequest]:
     """Pass by pass: detokenize token by token and end at a stop string (checked by
     :func:`check_stop`), whose text and what follows it are not emitted (the token it begins in
     is, its piece cut there). With stop strings, text that could begin one is held back until it
-    cannot."""
+    cannot. ``skip_special_tokens``: control tokens (``<s>``) have no text (the server's replies)."""
     stop = stop or []
-    detok = tokenizer.detokenizer() if tokenizer is not None else None
+    detok = tokenizer.detokenizer(skip_special_tokens) if tokenizer is not None else None
     out = ""  # text yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
     for step in decoder.steps():

@@ -132,9 +132,12 @@ class Scheduler:
                 request.runner.discard()
                 run_passes([request])
             except Exception as e:
-                job.emit(None, e)
-                job.responses.close()
                 self._active.remove(job)
+                try:  # its caller may be gone (the event loop closed): the thread goes on regardless
+                    job.emit(None, e)
+                    job.responses.close()
+                except Exception:
+                    pass
 
     def _advance(self, job: Job) -> PassRequest | None:
         """Run ``job`` up to its next forward pass, emitting what it produced on the way; return

@@ -57,13 +57,15 @@ def error_response(message: str, status: int, kind: str, param: str | None = Non
 
 
 # -- request parsing -------------------------------------------------------------------------
-def _field(body: dict, name: str, kinds: tuple[type, ...], default=None, what: str = ""):
-    """``body[name]`` checked for type (None and absent give ``default``; bool is not a number)."""
+def _field(body: dict, name: str, kinds: tuple[type, ...], default=None, what: str = "", within: str = ""):
+    """``body[name]`` checked for type (None and absent give ``default``; bool is not a number);
+    ``within``: the object that holds it (``stream_options``), for the error's ``param``."""
     value = body.get(name)
     if value is None:
         return default
     if isinstance(value, bool) and bool not in kinds or not isinstance(value, kinds):
-        raise APIError(f"'{name}' must be {what or ' or '.join(k.__name__ for k in kinds)}", name)
+        param = f"{within}.{name}" if within else name
+        raise APIError(f"'{param}' must be {what or ' or '.join(k.__name__ for k in kinds)}", param)
     return value
 
 
@@ -117,6 +119,8 @@ def _chat_prompt(body: dict, tokenizer) -> str:
             raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
                            "messages")
         content = m.get("content")
+        if content is None and m["role"] == "assistant":  # a tool-calling turn has no text
+            content = ""
         if isinstance(content, list):  # content parts: only text is understood
             if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
                 raise APIError("only text content parts are supported", "messages")
@@ -131,6 +135,21 @@ def _chat_prompt(body: dict, tokenizer) -> str:
         return tokenizer.apply_chat_template(flat, add_generation_prompt=True)
     except TokenizerError as e:
         raise APIError(str(e), "messages") from None
+
+
+# OpenAI fields that would change the reply, which this server does not do: refused, not ignored
+# (a client reading ``logprobs.content`` must not get None). Each maps to whether a value asks for it.
+UNSUPPORTED = {
+    "logprobs": lambda v: v not in (None, False, 0),
+    "top_logprobs": lambda v: v not in (None, 0),
+    "echo": lambda v: v not in (None, False),
+    "suffix": lambda v: v not in (None, ""),
+    "best_of": lambda v: v not in (None, 1),
+    "logit_bias": lambda v: bool(v),
+    "presence_penalty": lambda v: v not in (None, 0),
+    "frequency_penalty": lambda v: v not in (None, 0),
+    "response_format": lambda v: v not in (None, {"type": "text"}),
+}
 
 
 @dataclass
@@ -161,6 +180,9 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     prompt = _chat_prompt(body, tok) if chat else _prompt(body)
     if _field(body, "n", (int,), 1) != 1:
         raise APIError("'n' must be 1", "n")
+    for name, asks in UNSUPPORTED.items():
+        if asks(body.get(name)):
+            raise APIError(f"'{name}' is not supported by this server", name, "unsupported_parameter")
     max_key = "max_tokens"
     if chat and body.get("max_completion_tokens") is not None:
         max_key = "max_completion_tokens"  # the newer name
@@ -181,7 +203,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     stream_options = _field(body, "stream_options", (dict,), None)
     if stream_options is not None and not stream:
         raise APIError("'stream_options' is only allowed with 'stream': true", "stream_options")
-    usage = _field(stream_options or {}, "include_usage", (bool,), False)
+    usage = _field(stream_options or {}, "include_usage", (bool,), False, within="stream_options")
     limit = getattr(model, "max_positions", None)
     if isinstance(prompt, str) and tok is not None and limit and len(prompt) > limit * tok.max_token_chars:
         # refused unencoded: encoding megabytes would hold up every other request
@@ -189,18 +211,25 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
                        f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
     try:
         ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        asked = len(ids) + options["max_tokens"]
+        if limit and body.get(max_key) is not None and asked > limit:
+            # asked for explicitly (the default is cut to the context): OpenAI's 400, not a silent cut
+            raise APIError(f"this model's context holds {limit} tokens, but {asked} were asked for "
+                           f"({len(ids)} in the prompt, {options['max_tokens']} in '{max_key}')",
+                           max_key, "context_length_exceeded")
         decoder = _decoder(model, tok, ids, batched=True, **options)
-    except OptionError as e:
-        named = _OPTION.search(e.template)
-        param = named.group(1) if named else None
-        message = e.render(cli=False)
+    except OptionError as e:  # the field is the first option the message names that a request sets
+        param = next((m.group(1) for m in _OPTION.finditer(e.template) if m.group(1) in options), "model")
+        message = e.render(cli=False).replace("(adapter)", "(a model id with one: GET /v1/models)")
         if param == "max_tokens":
             param, message = max_key, message.replace("max_tokens", max_key)
-        raise APIError(message, param if param in (*options, max_key) else "model") from None
+        raise APIError(message, param) from None
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) and limit else None
         raise APIError(str(e), "messages" if chat else "prompt", code) from None
-    return Generation(_responses(decoder, tok, stop), decoder.stats, model_id, chat, stream, usage)
+    # the reply is text, as OpenAI's: control tokens the model writes (a BOS) are not in it
+    responses = _responses(decoder, tok, stop, skip_special_tokens=True)
+    return Generation(responses, decoder.stats, model_id, chat, stream, usage)
 
 
 # -- replies ---------------------------------------------------------------------------------
@@ -277,7 +306,11 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
             loop.call_soon_threadsafe(out.put_nowait, (response, error))
 
         job = Job(gen.responses, emit)
-        scheduler.submit(job)
+        try:
+            scheduler.submit(job)
+        except RuntimeError:  # SIGTERM came: in-flight requests finish, new ones are turned away
+            raise APIError("the server is shutting down", code="server_shutting_down", status=503,
+                           kind="server_error") from None
         return job, out
 
     async def passes(job: Job, out: asyncio.Queue):

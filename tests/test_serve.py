@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from mlx_specstream.api import DEFAULT_MODEL, generate, load
+from mlx_specstream.api import DEFAULT_MODEL, generate, load, stream_generate
 
 openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +159,26 @@ def test_chat_through_template(server, base):
     assert "".join(c.choices[0].delta.content or "" for c in stream) == r.choices[0].message.content
 
 
+def test_replies_are_text_without_control_tokens(server, base):
+    """A BOS the model writes is a token of the reply (counted) but no text in it, as in OpenAI's
+    replies; an earlier assistant turn of a tool-calling history may have no content."""
+    model, tok = base
+    prompt = "x = 1\n</s>"
+    steps = list(stream_generate(model, tok, prompt, max_tokens=6, mode="ar"))
+    ids = [t for s in steps for t in s.tokens]
+    assert tok.bos_token_id in ids  # the case this is about
+    r = server.client().completions.create(model="specstream-tiny", prompt=prompt, max_tokens=6)
+    assert r.choices[0].text == tok.decode(ids, skip_special_tokens=True) and "<s>" not in r.choices[0].text
+    assert r.usage.completion_tokens == len(ids)
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    code, reply = server.post_raw("/v1/chat/completions", json.dumps(
+        {"model": "specstream-tiny", "messages": history, "max_tokens": 2}).encode())
+    assert code == 200, reply
+
+
 def test_adapters_by_model_id(server, base, model_dir):
     """Each id decodes with its own adapter over the one base: shared mode equals that adapter
     decoded alone; the lossless code adapter equals the base."""
@@ -209,7 +229,7 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stop": ["a"] * 5}).encode(), 400, "stop"),
     (json.dumps({"model": "specstream-tiny", "prompt": {"a": 1}}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "fast"}).encode(), 400, "mode"),
-    (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode(), 400, "model"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode(), 400, "mode"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": 1}).encode(), 400, "sql_names"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "sql_names": True}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny:sql", "prompt": [1, 99999], "max_tokens": 4}).encode(), 400,
@@ -231,6 +251,13 @@ def test_stop_seed_and_sampling(server, base, model_dir):
      400, "messages"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x",
                  "stream_options": {"include_usage": True}}).encode(), 400, "stream_options"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "stream": True,
+                 "stream_options": {"include_usage": 1}}).encode(), 400, "stream_options.include_usage"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 2}).encode(), 400, "logprobs"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": {"type": "json_object"}}).encode(), 400, "response_format"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": 10**20}).encode(), 400,
+     "max_tokens"),
     (b"[" * 100_000, 400, None),  # nested deeper than the parser goes
     (b'{"model": "specstream-tiny", "prompt": "x", "max_tokens": ' + b"9" * 5000 + b"}", 400, None),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stop": ["x" * 1001]}).encode(), 400, "stop"),
