@@ -353,6 +353,8 @@ def train(
     accept_prompts: int = typer.Option(8, "--accept-prompts",
                                        help="validation prompts decoded at each evaluation to measure "
                                        "the tokens accepted per pass; the best adapter is kept (0: off)"),
+    accept_tokens: int = typer.Option(48, "--accept-tokens",
+                                      help="tokens generated for each of those prompts"),
     save_every: int = typer.Option(100, "--save-every", help="checkpoint interval in steps"),
     branch: int = typer.Option(3, "--branch", help="saved with the adapter as its decoding default: "
                                "candidates per stream"),
@@ -380,7 +382,8 @@ def train(
                        alphas=alphas, prune_weight=prune_weight, segment_len=segment_len,
                        group_by_length=group_by_length,
                        val_every=val_every, val_batches=val_batches, save_every=save_every,
-                       accept_prompts=accept_prompts, state_cache_mb=state_cache_mb,
+                       accept_prompts=accept_prompts, accept_tokens=accept_tokens,
+                       state_cache_mb=state_cache_mb,
                        branch=branch, tree_budget=tree_budget, warmup=warmup, processes=processes)
     if report["process_rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
@@ -447,12 +450,25 @@ def main() -> None:
     except (*USER_ERRORS, PeerStopped) as e:
         typer.echo(f"error: {e}", err=True)
         sys.exit(1)
-    except Terminated:  # SIGTERM while writing or training: cleaned up (or a checkpoint saved)
-        typer.echo("terminated", err=True)
-        sys.exit(143)
-    except KeyboardInterrupt:
-        typer.echo("interrupted", err=True)
-        sys.exit(130)
+    except (KeyboardInterrupt, SystemExit) as e:  # Typer turns Ctrl-C and SIGTERM into exit 130
+        signal = _interrupt(e)
+        if isinstance(signal, Terminated):  # SIGTERM while writing or training: cleaned up (or a
+            typer.echo("terminated", err=True)  # checkpoint saved), the status of a SIGTERM
+            sys.exit(143)
+        if signal is not None:
+            typer.echo("interrupted", err=True)
+            sys.exit(130)
+        raise
+
+
+def _interrupt(e: BaseException) -> KeyboardInterrupt | None:
+    """The Ctrl-C or SIGTERM (:class:`Terminated`) behind ``e``, which Typer re-raises as an exit."""
+    seen = 0
+    while e is not None and seen < 8:
+        if isinstance(e, KeyboardInterrupt):
+            return e
+        e, seen = e.__cause__ or e.__context__, seen + 1
+    return None
 
 
 if __name__ == "__main__":

@@ -56,15 +56,23 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
     return dest
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read (damaged or incomplete: written whole, it was changed
+    after), in one line."""
+
+
 def load_checkpoint(model, optimizer, path: Path) -> dict:
-    state = json.loads((path / "state.json").read_text())
-    weights = mx.load(str(path / "adapter.safetensors"))
+    try:
+        state = json.loads((path / "state.json").read_text())
+        weights = mx.load(str(path / "adapter.safetensors"))
+        saved = mx.load(str(path / "optimizer.safetensors"))
+    except (OSError, ValueError, RuntimeError) as e:  # MLX: RuntimeError for a truncated file
+        raise CheckpointError(f"{path}: unreadable checkpoint ({str(e).splitlines()[0]})") from None
     current = adapter_weights(model)
     if set(weights) != set(current) or any(weights[k].shape != current[k].shape for k in weights):
         raise ValueError(f"{path}: checkpoint does not match this adapter's configuration")
     model.load_weights(list(weights.items()), strict=False)
     optimizer.init(model.trainable_parameters())
-    saved = mx.load(str(path / "optimizer.safetensors"))
     have = dict(tree_flatten(optimizer.state))
     if set(saved) != set(have):
         raise ValueError(f"{path}: optimizer state does not match this adapter")

@@ -77,7 +77,7 @@ from .adapter import (
 )
 from .arch.base import causal_mask
 from .base_states import BaseStateCache, FixedKV, base_states, msa_start
-from .checkpoint import BEST_FILE, checkpoints, load_checkpoint, save_checkpoint
+from .checkpoint import BEST_FILE, CheckpointError, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
 from .errors import USER_ERRORS, AdapterError, OptionError
@@ -85,6 +85,7 @@ from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import (
+    Terminated,
     check_replaceable,
     check_replaceable_file,
     check_writable,
@@ -554,10 +555,10 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
 def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to replace an adapter or a run unless asked to, or what this project did not write."""
     work = out_dir.with_name(out_dir.name + ".train")
+    check_replaceable(out_dir, "adapter", True)  # first: neither flag may touch what is not ours
     if out_dir.exists() and not (resume or overwrite):
         raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
                               "replace it, or resume=True (--resume) to continue its training")
-    check_replaceable(out_dir, "adapter", True)
     if work.exists():
         check_replaceable(work, "training run", True)
     found = checkpoints(work / "checkpoints")
@@ -577,6 +578,16 @@ def _digest(weights: dict[str, mx.array]) -> str:
     for k in sorted(weights):
         h.update(k.encode() + np.array(weights[k].astype(mx.float32)).tobytes())
     return h.hexdigest()[:16]
+
+
+def _last_state(ckpt_dir: Path) -> dict | None:
+    """The recorded state of the last checkpoint whose state.json reads (None without one)."""
+    for path in reversed(checkpoints(ckpt_dir)):
+        try:
+            return json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def _examples_digest(ds: Dataset) -> str:
@@ -817,6 +828,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
             "held out for validation (acceptance, best adapter)" if valid_ds is not None
             else "no valid.jsonl: no validation during training")
+    valid_digest = _examples_digest(valid_ds) if valid_ds is not None else None
 
     # a bad setting is refused before the attached adapter goes
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
@@ -833,6 +845,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         start_weights = read_adapter(model, init, model_path, check_base=False)[1]
     n_train = len(train_ds)
     steps_per_epoch = math.ceil(n_train / batch_size)
+    resumed = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+    if resumed is not None and iters is None and epochs is None:
+        iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
+    if resumed is not None and warmup is None:
+        warmup = resumed["config"].get("warmup")
     if iters is None:
         iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
                  else default_iters(n_train, batch_size))
@@ -913,16 +930,27 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     elapsed0 = 0.0
     # what a resumed run must share with its checkpoint: the training, and the prompts the best
     # adapter so far was chosen on (compared only when the checkpoint recorded them)
-    compat = {k: v for k, v in asdict(tc).items()
-              if k not in ("iters", "val_every", "val_batches", "save_every", "warmup", "state_cache_mb")}
-    recorded_only = ("data", "accept_prompts", "accept_tokens", "branch", "tree_budget")
-    compat["data"] = data_digest
+    compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
+                                                                 "state_cache_mb")}
+    recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
+                     "warmup", "val_batches")
+    compat["data"], compat["valid_data"] = data_digest, valid_digest
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
         found = checkpoints(ckpt_dir)
         if found:
-            st = load_checkpoint(model, optimizer, found[-1])
+            st = None
+            for path in reversed(found):  # a damaged one (disk, a hand): the one kept before it
+                try:
+                    st = load_checkpoint(model, optimizer, path)
+                    break
+                except CheckpointError as e:
+                    say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
+            if st is None:
+                raise ValueError(f"{ckpt_dir}: no readable checkpoint to resume from: start again with "
+                                 "overwrite=True (--overwrite)")
+            found = found[: found.index(path) + 1]
             if st.get("base_fingerprint") != base_fp:
                 raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
             diff = {k: (st["config"].get(k), v) for k, v in compat.items()
@@ -1027,7 +1055,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
                                    best["weights"])
-            why = "stopped" if isinstance(stop, PeerStopped) else "interrupted"
+            why = ("stopped" if isinstance(stop, PeerStopped) else
+                   "terminated" if isinstance(stop, Terminated) else "interrupted")
             say(f"{why}: saved {dest}; continue with resume=True (--resume)")
         raise
     bar.close()

@@ -82,3 +82,27 @@ def test_generate_help_states_the_engines_node_costs():
     for policy, cost in CPU_NODE_COST.items():
         want = {"deferred": "deferred streams", "tree": "streams on every node"}[policy]
         assert f"{cost} with {want}" in text, text
+
+
+@pytest.mark.parametrize("signal_raised,status,said", [("Terminated", 143, "terminated"),
+                                                        ("KeyboardInterrupt", 130, "interrupted")])
+def test_sigterm_and_ctrl_c_end_a_command_with_their_own_status(monkeypatch, capsys, signal_raised, status,
+                                                                said):
+    """A command stopped by SIGTERM (raised as ``Terminated`` where it cleans up or saves a
+    checkpoint) exits 143 saying so, Ctrl-C 130: Typer turns both into exit 130 on its way out."""
+    import typer
+
+    from mlx_specstream import cli
+    from mlx_specstream.outputs import Terminated
+
+    stopped = typer.Typer()
+
+    @stopped.command()
+    def work() -> None:
+        raise Terminated("terminated") if signal_raised == "Terminated" else KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "app", stopped)
+    monkeypatch.setattr(sys, "argv", ["specstream-mlx"])
+    with pytest.raises(SystemExit) as e:
+        cli.main()
+    assert e.value.code == status and capsys.readouterr().err.strip().endswith(said)

@@ -831,6 +831,39 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
     assert rep["best"]["step"] == full["best"]["step"]
 
 
+def test_a_resumed_run_keeps_its_length_warmup_and_validation(tmp_path):
+    """Resumed as the Ctrl-C hint says (no iters), a run keeps the checkpoint's length and warmup
+    (its learning-rate schedule), refuses another warmup or other validation examples, and passes
+    over a damaged last checkpoint for the one before it."""
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
+    opts = dict(gamma=2, msa_layers=2, batch_size=8, lr=3e-3, save_every=2, val_every=0,
+                progress=False, log=lambda m: None)
+
+    def stop_at_5(step, info):
+        if step == 5:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", callback=stop_at_5,
+              iters=9, warmup=3, **opts)
+    for change in ({"warmup": 1}, {"iters": 9, "warmup": 0}):
+        with pytest.raises(ValueError, match="'warmup'"):
+            train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True,
+                  **opts, **change)
+    other_valid = arithmetic(8, np.random.default_rng(1), length=10)
+    with pytest.raises(ValueError, match="'valid_data'"):
+        train(tiny_model("llama", seed=0), (ds, other_valid), out=tmp_path / "cut", resume=True, **opts)
+    last = tmp_path / "cut.train" / "checkpoints" / "step-0000004" / "optimizer.safetensors"
+    last.write_bytes(last.read_bytes()[:1000])  # damaged on disk after it was written
+    said = []
+    rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True,
+                **{**opts, "log": said.append})
+    assert rep["start_step"] == 2 and rep["history"][-1]["step"] == 9
+    assert rep["config"]["iters"] == 9 and rep["config"]["warmup"] == 3
+    assert any("step-0000004: unreadable checkpoint" in m and "before it" in m for m in said)
+
+
 def test_options_are_checked(tmp_path):
     ds = arithmetic(8, np.random.default_rng(0), length=8)
     model = tiny_model("llama", seed=0)
