@@ -451,11 +451,11 @@ def main() -> None:
         typer.echo(f"error: {e}", err=True)
         sys.exit(1)
     except (KeyboardInterrupt, SystemExit) as e:  # Typer turns Ctrl-C and SIGTERM into exit 130
-        signal = _interrupt(e)
-        if isinstance(signal, Terminated):  # SIGTERM while writing or training: cleaned up (or a
+        stop = _interrupt(e)
+        if isinstance(stop, Terminated):  # SIGTERM while writing or training: cleaned up (or a
             typer.echo("terminated", err=True)  # checkpoint saved), the status of a SIGTERM
             sys.exit(143)
-        if signal is not None:
+        if stop is not None:
             typer.echo("interrupted", err=True)
             sys.exit(130)
         raise
