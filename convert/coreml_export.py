@@ -37,7 +37,14 @@ from pathlib import Path
 import numpy as np
 
 from ..ngrams import NGRAMS_FILE
-from ..outputs import TOKENIZER_FILES, check_replaceable, replace_dirs, temp_dir_beside, terminate_cleanly
+from ..outputs import (
+    TOKENIZER_FILES,
+    check_replaceable,
+    replace_dirs,
+    temp_dir_beside,
+    terminate_cleanly,
+    umask_modes,
+)
 from ..streams import check_prune_threshold
 
 FORMAT_VERSION = "1"
@@ -98,6 +105,15 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
         load_adapter(model, adapter, model_path=model_path)
         if model.adapter_config.main_rank:  # a tuned adapter: its fine-tune becomes the weights
             fuse(model)
+    from ..arch.base import UnsupportedModelError
+    from .torch_graph import check_exportable
+
+    for name, layer in model.named_modules():  # every layer checked before any progress line
+        if getattr(layer, "bits", None) is not None:
+            try:
+                check_exportable(layer)
+            except UnsupportedModelError as e:
+                raise ExportError(f"{model_path}: {name}: {e}") from None
     already = model.config.get("quantization")
     if already and q_bits is not None:
         raise ExportError(f"{model_path} is already quantized ({already.get('bits')} bits): drop --q-bits")
@@ -431,6 +447,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
                              tok_name, tok)
             final = tmp / out.name
             _write_with_metadata(ct, joined, final, meta, model_path)
+            umask_modes(final)
             for p in (*parts.values(), joined):
                 shutil.rmtree(p)
             tok_tmp = None

@@ -23,6 +23,7 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from ..arch import build_model
+from ..errors import OptionError
 from ..loader import (
     DTYPES,
     CheckpointError,
@@ -72,6 +73,13 @@ def _read_safetensors(f: Path) -> dict[str, mx.array]:
     try:
         return mx.load(str(f))
     except Exception as e:  # mlx raises RuntimeError/ValueError on malformed files
+        if "unsupported dtype" in str(e):  # F64, which MLX's reader lacks: read as a .bin's would be
+            try:
+                from safetensors.numpy import load_file
+
+                return {k: mx.array(v) for k, v in load_file(str(f)).items()}
+            except Exception:
+                pass
         raise CheckpointError(f"{f}: corrupt safetensors file ({e})") from None
 
 
@@ -176,10 +184,11 @@ def convert(
     Returns the destination path.
     """
     src, dest = Path(hf_path), Path(mlx_path)
+    where = Path(os.path.abspath(dest))  # now: "." may name the directory about to be replaced
     if not src.is_dir():
         raise CheckpointError(f"{src}: no such checkpoint directory")
     if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"--dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {dtype!r}")
     asked = asked_quantization(quantize, q_bits, q_group_size)
     _check_destination(src, dest, overwrite)
 
@@ -214,4 +223,4 @@ def convert(
         for name in TOKENIZER_FILES:
             if (src / name).is_file():
                 shutil.copy2(src / name, tmp / name)
-    return Path(os.path.abspath(dest))  # "." names the directory that was replaced
+    return where

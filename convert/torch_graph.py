@@ -113,14 +113,20 @@ def _np(a) -> np.ndarray:
     return np.array(a)
 
 
-def unpack_quantized(layer) -> QuantizedWeight:
-    """The integer values, scales and biases of an MLX QuantizedLinear/QuantizedEmbedding."""
+def check_exportable(layer) -> None:
+    """An UnsupportedModelError unless an MLX quantized layer is one Core ML can carry: affine,
+    4 or 8 bits (an mlx-lm mixed-bit model may hold 6-bit layers)."""
     mode = getattr(layer, "mode", "affine")
     if mode != "affine":
         raise UnsupportedModelError(f"quantization mode '{mode}' cannot be exported (supported: affine)")
+    if layer.bits not in (4, 8):
+        raise UnsupportedModelError(f"{layer.bits}-bit weights cannot be exported (supported: 4, 8)")
+
+
+def unpack_quantized(layer) -> QuantizedWeight:
+    """The integer values, scales and biases of an MLX QuantizedLinear/QuantizedEmbedding."""
+    check_exportable(layer)
     bits, gs = layer.bits, layer.group_size
-    if bits not in (4, 8):
-        raise UnsupportedModelError(f"{bits}-bit weights cannot be exported (supported: 4, 8)")
     packed = _np(layer.weight).view(np.uint32)
     per = 32 // bits
     shifts = (bits * np.arange(per, dtype=np.uint32))

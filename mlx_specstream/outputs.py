@@ -227,6 +227,19 @@ def temp_dir_beside(dest: Path) -> Path:
     return tmp
 
 
+def umask_modes(root: Path) -> None:
+    """Give every file and folder under ``root`` the permissions a new one gets under the umask:
+    writers that go through ``mkstemp`` (coremltools' ``model.mlmodel``) leave files 0600, which
+    other users, or a CI job's artifacts, cannot read."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for folder, dirs, files in os.walk(root):
+        for d in dirs:
+            os.chmod(os.path.join(folder, d), 0o777 & ~mask)
+        for f in files:
+            os.chmod(os.path.join(folder, f), 0o666 & ~mask)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived while an output was being written (:func:`terminate_cleanly`)."""
 

@@ -434,9 +434,29 @@ def test_base_model_package(model_dir, tmp_path):
     meta = res.metadata
     assert meta["specstream.mode"] == "base" and meta["specstream.gamma"] == "0"
     assert meta["specstream.tree_size"] == "1"
+    mask = os.umask(0o022)
+    os.umask(mask)
+    for f in (tmp_path / "base.mlpackage").rglob("*"):  # readable as any new file (not mkstemp's 0600)
+        assert f.stat().st_mode & 0o777 == (0o777 if f.is_dir() else 0o666) & ~mask, f
     model = load_for_export(model_dir, None, precision="float32")
     prompt = PROMPTS[0]
     with fp16_kv():
         ref = generate(model, None, prompt, max_tokens=20, mode="ar")
     got = generate_package(PackageRunner(res.package, backend="reference"), None, prompt, max_tokens=20)
     assert got.tokens == ref.tokens
+
+
+def test_a_layer_core_ml_cannot_carry_is_refused_before_any_work(tmp_path):
+    """An mlx-lm mixed-bit directory (a 6-bit layer among 4-bit ones) is refused when it is loaded,
+    naming the layer, not after the graph is built."""
+    import mlx.nn as nn
+
+    model = tiny_model("llama", seed=3)
+    layer, six = "model.layers.0.mlp.up_proj", {"bits": 6, "group_size": 32}
+    nn.quantize(model, group_size=32, bits=4,
+                class_predicate=lambda p, m: six if p == layer else isinstance(m, nn.Linear))
+    cfg = {**model.config, "quantization": {"group_size": 32, "bits": 4, layer: six}}
+    with atomic_dir(tmp_path / "mixed", "model") as tmp:
+        save_model(model, cfg, tmp)
+    with pytest.raises(ExportError, match=f"{layer}: 6-bit weights cannot be exported"):
+        load_for_export(tmp_path / "mixed")

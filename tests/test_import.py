@@ -202,6 +202,22 @@ def test_bfloat16_bin(tmp_path):
         assert np.array_equal(np.array(weights[k].astype(mx.float32)), v.float().numpy()), k
 
 
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_float64_checkpoints_become_float32(tmp_path, fmt):
+    """float64 weights, which MLX's safetensors reader lacks, convert as float32 either way and
+    compute transformers' logits."""
+    model, _ = make_hf("llama", tmp_path / "f32")
+    model = model.to(torch.float64)
+    if fmt == "bin":
+        save_bin(model, tmp_path / "f64")
+    else:
+        model.save_pretrained(tmp_path / "f64")
+    dst = convert_ok(tmp_path / "f64", tmp_path / "f64-mlx")
+    assert {v.dtype for v in mx.load(str(dst / "model.safetensors")).values()} == {mx.float32}
+    ids = np.arange(10)[None] % 100
+    assert np.abs(mlx_logits(load(dst)[0], ids) - torch_logits(model, ids)).max() < TOL
+
+
 def test_python_api(converted, tmp_path):
     from mlx_specstream.convert.hf_import import convert
 
@@ -610,6 +626,10 @@ SMALL4 = dict(SMALL, num_hidden_layers=4, num_key_value_heads=2, intermediate_si
 @pytest.mark.parametrize("name,config,edit", [
     # every layer of phi3 slides, as mistral's (transformers' Phi3 applies config.sliding_window)
     ("phi3_window", lambda: transformers.Phi3Config(**SMALL4, sliding_window=8, pad_token_id=0), None),
+    # a mistral config with layer_types (Ministral's checkpoints): transformers loads it as Ministral,
+    # whose layers slide as layer_types says
+    ("mistral_layer_types", lambda: transformers.MistralConfig(**SMALL4, sliding_window=8),
+     lambda c: c.update(layer_types=["full_attention", "sliding_attention"] * 2)),
     # a qwen2 config as transformers < 4.53 wrote it: no layer_types, the window from max_window_layers
     ("qwen2_legacy_window", lambda: transformers.Qwen2Config(**SMALL4, use_sliding_window=True,
                                                              sliding_window=8, max_window_layers=2),
@@ -642,6 +662,19 @@ def test_configs_are_read_as_transformers_reads_them(tmp_path, name, config, edi
     for prefill in (None, 5):
         diff = np.abs(mlx_logits(model, ids, prefill) - ref).max()
         assert diff < TOL, f"{name}: logits differ by {diff} (prefill {prefill})"
+
+
+def test_converting_over_the_current_directory(converted, tmp_path, monkeypatch):
+    """``--mlx-path . --overwrite`` from inside an earlier conversion replaces it and says where
+    (the working directory itself is gone by then)."""
+    from mlx_specstream.convert.hf_import import convert as hf_convert
+
+    _, src, _ = converted["llama"]
+    here = tmp_path / "mine"
+    hf_convert(src, here)
+    monkeypatch.chdir(here)
+    assert hf_convert(src, ".", overwrite=True) == here
+    assert load(here)[0] is not None
 
 
 def test_a_malformed_quantization_config_is_one_error(converted, tmp_path):

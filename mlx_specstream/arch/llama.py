@@ -52,10 +52,11 @@ class Args(BaseArgs):
         return self.model_type in ("qwen2", "qwen3") and layer >= self.max_window_layers
 
     def window(self, layer: int) -> int | None:
-        """The sliding window of a layer, as transformers reads the config: every layer of mistral
-        and phi3 (their models ignore ``layer_types``); else those ``layer_types`` marks
-        "sliding_attention", or without it :meth:`slides`; none unless ``use_sliding_window``."""
-        if self.model_type in ("mistral", "phi3"):
+        """The sliding window of a layer, as transformers reads the config: those ``layer_types``
+        marks "sliding_attention" (a mistral config with them loads as Ministral, whose layers
+        alternate), except phi3, whose model ignores them; every layer of mistral and phi3 without
+        them; else :meth:`slides`; none unless ``use_sliding_window``."""
+        if self.model_type == "phi3" or (self.model_type == "mistral" and self.layer_types is None):
             sliding = True
         elif self.layer_types is not None:
             sliding = self.layer_types[layer] == "sliding_attention"
