@@ -462,13 +462,13 @@ def main() -> None:
 
 
 def _interrupt(e: BaseException) -> KeyboardInterrupt | None:
-    """The Ctrl-C or SIGTERM (:class:`Terminated`) behind ``e``, which Typer re-raises as an exit."""
-    seen = 0
-    while e is not None and seen < 8:
-        if isinstance(e, KeyboardInterrupt):
-            return e
-        e, seen = e.__cause__ or e.__context__, seen + 1
-    return None
+    """The Ctrl-C or SIGTERM (:class:`Terminated`) that Typer turned into the exit ``e`` (its
+    ``Exit(130)`` raised *from* the interrupt); None for an exit a command chose, such as
+    ``generate``'s after saying how many tokens it wrote."""
+    if isinstance(e, KeyboardInterrupt):
+        return e
+    cause = getattr(e.__context__, "__cause__", None)  # SystemExit <- click's Exit <- the interrupt
+    return cause if isinstance(cause, KeyboardInterrupt) else None
 
 
 if __name__ == "__main__":

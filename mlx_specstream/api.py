@@ -177,7 +177,8 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
     is, its piece cut there). With stop strings, text that could begin one is held back until it
     cannot. ``skip_special_tokens``: control tokens (``<s>``) have no text (the server's replies)."""
     stop = stop or []
-    detok = tokenizer.detokenizer(skip_special_tokens) if tokenizer is not None else None
+    detok = None if tokenizer is None else (
+        tokenizer.detokenizer(skip_special_tokens=True) if skip_special_tokens else tokenizer.detokenizer())
     out = ""  # text yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
     for step in decoder.steps():
