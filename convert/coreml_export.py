@@ -40,6 +40,8 @@ from ..ngrams import NGRAMS_FILE
 from ..outputs import (
     TOKENIZER_FILES,
     check_replaceable,
+    make_parents,
+    remove_empty,
     replace_dirs,
     temp_dir_beside,
     terminate_cleanly,
@@ -417,8 +419,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     adapter_name = getattr(getattr(model, "adapter_config", None), "name", "") or (
         Path(adapter).name if adapter else "")
 
-    parent = out.parent
-    parent.mkdir(parents=True, exist_ok=True)
+    created = make_parents(out.parent)
     tmp = temp_dir_beside(out)
     try:
         with terminate_cleanly():
@@ -467,6 +468,10 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
             # an earlier export's tokenizer goes too when this model has none
             replace_dirs([(tok_tmp, tokenizer_dir(out), "Core ML tokenizer"),
                           (final, out, "Core ML package")], overwrite)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     size = dir_size(out)

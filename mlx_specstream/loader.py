@@ -22,6 +22,8 @@ from .errors import CheckpointError, OptionError
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
+    make_parents,
+    remove_empty,
     replace_dirs,
     save_safetensors,
     temp_dir_beside,
@@ -209,10 +211,12 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
     """
     check_replaceable(dest, kind, overwrite)
     dest = Path(os.path.abspath(dest))  # "." or "x/.." by its name, so the work is done beside it
+    created = []
     try:
-        dest.parent.mkdir(parents=True, exist_ok=True)
+        created = make_parents(dest.parent)
         tmp = temp_dir_beside(dest)
     except OSError as e:
+        remove_empty(created)
         raise PermissionError(f"cannot write to {dest.parent}: {e.strerror}") from None
     try:
         with terminate_cleanly():
@@ -220,6 +224,7 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
             replace_dirs([(tmp, dest, kind)], overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
         raise
 
 

@@ -227,6 +227,27 @@ def temp_dir_beside(dest: Path) -> Path:
     return tmp
 
 
+def make_parents(folder: Path) -> list[Path]:
+    """Create ``folder`` and its missing ancestors; returns those it created, deepest first, for
+    :func:`remove_empty` to take back if the write they are for fails."""
+    missing, p = [], Path(os.path.abspath(folder))
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def remove_empty(created: list[Path]) -> None:
+    """Remove the folders :func:`make_parents` created, deepest first, while they are empty: a
+    failed write leaves nothing behind, folders included."""
+    for d in created:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
 def umask_modes(root: Path) -> None:
     """Give every file and folder under ``root`` the permissions a new one gets under the umask:
     writers that go through ``mkstemp`` (coremltools' ``model.mlmodel``) leave files 0600, which

@@ -350,9 +350,10 @@ def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
         raise RuntimeError("disk full")
 
     monkeypatch.setattr(coreml_export, "_finish_function", boom)
-    with pytest.raises(RuntimeError, match="disk full"):
-        export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", progress=None, **SIZES)
-    assert os.listdir(tmp_path) == []
+    for out in (tmp_path / "x.mlpackage", tmp_path / "new" / "deeper" / "x.mlpackage"):  # and folders
+        with pytest.raises(RuntimeError, match="disk full"):
+            export_coreml(model_dir, out, adapter="lossless", progress=None, **SIZES)
+        assert os.listdir(tmp_path) == []
     with pytest.raises(ExportError, match="--tree-size 99 is out of range 1..40"):
         export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", tree_size=99, progress=None)
     assert os.listdir(tmp_path) == []

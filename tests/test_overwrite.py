@@ -167,11 +167,12 @@ def test_sigterm_while_writing_leaves_nothing_behind(tmp_path):
     from mlx_specstream.outputs import Terminated
 
     before = signal.getsignal(signal.SIGTERM)
-    with pytest.raises(Terminated):
-        with atomic_dir(tmp_path / "m", "model") as tmp:
-            (tmp / "config.json").write_text("{}")
-            os.kill(os.getpid(), signal.SIGTERM)
-    assert list(tmp_path.iterdir()) == []
+    for dest in (tmp_path / "m", tmp_path / "new" / "deeper" / "m"):  # folders it made go too
+        with pytest.raises(Terminated):
+            with atomic_dir(dest, "model") as tmp:
+                (tmp / "config.json").write_text("{}")
+                os.kill(os.getpid(), signal.SIGTERM)
+        assert list(tmp_path.iterdir()) == []
     assert signal.getsignal(signal.SIGTERM) is before
 
 
