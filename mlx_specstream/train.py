@@ -1064,7 +1064,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     final_eval = val_history[-1] if val_history and val_history[-1]["step"] == iters else None
     if valid_ds is not None and final_eval is None:
-        final_eval = {"step": iters, **validate(iters)}
+        try:
+            final_eval = {"step": iters, **validate(iters)}
+        except (KeyboardInterrupt, PeerStopped):
+            if ckpt_dir is not None and main_proc and checkpoints(ckpt_dir):
+                say(f"interrupted in the final evaluation: {checkpoints(ckpt_dir)[-1]} holds the last "
+                    "step; resume=True (--resume) finishes the run")
+            raise
     earlier = (best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
                and "mean_accepted_tokens" in (final_eval or {}))
     # in shared mode, where the adapter writes the output, it is kept only if its main stream predicts

@@ -831,6 +831,31 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
     assert rep["best"]["step"] == full["best"]["step"]
 
 
+def test_a_stop_in_the_final_evaluation_says_how_to_finish(tmp_path, monkeypatch):
+    """Ctrl-C while the last step is evaluated: the run says its last checkpoint holds that step
+    and that resuming finishes it, which it does."""
+    import mlx_specstream.train as train_mod
+
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
+    opts = dict(gamma=2, msa_layers=2, iters=4, batch_size=8, lr=3e-3, save_every=2, val_every=0,
+                val_batches=1, accept_prompts=2, accept_tokens=8, progress=False)
+    real = train_mod.acceptance
+
+    def ctrl_c(*a, **k):
+        raise KeyboardInterrupt
+
+    said = []
+    monkeypatch.setattr(train_mod, "acceptance", ctrl_c)
+    with pytest.raises(KeyboardInterrupt):
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", log=said.append, **opts)
+    assert any("final evaluation" in m and "step-0000004" in m and "--resume" in m for m in said), said
+    monkeypatch.setattr(train_mod, "acceptance", real)
+    rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True,
+                log=lambda m: None, **opts)
+    assert rep["start_step"] == 4 and (tmp_path / "a" / "adapter.safetensors").is_file()
+
+
 def test_a_resumed_run_keeps_its_length_warmup_and_validation(tmp_path):
     """Resumed as the Ctrl-C hint says (no iters), a run keeps the checkpoint's length and warmup
     (its learning-rate schedule), refuses another warmup or other validation examples, and passes
