@@ -221,10 +221,15 @@ def temp_dir_beside(dest: Path) -> Path:
     permissions any new directory gets (``tempfile.mkdtemp`` makes it 0700, which the rename
     would carry to the output)."""
     tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.", dir=dest.parent))
+    tmp.chmod(0o777 & ~_umask())
+    return tmp
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it: it is put back at once)."""
     mask = os.umask(0o022)
     os.umask(mask)
-    tmp.chmod(0o777 & ~mask)
-    return tmp
+    return mask
 
 
 def make_parents(folder: Path) -> list[Path]:
@@ -252,8 +257,7 @@ def umask_modes(root: Path) -> None:
     """Give every file and folder under ``root`` the permissions a new one gets under the umask:
     writers that go through ``mkstemp`` (coremltools' ``model.mlmodel``) leave files 0600, which
     other users, or a CI job's artifacts, cannot read."""
-    mask = os.umask(0o022)
-    os.umask(mask)
+    mask = _umask()
     for folder, dirs, files in os.walk(root):
         for d in dirs:
             os.chmod(os.path.join(folder, d), 0o777 & ~mask)

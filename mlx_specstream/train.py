@@ -1067,9 +1067,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         try:
             final_eval = {"step": iters, **validate(iters)}
         except (KeyboardInterrupt, PeerStopped):
-            if ckpt_dir is not None and main_proc and checkpoints(ckpt_dir):
-                say(f"interrupted in the final evaluation: {checkpoints(ckpt_dir)[-1]} holds the last "
-                    "step; resume=True (--resume) finishes the run")
+            if ckpt_dir is not None and main_proc and (saved := checkpoints(ckpt_dir)):
+                say(f"interrupted in the final evaluation: {saved[-1]} holds the last step; "
+                    "resume=True (--resume) finishes the run")
             raise
     earlier = (best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
                and "mean_accepted_tokens" in (final_eval or {}))

@@ -35,6 +35,7 @@ floating-point reductions inside ``simd_sum`` (sums are taken in lane order).
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import platform
@@ -494,6 +495,7 @@ _defaults = {
 }
 
 
+@functools.cache  # read once, not at every kernel launch
 def _env_workers() -> int:
     return machine.env_whole_number("MLX_SPECSTREAM_EMU_WORKERS", 0, 0, "up to 4 cores run a kernel's "
                                     "threadgroups") or min(4, machine.cores())
