@@ -224,15 +224,15 @@ def bench(
                                    help="replace the results of an earlier run in --out"),
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
-    from mlx_specstream.api import DEFAULT_MODEL
     from mlx_specstream.bench import results_markdown, run_bench
     from mlx_specstream.loader import model_dir
+    from mlx_specstream.project import default_model
 
     if task not in ("sql", "code"):
         raise ValueError("--task must be sql or code")
     if quick:
         n, max_tokens = min(n, 8), min(max_tokens, 64)
-    model = model or DEFAULT_MODEL
+    model = model or default_model()
     draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft,
                     overwrite=overwrite, repeats=repeats)
@@ -370,10 +370,10 @@ def train(
     with --processes N, or under ``mlx.launch``."""
     import json as _json
 
-    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.project import default_model
     from mlx_specstream.train import train as run_train
 
-    report = run_train(model or DEFAULT_MODEL, data, mode=mode, out=out, gamma=gamma,
+    report = run_train(model or default_model(), data, mode=mode, out=out, gamma=gamma,
                        msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
                        batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr, max_seq_len=max_seq_len,
                        length_policy=length_policy, chat_template=chat_template,
@@ -401,10 +401,10 @@ def ngrams(
 ) -> None:
     """Give an adapter trained before n-gram drafts existed the drafts of its data (ngrams.npz;
     ``train`` writes them itself): decoding then drafts what its outputs share beside the streams."""
-    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.project import default_model
     from mlx_specstream.train import write_ngrams
 
-    path, n = write_ngrams(model or DEFAULT_MODEL, adapter, data, max_seq_len=max_seq_len,
+    path, n = write_ngrams(model or default_model(), adapter, data, max_seq_len=max_seq_len,
                            chat_template=chat_template, overwrite=overwrite)
     typer.echo(f"wrote {path} ({n} contexts)")
 
@@ -423,11 +423,11 @@ def serve(
 ) -> None:
     """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models): one base
     model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass together."""
-    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.project import default_model
     from mlx_specstream.server import serve as run_server
 
     names = adapters if adapters in (None, "all") else [a.strip() for a in adapters.split(",") if a.strip()]
-    run_server(model or DEFAULT_MODEL, names, host=host, port=port, max_active=max_active, name=name)
+    run_server(model or default_model(), names, host=host, port=port, max_active=max_active, name=name)
 
 
 def main() -> None:

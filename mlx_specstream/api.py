@@ -15,11 +15,11 @@ from .constraint import TokenConstraint
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
 from .errors import check_keywords
 from .loader import load_model
+from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
+from .project import default_model
 from .runner import PassRequest
 from .sql_names import SQLNames
 from .tokenizer import config_eos_ids
-
-DEFAULT_MODEL = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
 
 
 def load(path: str | Path | None = None, adapter: str | Path | None = None,
@@ -35,7 +35,7 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     """
     from .tokenizer import load_tokenizer
 
-    path = Path(path) if path is not None else DEFAULT_MODEL
+    path = Path(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
     if adapter is not None:

@@ -45,6 +45,7 @@ from .outputs import (
     write_results_file,
     write_text_atomic,
 )
+from .project import project_data
 from .tokenizer import load_tokenizer
 
 PRUNE_THRESHOLD = 0.05  # of "ss-lossless tree+prune" (the shipped adapters do not prune)
@@ -320,7 +321,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
             raise OptionError(f"{{{name}}} must be >= 1, not {value}")
     check_out_dir(Path(out_dir), overwrite)
 
-    data_dir = data_dir or Path(__file__).resolve().parent.parent / "data" / task
+    data_dir = data_dir or project_data(task)
     test = data_dir / "test.jsonl"
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")

@@ -24,6 +24,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .project import PROJECT_DATA
+
 TRAIN_FILE, VALID_FILE = "train.jsonl", "valid.jsonl"
 POLICIES = ("truncate", "skip")
 
@@ -281,9 +283,6 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         raise DataError(f"{path}: no usable examples (all {ds.n_lines} skipped: "
                         f"longer than max_seq_len={max_seq_len} or nothing to predict)")
     return ds
-
-
-PROJECT_DATA = Path(__file__).resolve().parent.parent / "data"
 
 
 def make_project_train_split(data_dir: Path, say=print) -> bool:

@@ -26,6 +26,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from .project import REPOSITORY
+
 # Files a model directory's tokenizer may consist of (copied along by import and export).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
@@ -154,9 +156,6 @@ def is_results_json(path: Path) -> bool:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
     return isinstance(data, dict) and isinstance(data.get("meta"), dict) and "command" in data["meta"]
-
-
-REPOSITORY = Path(__file__).resolve().parent.parent
 
 
 def recorded_path(path: str | Path) -> str:

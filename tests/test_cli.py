@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from helpers import tiny_model
@@ -106,3 +107,30 @@ def test_sigterm_and_ctrl_c_end_a_command_with_their_own_status(monkeypatch, cap
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == status and capsys.readouterr().err.strip().endswith(said)
+
+
+def test_an_installed_copy_without_the_repository_asks_for_the_model_and_data(tmp_path):
+    """``pip install .`` copies the package alone into site-packages, without ``models/`` and
+    ``data/``: the commands that default to them say what to pass, in one line."""
+    import os
+    import shutil
+
+    import mlx_specstream
+
+    site = tmp_path / "site"
+    shutil.copytree(Path(mlx_specstream.__file__).parent, site / "mlx_specstream",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # symlinks followed, as pip does
+    env = {**os.environ, "PYTHONPATH": str(site)}
+
+    def installed(*args):
+        return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True,
+                              text=True, timeout=600, env=env, cwd=tmp_path)
+
+    assert_one_line_error(installed("generate", "--prompt", "x"), "no --model given and this installation")
+    shipped = Path(__file__).resolve().parent.parent / "models" / "specstream-tiny" / "mlx"
+    res = installed("bench", "--model", str(shipped), "--out", str(tmp_path / "b"))
+    assert_one_line_error(res, "--task sql: this installation has no project data sets")
+    assert not (tmp_path / "b").exists()
+    api = subprocess.run([sys.executable, "-c", "from mlx_specstream import load; load()"],
+                         capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
+    assert "OptionError: no model given and this installation has no default model" in api.stderr

@@ -367,7 +367,8 @@ def test_every_script_checks_its_results_file_before_the_work():
 
 
 def test_a_recorded_command_names_no_directory_of_the_machine():
-    from mlx_specstream.outputs import REPOSITORY, recorded_command
+    from mlx_specstream.outputs import recorded_command
+    from mlx_specstream.project import REPOSITORY
 
     argv = [f"{REPOSITORY}/.venv/bin/specstream-mlx", "bench", "--out", f"{REPOSITORY}/results/x",
             f"--model={REPOSITORY}/models/m", "--task", "a b", "/elsewhere/y"]
