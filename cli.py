@@ -445,7 +445,7 @@ def main() -> None:
     try:
         app()
     except OptionError as e:
-        typer.echo(f"error: {e.render(cli=True)}", err=True)
+        typer.echo("error: " + e.render("cli"), err=True)
         sys.exit(1)
     except (*USER_ERRORS, PeerStopped) as e:
         typer.echo(f"error: {e}", err=True)

@@ -24,26 +24,40 @@ class OptionError(ValueError):
     """A bad option value, said in the caller's language.
 
     The message names options as ``{name}`` or ``{name=value}``: Python callers read
-    ``name`` / ``name='value'``, command-line users ``--name`` / ``--name value``. Example:
+    ``name`` / ``name='value'``, command-line users ``--name`` / ``--name value``, clients of the
+    server (JSON fields) ``'name'`` / ``'name': "value"``. Example:
     ``OptionError("{gamma} must be in 1..4, not 0")`` reads "gamma must be in 1..4, not 0" in
     Python and "--gamma must be in 1..4, not 0" from ``specstream-mlx generate``.
     """
 
     def __init__(self, template: str):
         self.template = template
-        super().__init__(self.render(cli=False))
+        super().__init__(self.render("python"))
 
-    def render(self, cli: bool) -> str:
+    def options(self) -> list[str]:
+        """The options the message names, in order."""
+        return [m.group(1) for m in _OPTION.finditer(self.template)]
+
+    def render(self, dialect: str, names: dict[str, str] | None = None) -> str:
+        """The message for ``dialect`` ``python``, ``cli`` or ``http``; ``names`` spells some
+        options otherwise in ``http`` (a request's field for an option of another name)."""
         def one(m: re.Match) -> str:
             name, value = m.group(1), m.group(2)
-            if cli:
+            literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")
+            if dialect == "cli":
                 flag = CLI_FLAGS.get(name, "--" + name.replace("_", "-"))
                 if value == "False":  # a --name/--no-name switch
                     return "--no-" + flag[2:]
                 return flag if value in (None, "True") else f"{flag} {value}"
+            if dialect == "http":
+                field = (names or {}).get(name, f"'{name}'")
+                if value is None:
+                    return field
+                shown = {"True": "true", "False": "false", "None": "null"}.get(value, value) if literal \
+                    else f'"{value}"'
+                return f"{field}: {shown}"
             if value is None:
                 return name
-            literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value)
             return f"{name}={value}" if literal else f"{name}='{value}'"
 
         return _OPTION.sub(one, self.template)

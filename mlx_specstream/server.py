@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from .api import StreamResponse, _decoder, _responses
 from .engine import Stats
-from .errors import _OPTION, OptionError
+from .errors import OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
@@ -219,11 +219,11 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
                            max_key, "context_length_exceeded")
         decoder = _decoder(model, tok, ids, batched=True, **options)
     except OptionError as e:  # the field is the first option the message names that a request sets
-        param = next((m.group(1) for m in _OPTION.finditer(e.template) if m.group(1) in options), "model")
-        message = e.render(cli=False).replace("(adapter)", "(a model id with one: GET /v1/models)")
-        if param == "max_tokens":
-            param, message = max_key, message.replace("max_tokens", max_key)
-        raise APIError(message, param) from None
+        param = next((o for o in e.options() if o in options), "model")
+        param = max_key if param == "max_tokens" else param
+        names = {"max_tokens": f"'{max_key}'",  # the request's fields for options named otherwise
+                 "adapter": "'model': an id with an adapter, GET /v1/models"}
+        raise APIError(e.render("http", names), param) from None
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) and limit else None
         raise APIError(str(e), "messages" if chat else "prompt", code) from None

@@ -150,7 +150,7 @@ def test_chat_template_without_one_names_the_option():
     assert tok.chat_template is None
     with pytest.raises(OptionError) as e:
         encode_row({"prompt": "a", "completion": "b"}, tok, chat_template=True, where="x:1")
-    assert e.value.render(cli=True).startswith("--chat-template needs the model's chat template")
+    assert e.value.render("cli").startswith("--chat-template needs the model's chat template")
 
 
 def shipped_tokenizer_copy(dest, edit_json=None, generation_eos=None):

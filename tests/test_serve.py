@@ -276,6 +276,22 @@ def test_bad_requests_are_openai_errors(server, body, status, param):
         {"model": "specstream-tiny", "prompt": "x", "max_tokens": 1}).encode())[0] == 200  # still serving
 
 
+def test_option_errors_name_the_requests_fields(server):
+    """The engine's option errors read in the request's terms: JSON fields and values, the
+    'model' id that picks an adapter, the chat endpoint's own name for the token limit."""
+    code, reply = server.post_raw("/v1/completions", json.dumps(
+        {"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode())
+    assert code == 400 and reply["error"]["param"] == "mode"
+    assert reply["error"]["message"] == ("speculative decoding needs an adapter with streams: load one "
+                                         "('model': an id with an adapter, GET /v1/models) or use "
+                                         "'mode': \"ar\"")
+    code, reply = server.post_raw("/v1/chat/completions", json.dumps(
+        {"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+         "max_completion_tokens": 0}).encode())
+    assert code == 400 and "'max_completion_tokens'" in reply["error"]["message"]
+    assert "max_tokens" not in reply["error"]["message"]
+
+
 def test_sql_names_extra_field(server, base):
     """`sql_names` as in `generate`: the shipped model writes `T2.built` for this prompt's `year`
     column; with the field it writes only the schema's names, as constrained AR in this process,

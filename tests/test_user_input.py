@@ -208,7 +208,7 @@ def test_option_errors_speak_the_callers_language():
     e = OptionError("load one ({adapter}) or use {mode=ar}; {temperature} >= 0; {overwrite=True}; "
                     "{lookup=False}")
     assert str(e) == "load one (adapter) or use mode='ar'; temperature >= 0; overwrite=True; lookup=False"
-    assert e.render(cli=True) == ("load one (--adapter) or use --mode ar; --temp >= 0; --overwrite; "
+    assert e.render("cli") == ("load one (--adapter) or use --mode ar; --temp >= 0; --overwrite; "
                                   "--no-lookup")
 
 
