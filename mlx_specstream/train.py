@@ -931,10 +931,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # what a resumed run must share with its checkpoint: the training, and the prompts the best
     # adapter so far was chosen on (compared only when the checkpoint recorded them)
     compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
-                                                                 "state_cache_mb")}
+                                                                 "state_cache_mb", "over", "init")}
     recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
-                     "warmup", "val_batches")
+                     "warmup", "val_batches", "over_weights", "init_weights")
     compat["data"], compat["valid_data"] = data_digest, valid_digest
+    # --over and --init by what they hold: a name and a path to one adapter are the same start
+    compat["over_weights"] = _digest(fine_tune) if fine_tune else None
+    compat["init_weights"] = _digest(start_weights) if start_weights is not None else None
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
@@ -1007,6 +1010,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     def validation_due(step: int) -> bool:
         return valid_ds is not None and bool(val_every) and (step % val_every == 0 or step == iters)
 
+    def history_entry(step: int, loss: mx.array) -> dict:
+        dt = time.perf_counter() - t0
+        return {"step": step, "loss": round(float(loss.item()), 6),
+                "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate") else lr,
+                "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
+
     # -- loop -----------------------------------------------------------------------------------
     cache = BaseStateCache(state_cache_mb << 20) if mode == "lossless" and state_cache_mb > 0 else None
     mx.reset_peak_memory()
@@ -1029,10 +1038,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 applied = step
                 mx.eval(model.trainable_parameters(), optimizer.state, loss)
                 tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
-                dt = time.perf_counter() - t0
-                info = {"step": step, "loss": round(float(loss.item()), 6),
-                        "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate")
-                        else lr, "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
+                info = history_entry(step, loss)
                 if not math.isfinite(info["loss"]):
                     raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
                                      "(try a smaller learning rate, --lr); no adapter is saved")
@@ -1043,14 +1049,17 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     validation(step)
                 due = step == iters or (save_every and step % save_every == 0)
                 if ckpt_dir is not None and main_proc and due:
-                    save_checkpoint(model, optimizer, ckpt_dir, step, ckpt_state(elapsed0 + dt),
-                                    keep_checkpoints, best["weights"])
+                    save_checkpoint(model, optimizer, ckpt_dir, step,
+                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
+                                    best["weights"])
                     last_saved = step
                 if callback is not None:
                     callback(step, info)
     except (KeyboardInterrupt, PeerStopped) as stop:  # PeerStopped: a SIGTERM to the whole group
         bar.close()  # can stop another process before this one sees its own
         done = applied  # a signal lands after a step's update, maybe before its history entry
+        if done > start and (not history or history[-1]["step"] < done):
+            history.append(history_entry(done, loss))
         if ckpt_dir is not None and main_proc and done > last_saved:  # the same weights everywhere
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,

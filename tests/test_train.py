@@ -640,6 +640,22 @@ def test_init_starts_from_an_adapters_weights(tmp_path):
     assert again["history"][0]["loss"] <= 1.2 * first["history"][-1]["loss"]
     with pytest.raises(ValueError, match="trained with mode lossless, gamma 2, msa_layers 2"):
         train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "gamma": 3})
+    # resumed, the start is the adapter's weights, however its path is written; another one is refused
+    import shutil
+
+    def stop(step, info):
+        raise KeyboardInterrupt
+
+    run = dict(opts, iters=3, lr=1e-3, save_every=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "r", callback=stop, **run)
+    shutil.copytree(tmp_path / "a", tmp_path / "same")
+    rep = train(model, (train_ds, None), init=tmp_path / "same" / ".." / "same", out=tmp_path / "r",
+                resume=True, **run)
+    assert rep["start_step"] == 1
+    train(model, (train_ds, None), out=tmp_path / "other", **opts)  # lr 0: a fresh adapter's weights
+    with pytest.raises(ValueError, match="init_weights"):
+        train(model, (train_ds, None), init=tmp_path / "other", out=tmp_path / "r", resume=True, **run)
 
 
 def test_init_from_an_adapter_of_another_base(tmp_path):
@@ -766,6 +782,11 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
               callback=lambda step, info: armed.append(1) if step == 2 else None,
               **{**opts, "save_every": 100})
     assert [p.name for p in (tmp_path / "mid.train" / "checkpoints").iterdir()] == ["step-0000003"]
+    import json
+
+    state = json.loads((tmp_path / "mid.train" / "checkpoints" / "step-0000003" / "state.json").read_text())
+    assert [h["loss"] for h in state["history"]] == pytest.approx([h["loss"] for h in full["history"][:3]],
+                                                                  abs=1e-5)  # step 3's entry too
 
     model = tiny_model("llama", seed=0)
     with pytest.raises(KeyboardInterrupt):
