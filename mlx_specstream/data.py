@@ -109,18 +109,25 @@ def _text_content(content, where: str) -> str:
                     f"not {content!r:.60}")
 
 
-def _chat_prompt(tokenizer, messages: list[dict]) -> str | list[int]:
+def _chat_prompt(tokenizer, messages: list[dict], where: str) -> str | list[int]:
     """The chat template's rendering of ``messages`` with the assistant's turn begun: its text
-    (tokenizers of this package) or ids (others)."""
+    (tokenizers of this package) or ids (others); a row the template refuses is a DataError."""
     if not hasattr(tokenizer, "apply_chat_template") or not getattr(tokenizer, "chat_template", True):
         from .errors import OptionError
 
         raise OptionError("{chat_template} needs the model's chat template, and its tokenizer has none: "
                           "train on prompt/completion rows without it")
+    import inspect
+
+    from .tokenizer import TokenizerError
+
+    keywords = inspect.signature(tokenizer.apply_chat_template).parameters
     try:
-        out = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    except TypeError:  # an implementation without the keyword
-        out = tokenizer.apply_chat_template(messages)
+        out = tokenizer.apply_chat_template(messages, **({"add_generation_prompt": True}
+                                                         if "add_generation_prompt" in keywords else {}))
+    except Exception as e:  # any tokenizer's template error is this row's
+        said = str(e) if isinstance(e, TokenizerError) else f"chat template: {e}"
+        raise DataError(f"{where}: {said}") from None
     return out if isinstance(out, str) else [int(t) for t in out]
 
 
@@ -145,7 +152,7 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
         _need_tokenizer(tokenizer, where)
         _check_text(where, prompt=prompt, completion=completion)
         if chat_template:
-            prompt = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}])
+            prompt = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}], where)
         p, c = _encode_pair(tokenizer, prompt, completion)
         if not p:
             raise DataError(f"{where}: the prompt encodes to no tokens")
@@ -163,7 +170,7 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                 if i == len(msgs) - 1 or m.get("content") is not None else m for i, m in enumerate(msgs)]
         _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)
                               if isinstance(m.get("content"), str)})
-        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1]), msgs[-1]["content"])
+        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1], where), msgs[-1]["content"])
         return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "text" in row:
         text = row["text"]

@@ -320,7 +320,6 @@ class Tokenizer:
                 f"{self.path}: the tokenizer has no chat template (no 'chat_template' in "
                 "tokenizer_config.json, no chat_template.jinja); pass the prompt as plain text"
             )
-        import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
@@ -342,7 +341,9 @@ class Tokenizer:
             template = env.from_string(self.chat_template)
             return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                    **{**self.special_tokens, **kwargs})
-        except jinja2.TemplateError as e:
+        except TokenizerError:  # the template's own raise_exception
+            raise
+        except Exception as e:  # a template's error is the messages' (None + str, say)
             raise TokenizerError(f"chat template: {e}") from None
 
 

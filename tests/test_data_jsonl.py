@@ -213,3 +213,23 @@ def test_message_contents_and_text_are_checked(tmp_path):
     f = write(tmp_path / "dup.jsonl", ['{"prompt": "a", "completion": "b", "completion": ""}'])
     with pytest.raises(DataError, match="dup.jsonl:1: the key 'completion' is given twice"):
         load_jsonl(f, tok)
+
+
+def test_a_row_the_chat_template_refuses_names_its_file_and_line(tmp_path):
+    """A Llama-2-style template raises on roles that do not alternate and fails on a None content
+    (``+`` of a string and None): either is one DataError naming the row, not a traceback."""
+    tok = shipped_tokenizer_copy(tmp_path / "tok")
+    tok.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+                         "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
+                         "{{ '[' + m['role'] + '] ' + m['content'] }}{% endfor %}")
+    ok = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    turns = {"messages": [{"role": "user", "content": "q"}, {"role": "user", "content": "q"},
+                          {"role": "assistant", "content": "a"}]}
+    none = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None},
+                         {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    f = write(tmp_path / "train.jsonl", [ok, ok, turns])
+    with pytest.raises(DataError, match=r"train.jsonl:3: chat template: Conversation roles must alternate$"):
+        load_jsonl(f, tok, chat_template=True)
+    f = write(tmp_path / "none.jsonl", [none])
+    with pytest.raises(DataError, match=r"none.jsonl:1: chat template: can only concatenate str"):
+        load_jsonl(f, tok, chat_template=True)
