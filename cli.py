@@ -426,8 +426,7 @@ def serve(
     from mlx_specstream.project import default_model
     from mlx_specstream.server import serve as run_server
 
-    names = adapters if adapters in (None, "all") else [a.strip() for a in adapters.split(",") if a.strip()]
-    run_server(model or default_model(), names, host=host, port=port, max_active=max_active, name=name)
+    run_server(model or default_model(), adapters, host=host, port=port, max_active=max_active, name=name)
 
 
 def main() -> None:

@@ -9,6 +9,7 @@ loaded base (``attach`` detaches the previous one first).
 from __future__ import annotations
 
 import json
+import os
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from .arch.base import check_value
 from .errors import AdapterError, check_keywords
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .outputs import save_safetensors
+from .outputs import check_replaceable, save_safetensors
 from .streams import StreamAdapter
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
@@ -348,8 +349,32 @@ def fine_tune_keys(model) -> set[str]:
     return {f"{name}.{k}" for name, _ in _every_row_lora(model) for k in ("lora_a", "lora_b")}
 
 
-def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
-    """Write the attached adapter to directory ``dest`` atomically."""
+def is_bare_name(name_or_path: str | Path) -> bool:
+    """Whether ``name_or_path`` names an adapter of the model (the string ``sql``:
+    ``MODEL/adapters/sql``) rather than a directory (``./sql``, ``out/sql``, ``.sql``, any
+    ``Path``: ``Path("./sql")`` reads ``sql``)."""
+    s = name_or_path
+    return isinstance(s, str) and s != "" and "/" not in s and os.sep not in s and not s.startswith(".")
+
+
+def adapter_destination(name_or_path: str | Path, model_path: str | Path | None) -> Path:
+    """Where an adapter given as ``name_or_path`` is written: a bare name under the model's
+    ``adapters/`` (where :func:`resolve_adapter` looks for it first), a path as given (``.`` and
+    ``x/..`` by the directory they stand for)."""
+    if is_bare_name(name_or_path):
+        if model_path is None:
+            raise ValueError(f"'{name_or_path}' is a bare adapter name: it goes under MODEL/adapters/, "
+                             f"but the model's directory is unknown; give a directory path instead "
+                             f"(./{name_or_path})")
+        return Path(model_path) / "adapters" / str(name_or_path)
+    p = Path(name_or_path)
+    return Path(os.path.abspath(p)) if p.name in ("", "..") else p
+
+
+def save_adapter(model, dest: str | Path, extra: dict | None = None, overwrite: bool = False) -> Path:
+    """Write the attached adapter to ``dest`` atomically and return where it went: a bare name
+    under the model's ``adapters/`` (``load_adapter(model, NAME)`` reads it back), a path as
+    given. An existing adapter there is replaced only with ``overwrite``."""
     from .loader import atomic_dir
 
     if getattr(model, "adapter", None) is None:
@@ -357,13 +382,15 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None) -> Path:
     if getattr(model, "fused_lora", 0):
         raise AdapterError("this model's adapter is fused into its weights: save it from a model "
                            "loaded with fuse=False")
-    with atomic_dir(dest, "adapter", overwrite=True) as tmp:
+    dest = adapter_destination(dest, getattr(model, "path", None))
+    check_replaceable(dest, "adapter", overwrite, flag="overwrite=True")  # said in Python's terms
+    with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         config = asdict(model.adapter_config)
         (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:
             model.adapter_ngrams.save(tmp / NGRAMS_FILE)
-    return Path(dest)
+    return dest
 
 
 def available_adapters(model_path: str | Path) -> list[str]:
@@ -377,8 +404,7 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     (``./sql`` names that one), as ``train --out sql`` writes under the model."""
     p = Path(name_or_path)
     q = Path(model_path) / "adapters" / str(name_or_path) if model_path is not None else None
-    bare = str(name_or_path) == p.name and p.name not in ("", ".", "..")
-    for candidate in ([q, p] if bare else [p, q]):
+    for candidate in ([q, p] if is_bare_name(name_or_path) else [p, q]):
         if candidate is not None and (candidate / CONFIG_FILE).is_file():
             return candidate
     if p.is_dir():
@@ -400,6 +426,15 @@ def read_config(path: Path) -> AdapterConfig:
     known = [f for f in fields(AdapterConfig) if f.name in raw]
     for f in known:
         check_value(f.name, raw[f.name], f.type, source=str(path / CONFIG_FILE), error=AdapterError)
+
+    def numbers(x) -> bool:
+        return isinstance(x, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
+
+    for key, ok in (("base_probe", numbers),
+                    ("base_weights_probe", lambda x: isinstance(x, list) and all(map(numbers, x)))):
+        if raw.get(key) is not None and not ok(raw[key]):
+            raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ('{key}' must be "
+                               f"{'a list of numbers' if key == 'base_probe' else 'lists of numbers'})")
     return AdapterConfig(**{f.name: raw[f.name] for f in known})
 
 
@@ -428,16 +463,22 @@ def _kept_on_failure(model):
         raise
 
 
+def _name(path: Path) -> str:
+    """An adapter's name: its directory's (``.`` and ``x/..`` by the directory they stand for)."""
+    return Path(os.path.abspath(path)).name
+
+
 def check_made_for(model, path: Path, cfg: AdapterConfig) -> None:
     """An AdapterError unless the adapter in ``path`` (config ``cfg``) was made for ``model``
     (:func:`made_for`), naming the base it was trained on where it recorded one."""
     if not made_for(model, cfg):
         trained_on = _trained_on(path)
-        raise AdapterError(
-            f"adapter '{path.name}' was made for another base model "
-            f"(fingerprint {cfg.base_fingerprint}, this model {fingerprint(model)}, or its weights differ)"
-            + (f"; it was trained on {trained_on}" if trained_on else "")
-        )
+        ours = fingerprint(model)
+        why = (f"fingerprint {cfg.base_fingerprint}, this model {ours}"
+               if cfg.base_fingerprint and cfg.base_fingerprint != ours
+               else "the same architecture with other weights")
+        raise AdapterError(f"adapter '{_name(path)}' was made for another base model ({why})"
+                           + (f"; it was trained on {trained_on}" if trained_on else ""))
 
 
 def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
@@ -459,11 +500,13 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
         attach(model, cfg)
         current = adapter_weights(model)
         if set(weights) != set(current):
-            missing = sorted(set(current) - set(weights))[:3]
-            raise AdapterError(f"adapter '{path.name}' does not match its config (missing {missing})")
+            missing, extra = sorted(set(current) - set(weights))[:3], sorted(set(weights) - set(current))[:3]
+            said = "; ".join(f"{what} {keys}" for what, keys in (("missing", missing), ("unexpected", extra))
+                             if keys)
+            raise AdapterError(f"adapter '{_name(path)}' does not match its config ({said})")
         for k, v in weights.items():
             if v.shape != current[k].shape:
-                raise AdapterError(f"adapter '{path.name}': shape mismatch for {k}")
+                raise AdapterError(f"adapter '{_name(path)}': shape mismatch for {k}")
         model.load_weights(list(weights.items()), strict=False)
         mx.eval(model.parameters())
         if (path / NGRAMS_FILE).is_file():
@@ -471,7 +514,7 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
                 model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
             except Exception as e:
                 raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
-    model.adapter_config.name = path.name  # what it is chosen by: a copy under a new name is that name
+    model.adapter_config.name = _name(path)  # what it is chosen by: a copy under a new name is that name
     return model.adapter_config
 
 

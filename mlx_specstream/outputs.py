@@ -354,6 +354,13 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         with open(tmp, "wb") as f:
             write(f)
         os.replace(tmp, path)
+    except OSError as e:  # said of the file asked for, not of the temporary one
+        tmp.unlink(missing_ok=True)
+        if e.errno is None:
+            raise
+        said = type(e)(f"cannot write {path}: {e.strerror}")
+        said.errno = e.errno
+        raise said from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -55,6 +55,8 @@ class ModelPool:
         self.path = Path(path)
         self.base, self.tokenizer = load(self.path)
         self.base_id = name or base_name(self.path)
+        if isinstance(adapters, str) and adapters != "all":  # "sql" or "sql,code", as --adapters
+            adapters = [a.strip() for a in adapters.split(",") if a.strip()]
         names = available_adapters(self.path) if adapters == "all" else list(adapters or [])
         self.models: dict[str, nn.Module] = {self.base_id: self.base}
         for adapter in names:

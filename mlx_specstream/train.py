@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import sys
 import time
@@ -62,12 +61,14 @@ from mlx.utils import tree_flatten, tree_map, tree_unflatten
 from . import layout
 from .adapter import (
     AdapterConfig,
+    adapter_destination,
     adapter_weights,
     attach,
     check_made_for,
     detach,
     fine_tune_keys,
     fingerprint,
+    is_bare_name,
     made_for,
     read_adapter,
     read_config,
@@ -540,16 +541,8 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
         return None, "", False
     if str(out) == "":
         raise OptionError("{out} is empty: give an adapter name (saved under MODEL/adapters/) or a path")
-    p = Path(out)
-    bare = "/" not in str(out) and os.sep not in str(out) and not str(out).startswith(".")
-    if bare:
-        if model_path is None:
-            raise ValueError(f"out='{out}' is a bare adapter name: it goes under MODEL/adapters/, "
-                             "but the model's directory is unknown; give a directory path instead")
-        return Path(model_path) / "adapters" / str(out), str(out), True
-    if p.name in ("", ".."):  # "." or "x/..": by the name they stand for
-        p = Path(os.path.abspath(p))
-    return p, p.name, False
+    out_dir = adapter_destination(out, model_path)
+    return out_dir, out_dir.name, is_bare_name(out)
 
 
 def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
@@ -1133,7 +1126,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
                                                          "self_distill": self_distill,
                                                          "over": tc.over, "init": tc.init,
-                                                         "base_model": base}})
+                                                         "base_model": base}}, overwrite=True)
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
     return report
@@ -1164,6 +1157,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     check_made_for(load_model(model_path), path, cfg)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
+    check_writable(path, "the n-gram table")  # before the data is read, not after
     tokenizer = load_tokenizer(Path(model_path))
     vocab_size = read_model_config(Path(model_path)).get("vocab_size")
     train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template,

@@ -30,12 +30,42 @@ def test_save_adapter_refuses_a_user_folder(tmp_path):
     model = tiny_model()
     new_adapter(model, gamma=2, msa_layers=2)
     dest = user_folder(tmp_path / "mine")
-    with pytest.raises(FileExistsError, match="did not write"):
+    with pytest.raises(FileExistsError, match="use overwrite=True"):
         save_adapter(model, dest)
+    with pytest.raises(FileExistsError, match="did not write"):
+        save_adapter(model, dest, overwrite=True)
     assert untouched(dest)
     save_adapter(model, tmp_path / "a")
-    save_adapter(model, tmp_path / "a")  # its own adapter directory is replaced
-    assert (tmp_path / "a" / "adapter.safetensors").is_file()
+    (tmp_path / "a" / "training_report.json").write_text("{}")  # as train writes it
+    with pytest.raises(FileExistsError, match="already exists"):  # a trained adapter is not lost
+        save_adapter(model, tmp_path / "a")
+    assert (tmp_path / "a" / "training_report.json").is_file()
+    save_adapter(model, tmp_path / "a", overwrite=True)  # its own adapter directory is replaced
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["adapter.safetensors",
+                                                                  "adapter_config.json"]
+
+
+def test_save_adapter_writes_a_bare_name_where_load_adapter_reads_it(tmp_path, monkeypatch):
+    """``save_adapter(model, "sql")`` as ``train --out sql``: under the model's ``adapters/``,
+    which ``load_adapter(model, "sql")`` reads first; ``./sql`` and any ``Path`` are directories."""
+    from mlx_specstream.adapter import detach, load_adapter
+
+    model = tiny_model()
+    with atomic_dir(tmp_path / "m", "model") as tmp:
+        save_model(model, model.config, tmp)
+    model.path = tmp_path / "m"
+    monkeypatch.chdir(tmp_path)
+    new_adapter(model, gamma=2, msa_layers=2)
+    assert save_adapter(model, "sql") == tmp_path / "m" / "adapters" / "sql"
+    new_adapter(model, gamma=1, msa_layers=1)
+    assert save_adapter(model, "./sql") == Path("sql") and save_adapter(model, Path("p")) == Path("p")
+    detach(model)
+    assert load_adapter(model, "sql").gamma == 2 and load_adapter(model, "./sql").gamma == 1
+    monkeypatch.chdir(tmp_path / "p")
+    assert load_adapter(model, ".").name == "p"  # a directory by the name it stands for
+    model.path = None
+    with pytest.raises(ValueError, match="bare adapter name"):
+        save_adapter(model, "sql")
 
 
 def test_outputs_get_the_permissions_of_any_new_directory(tmp_path):
@@ -374,3 +404,11 @@ def test_a_recorded_command_names_no_directory_of_the_machine():
             f"--model={REPOSITORY}/models/m", "--task", "a b", "/elsewhere/y"]
     assert recorded_command(argv) == (".venv/bin/specstream-mlx bench --out results/x --model=models/m "
                                       "--task 'a b' /elsewhere/y")
+
+
+def test_a_failed_atomic_write_names_the_file_asked_for(tmp_path):
+    """Not the temporary file beside it, which the user never asked for."""
+    from mlx_specstream.outputs import write_atomic
+
+    with pytest.raises(FileNotFoundError, match=f"^cannot write {tmp_path / 'no' / 'f.json'}: No such file"):
+        write_atomic(tmp_path / "no" / "f.json", lambda f: f.write(b"x"))

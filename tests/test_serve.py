@@ -567,6 +567,8 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     assert [m["id"] for m in pool.describe()] == ["specstream-tiny", "specstream-tiny:code",
                                                   "specstream-tiny:code-v2"]
     assert pool.get("specstream-tiny:code-v2").adapter_config.name == "code-v2"
+    assert [m["id"] for m in ModelPool(d, "code-v2, code").describe()] == [  # a string as --adapters
+        "specstream-tiny", "specstream-tiny:code-v2", "specstream-tiny:code"]
     (tmp_path / "other").mkdir()
     (tmp_path / "other" / "code").symlink_to(d / "adapters" / "code-v2")
     with pytest.raises(ValueError, match="two adapters named 'code'"):  # neither may hide the other

@@ -1,6 +1,7 @@
 """Multi-stream attention properties and adapters on disk."""
 
 import json
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -150,8 +151,21 @@ def test_adapter_errors(tmp_path):
     new_adapter(model, gamma=2, msa_layers=2, seed=0)
     save_adapter(model, tmp_path / "ok")
     other = tiny_model("llama", seed=2)
-    with pytest.raises(AdapterError, match="another base model"):
+    with pytest.raises(AdapterError, match=r"base model \(the same architecture with other weights\)"):
         load_adapter(other, tmp_path / "ok")
+    with pytest.raises(AdapterError, match=r"another base model \(fingerprint \w+, this model \w+\)"):
+        load_adapter(tiny_model("llama", seed=1, rope_theta=500.0), tmp_path / "ok")
+    for key, value in (("base_probe", ["a", "b"]), ("base_weights_probe", [1.0, 2.0])):
+        shutil.copytree(tmp_path / "ok", tmp_path / key)
+        cfg = json.loads((tmp_path / key / "adapter_config.json").read_text())
+        (tmp_path / key / "adapter_config.json").write_text(json.dumps({**cfg, key: value}))
+        with pytest.raises(AdapterError, match=f"unreadable adapter config \\('{key}' must be"):
+            load_adapter(model, tmp_path / key)
+    shutil.copytree(tmp_path / "ok", tmp_path / "extra")
+    weights = mx.load(str(tmp_path / "extra" / "adapter.safetensors"))
+    mx.save_safetensors(str(tmp_path / "extra" / "adapter.safetensors"), {**weights, "stray": mx.zeros(2)})
+    with pytest.raises(AdapterError, match=r"does not match its config \(unexpected \['stray'\]\)"):
+        load_adapter(model, tmp_path / "extra")
     with pytest.raises(AdapterError, match="not found"):
         load_adapter(model, "missing", model_path=tmp_path)
     (tmp_path / "ok" / "adapter.safetensors").write_bytes(b"garbage")
