@@ -59,12 +59,14 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
         return _nonempty(text, f"--prompt-file {prompt_file}")
     source = "--prompt"
-    if prompt is None:
-        if sys.stdin is None or sys.stdin.isatty():  # None: started with stdin closed
+    if prompt is not None and prompt != "-":  # as mlx_lm.generate: typed escapes are characters
+        prompt = prompt.replace("\\n", "\n").replace("\\t", "\t")
+    else:  # none given, or "-" (mlx-lm's way to ask for standard input)
+        if sys.stdin is None or (prompt is None and sys.stdin.isatty()):  # None: stdin closed
             raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
         source = "standard input"
         try:
-            prompt = sys.stdin.read()
+            prompt = sys.stdin.read().removeprefix("\ufeff")  # a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ValueError(f"{source}: not UTF-8 text (byte {e.start})") from None
     try:
@@ -97,7 +99,8 @@ def generate(
                                          help="MLX model dir or .mlpackage (default: shipped model)"),
     adapter: str | None = typer.Option(
         None, help="adapter name (under MODEL/adapters; ./NAME for a folder here) or path"),
-    prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text"),
+    prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text (\\n and \\t typed in it "
+                                      "are a newline and a tab, as in mlx_lm.generate; '-': standard input)"),
     prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),

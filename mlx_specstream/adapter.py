@@ -24,6 +24,7 @@ from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import check_replaceable, save_safetensors
 from .streams import StreamAdapter
+from .tree import TREE_LIMITS
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 
@@ -73,6 +74,9 @@ class AdapterConfig:
         if self.branch < 1 or self.tree_budget < 1:
             raise AdapterError(f"branch and tree_budget must be >= 1, not {self.branch} and "
                                f"{self.tree_budget}")
+        for name in TREE_LIMITS:
+            if getattr(self, name) > TREE_LIMITS[name]:
+                raise AdapterError(f"{name} must be at most {TREE_LIMITS[name]}, not {getattr(self, name)}")
         if not 0 <= self.prune_threshold <= 1:  # NaN fails too
             raise AdapterError(f"prune_threshold must be in [0, 1], not {self.prune_threshold}")
 
@@ -401,14 +405,17 @@ def available_adapters(model_path: str | Path) -> list[str]:
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:
     """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
     (``sql``) is the model's adapter first, whatever directory of that name the current one holds
-    (``./sql`` names that one), as ``train --out sql`` writes under the model."""
+    (``./sql`` names that one, and only that one), as ``train --out sql`` writes under the model."""
     p = Path(name_or_path)
-    q = Path(model_path) / "adapters" / str(name_or_path) if model_path is not None else None
-    for candidate in ([q, p] if is_bare_name(name_or_path) else [p, q]):
+    bare = is_bare_name(name_or_path)
+    q = Path(model_path) / "adapters" / str(name_or_path) if bare and model_path is not None else None
+    for candidate in (q, p):
         if candidate is not None and (candidate / CONFIG_FILE).is_file():
             return candidate
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
+    if not bare:
+        raise AdapterError(f"adapter '{name_or_path}' not found: no such directory")
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
     found = available_adapters(model_path) if model_path is not None else []
     have = f"; this model has: {', '.join(found)}" if found else "; this model has none"

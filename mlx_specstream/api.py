@@ -206,7 +206,9 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         if hits:
             finished = "stop"
             decoder.stats.finish_reason = "stop"
-            decoder.stats.generated_tokens -= sum(t is not None for t, _, _ in held[n:])
+            cut = sum(t is not None for t, _, _ in held[n:])  # the last tokens: this pass's first
+            decoder.stats.generated_tokens -= cut
+            n_acc = min(n_acc, len(step.tokens) - min(cut, len(step.tokens)))  # accepted, in the output
         ready, held = held[:n], held[n:]
         piece_list = [p for _, p, _ in ready]
         if hits and ready:  # the piece the stop string begins in, cut there

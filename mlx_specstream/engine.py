@@ -11,10 +11,11 @@ a :class:`~mlx_specstream.runner.Runner`: an MLX model, or an exported Core ML p
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 import numpy as np
@@ -25,7 +26,7 @@ from .errors import OptionError
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
-from .tree import Tree, best_rate, build_tree, pass_cost
+from .tree import TREE_LIMITS, Tree, best_rate, build_tree, pass_cost
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 
@@ -223,8 +224,9 @@ class Decoder:
             if not (optional and value is None) and (isinstance(value, bool)
                                                      or not isinstance(value, _KINDS[what])):
                 raise OptionError(f"{{{name}}} must be {what}, not {value!r}")
-        if opts.max_tokens < 1:
-            raise OptionError(f"{{max_tokens}} must be >= 1, not {opts.max_tokens}")
+        if opts.max_tokens < 1 and opts.max_tokens != -1:
+            raise OptionError(f"{{max_tokens}} must be >= 1 (or -1: until EOS or the end of the context), "
+                              f"not {opts.max_tokens}")
         if not 0 <= opts.temperature < math.inf:  # NaN fails too
             raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
         seed = opts.seed  # None: a fresh one
@@ -244,6 +246,8 @@ class Decoder:
         if self.limit is not None and len(prompt) >= self.limit:
             raise ValueError(f"the prompt has {len(prompt)} tokens but the model's context holds "
                              f"{self.limit} (prompt and generated tokens together)")
+        if opts.max_tokens == -1:  # no limit of its own, as mlx-lm's -1
+            opts = replace(opts, max_tokens=sys.maxsize)
         self.prompt, self.opts, self.batched = list(prompt), opts, batched
         cfg = runner.adapter_config
         if opts.mode == "ss" and cfg is None:
@@ -275,6 +279,9 @@ class Decoder:
                 raise OptionError(f"{{{name}}} must be >= 1, not {value}")
         if vocab is not None and self.branch > vocab:
             raise OptionError(f"{{branch}} must be at most the vocabulary's {vocab}, not {self.branch}")
+        for name, value in (("branch", self.branch), ("tree_budget", self.budget)):
+            if value > TREE_LIMITS[name]:
+                raise OptionError(f"{{{name}}} must be at most {TREE_LIMITS[name]}, not {value}")
         check_prune_threshold(self.threshold)
         if opts.streams not in ("auto", "tree", "deferred"):
             raise OptionError("{streams} must be auto, tree or deferred")

@@ -196,6 +196,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
         sql_names=_field(body, "sql_names", (bool,), False),
     )
+    if options["max_tokens"] < 1:  # OpenAI's range: mlx-lm's -1 (no limit) is not in it
+        raise APIError(f"'{max_key}' must be >= 1, not {options['max_tokens']}", max_key)
     if not 0 <= options["temperature"] <= 2:
         raise APIError(f"'temperature' must be between 0 and 2, not {options['temperature']}", "temperature")
     stop = _stop(body)

@@ -20,6 +20,10 @@ import numpy as np
 from . import layout
 from .layout import ancestors
 
+# The largest k candidates per stream and nodes per tree: beyond any tree that pays, and a bound on
+# drafting's work (build_tree's heap holds up to budget × k candidates) and on a tree pass's rows.
+TREE_LIMITS = {"branch": 256, "tree_budget": 1024}
+
 
 @dataclass(frozen=True)
 class Tree:

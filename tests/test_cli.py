@@ -134,3 +134,18 @@ def test_an_installed_copy_without_the_repository_asks_for_the_model_and_data(tm
     api = subprocess.run([sys.executable, "-c", "from mlx_specstream import load; load()"],
                          capture_output=True, text=True, timeout=600, env=env, cwd=tmp_path)
     assert "OptionError: no model given and this installation has no default model" in api.stderr
+
+
+def test_the_prompt_is_read_as_mlx_lm_reads_it(monkeypatch, tmp_path):
+    """``--prompt`` with ``\\n`` and ``\\t`` typed in it, and ``--prompt -`` for standard input,
+    as ``mlx_lm.generate``; a byte-order mark is not text, whether from a file or standard input."""
+    import io
+
+    from mlx_specstream.cli import _read_prompt
+
+    assert _read_prompt("### SQL:\\nSELECT\\t1", None) == "### SQL:\nSELECT\t1"
+    for given in ("-", None):
+        monkeypatch.setattr(sys, "stdin", io.StringIO("\ufeffSELECT\\n 1"))
+        assert _read_prompt(given, None) == "SELECT\\n 1"  # read as it is, as a file is
+    (tmp_path / "p.txt").write_text("\ufeffSELECT\\n 1", encoding="utf-8")
+    assert _read_prompt(None, tmp_path / "p.txt") == "SELECT\\n 1"

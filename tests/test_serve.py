@@ -225,6 +225,7 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": -1}).encode(), 400, "temperature"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_p": 1.5}).encode(), 400, "top_p"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": "9"}).encode(), 400, "max_tokens"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": -1}).encode(), 400, "max_tokens"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "n": 2}).encode(), 400, "n"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stop": ["a"] * 5}).encode(), 400, "stop"),
     (json.dumps({"model": "specstream-tiny", "prompt": {"a": 1}}).encode(), 400, "prompt"),

@@ -194,6 +194,11 @@ def test_a_bare_adapter_name_is_the_models_whatever_the_current_directory_holds(
     assert load_adapter(model, "sql", model_path=tmp_path / "model").gamma == 2
     assert load_adapter(model, "./sql", model_path=tmp_path / "model").gamma == 3
     assert load_adapter(model, tmp_path / "cwd" / "sql", model_path=tmp_path / "model").gamma == 3
+    import shutil
+
+    shutil.rmtree(tmp_path / "cwd" / "sql")  # ./sql is a directory here or nothing: never the model's
+    with pytest.raises(AdapterError, match="adapter './sql' not found: no such directory"):
+        load_adapter(model, "./sql", model_path=tmp_path / "model")
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "specstream-tiny" / "mlx"

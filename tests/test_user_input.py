@@ -48,6 +48,8 @@ def test_context_limit(arch, limit):
         assert out.finish_reason == "length" and out.stats.context_limit == limit
         assert out.stats.as_dict()["finish_reason"] == "length"
     assert ss.tokens == ar.tokens  # lossless up to the limit
+    unlimited = generate(model, None, prompt, max_tokens=-1)  # mlx-lm's -1: until EOS or the context
+    assert unlimited.tokens == ar.tokens and unlimited.stats.context_limit == limit
     short = generate(model, None, prompt, max_tokens=5, mode="ar")
     assert short.finish_reason == "length" and short.stats.context_limit is None
 
@@ -55,7 +57,8 @@ def test_context_limit(arch, limit):
 @pytest.mark.parametrize("options,fragment", [
     ({"gamma": 0}, "gamma must be in 1..3"), ({"gamma": 99}, "gamma must be in 1..3"),
     ({"branch": 0}, "branch must be >= 1"), ({"tree_budget": 0}, "tree_budget must be >= 1"),
-    ({"max_tokens": 0}, "max_tokens must be >= 1"), ({"max_tokens": -5}, "max_tokens must be >= 1"),
+    ({"tree_budget": 1025}, "tree_budget must be at most 1024"),
+    ({"max_tokens": 0}, "max_tokens must be >= 1 .or -1: until EOS"), ({"max_tokens": -5}, "max_tokens must be >= 1"),
     ({"top_p": 0}, "top_p must be in"), ({"temperature": -1}, "temperature must be a finite number >= 0"),
     ({"temperature": float("nan")}, "temperature must be a finite"),
     ({"temperature": float("inf")}, "temperature must be a finite"),
@@ -174,6 +177,7 @@ def test_new_adapter_refuses_a_config_decoding_would_refuse():
     model = tiny_model("llama")
     for options, fragment in (({"tree_budget": 0}, "branch and tree_budget must be >= 1"),
                               ({"branch": -1}, "branch and tree_budget must be >= 1"),
+                              ({"branch": 257}, "branch must be at most 256"),
                               ({"prune_threshold": 5.0}, "prune_threshold must be in [0, 1]"),
                               ({"gamma": "4"}, "gamma is '4', which is not int")):
         with pytest.raises(AdapterError, match=re.escape(fragment)):
@@ -231,6 +235,11 @@ def test_stop_strings_cut_the_text_where_they_begin():
     # streaming never shows a stop string's beginning that is later cut; one string is one stop
     streamed = "".join(s.text for s in stream_generate(model, tok, prompt, max_tokens=40, stop=stop))
     assert streamed == out.text
+    # a pass's accepted draft tokens past the stop string are not in the output, so not "accepted"
+    code, _ = load(adapter="code")
+    prompt = "# _collections_abc: Hashable.__subclasshook__\n@classmethod\ndef __subclasshook__(cls, C):\n"
+    *_, last = stream_generate(code, tok, prompt, max_tokens=32, stop=" None")
+    assert last.finish_reason == "stop" and len(last.accepted) <= len(last.tokens)
     for bad in ([""], ["x", ""], ""):
         with pytest.raises(ValueError, match="non-empty"):
             generate(model, tok, prompt, max_tokens=4, stop=bad)
