@@ -111,14 +111,14 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     from .torch_graph import check_exportable
 
     for name, layer in model.named_modules():  # every layer checked before any progress line
-        if getattr(layer, "bits", None) is not None:
-            try:
-                check_exportable(layer)
-            except UnsupportedModelError as e:
-                raise ExportError(f"{model_path}: {name}: {e}") from None
+        try:
+            check_exportable(layer)
+        except UnsupportedModelError as e:
+            raise ExportError(f"{model_path}: {name}: {e}") from None
     already = model.config.get("quantization")
     if already and q_bits is not None:
-        raise ExportError(f"{model_path} is already quantized ({already.get('bits')} bits): drop --q-bits")
+        raise ExportError(f"{model_path} is already quantized ({already.get('bits')} bits): drop -q, "
+                          "--q-bits and --q-group-size")
     dtype = mx.float16 if precision == "float16" else mx.float32
     model.set_dtype(dtype)
     if q_bits is not None:
@@ -152,7 +152,7 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
     max_pos = int(model.config.get("max_position_embeddings") or MAX_CONTEXT)
     ctx_max = min(max_pos, MAX_CONTEXT)
     if acfg is not None:
-        branch = branch or acfg.branch
+        branch = branch if branch is not None else acfg.branch
         if branch < 1:
             raise ExportError(f"branch must be >= 1, not {branch}")
         tree_max = min(full_tree_size(acfg.gamma, branch), MAX_TREE)
@@ -166,8 +166,8 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
         raise ExportError(f"--tree-size {tree_size} is out of range 1..{tree_max} ({what})")
     chunk = chunk if chunk is not None else 64
     context = context if context is not None else min(ctx_max, 2048)
-    if not 1 <= chunk <= 4096:
-        raise ExportError(f"--chunk {chunk} is out of range 1..4096")
+    if not 1 <= chunk <= min(4096, ctx_max):
+        raise ExportError(f"--chunk {chunk} is out of range 1..{min(4096, ctx_max)} (model limit {max_pos})")
     low = max(tree_size + 1, chunk)
     if not low <= context <= ctx_max:
         raise ExportError(f"--context {context} is out of range {low}..{ctx_max} "

@@ -101,8 +101,9 @@ class GraphConfig:
 
     @property
     def accept_max(self) -> int:
-        """Longest accepted path: root plus one node per stream level (and within the tree)."""
-        return min(self.tree_size, self.gamma + 1)
+        """Longest accepted path: root plus one node per stream level (and within the tree); a
+        plain model's drafts are prompt-lookup chains, as deep as its tree."""
+        return min(self.tree_size, self.gamma + 1) if self.gamma else self.tree_size
 
 
 def _np(a) -> np.ndarray:
@@ -114,8 +115,17 @@ def _np(a) -> np.ndarray:
 
 
 def check_exportable(layer) -> None:
-    """An UnsupportedModelError unless an MLX quantized layer is one Core ML can carry: affine,
-    4 or 8 bits (an mlx-lm mixed-bit model may hold 6-bit layers)."""
+    """An UnsupportedModelError unless Core ML can carry ``layer``: a quantized layer affine, 4 or
+    8 bits (an mlx-lm mixed-bit model may hold 6-bit layers); no fine-tune left under an
+    adapter's LoRA (a tuned adapter's, which ``fuse`` folds into float weights only)."""
+    from mlx_specstream.lora import LoRALinear
+
+    if isinstance(layer, LoRALinear) and isinstance(layer.base, LoRALinear):
+        raise UnsupportedModelError("a tuned adapter's fine-tune must be folded into float weights "
+                                    "before export (convert from the float model, with --q-bits to "
+                                    "quantize)")
+    if getattr(layer, "bits", None) is None:
+        return
     mode = getattr(layer, "mode", "affine")
     if mode != "affine":
         raise UnsupportedModelError(f"quantization mode '{mode}' cannot be exported (supported: affine)")
@@ -153,9 +163,7 @@ def _linear(layer) -> Linear:
         lora = (_np(layer.lora_a).astype(np.float32), _np(layer.lora_b).astype(np.float32),
                 float(layer.scale), bool(layer.streams_only))
         layer = layer.base
-    if isinstance(layer, LoRALinear):  # a tuned adapter's fine-tune, not folded into the weights
-        raise UnsupportedModelError("a tuned adapter's fine-tune must be folded into float weights "
-                                    "before export (convert from the float model)")
+    check_exportable(layer)  # a fine-tune folded into the weights (load_for_export checked)
     bias = _np(layer.bias).astype(np.float32) if "bias" in layer else None
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         qw = unpack_quantized(layer)

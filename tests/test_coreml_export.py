@@ -33,6 +33,7 @@ from mlx_specstream.convert.coreml_export import (  # noqa: E402
     carried_quantization,
     export_coreml,
     load_for_export,
+    resolve_sizes,
     tokenizer_dir,
 )
 from mlx_specstream.convert.mil_eval import OPS, Package, UnsupportedOpError  # noqa: E402
@@ -314,6 +315,12 @@ def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir, tmp_
         save_model(model, {**model.config, "quantization": {"group_size": 32, "bits": 8}}, tmp)
     assert carried_quantization(load_for_export(tmp_path / "q8"), None, 64) == (8, 32)
     assert carried_quantization(load_for_export(model_dir), 4, 64) == (4, 64)
+    # a tuned adapter's fine-tune folds into float weights only: refused at load, before any work
+    model = load_model(tmp_path / "q8")
+    new_adapter(model, mode="lossless", gamma=2, msa_layers=2, main_rank=4)
+    save_adapter(model, tmp_path / "q8" / "adapters" / "tuned")
+    with pytest.raises(ExportError, match="tuned adapter's fine-tune must be folded into float weights"):
+        load_for_export(tmp_path / "q8", "tuned")
 
 
 def test_unknown_op_fails_loudly(packages, monkeypatch):
@@ -402,6 +409,7 @@ def test_cli_convert_and_generate(model_dir, tmp_path):
     (["--adapter", "lossless", "--context", "8", "--tree-size", "16"], "--context 8 is out of range"),
     (["--adapter", "lossless", "--context", "100000"], "--context 100000 is out of range"),
     (["--adapter", "lossless", "--q-bits", "3"], "--q-bits must be 4 or 8"),
+    (["--chunk", "5000"], "--chunk 5000 is out of range 1..4096"),
     (["--adapter", "lossless", "--precision", "bfloat16"], "--precision must be float16 or float32"),
 ])
 def test_cli_bad_input(model_dir, tmp_path, args, fragment):
@@ -429,12 +437,14 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
 
 
 def test_base_model_package(model_dir, tmp_path):
-    """Without an adapter: a one-node tree per step, the plain model's greedy tokens."""
+    """Without an adapter: a one-node tree per step by default, the plain model's greedy tokens;
+    with a larger tree, prompt-lookup chains as deep as the tree are verified and committed."""
+    assert resolve_sizes(load_for_export(model_dir), None, None, None)[1] == 1
     res = export_coreml(model_dir, tmp_path / "base.mlpackage", precision="float32", context=64, chunk=4,
-                        progress=None)
+                        tree_size=8, progress=None)
     meta = res.metadata
     assert meta["specstream.mode"] == "base" and meta["specstream.gamma"] == "0"
-    assert meta["specstream.tree_size"] == "1"
+    assert meta["specstream.tree_size"] == meta["specstream.accept_max"] == "8"
     mask = os.umask(0o022)
     os.umask(mask)
     for f in (tmp_path / "base.mlpackage").rglob("*"):  # readable as any new file (not mkstemp's 0600)
@@ -445,6 +455,12 @@ def test_base_model_package(model_dir, tmp_path):
         ref = generate(model, None, prompt, max_tokens=20, mode="ar")
     got = generate_package(PackageRunner(res.package, backend="reference"), None, prompt, max_tokens=20)
     assert got.tokens == ref.tokens
+    repeats = [5, 9, 2, 5, 9, 2, 5]
+    with fp16_kv():
+        ref = generate(model, None, repeats, max_tokens=20, mode="ar")
+    got = generate_package(PackageRunner(res.package, backend="reference"), None, repeats, max_tokens=20,
+                           mode="lookup")
+    assert got.tokens == ref.tokens and max(got.stats.accepted_lengths) > 1
 
 
 def test_a_layer_core_ml_cannot_carry_is_refused_before_any_work(tmp_path):
