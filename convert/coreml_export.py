@@ -25,7 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import shutil
 import sys
 import time
@@ -40,6 +39,7 @@ from ..ngrams import NGRAMS_FILE
 from ..outputs import (
     TOKENIZER_FILES,
     check_replaceable,
+    check_writable,
     make_parents,
     remove_empty,
     replace_dirs,
@@ -134,12 +134,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
         raise ExportError(f"--out must end with .mlpackage, not '{out.name}'")
     check_replaceable(out, "Core ML package", overwrite)
     check_replaceable(tokenizer_dir(out), "Core ML tokenizer", overwrite)
-    parent = out.parent if str(out.parent) else Path(".")
-    probe = parent
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK) or (probe.exists() and not probe.is_dir()):
-        raise PermissionError(f"cannot write to {parent}")
+    check_writable(out.parent if str(out.parent) else Path("."))  # tried, not guessed from modes
     return out
 
 
