@@ -158,12 +158,12 @@ def _linear(layer) -> Linear:
 
     from mlx_specstream.lora import LoRALinear
 
+    check_exportable(layer)  # a fine-tune folded into the weights (load_for_export checks first)
     lora = None
     if isinstance(layer, LoRALinear):
         lora = (_np(layer.lora_a).astype(np.float32), _np(layer.lora_b).astype(np.float32),
                 float(layer.scale), bool(layer.streams_only))
         layer = layer.base
-    check_exportable(layer)  # a fine-tune folded into the weights (load_for_export checked)
     bias = _np(layer.bias).astype(np.float32) if "bias" in layer else None
     if isinstance(layer, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
         qw = unpack_quantized(layer)

@@ -7,7 +7,9 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 if [ "$(uname -s)" = "Linux" ]; then
-  # CPU build of torch (import of .bin checkpoints, Core ML export); the CUDA build is GBs.
+  # torch (import of .bin checkpoints, Core ML export): the CPU build where pip finds one (this
+  # project's machines have it on disk); PyPI's x86_64 wheel is the CUDA build, GBs. Elsewhere,
+  # PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu picks the CPU one (2.13.0+cpu).
   .venv/bin/python -m pip install -q "torch==2.13.0"
   if [ ! -e /usr/lib/x86_64-linux-gnu/libopenblas.so.0 ] && [ ! -e /usr/lib/aarch64-linux-gnu/libopenblas.so.0 ]; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
