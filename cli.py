@@ -390,6 +390,8 @@ def train(
                        branch=branch, tree_budget=tree_budget, warmup=warmup, processes=processes)
     if report["process_rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
+        if report.get("best"):  # the adapter saved: the best on the validation prompts
+            summary["best"] = {k: v for k, v in report["best"].items() if k != "per_prompt"}
         typer.echo(_json.dumps(summary, indent=2))
 
 

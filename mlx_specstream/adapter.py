@@ -541,7 +541,13 @@ def read_fine_tune(model, name_or_path: str | Path, model_path: str | Path | Non
     fine-tune), for a tuned lossless adapter to carry (``attach(..., fine_tune=)``); ``model``
     is left bare."""
     cfg, weights = read_adapter(model, name_or_path, model_path)
+    check_fine_tune(cfg)
+    return cfg, {k: v for k, v in weights.items() if ".lora_" in k}
+
+
+def check_fine_tune(cfg: AdapterConfig) -> None:
+    """An AdapterError unless ``cfg`` is a next-token fine-tune (``lora`` mode), what streams are
+    trained over (``train --over``)."""
     if cfg.mode != "lora":
         raise AdapterError(f"adapter '{cfg.name}' is a {cfg.mode}-mode adapter: streams are trained "
                            "over a fine-tune, a --mode lora adapter")
-    return cfg, {k: v for k, v in weights.items() if ".lora_" in k}

@@ -64,6 +64,7 @@ from .adapter import (
     adapter_destination,
     adapter_weights,
     attach,
+    check_fine_tune,
     check_made_for,
     detach,
     fine_tune_keys,
@@ -573,14 +574,24 @@ def _digest(weights: dict[str, mx.array]) -> str:
     return h.hexdigest()[:16]
 
 
-def _last_state(ckpt_dir: Path) -> dict | None:
-    """The recorded state of the last checkpoint whose state.json reads (None without one)."""
+def _last_state(ckpt_dir: Path) -> tuple[Path, dict] | None:
+    """The last checkpoint whose state.json reads, and its recorded state (None without one)."""
     for path in reversed(checkpoints(ckpt_dir)):
         try:
-            return json.loads((path / "state.json").read_text())
+            return path, json.loads((path / "state.json").read_text())
         except (OSError, ValueError):
             continue
     return None
+
+
+def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tuple[str, ...]) -> None:
+    """A ValueError naming each setting in which a resumed run differs from its checkpoint's
+    (``recorded_only``: compared only where the checkpoint recorded them)."""
+    diff = {k: (recorded.get(k), v) for k, v in compat.items()
+            if recorded.get(k, v if k in recorded_only else None) != v}
+    if diff:
+        raise ValueError(f"{path}: the run's settings differ from the checkpoint's "
+                         f"(setting: (checkpoint, now)) {diff}")
 
 
 def _examples_digest(ds: Dataset) -> str:
@@ -789,6 +800,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise ValueError(f"fine_tune_lr: only shared mode trains an every-row LoRA beside its streams "
                          f"(this is {mode} mode: use lr)")
 
+    # a bad setting is refused before any work, and before the attached adapter goes
+    AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
+                  branch=branch, tree_budget=tree_budget).fit(len(model.layers))
+    init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
+    if over is not None:
+        check_fine_tune(read_config(resolve_adapter(model_path, over)))
+
     # -- where things go, and what was there before ----------------------------------------
     work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
@@ -823,10 +841,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else "no valid.jsonl: no validation during training")
     valid_digest = _examples_digest(valid_ds) if valid_ds is not None else None
 
-    # a bad setting is refused before the attached adapter goes
-    AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
-                  branch=branch, tree_budget=tree_budget).fit(len(model.layers))
-    init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
     detach(model)
     base_fp = fingerprint(model)
     tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
@@ -838,7 +852,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         start_weights = read_adapter(model, init, model_path, check_base=False)[1]
     n_train = len(train_ds)
     steps_per_epoch = math.ceil(n_train / batch_size)
-    resumed = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+    last = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+    resumed = last[1] if last is not None else None
     if resumed is not None and iters is None and epochs is None:
         iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
     if resumed is not None and warmup is None:
@@ -872,6 +887,19 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                      accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
                      tree_budget=tree_budget, over=str(over) if over is not None else None,
                      init=str(init) if init is not None else None)
+
+    # what a resumed run must share with its checkpoint: the training, and the prompts the best
+    # adapter so far was chosen on (compared only when the checkpoint recorded them)
+    compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
+                                                                 "state_cache_mb", "over", "init")}
+    recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
+                     "warmup", "val_batches", "over_weights", "init_weights")
+    compat["data"], compat["valid_data"] = data_digest, valid_digest
+    # --over and --init by what they hold: a name and a path to one adapter are the same start
+    compat["over_weights"] = _digest(fine_tune) if fine_tune else None
+    compat["init_weights"] = _digest(start_weights) if start_weights is not None else None
+    if resumed is not None:  # refused before the work below (self-distillation: minutes)
+        _check_same_run(last[0], resumed["config"], compat, recorded_only)
 
     # -- adapter, optimizer, resume --------------------------------------------------------------
     acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
@@ -921,16 +949,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     history: list[dict] = []
     val_history: list[dict] = []
     elapsed0 = 0.0
-    # what a resumed run must share with its checkpoint: the training, and the prompts the best
-    # adapter so far was chosen on (compared only when the checkpoint recorded them)
-    compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
-                                                                 "state_cache_mb", "over", "init")}
-    recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
-                     "warmup", "val_batches", "over_weights", "init_weights")
-    compat["data"], compat["valid_data"] = data_digest, valid_digest
-    # --over and --init by what they hold: a name and a path to one adapter are the same start
-    compat["over_weights"] = _digest(fine_tune) if fine_tune else None
-    compat["init_weights"] = _digest(start_weights) if start_weights is not None else None
     # the adapter with the most accepted tokens per pass on the validation prompts so far
     best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
     if resume and ckpt_dir is not None:
@@ -949,11 +967,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             found = found[: found.index(path) + 1]
             if st.get("base_fingerprint") != base_fp:
                 raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-            diff = {k: (st["config"].get(k), v) for k, v in compat.items()
-                    if st["config"].get(k, v if k in recorded_only else None) != v}
-            if diff:
-                raise ValueError(f"{found[-1]}: the run's settings differ from the checkpoint's "
-                                 f"(setting: (checkpoint, now)) {diff}")
+            _check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
             start = int(st["step"])
             if start > iters:
                 raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
@@ -961,6 +975,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             elapsed0 = float(st.get("seconds", 0.0))
             if (found[-1] / BEST_FILE).is_file() and st.get("best"):
                 best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
+            if start == iters and out_dir is not None and (out_dir / REPORT_FILE).is_file():
+                say(f"{out_dir}: the run is already complete (step {iters} of {iters}); nothing to do "
+                    "(give a larger iters, --iters, to train it further)")
+                return json.loads((out_dir / REPORT_FILE).read_text())
             say(f"resuming from {found[-1]} (step {start} of {iters})")
         else:
             say(f"no checkpoint in {ckpt_dir}: starting from step 0")
@@ -1094,7 +1112,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         "mode": mode,
         "iters": iters,
         "start_step": start,
-        "epochs": round(iters * batch_size / n_train, 4),
+        "epochs": round(iters / steps_per_epoch, 4),  # passes over the data (the last may be partial)
         "world_size": world,
         "process_rank": rank_id,  # this process's, among world_size (the LoRA rank: config.rank)
         "trainable_parameters": int(n_params),
@@ -1128,7 +1146,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                                          "over": tc.over, "init": tc.init,
                                                          "base_model": base}}, overwrite=True)
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
-        say(f"saved adapter {out_dir}" + (f" (generate with --adapter {name})" if bare else ""))
+        use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
+        say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
     return report
 
 

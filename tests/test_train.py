@@ -1148,3 +1148,39 @@ def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatc
     got = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
     assert any(not np.array_equal(weights[2][k], weights[4][k]) for k in want)  # they tell apart
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
+    """Bad adapter settings are refused before the data is read; a resume with other settings
+    before any self-distillation; a finished run resumed again is left as it is; the report's
+    epochs are passes over the data; a lora adapter is generated with --mode ar."""
+    import json
+
+    import mlx_specstream.train as train_mod
+
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "train.jsonl").write_text("not json\n")
+    with pytest.raises(AdapterError, match="gamma and rank must be >= 1"):  # not the data's error
+        train(tiny_model("llama", seed=0), tmp_path / "bad", rank=0, iters=1, progress=False)
+    opts = dict(gamma=2, msa_layers=2, iters=4, batch_size=12, lr=3e-3, val_every=0, save_every=2,
+                progress=False, log=lambda m: None)
+    rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", **opts)
+    assert rep["epochs"] == 1.0  # 40 examples in batches of 12: 4 steps are one pass
+    report = (tmp_path / "a" / "training_report.json").read_bytes()
+    again = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True, **opts)
+    assert again == json.loads(report) and (tmp_path / "a" / "training_report.json").read_bytes() == report
+
+    def distilled(*a, **k):
+        raise AssertionError("self-distillation ran before the settings were compared")
+
+    monkeypatch.setattr(train_mod, "distill_dataset", distilled)
+    with pytest.raises(ValueError, match=r"settings differ from the checkpoint's .*'batch_size': \(12, 8\)"):
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True,
+              **{**opts, "batch_size": 8, "iters": 8, "self_distill": True})
+    said = []
+    model = tiny_model("llama", seed=0)
+    model.path = tmp_path / "m"
+    train(model, (ds, valid), out="l", mode="lora", **{**opts, "log": said.append})
+    assert any("(generate with --adapter l --mode ar)" in m for m in said), said
