@@ -1007,7 +1007,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         return ev
 
     def validation(step: int) -> None:
+        nonlocal val_seconds
+        t = time.perf_counter()
+        bar.set_description_str(f"validate step {step}")  # it has no bar of its own: say what runs
         ev = validate(step)
+        bar.set_description_str(f"train {mode}")
+        val_seconds += time.perf_counter() - t  # not training: kept out of its tokens per second
         val_history.append({"step": step, **ev})
         accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
         per_pass = ev.get("mean_accepted_tokens")
@@ -1022,7 +1027,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         return valid_ds is not None and bool(val_every) and (step % val_every == 0 or step == iters)
 
     def history_entry(step: int, loss: mx.array) -> dict:
-        dt = time.perf_counter() - t0
+        dt = time.perf_counter() - t0 - val_seconds
         return {"step": step, "loss": round(float(loss.item()), 6),
                 "lr": float(optimizer.learning_rate.item()) if hasattr(optimizer, "learning_rate") else lr,
                 "tokens_per_second": round(tokens_seen / dt, 1) if dt else 0.0}
@@ -1031,7 +1036,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     cache = BaseStateCache(state_cache_mb << 20) if mode == "lossless" and state_cache_mb > 0 else None
     mx.reset_peak_memory()
     t0 = time.perf_counter()
-    tokens_seen = 0
+    tokens_seen, val_seconds = 0, 0.0
     last_saved = applied = start  # applied: the last step whose update the weights hold
     step = start
     bar = tqdm(total=iters, initial=start, desc=f"train {mode}", disable=not (progress and main_proc),
@@ -1125,7 +1130,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "first_loss": history[0]["loss"] if history else None,
             "last_loss": history[-1]["loss"] if history else None,
             "seconds": round(elapsed0 + seconds, 3),
-            "tokens_per_second": round(tokens_seen / seconds, 1) if seconds and tokens_seen else None,
+            "tokens_per_second": round(tokens_seen / (seconds - val_seconds), 1)
+            if seconds > val_seconds and tokens_seen else None,
             "peak_memory_mb": round(mx.get_peak_memory() / 2**20, 2),
         },
         "valid": final_eval,

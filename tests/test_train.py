@@ -1184,3 +1184,26 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     model.path = tmp_path / "m"
     train(model, (ds, valid), out="l", mode="lora", **{**opts, "log": said.append})
     assert any("(generate with --adapter l --mode ar)" in m for m in said), said
+
+
+def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
+    """Tokens per second count the training steps only: a slow validation (here 0.3 s a call,
+    four calls) leaves them where they are."""
+    import time
+
+    import mlx_specstream.train as train_mod
+
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
+    real = train_mod.evaluate
+
+    def slow(*a, **k):
+        time.sleep(0.3)
+        return real(*a, **k)
+
+    monkeypatch.setattr(train_mod, "evaluate", slow)
+    rep = train(tiny_model("llama", seed=0), (ds, valid), gamma=2, msa_layers=2, iters=4, batch_size=10,
+                val_every=1, accept_prompts=0, self_distill=False, progress=False, log=lambda m: None)
+    tokens = sum(len(e.tokens) for e in ds.examples)  # 4 steps of 10: every example once
+    assert rep["train"]["seconds"] > 1.2
+    assert rep["train"]["tokens_per_second"] > 2 * tokens / rep["train"]["seconds"]
