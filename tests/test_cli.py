@@ -149,3 +149,13 @@ def test_the_prompt_is_read_as_mlx_lm_reads_it(monkeypatch, tmp_path):
         assert _read_prompt(given, None) == "SELECT\\n 1"  # read as it is, as a file is
     (tmp_path / "p.txt").write_text("\ufeffSELECT\\n 1", encoding="utf-8")
     assert _read_prompt(None, tmp_path / "p.txt") == "SELECT\\n 1"
+
+
+def test_train_refuses_a_flag_its_mode_does_not_use(tmp_path):
+    """As generate does: typed for a mode that ignores it, a flag is an error, not a no-op."""
+    base = ("train", "--data", str(tmp_path), "--out", str(tmp_path / "a"))
+    assert_one_line_error(cli(*base, "--mode", "lora", "--gamma", "3", "--tree-budget", "9"),
+                          "--mode lora does not use --gamma, --tree-budget")
+    assert_one_line_error(cli(*base, "--mode", "shared", "--state-cache-mb", "7"),
+                          "--mode shared does not use --state-cache-mb")
+    assert not (tmp_path / "a").exists()
