@@ -39,7 +39,7 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
   for iters in $stages; do
     [ "$iters" -lt "${done:-0}" ] && continue  # a stage this run has already passed
     # shellcheck disable=SC2086
-    .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
+    .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 \
       --iters "$iters" --lr "$lr" $again ${TRAIN_ARGS:-} --out "$name" "$@"
     again=--resume
   done
@@ -48,7 +48,7 @@ further() {  # NAME iters lr args...: train the finished adapter NAME further (-
   local name=$1 iters=$2 lr=$3
   shift 3
   # shellcheck disable=SC2086
-  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 --gamma 4 \
+  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 \
     --iters "$iters" --lr "$lr" --init "$name" --overwrite ${TRAIN_ARGS:-} --out "$name" "$@"
 }
 for what in $ONLY; do
