@@ -381,10 +381,11 @@ def train(
     # a flag the mode does not use is refused, not ignored (as generate's are)
     lossless_only = ("segment_len", "state_cache_mb", "distill_tokens")
     unused = {"lora": ("gamma", "branch", "tree_budget", "accept_prompts", "accept_tokens", *lossless_only),
-              "shared": lossless_only}.get(mode, ())
+              "shared": lossless_only}.get(mode, ("distill_tokens",) if self_distill is False else ())
     typed = [n for n in unused if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
     if typed:
-        raise OptionError(f"{{mode={mode}}} does not use " + ", ".join(f"{{{n}}}" for n in typed))
+        why = f"{{mode={mode}}}" if mode != "lossless" else "{self_distill=False}"
+        raise OptionError(f"{why} does not use " + ", ".join(f"{{{n}}}" for n in typed))
     report = run_train(model or default_model(), data, mode=mode, out=out, gamma=gamma,
                        msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
                        batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr, max_seq_len=max_seq_len,

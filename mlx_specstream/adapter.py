@@ -387,6 +387,7 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None, overwrite: 
         raise AdapterError("this model's adapter is fused into its weights: save it from a model "
                            "loaded with fuse=False")
     dest = adapter_destination(dest, getattr(model, "path", None))
+    overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
     check_replaceable(dest, "adapter", overwrite, flag="overwrite=True")  # said in Python's terms
     with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
@@ -415,7 +416,10 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
     if not bare:
-        raise AdapterError(f"adapter '{name_or_path}' not found: no such directory")
+        ours = model_path is not None and (Path(model_path) / "adapters" / p.name / CONFIG_FILE).is_file()
+        hint = (f" (a Path is a directory; the string '{p.name}' names the model's adapter)"
+                if ours and isinstance(name_or_path, Path) else "")
+        raise AdapterError(f"adapter '{name_or_path}' not found: no such directory{hint}")
     where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
     found = available_adapters(model_path) if model_path is not None else []
     have = f"; this model has: {', '.join(found)}" if found else "; this model has none"
@@ -442,7 +446,8 @@ def read_config(path: Path) -> AdapterConfig:
         if raw.get(key) is not None and not ok(raw[key]):
             raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ('{key}' must be "
                                f"{'a list of numbers' if key == 'base_probe' else 'lists of numbers'})")
-    return AdapterConfig(**{f.name: raw[f.name] for f in known})
+    # named by its directory, what it is chosen by (a copy under a new name is that name)
+    return AdapterConfig(**{f.name: raw[f.name] for f in known if f.name != "name"}, name=_name(path))
 
 
 def _trained_on(path: Path) -> str | None:
@@ -521,7 +526,7 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
                 model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
             except Exception as e:
                 raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
-    model.adapter_config.name = _name(path)  # what it is chosen by: a copy under a new name is that name
+    model.adapter_config.name = cfg.name
     return model.adapter_config
 
 

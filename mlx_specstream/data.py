@@ -122,9 +122,9 @@ def _chat_prompt(tokenizer, messages: list[dict], where: str) -> str | list[int]
     from .tokenizer import TokenizerError
 
     keywords = inspect.signature(tokenizer.apply_chat_template).parameters
-    try:
-        out = tokenizer.apply_chat_template(messages, **({"add_generation_prompt": True}
-                                                         if "add_generation_prompt" in keywords else {}))
+    takes = "add_generation_prompt" in keywords or any(k.kind == k.VAR_KEYWORD for k in keywords.values())
+    try:  # (mlx-lm's TokenizerWrapper takes it through **kwargs)
+        out = tokenizer.apply_chat_template(messages, **({"add_generation_prompt": True} if takes else {}))
     except Exception as e:  # any tokenizer's template error is this row's
         said = str(e) if isinstance(e, TokenizerError) else f"chat template: {e}"
         raise DataError(f"{where}: {said}") from None

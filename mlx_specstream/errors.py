@@ -41,6 +41,8 @@ class OptionError(ValueError):
     def render(self, dialect: str, names: dict[str, str] | None = None) -> str:
         """The message for ``dialect`` ``python``, ``cli`` or ``http``; ``names`` spells some
         options otherwise in ``http`` (a request's field for an option of another name)."""
+        if dialect not in ("python", "cli", "http"):
+            raise ValueError(f"no dialect '{dialect}': python, cli or http")
         def one(m: re.Match) -> str:
             name, value = m.group(1), m.group(2)
             literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")

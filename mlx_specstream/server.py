@@ -222,9 +222,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         decoder = _decoder(model, tok, ids, batched=True, **options)
     except OptionError as e:  # the field is the first option the message names that a request sets
         param = next((o for o in e.options() if o in options), "model")
-        param = max_key if param == "max_tokens" else param
-        names = {"max_tokens": f"'{max_key}'",  # the request's fields for options named otherwise
-                 "adapter": "'model': an id with an adapter, GET /v1/models"}
+        names = {"adapter": "'model': an id with an adapter, GET /v1/models"}  # the request's field
         raise APIError(e.render("http", names), param) from None
     except ValueError as e:
         code = "context_length_exceeded" if "context" in str(e) and limit else None

@@ -584,6 +584,18 @@ def _last_state(ckpt_dir: Path) -> tuple[Path, dict] | None:
     return None
 
 
+def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
+    """The report of the adapter in ``out_dir`` if it is the finished run of ``iters`` steps (not
+    an earlier stage's, saved before the run was taken further)."""
+    try:
+        report = json.loads((out_dir / REPORT_FILE).read_text()) if out_dir is not None else None
+    except (OSError, ValueError):
+        return None
+    done = isinstance(report, dict) and report.get("iters") == iters and bool(report.get("history")) \
+        and report["history"][-1].get("step") == iters
+    return report if done else None
+
+
 def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tuple[str, ...]) -> None:
     """A ValueError naming each setting in which a resumed run differs from its checkpoint's
     (``recorded_only``: compared only where the checkpoint recorded them)."""
@@ -706,7 +718,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
     and ``model_path`` optional). ``data``: a directory with ``train.jsonl`` and optionally
     ``valid.jsonl`` (see :mod:`mlx_specstream.data`), or a ``(train, valid)`` pair of
-    :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name (saved under
+    :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name, a string (saved under
     ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a directory, or None
     (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes over the data (by
     default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
@@ -893,11 +905,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
                                                                  "state_cache_mb", "over", "init")}
     recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
-                     "warmup", "val_batches", "over_weights", "init_weights")
+                     "warmup", "val_batches", "over_weights")
     compat["data"], compat["valid_data"] = data_digest, valid_digest
-    # --over and --init by what they hold: a name and a path to one adapter are the same start
+    # --over by what it holds (a name and a path to one adapter are the same); --init is not
+    # compared: a resumed run's weights are the checkpoint's (its --init may be its own --out)
     compat["over_weights"] = _digest(fine_tune) if fine_tune else None
-    compat["init_weights"] = _digest(start_weights) if start_weights is not None else None
     if resumed is not None:  # refused before the work below (self-distillation: minutes)
         _check_same_run(last[0], resumed["config"], compat, recorded_only)
 
@@ -975,10 +987,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             elapsed0 = float(st.get("seconds", 0.0))
             if (found[-1] / BEST_FILE).is_file() and st.get("best"):
                 best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
-            if start == iters and out_dir is not None and (out_dir / REPORT_FILE).is_file():
+            saved = _finished_report(out_dir, iters) if start == iters else None
+            if saved is not None:
                 say(f"{out_dir}: the run is already complete (step {iters} of {iters}); nothing to do "
                     "(give a larger iters, --iters, to train it further)")
-                return json.loads((out_dir / REPORT_FILE).read_text())
+                return {**saved, "process_rank": rank_id}
             say(f"resuming from {found[-1]} (step {start} of {iters})")
         else:
             say(f"no checkpoint in {ckpt_dir}: starting from step 0")

@@ -158,4 +158,6 @@ def test_train_refuses_a_flag_its_mode_does_not_use(tmp_path):
                           "--mode lora does not use --gamma, --tree-budget")
     assert_one_line_error(cli(*base, "--mode", "shared", "--state-cache-mb", "7"),
                           "--mode shared does not use --state-cache-mb")
+    assert_one_line_error(cli(*base, "--no-self-distill", "--distill-tokens", "8"),
+                          "--no-self-distill does not use --distill-tokens")
     assert not (tmp_path / "a").exists()

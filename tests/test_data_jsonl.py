@@ -233,3 +233,15 @@ def test_a_row_the_chat_template_refuses_names_its_file_and_line(tmp_path):
     f = write(tmp_path / "none.jsonl", [none])
     with pytest.raises(DataError, match=r"none.jsonl:1: chat template: can only concatenate str"):
         load_jsonl(f, tok, chat_template=True)
+
+
+def test_a_chat_template_taking_keywords_through_kwargs_begins_the_assistants_turn():
+    """mlx-lm's TokenizerWrapper takes ``add_generation_prompt`` through ``**kwargs``: the prompt
+    still ends with the assistant's turn begun, as with a tokenizer that names the keyword."""
+    class Wrapped(CharTokenizer):
+        def apply_chat_template(self, messages, **kwargs):
+            return super().apply_chat_template(messages, **kwargs)
+
+    row = {"prompt": "hi", "completion": "yo"}
+    assert encode_row(row, Wrapped(), chat_template=True).tokens == encode_row(
+        row, CharTokenizer(), chat_template=True).tokens

@@ -41,6 +41,9 @@ def test_save_adapter_refuses_a_user_folder(tmp_path):
         save_adapter(model, tmp_path / "a")
     assert (tmp_path / "a" / "training_report.json").is_file()
     save_adapter(model, tmp_path / "a", overwrite=True)  # its own adapter directory is replaced
+    (tmp_path / "empty").mkdir()
+    save_adapter(model, tmp_path / "empty")  # an empty folder holds nothing to lose
+    assert (tmp_path / "empty" / "adapter_config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["adapter.safetensors",
                                                                   "adapter_config.json"]
 

@@ -194,11 +194,13 @@ def test_a_bare_adapter_name_is_the_models_whatever_the_current_directory_holds(
     assert load_adapter(model, "sql", model_path=tmp_path / "model").gamma == 2
     assert load_adapter(model, "./sql", model_path=tmp_path / "model").gamma == 3
     assert load_adapter(model, tmp_path / "cwd" / "sql", model_path=tmp_path / "model").gamma == 3
-    import shutil
-
     shutil.rmtree(tmp_path / "cwd" / "sql")  # ./sql is a directory here or nothing: never the model's
     with pytest.raises(AdapterError, match="adapter './sql' not found: no such directory"):
         load_adapter(model, "./sql", model_path=tmp_path / "model")
+    with pytest.raises(AdapterError, match="a Path is a directory; the string 'sql' names the model's"):
+        load_adapter(model, Path("sql"), model_path=tmp_path / "model")
+    shutil.copytree(tmp_path / "model" / "adapters" / "sql", tmp_path / "renamed")
+    assert load_adapter(model, tmp_path / "renamed").name == "renamed"  # named by its directory
 
 
 SHIPPED = Path(__file__).resolve().parents[1] / "models" / "specstream-tiny" / "mlx"

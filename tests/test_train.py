@@ -640,22 +640,20 @@ def test_init_starts_from_an_adapters_weights(tmp_path):
     assert again["history"][0]["loss"] <= 1.2 * first["history"][-1]["loss"]
     with pytest.raises(ValueError, match="trained with mode lossless, gamma 2, msa_layers 2"):
         train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "gamma": 3})
-    # resumed, the start is the adapter's weights, however its path is written; another one is refused
-    import shutil
+    # a run taken further from its own adapter (--init OUT --resume, scripts/train_adapters.sh's
+    # further stage) resumes once that adapter has changed: the weights are the checkpoint's
+    def stop_at_2(step, info):
+        if step == 2:
+            raise KeyboardInterrupt
 
-    def stop(step, info):
-        raise KeyboardInterrupt
-
+    train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "a", overwrite=True,
+          **dict(opts, lr=1e-3))
     run = dict(opts, iters=3, lr=1e-3, save_every=1)
     with pytest.raises(KeyboardInterrupt):
-        train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "r", callback=stop, **run)
-    shutil.copytree(tmp_path / "a", tmp_path / "same")
-    rep = train(model, (train_ds, None), init=tmp_path / "same" / ".." / "same", out=tmp_path / "r",
-                resume=True, **run)
-    assert rep["start_step"] == 1
-    train(model, (train_ds, None), out=tmp_path / "other", **opts)  # lr 0: a fresh adapter's weights
-    with pytest.raises(ValueError, match="init_weights"):
-        train(model, (train_ds, None), init=tmp_path / "other", out=tmp_path / "r", resume=True, **run)
+        train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "a", overwrite=True,
+              callback=stop_at_2, **run)
+    rep = train(model, (train_ds, None), init=tmp_path / "a", out=tmp_path / "a", resume=True, **run)
+    assert rep["start_step"] == 2
 
 
 def test_init_from_an_adapter_of_another_base(tmp_path):
@@ -955,7 +953,7 @@ def make_model_dir(root: Path) -> Path:
 
 
 ARGS = ["--data", None, "--gamma", "3", "--msa-layers", "2", "--iters", "3", "--batch-size", "6",
-        "--val-every", "3", "--save-every", "2", "--segment-len", "4", "--lr", "1e-3"]
+        "--val-every", "3", "--save-every", "2", "--lr", "1e-3"]
 
 
 def cli(*args, launch: int = 0, cwd=None):
@@ -1016,7 +1014,8 @@ def test_two_processes_equal_one(tmp_path, mode, how):
     """2 processes (under mlx.launch with the ring backend, or started by ``--processes 2``): the
     same parameters as 1 process on the same global batches."""
     model_dir = make_model_dir(tmp_path)
-    args = [a if a is not None else str(tmp_path / "data") for a in ARGS] + ["--mode", mode]
+    args = [a if a is not None else str(tmp_path / "data") for a in ARGS] + ["--mode", mode] + (
+        ["--segment-len", "4"] if mode == "lossless" else [])  # lossless mode's
     one = cli("--model", str(model_dir), "--out", str(tmp_path / "one"), *args, "--processes", "1")
     assert one.returncode == 0, one.stderr
     if how == "mlx.launch":
@@ -1164,6 +1163,14 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     (tmp_path / "bad" / "train.jsonl").write_text("not json\n")
     with pytest.raises(AdapterError, match="gamma and rank must be >= 1"):  # not the data's error
         train(tiny_model("llama", seed=0), tmp_path / "bad", rank=0, iters=1, progress=False)
+    from mlx_specstream.adapter import save_adapter
+
+    other = tiny_model("llama", seed=0)
+    new_adapter(other, gamma=2, msa_layers=2)
+    save_adapter(other, tmp_path / "renamed")  # an adapter is named by its directory
+    with pytest.raises(AdapterError, match="adapter 'renamed' is a lossless-mode adapter"):
+        train(tiny_model("llama", seed=0), tmp_path / "bad", over=tmp_path / "renamed", iters=1,
+              progress=False)
     opts = dict(gamma=2, msa_layers=2, iters=4, batch_size=12, lr=3e-3, val_every=0, save_every=2,
                 progress=False, log=lambda m: None)
     rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", **opts)
@@ -1171,6 +1178,18 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     report = (tmp_path / "a" / "training_report.json").read_bytes()
     again = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True, **opts)
     assert again == json.loads(report) and (tmp_path / "a" / "training_report.json").read_bytes() == report
+
+    def stop_at_6(step, info):  # after step 6's checkpoint, before its adapter is saved
+        if step == 6:
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a further stage, stopped at its end
+        train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True, callback=stop_at_6,
+              **{**opts, "iters": 6})
+    further = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True,
+                    **{**opts, "iters": 6})  # finished now, not taken for the earlier stage's report
+    assert further["iters"] == 6 and json.loads((tmp_path / "a" / "training_report.json").read_text())[
+        "history"][-1]["step"] == 6
 
     def distilled(*a, **k):
         raise AssertionError("self-distillation ran before the settings were compared")

@@ -213,6 +213,8 @@ def test_option_errors_speak_the_callers_language():
     e = OptionError("load one ({adapter}) or use {mode=ar}; {temperature} >= 0; {overwrite=True}; "
                     "{lookup=False}")
     assert str(e) == "load one (adapter) or use mode='ar'; temperature >= 0; overwrite=True; lookup=False"
+    with pytest.raises(ValueError, match="no dialect 'CLI'"):
+        e.render("CLI")
     assert e.render("cli") == ("load one (--adapter) or use --mode ar; --temp >= 0; --overwrite; "
                                   "--no-lookup")
 
