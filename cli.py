@@ -102,7 +102,7 @@ def generate(
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="prompt text (\\n and \\t typed in it "
                                       "are a newline and a tab, as in mlx_lm.generate; '-': standard input)"),
     prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
-    max_tokens: int = typer.Option(256, "--max-tokens", "-n"),
+    max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="-1: until EOS or the end of the context"),
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
     top_p: float = typer.Option(1.0, "--top-p"),
     seed: int | None = typer.Option(None, help="sampling seed (default: a fresh one each run)"),

@@ -43,6 +43,7 @@ class OptionError(ValueError):
         options otherwise in ``http`` (a request's field for an option of another name)."""
         if dialect not in ("python", "cli", "http"):
             raise ValueError(f"no dialect '{dialect}': python, cli or http")
+
         def one(m: re.Match) -> str:
             name, value = m.group(1), m.group(2)
             literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")
