@@ -22,7 +22,7 @@ from .arch.base import check_value
 from .errors import AdapterError, check_keywords
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .outputs import check_replaceable, save_safetensors
+from .outputs import save_safetensors
 from .streams import StreamAdapter
 from .tree import TREE_LIMITS
 
@@ -388,8 +388,7 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None, overwrite: 
                            "loaded with fuse=False")
     dest = adapter_destination(dest, getattr(model, "path", None))
     overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
-    check_replaceable(dest, "adapter", overwrite, flag="overwrite=True")  # said in Python's terms
-    with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
+    with atomic_dir(dest, "adapter", overwrite=overwrite, flag="overwrite=True") as tmp:  # Python's terms
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         config = asdict(model.adapter_config)
         (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
