@@ -47,6 +47,7 @@ class AdapterConfig:
     base_fingerprint: str = ""
     base_probe: list | None = None
     base_weights_probe: list | None = None  # weights_probe of the base (adapters since 2026-11-27)
+    training: dict | None = None  # the run that made it (train records it; a re-save keeps it)
     name: str = ""
 
     def validate(self, n_layers: int) -> None:
@@ -375,7 +376,7 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
     return Path(os.path.abspath(p)) if p.name in ("", "..") else p
 
 
-def save_adapter(model, dest: str | Path, extra: dict | None = None, overwrite: bool = False) -> Path:
+def save_adapter(model, dest: str | Path, overwrite: bool = False) -> Path:
     """Write the attached adapter to ``dest`` atomically and return where it went: a bare name
     under the model's ``adapters/`` (``load_adapter(model, NAME)`` reads it back), a path as
     given. An existing adapter there is replaced only with ``overwrite``."""
@@ -390,8 +391,7 @@ def save_adapter(model, dest: str | Path, extra: dict | None = None, overwrite: 
     overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
     with atomic_dir(dest, "adapter", overwrite=overwrite, flag="overwrite=True") as tmp:  # Python's terms
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
-        config = asdict(model.adapter_config)
-        (tmp / CONFIG_FILE).write_text(json.dumps({**config, **(extra or {})}, indent=2))
+        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.adapter_config), indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:
             model.adapter_ngrams.save(tmp / NGRAMS_FILE)
     return dest
@@ -440,21 +440,14 @@ def read_config(path: Path) -> AdapterConfig:
     def numbers(x) -> bool:
         return isinstance(x, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)
 
-    for key, ok in (("base_probe", numbers),
-                    ("base_weights_probe", lambda x: isinstance(x, list) and all(map(numbers, x)))):
+    for key, ok, kind in (("base_probe", numbers, "a list of numbers"),
+                          ("base_weights_probe", lambda x: isinstance(x, list) and all(map(numbers, x)),
+                           "lists of numbers"),
+                          ("training", lambda x: isinstance(x, dict), "a JSON object")):
         if raw.get(key) is not None and not ok(raw[key]):
-            raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ('{key}' must be "
-                               f"{'a list of numbers' if key == 'base_probe' else 'lists of numbers'})")
+            raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ('{key}' must be {kind})")
     # named by its directory, what it is chosen by (a copy under a new name is that name)
     return AdapterConfig(**{f.name: raw[f.name] for f in known if f.name != "name"}, name=_name(path))
-
-
-def _trained_on(path: Path) -> str | None:
-    """The base model directory an adapter's training recorded (adapters trained since 2026-11-27)."""
-    try:
-        return json.loads((path / CONFIG_FILE).read_bytes()).get("training", {}).get("base_model")
-    except (OSError, ValueError, AttributeError):
-        return None
 
 
 @contextmanager
@@ -483,7 +476,7 @@ def check_made_for(model, path: Path, cfg: AdapterConfig) -> None:
     """An AdapterError unless the adapter in ``path`` (config ``cfg``) was made for ``model``
     (:func:`made_for`), naming the base it was trained on where it recorded one."""
     if not made_for(model, cfg):
-        trained_on = _trained_on(path)
+        trained_on = (cfg.training or {}).get("base_model")  # adapters trained since 2026-11-27
         ours = fingerprint(model)
         why = (f"fingerprint {cfg.base_fingerprint}, this model {ours}"
                if cfg.base_fingerprint and cfg.base_fingerprint != ours

@@ -1160,10 +1160,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         model.adapter_ngrams = ngram_table(train_ds, eos_ids(tokenizer))
     if out_dir is not None and main_proc:
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
-        save_adapter(model, out_dir, extra={"training": {"iters": iters, "mode": mode,
-                                                         "self_distill": self_distill,
-                                                         "over": tc.over, "init": tc.init,
-                                                         "base_model": base}}, overwrite=True)
+        model.adapter_config.training = {"iters": iters, "mode": mode, "self_distill": self_distill,
+                                         "over": tc.over, "init": tc.init, "base_model": base}
+        save_adapter(model, out_dir, overwrite=True)
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
         say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))

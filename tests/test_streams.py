@@ -144,6 +144,9 @@ def test_an_adapter_knows_its_base_by_its_weights(tmp_path):
     half = tiny_model("llama", seed=1)
     half.set_dtype(mx.float16)
     load_adapter(half, tmp_path / "a")
+    save_adapter(half, tmp_path / "again")  # saved again, it still says what trained it
+    with pytest.raises(AdapterError, match="it was trained on /models/mine"):
+        load_adapter(tiny_model("llama", seed=2), tmp_path / "again")
 
 
 def test_adapter_errors(tmp_path):
@@ -155,7 +158,7 @@ def test_adapter_errors(tmp_path):
         load_adapter(other, tmp_path / "ok")
     with pytest.raises(AdapterError, match=r"another base model \(fingerprint \w+, this model \w+\)"):
         load_adapter(tiny_model("llama", seed=1, rope_theta=500.0), tmp_path / "ok")
-    for key, value in (("base_probe", ["a", "b"]), ("base_weights_probe", [1.0, 2.0])):
+    for key, value in (("base_probe", ["a", "b"]), ("base_weights_probe", [1.0, 2.0]), ("training", "x")):
         shutil.copytree(tmp_path / "ok", tmp_path / key)
         cfg = json.loads((tmp_path / key / "adapter_config.json").read_text())
         (tmp_path / key / "adapter_config.json").write_text(json.dumps({**cfg, key: value}))
