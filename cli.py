@@ -374,18 +374,12 @@ def train(
     with --processes N, or under ``mlx.launch``."""
     import json as _json
 
-    from mlx_specstream.errors import OptionError
     from mlx_specstream.project import default_model
+    from mlx_specstream.train import check_used
     from mlx_specstream.train import train as run_train
 
-    # a flag the mode does not use is refused, not ignored (as generate's are)
-    lossless_only = ("segment_len", "state_cache_mb", "distill_tokens")
-    unused = {"lora": ("gamma", "branch", "tree_budget", "accept_prompts", "accept_tokens", *lossless_only),
-              "shared": lossless_only}.get(mode, ("distill_tokens",) if self_distill is False else ())
-    typed = [n for n in unused if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
-    if typed:
-        why = f"{{mode={mode}}}" if mode != "lossless" else "{self_distill=False}"
-        raise OptionError(f"{why} does not use " + ", ".join(f"{{{n}}}" for n in typed))
+    given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
+    check_used(mode, self_distill, given)  # a flag the mode does not use is refused, not ignored
     report = run_train(model or default_model(), data, mode=mode, out=out, gamma=gamma,
                        msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
                        batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr, max_seq_len=max_seq_len,

@@ -101,6 +101,22 @@ from .train_batches import Batch, default_iters, epoch_batches, hold_out, length
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")
+# Options a mode ignores: ``lora`` drafts nothing; only lossless self-distillation builds
+# stream states in segments and continues prompts given alone
+_LOSSLESS_ONLY = ("segment_len", "state_cache_mb", "distill_tokens")
+_UNUSED_IN = {"lora": ("gamma", "branch", "tree_budget", "accept_prompts", "accept_tokens", *_LOSSLESS_ONLY),
+              "shared": _LOSSLESS_ONLY}
+
+
+def check_used(mode: str, self_distill: bool | None, given) -> None:
+    """Refuse the options of ``given`` (names) that ``mode`` ignores (``--mode lora --gamma 2``),
+    for callers that know which were given, as the command line does; :func:`train` ignores them,
+    as ``generate`` does, so one set of options serves every mode."""
+    unused = _UNUSED_IN.get(mode, ("distill_tokens",) if self_distill is False else ())
+    idle = [name for name in given if name in unused]
+    if idle:
+        why = f"{{mode={mode}}}" if mode != "lossless" else "{self_distill=False}"
+        raise OptionError(f"{why} does not use " + ", ".join(f"{{{n}}}" for n in idle))
 
 
 @dataclass
@@ -727,6 +743,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
+    Options that ``mode`` does not use are ignored (:func:`check_used` refuses them).
     ``over``: a ``lora``-mode adapter of this model (name or path), a next-token fine-tune. In
     lossless mode, the fine-tune whose output the new adapter keeps exactly: its streams learn to
     draft the fine-tuned model, and the adapter carries the fine-tune, frozen (a *tuned* adapter:
