@@ -69,6 +69,23 @@ def _field(body: dict, name: str, kinds: tuple[type, ...], default=None, what: s
     return value
 
 
+def _number(body: dict, name: str, default: float) -> float:
+    """``body[name]``, a number, as a float (an integer too large for one is out of range)."""
+    try:
+        return float(_field(body, name, (int, float), default))
+    except OverflowError:
+        raise APIError(f"'{name}' is out of range", name) from None
+
+
+def _seed(body: dict) -> int | None:
+    """The request's seed, any 64-bit signed integer as OpenAI's, as the engine's seed (>= 0,
+    one for each); absent: a fresh seed, as OpenAI."""
+    seed = _field(body, "seed", (int,), None)
+    if seed is not None and seed not in SEEDS:
+        raise APIError("'seed' must be a 64-bit signed integer", "seed")
+    return None if seed is None else seed % (1 << 64)
+
+
 def _stop(body: dict) -> list[str]:
     stop = body.get("stop")
     if stop is None:
@@ -140,7 +157,7 @@ def _chat_prompt(body: dict, tokenizer) -> str:
 # OpenAI fields that would change the reply, which this server does not do: refused, not ignored
 # (a client reading ``logprobs.content`` must not get None). Each maps to whether a value asks for it.
 UNSUPPORTED = {
-    "logprobs": lambda v: v not in (None, False, 0),
+    "logprobs": lambda v: v is not None and v is not False,  # completions' 0: the sampled token's
     "top_logprobs": lambda v: v not in (None, 0),
     "echo": lambda v: v not in (None, False),
     "suffix": lambda v: v not in (None, ""),
@@ -149,7 +166,17 @@ UNSUPPORTED = {
     "presence_penalty": lambda v: v not in (None, 0),
     "frequency_penalty": lambda v: v not in (None, 0),
     "response_format": lambda v: v not in (None, {"type": "text"}),
+    # mlx-lm's and vLLM's sampling fields, at their values that change nothing
+    "top_k": lambda v: v not in (None, 0, -1),
+    "min_p": lambda v: v not in (None, 0),
+    "repetition_penalty": lambda v: v not in (None, 1),
+    # tool calling: the model would not see the tools, nor would a reply carry tool calls
+    "tools": lambda v: bool(v),
+    "functions": lambda v: bool(v),
+    "tool_choice": lambda v: v not in (None, "none", "auto"),
+    "function_call": lambda v: v not in (None, "none", "auto"),
 }
+SEEDS = range(-(1 << 63), 1 << 63)  # OpenAI's: a 64-bit signed integer
 
 
 @dataclass
@@ -188,9 +215,9 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         max_key = "max_completion_tokens"  # the newer name
     options = dict(
         max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
-        temperature=float(_field(body, "temperature", (int, float), 0.0)),  # OpenAI's range: below
-        top_p=float(_field(body, "top_p", (int, float), 1.0)),
-        seed=_field(body, "seed", (int,), None),  # absent: a fresh seed, as OpenAI
+        temperature=_number(body, "temperature", 0.0),  # OpenAI's range: below
+        top_p=_number(body, "top_p", 1.0),
+        seed=_seed(body),
         # an extra field: "ss" (where the adapter has streams), "ar" or "lookup"
         mode=_text(_field(body, "mode", (str,), default_mode(model)), "mode"),
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
@@ -213,6 +240,9 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
                        f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
     try:
         ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        if limit and len(ids) >= limit:  # the prompt alone: no max_tokens would help
+            raise APIError(f"this model's context holds {limit} tokens, and the prompt has {len(ids)}",
+                           "messages" if chat else "prompt", "context_length_exceeded")
         asked = len(ids) + options["max_tokens"]
         if limit and body.get(max_key) is not None and asked > limit:
             # asked for explicitly (the default is cut to the context): OpenAI's 400, not a silent cut
@@ -393,7 +423,9 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         return JSONResponse({"object": "list", "data": list(described.values())})
 
     async def model(request: Request) -> Response:
-        model_id = request.path_params["model_id"]
+        model_id = request.path_params["model_id"]  # may hold "/" (--name org/tiny)
+        if not model_id:  # "/v1/models/": the list
+            return await models(request)
         try:
             pool.get(model_id)
         except UnknownModelError as e:
@@ -421,7 +453,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         yield
         await asyncio.to_thread(scheduler.stop)
 
-    routes = [Route("/v1/models", models), Route("/v1/models/{model_id:str}", model),
+    routes = [Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
               Route("/health", health),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"])]

@@ -237,7 +237,17 @@ def test_stop_seed_and_sampling(server, base, model_dir):
      "prompt"),
     (json.dumps({"model": "specstream-tiny", "prompt": [1, -5], "max_tokens": 4}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny", "prompt": [1, 2**31]}).encode(), 400, "prompt"),
-    (json.dumps({"model": "specstream-tiny", "prompt": "x", "seed": -1}).encode(), 400, "seed"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "seed": 2**63}).encode(), 400, "seed"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": 10**400}).encode(), 400,
+     "temperature"),  # too large for a float: a 400, not a 500
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 0}).encode(), 400, "logprobs"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_k": 5}).encode(), 400, "top_k"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "repetition_penalty": 1.3}).encode(), 400,
+     "repetition_penalty"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools"),
+    (json.dumps({"model": "specstream-tiny", "prompt": [5] * 3000, "max_tokens": 16}).encode(), 400,
+     "prompt"),  # the prompt alone overflows the context: no max_tokens would help
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": float("nan")}).encode(), 400,
      "temperature"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
@@ -381,6 +391,20 @@ def test_disconnect_frees_the_slot(server):
     assert server.get("/health")["active"] == 1
     conn.close()
     assert wait_idle(server) == 0
+
+
+def test_any_openai_seed_and_a_model_id_with_a_slash(model_dir):
+    """A negative seed (OpenAI's are 64-bit signed) samples as reproducibly as any other; an id
+    such as a Hugging Face name (``org/tiny``) is found by GET /v1/models/{id}."""
+    s = Server("--model", str(model_dir), "--name", "org/tiny")
+    try:
+        client = s.client()
+        assert client.models.retrieve("org/tiny").id == "org/tiny"
+        texts = {client.completions.create(model="org/tiny", prompt="1, 2,", max_tokens=8, temperature=1.0,
+                                           seed=-3).choices[0].text for _ in range(2)}
+        assert len(texts) == 1
+    finally:
+        assert s.stop() == 0
 
 
 def test_sigterm_drains_in_flight_requests(model_dir):

@@ -48,7 +48,6 @@ import math
 import shutil
 import sys
 import time
-import types
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -70,6 +69,8 @@ from .adapter import (
     fine_tune_keys,
     fingerprint,
     is_bare_name,
+    kept_on_failure,
+    load_adapter,
     made_for,
     read_adapter,
     read_config,
@@ -732,12 +733,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
     ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
-    and ``model_path`` optional). ``data``: a directory with ``train.jsonl`` and optionally
-    ``valid.jsonl`` (see :mod:`mlx_specstream.data`), or a ``(train, valid)`` pair of
-    :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name, a string (saved under
-    ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a directory, or None
-    (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes over the data (by
-    default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
+    and ``model_path`` optional), whose adapter the new one replaces (a run that fails before its
+    first step leaves the one it had; an interrupted run, the one trained so far). ``data``: a
+    directory with ``train.jsonl`` and optionally ``valid.jsonl`` (see :mod:`mlx_specstream.data`),
+    or a ``(train, valid)`` pair of :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name,
+    a string (saved under ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a
+    directory, or None (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes
+    over the data (by default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
     numbers: alpha_0 and one alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared
     ``[1, 0.1, ...]``.
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
@@ -870,148 +872,153 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else "no valid.jsonl: no validation during training")
     valid_digest = _examples_digest(valid_ds) if valid_ds is not None else None
 
-    detach(model)
-    base_fp = fingerprint(model)
-    tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
-    start_weights = None
-    if init is not None:
-        if not made_for(model, init_cfg):
-            say(f"--init {init}: made for another base model; its weights are only where this run "
-                "starts")
-        start_weights = read_adapter(model, init, model_path, check_base=False)[1]
-    n_train = len(train_ds)
-    steps_per_epoch = math.ceil(n_train / batch_size)
-    last = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
-    resumed = last[1] if last is not None else None
-    if resumed is not None and iters is None and epochs is None:
-        iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
-    if resumed is not None and warmup is None:
-        warmup = resumed["config"].get("warmup")
-    if iters is None:
-        iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
-                 else default_iters(n_train, batch_size))
-    # the schedule (a function of the seed and the lengths as given) fixes which examples the run
-    # visits: only those are self-distilled
-    lengths = length_keys(train_ds, mode)
-    epochs_seen: dict[int, list[list[int]]] = {}
+    # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
+    # leaves the model with the adapter it had; after that, with the one trained so far
+    with kept_on_failure(model):
+        detach(model)
+        base_fp = fingerprint(model)
+        tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
+        start_weights = None
+        if init is not None:
+            if not made_for(model, init_cfg):
+                say(f"--init {init}: made for another base model; its weights are only where this run "
+                    "starts")
+            start_weights = read_adapter(model, init, model_path, check_base=False)[1]
+        n_train = len(train_ds)
+        steps_per_epoch = math.ceil(n_train / batch_size)
+        last = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+        resumed = last[1] if last is not None else None
+        if resumed is not None and iters is None and epochs is None:
+            iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
+        if resumed is not None and warmup is None:
+            warmup = resumed["config"].get("warmup")
+        if iters is None:
+            iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
+                     else default_iters(n_train, batch_size))
+        # the schedule (a function of the seed and the lengths as given) fixes which examples the run
+        # visits: only those are self-distilled
+        lengths = length_keys(train_ds, mode)
+        epochs_seen: dict[int, list[list[int]]] = {}
 
-    def global_batch(step: int) -> list[int]:
-        epoch, k = divmod(step, steps_per_epoch)
-        if epoch not in epochs_seen:
-            epochs_seen.clear()
-            epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
-                                               lengths if group_by_length else None)
-        return epochs_seen[epoch][k]
+        def global_batch(step: int) -> list[int]:
+            epoch, k = divmod(step, steps_per_epoch)
+            if epoch not in epochs_seen:
+                epochs_seen.clear()
+                epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
+                                                   lengths if group_by_length else None)
+            return epochs_seen[epoch][k]
 
-    tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
-                     stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
-                     batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
-                     warmup=warmup if warmup is not None else min(100, iters // 20),
-                     weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
-                     length_policy=length_policy, chat_template=chat_template,
-                     self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
-                     prune_weight=prune_weight,
-                     segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
-                     val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                     accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
-                     tree_budget=tree_budget, over=str(over) if over is not None else None,
-                     init=str(init) if init is not None else None)
+        tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
+                         stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
+                         batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
+                         warmup=warmup if warmup is not None else min(100, iters // 20),
+                         weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
+                         length_policy=length_policy, chat_template=chat_template,
+                         self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
+                         prune_weight=prune_weight,
+                         segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
+                         val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
+                         accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
+                         tree_budget=tree_budget, over=str(over) if over is not None else None,
+                         init=str(init) if init is not None else None)
 
-    # what a resumed run must share with its checkpoint: the training, and the prompts the best
-    # adapter so far was chosen on (compared only when the checkpoint recorded them)
-    compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
-                                                                 "state_cache_mb", "over", "init")}
-    recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
-                     "warmup", "val_batches", "over_weights")
-    compat["data"], compat["valid_data"] = data_digest, valid_digest
-    # --over by what it holds (a name and a path to one adapter are the same); --init is not
-    # compared: a resumed run's weights are the checkpoint's (its --init may be its own --out)
-    compat["over_weights"] = _digest(fine_tune) if fine_tune else None
-    if resumed is not None:  # refused before the work below (self-distillation: minutes)
-        _check_same_run(last[0], resumed["config"], compat, recorded_only)
+        # what a resumed run must share with its checkpoint: the training, and the prompts the best
+        # adapter so far was chosen on (compared only when the checkpoint recorded them)
+        compat = {k: v for k, v in asdict(tc).items() if k not in ("iters", "val_every", "save_every",
+                                                                     "state_cache_mb", "over", "init")}
+        recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
+                         "warmup", "val_batches", "over_weights")
+        compat["data"], compat["valid_data"] = data_digest, valid_digest
+        # --over by what it holds (a name and a path to one adapter are the same); --init is not
+        # compared: a resumed run's weights are the checkpoint's (its --init may be its own --out)
+        compat["over_weights"] = _digest(fine_tune) if fine_tune else None
+        if resumed is not None:  # refused before the work below (self-distillation: minutes)
+            _check_same_run(last[0], resumed["config"], compat, recorded_only)
 
-    # -- adapter, optimizer, resume --------------------------------------------------------------
-    acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
-                         lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
-                         prune_rank=prune_rank, name=name, branch=branch, tree_budget=tree_budget,
-                         main_rank=tune_cfg.rank if tune_cfg else 0,
-                         main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
-    attach(model, acfg, seed=seed, fine_tune=fine_tune)
-    if start_weights is not None:
-        # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
-        # a split shared one's), whatever the adapter started from had: init gives the streams
-        carried = fine_tune_keys(model) if fine_tune else set()
-        start_weights = {k: v for k, v in start_weights.items() if k not in carried}
-        fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
-        if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
-            theirs = ", ".join(f"{k} {getattr(init_cfg, k)}" for k in ("mode", "gamma", "msa_layers", "rank"))
-            raise ValueError(f"adapter '{init}' has another shape than this run's: it was trained with "
-                             f"{theirs} (and over {'a' if init_cfg.main_rank else 'no'} fine-tune); give "
-                             "those settings")
-        model.load_weights(list(start_weights.items()), strict=False)
-    # an earlier run's checkpoints go only now, once the data, --init and --over have been read
-    if work is not None and main_proc and work.exists() and overwrite and not resume:
-        shutil.rmtree(work)
-    barrier(group)
-    if self_distill:
-        # the model as attached writes them: the base, or the base with its fine-tune
-        key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
-               **({"fine_tune": _digest(fine_tune)} if fine_tune else {})}
-        used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
-                "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
-                if valid_ds is not None else []}
-        for split, ds in (("train", train_ds), ("valid", valid_ds)):
-            if ds is None:
-                continue
-            cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
-            got = distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key,
-                                  indices=used[split], cache=cache, group=group,
-                                  desc=f"self-distill {split}", progress=progress, say=say)
-            if split == "train":
-                train_ds = got
+        # -- adapter, optimizer, resume --------------------------------------------------------------
+        acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
+                             lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
+                             prune_rank=prune_rank, name=name, branch=branch, tree_budget=tree_budget,
+                             main_rank=tune_cfg.rank if tune_cfg else 0,
+                             main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
+        attach(model, acfg, seed=seed, fine_tune=fine_tune)
+        if start_weights is not None:
+            # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
+            # a split shared one's), whatever the adapter started from had: init gives the streams
+            carried = fine_tune_keys(model) if fine_tune else set()
+            start_weights = {k: v for k, v in start_weights.items() if k not in carried}
+            fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
+            if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
+                theirs = ", ".join(f"{k} {getattr(init_cfg, k)}"
+                                   for k in ("mode", "gamma", "msa_layers", "rank"))
+                raise ValueError(f"adapter '{init}' has another shape than this run's: it was trained with "
+                                 f"{theirs} (and over {'a' if init_cfg.main_rank else 'no'} fine-tune); give "
+                                 "those settings")
+            model.load_weights(list(start_weights.items()), strict=False)
+        # an earlier run's checkpoints go only now, once the data, --init and --over have been read
+        if work is not None and main_proc and work.exists() and overwrite and not resume:
+            shutil.rmtree(work)
+        barrier(group)
+        if self_distill:
+            # the model as attached writes them: the base, or the base with its fine-tune
+            key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
+                   **({"fine_tune": _digest(fine_tune)} if fine_tune else {})}
+            used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
+                    "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
+                    if valid_ds is not None else []}
+            for split, ds in (("train", train_ds), ("valid", valid_ds)):
+                if ds is None:
+                    continue
+                cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
+                got = distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key,
+                                      indices=used[split], cache=cache, group=group,
+                                      desc=f"self-distill {split}", progress=progress, say=say)
+                if split == "train":
+                    train_ds = got
+                else:
+                    valid_ds = got
+        n_params = set_trainable(model)
+        optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
+        optimizer.init(model.trainable_parameters())
+        start = 0
+        history: list[dict] = []
+        val_history: list[dict] = []
+        elapsed0 = 0.0
+        # the adapter with the most accepted tokens per pass on the validation prompts so far
+        best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
+        if resume and ckpt_dir is not None:
+            found = checkpoints(ckpt_dir)
+            if found:
+                st = None
+                for path in reversed(found):  # a damaged one (disk, a hand): the one kept before it
+                    try:
+                        st = load_checkpoint(model, optimizer, path)
+                        break
+                    except CheckpointError as e:
+                        say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
+                if st is None:
+                    raise ValueError(f"{ckpt_dir}: no readable checkpoint to resume from: start again with "
+                                     "overwrite=True (--overwrite)")
+                found = found[: found.index(path) + 1]
+                if st.get("base_fingerprint") != base_fp:
+                    raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
+                _check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
+                start = int(st["step"])
+                if start > iters:
+                    raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
+                history, val_history = st.get("history", []), st.get("val_history", [])
+                elapsed0 = float(st.get("seconds", 0.0))
+                if (found[-1] / BEST_FILE).is_file() and st.get("best"):
+                    best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
+                saved = _finished_report(out_dir, iters) if start == iters else None
+                if saved is not None:
+                    say(f"{out_dir}: the run is already complete (step {iters} of {iters}); nothing to do "
+                        "(give a larger iters, --iters, to train it further)")
+                    load_adapter(model, out_dir)  # the model holds what the run saved (its best)
+                    return {**saved, "process_rank": rank_id}
+                say(f"resuming from {found[-1]} (step {start} of {iters})")
             else:
-                valid_ds = got
-    n_params = set_trainable(model)
-    optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
-    optimizer.init(model.trainable_parameters())
-    start = 0
-    history: list[dict] = []
-    val_history: list[dict] = []
-    elapsed0 = 0.0
-    # the adapter with the most accepted tokens per pass on the validation prompts so far
-    best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
-    if resume and ckpt_dir is not None:
-        found = checkpoints(ckpt_dir)
-        if found:
-            st = None
-            for path in reversed(found):  # a damaged one (disk, a hand): the one kept before it
-                try:
-                    st = load_checkpoint(model, optimizer, path)
-                    break
-                except CheckpointError as e:
-                    say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
-            if st is None:
-                raise ValueError(f"{ckpt_dir}: no readable checkpoint to resume from: start again with "
-                                 "overwrite=True (--overwrite)")
-            found = found[: found.index(path) + 1]
-            if st.get("base_fingerprint") != base_fp:
-                raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-            _check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
-            start = int(st["step"])
-            if start > iters:
-                raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
-            history, val_history = st.get("history", []), st.get("val_history", [])
-            elapsed0 = float(st.get("seconds", 0.0))
-            if (found[-1] / BEST_FILE).is_file() and st.get("best"):
-                best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
-            saved = _finished_report(out_dir, iters) if start == iters else None
-            if saved is not None:
-                say(f"{out_dir}: the run is already complete (step {iters} of {iters}); nothing to do "
-                    "(give a larger iters, --iters, to train it further)")
-                return {**saved, "process_rank": rank_id}
-            say(f"resuming from {found[-1]} (step {start} of {iters})")
-        else:
-            say(f"no checkpoint in {ckpt_dir}: starting from step 0")
+                say(f"no checkpoint in {ckpt_dir}: starting from step 0")
 
     def ckpt_state(step_seconds: float) -> dict:
         return {"config": compat, "iters": iters, "base_fingerprint": base_fp, "history": history,
@@ -1249,15 +1256,3 @@ def measure_peak_memory(model, *, seq_len: int, gamma: int, batch_size: int = 4,
     loss, grads = _grad_step(model, batch, tc, batch.counts(gamma))
     mx.eval(loss, grads)
     return mx.get_peak_memory()
-
-
-
-
-class _CallableModule(types.ModuleType):
-    """``mlx_specstream.train`` stays callable once this module has been imported under it."""
-
-    def __call__(self, *args, **kwargs):
-        return train(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
