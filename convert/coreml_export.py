@@ -371,7 +371,8 @@ def carried_quantization(model, q_bits: int | None, q_group_size: int) -> tuple[
 
 
 def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Path | None = None,
-                  q_bits: int | None = None, q_group_size: int = 64, precision: str = "float16",
+                  quantize: bool = False, q_bits: int | None = None, q_group_size: int | None = None,
+                  precision: str = "float16",
                   context: int | None = None, tree_size: int | None = None, chunk: int | None = None,
                   sampling: bool = False, branch: int | None = None,
                   prune_threshold: float | None = None, overwrite: bool = False,
@@ -379,8 +380,9 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     """Write ``out`` (``NAME.mlpackage``) and ``NAME.tokenizer`` for an MLX model directory.
 
     ``adapter``: name under MODEL/adapters or a path (lossless or shared mode; none: a plain
-    model whose step verifies trees it is given but drafts nothing). ``q_bits`` 4/8: MLX
-    group-wise quantization carried into the package. ``precision``: compute precision (the KV
+    model whose step verifies trees it is given but drafts nothing). ``quantize``, ``q_bits``
+    (4/8) or ``q_group_size`` (:func:`~mlx_specstream.loader.asked_quantization`, as ``convert``
+    to MLX): MLX group-wise quantization carried into the package. ``precision``: compute precision (the KV
     state is fp16 either way). ``context``: cache slots; ``tree_size``: nodes per step (default:
     the adapter's tree budget); ``chunk``: prompt tokens per prefill call; ``sampling``: also
     output full logits (needed for temperature > 0). ``branch`` and ``prune_threshold``
@@ -395,7 +397,10 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
         raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
     if prune_threshold is not None:
         check_prune_threshold(prune_threshold)
+    from mlx_specstream.loader import asked_quantization
+
     # Everything that can be wrong with the request is found before the first progress line.
+    q_bits, q_group_size = asked_quantization(quantize, q_bits, q_group_size) or (None, 64)
     model = load_for_export(model_path, adapter, q_bits, q_group_size, precision)
     q_bits, q_group_size = carried_quantization(model, q_bits, q_group_size)
     context, tree_size, chunk, branch = resolve_sizes(model, context, tree_size, chunk, branch)

@@ -186,7 +186,12 @@ def convert(
     src, dest = Path(hf_path), Path(mlx_path)
     where = Path(os.path.abspath(dest))  # now: "." may name the directory about to be replaced
     if not src.is_dir():
-        raise CheckpointError(f"{src}: no such checkpoint directory")
+        hub = not src.exists() and len(src.parts) == 2 and not str(hf_path).startswith((".", "/", "~"))
+        raise CheckpointError(f"{src}: " + ("not a directory (give the checkpoint's folder)" if src.exists()
+                              else "no such checkpoint directory" + (
+                                  " (a Hugging Face repo id? nothing is downloaded here: download it "
+                                  f"first, e.g. huggingface-cli download {src} --local-dir DIR, and give "
+                                  "DIR)" if hub else "")))
     if dtype is not None and dtype not in DTYPES:
         raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {dtype!r}")
     asked = asked_quantization(quantize, q_bits, q_group_size)
@@ -202,7 +207,15 @@ def convert(
         )
     model = build_model(cfg)
     weights = read_weights(src)
-    apply_weights(model, weights, DTYPES[dtype] if dtype else None)
+    try:
+        apply_weights(model, weights, DTYPES[dtype] if dtype else None)
+    except CheckpointError as e:
+        heads = [a for a in cfg.get("architectures") or [] if isinstance(a, str)]
+        generates = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+        if heads and not any(a.endswith(generates) for a in heads):
+            raise CheckpointError(f"{src}: a {heads[0]} checkpoint is not a causal language model (a "
+                                  f"...ForCausalLM one generates text): {e}") from None
+        raise
     del weights
     # the config of what was built (a multimodal checkpoint's text model: its text config)
     # transformers' private keys go, except those the family reads (OPT's _remove_final_layer_norm)

@@ -193,9 +193,13 @@ def load_model(path: str | Path, dtype: str | None = None,
     if dtype is None and not on_gpu() and any(
             w.dtype in (mx.float16, mx.bfloat16) for w in weights.values()):
         dtype = "float32"  # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path
-    apply_weights(model, weights, DTYPES[dtype] if dtype else None)
+    cast = DTYPES[dtype] if dtype else None
+    # quantized here as stored, then cast: what `convert -q` writes and a load of it reads
+    apply_weights(model, weights, cast if quantize is None else None)
     if quantize is not None:
         quantize_model(model, *quantize)
+        if cast is not None:
+            model.set_dtype(cast)
         mx.eval(model.parameters())
     model.eval()
     return model

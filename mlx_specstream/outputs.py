@@ -47,6 +47,11 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
 }
 
 
+# What a file browser leaves in any folder it shows (macOS Finder): nobody's work
+OS_LITTER = (".DS_Store",)
+# What the project keeps in a model's folder besides the model: work that replacing it would lose
+MODEL_WORK = ("adapters", "draft")
+
 # kind -> {subdirectory: (the names of its entries, the kind of directory each entry is or None
 # for files, and the names of what an interrupted write of ours leaves there)}: what the project
 # writes inside a directory of that kind, checked as deep as it goes.
@@ -97,7 +102,7 @@ def foreign_entries(path: Path, kind: str) -> list[str]:
         return entries  # no weights to carry the mark: nothing shows the project wrote it
     if kind == "Core ML package" and not _package_marked(path):
         return entries
-    foreign = [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in names)
+    foreign = [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in (*names, *OS_LITTER))
                or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
     for sub, (patterns, inner, leftovers) in NESTED.get(kind, {}).items():
         d = path / sub
@@ -130,6 +135,10 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = 
     if dest.is_symlink() or not dest.is_dir():
         raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
+    work = [f"{e}/" for e in foreign if e in MODEL_WORK] if kind == "model" else []
+    if work:
+        raise FileExistsError(f"{dest}: holds {' and '.join(work)} made for this model: refusing to replace "
+                              "it; move them out first, or choose another path")
     if foreign:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "

@@ -350,6 +350,25 @@ def test_size_ratios(tmp_path_factory):
     assert sizes[8] <= 0.6 * sizes[None], sizes
 
 
+def test_quantization_is_asked_for_as_when_converting_to_mlx(tmp_path, monkeypatch):
+    """``quantize``, ``q_bits`` or ``q_group_size`` alone asks for it (4 bits in groups of 64
+    unless given), in Python as on the command line: a group size alone is not float."""
+    from mlx_specstream.convert import coreml_export
+
+    seen = []
+
+    def load_for_export(model_path, adapter, q_bits, q_group_size, precision):
+        seen.append((q_bits, q_group_size))
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(coreml_export, "load_for_export", load_for_export)
+    asks = ({}, {"q_group_size": 32}, {"quantize": True}, {"q_bits": 8}, {"q_bits": 8, "q_group_size": 128})
+    for options in asks:
+        with pytest.raises(RuntimeError, match="stop here"):
+            export_coreml(tmp_path / "m", tmp_path / "x.mlpackage", progress=None, **options)
+    assert seen == [(None, 64), (4, 32), (4, 64), (8, 64), (8, 128)]
+
+
 def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
     from mlx_specstream.convert import coreml_export
 

@@ -161,7 +161,7 @@ def test_output_directory(converted):
     assert cfg["rope_scaling"]["rope_type"] == "llama3" and cfg["rope_theta"] == 10000.0
     _, tok = load(dst)
     assert tok is not None and tok.vocab_size == 100 and tok.bos_token_id == 1
-    assert 2 in tok.eos_token_ids and tok.decode(tok.encode("w5 w6", add_bos=False)) == "w5 w6"
+    assert 2 in tok.eos_token_ids and tok.decode(tok.encode("w5 w6", add_special_tokens=False)) == "w5 w6"
     assert not [p for p in dst.parent.iterdir() if p.name.startswith(".")]  # no temp dirs left
 
 
@@ -286,8 +286,26 @@ def llama_copy(converted, tmp_path):
     return d
 
 
-def test_missing_source(tmp_path):
+def test_missing_source(llama_copy, tmp_path):
     bad(tmp_path / "nope", tmp_path / "out", "no such checkpoint directory")
+    bad("meta-llama/Llama-3.2-1B", tmp_path / "out", "a Hugging Face repo id? nothing is downloaded here")
+    bad(llama_copy / "config.json", tmp_path / "out", "config.json: not a directory")
+
+
+def test_a_checkpoint_that_does_not_generate_text_says_so(tmp_path):
+    cfg = transformers.LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                   num_attention_heads=2, num_key_value_heads=1, pad_token_id=0)
+    transformers.LlamaForSequenceClassification(cfg).save_pretrained(tmp_path / "cls")
+    bad(tmp_path / "cls", tmp_path / "out", "a LlamaForSequenceClassification checkpoint is not a causal "
+                                            "language model")
+
+
+def test_convert_takes_mlx_lms_model_flag(converted, tmp_path):
+    """``mlx_lm.convert --model X`` is ``--hf-path X``: so it is here, with --to mlx."""
+    _, src, _ = converted["llama3"]
+    res = cli("convert", "--model", src, "--mlx-path", tmp_path / "out")
+    assert res.returncode == 0 and (tmp_path / "out" / "config.json").is_file(), res.stderr
+    bad(src, tmp_path / "out2", "give --hf-path or --model, not both", "--model", src)
 
 
 def test_missing_config(llama_copy, tmp_path):
@@ -323,6 +341,10 @@ def _set_config(src, edit):
     (lambda d: _set_config(d, lambda c: c.update(rms_norm_eps=True)), "rms_norm_eps is True"),
     (lambda d: _set_config(d, lambda c: c.update(rope_parameters="oops")), "rope_parameters is 'oops'"),
     (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON object of settings was expected, not list"),
+    (lambda d: _set_config(d, lambda c: c.update(model_type=["llama"])),
+     "model_type is ['llama'], not a name"),
+    (lambda d: _set_config(d, lambda c: c.update(model_type="gemma3", text_config="x")),
+     "text_config is 'x', not an object"),
     (lambda d: (d / "config.json").write_bytes(b'{"model_type": "caf\xe9"}'), "config.json: invalid JSON"),
     (lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": 5}'),
      "model.safetensors.index.json: not a valid shard index"),
@@ -459,7 +481,7 @@ def test_existing_destination(converted, tmp_path):
     assert res.returncode == 0 and "tokenizer" not in res.stdout and "wrote" in res.stdout
     bare = Path(shutil.copytree(src, tmp_path / "no-tokenizer", ignore=shutil.ignore_patterns("tokenizer*")))
     res = cli("convert", "--hf-path", bare, "--mlx-path", model_dir, "--overwrite")
-    assert res.returncode == 0 and "(no tokenizer files: prompts must be token ids)" in res.stdout
+    assert res.returncode == 0 and "(no tokenizer files: generate needs them" in res.stdout
     broken = Path(shutil.copytree(src, tmp_path / "broken-tokenizer"))
     (broken / "tokenizer.json").write_text("{not json")
     res = cli("convert", "--hf-path", broken, "--mlx-path", model_dir, "--overwrite")

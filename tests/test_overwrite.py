@@ -12,7 +12,7 @@ from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.bench import check_out_dir
 from mlx_specstream.data import Dataset, Example
 from mlx_specstream.loader import atomic_dir, save_model
-from mlx_specstream.train import train
+from mlx_specstream.trainer import train
 
 
 def user_folder(path):
@@ -107,6 +107,25 @@ def test_a_folder_of_model_file_names_without_our_weights_is_not_ours(tmp_path):
         with atomic_dir(dest, "model", overwrite=True) as tmp:
             save_model(tiny_model(), tiny_model().config, tmp)
     assert (dest / "config.json").read_text() == '{"my": 1}' and (dest / "vocab.txt").exists()
+
+
+def test_a_model_with_adapters_is_not_replaced_but_finders_litter_is(tmp_path):
+    """Replacing a model folder the project wrote would lose the adapters trained for it: refused,
+    saying so (not "files it did not write"); a .DS_Store (macOS Finder) is nobody's work."""
+    dest = tmp_path / "m"
+    with atomic_dir(dest, "model") as tmp:
+        save_model(tiny_model(), tiny_model().config, tmp)
+    (dest / ".DS_Store").write_bytes(b"\0")
+    with atomic_dir(dest, "model", overwrite=True) as tmp:
+        save_model(tiny_model(seed=1), tiny_model(seed=1).config, tmp)
+    model = tiny_model(seed=1)
+    new_adapter(model, gamma=2, msa_layers=2)
+    save_adapter(model, dest / "adapters" / "sql")
+    with pytest.raises(FileExistsError, match=r"holds adapters/ made for this model: refusing to replace it; "
+                                              "move them out first"):
+        with atomic_dir(dest, "model", overwrite=True) as tmp:
+            save_model(model, model.config, tmp)
+    assert (dest / "adapters" / "sql" / "adapter.safetensors").is_file()
 
 
 def test_a_core_ml_package_not_written_by_the_project_is_not_ours(tmp_path):
@@ -335,7 +354,7 @@ def test_train_refuses_nonsense_numbers_before_anything(tmp_path, option, value,
 
 def test_a_failed_train_leaves_no_new_folder_and_a_name_with_a_slash_is_a_path(tmp_path):
     from mlx_specstream.errors import OptionError
-    from mlx_specstream.train import _resolve_out
+    from mlx_specstream.trainer import _resolve_out
 
     data = tmp_path / "data"
     data.mkdir()
@@ -354,7 +373,7 @@ def test_train_stops_when_the_loss_diverges(tmp_path, monkeypatch):
     """A loss that turns NaN ends the run with an error and no adapter saved."""
     import mlx.core as mx
 
-    from mlx_specstream import train as train_module
+    from mlx_specstream import trainer as train_module
 
     real = train_module.batch_gradients
 

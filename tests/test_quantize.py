@@ -63,6 +63,9 @@ def dirs(tmp_path_factory):
     for bits in (8, 4):
         out[bits] = cli_convert(root / "hf", root / f"q{bits}", "-q", "--q-bits", str(bits),
                                 "--q-group-size", str(GROUP))
+    out["bf16"] = cli_convert(root / "hf", root / "bf16", "--dtype", "bfloat16")  # as most checkpoints
+    out["bf16-q4"] = cli_convert(root / "hf", root / "bf16-q4", "--dtype", "bfloat16", "-q", "--q-bits", "4",
+                                 "--q-group-size", str(GROUP))
     return out
 
 
@@ -96,6 +99,9 @@ def test_load_time_quantization_equals_convert_time(dirs, bits):
     at_load = load_model(dirs["f32"], quantize=(bits, GROUP))
     converted = load_model(dirs[bits])
     assert np.array_equal(np.array(at_load(ids)), np.array(converted(ids)))
+    if bits == 4:  # from half precision: quantized as stored (its scales in bf16), then computed in fp32
+        at_load, converted = load_model(dirs["bf16"], quantize=(4, GROUP)), load_model(dirs["bf16-q4"])
+        assert np.array_equal(np.array(at_load(ids)), np.array(converted(ids)))
 
 
 @pytest.mark.parametrize("bits", [8, 4])

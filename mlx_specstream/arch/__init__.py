@@ -24,6 +24,8 @@ def build_model(config: dict) -> CausalLM:
     model_type = config.get("model_type")
     if not model_type:
         raise UnsupportedModelError("config.json has no 'model_type'")
+    if not isinstance(model_type, str):
+        raise UnsupportedModelError(f"config.json: model_type is {model_type!r}, not a name")
     if model_type not in ARCHITECTURES:
         raise UnsupportedModelError(
             f"unknown model_type '{model_type}' (supported: {', '.join(sorted(ARCHITECTURES))})"

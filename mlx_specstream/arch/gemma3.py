@@ -14,7 +14,7 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseArgs, CausalLM, SelfAttention, UnsupportedModelError, make_rope
+from .base import BaseArgs, CausalLM, ConfigError, SelfAttention, UnsupportedModelError, make_rope
 from .llama import MLP
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"
@@ -122,6 +122,8 @@ def text_config(cfg: dict) -> dict:
     written under the older top-level keys, which mlx-lm reads."""
     if cfg.get("model_type") == "gemma3":
         text = cfg.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise ConfigError(f"config.json: text_config is {text!r}, not an object")
         top = {k: v for k, v in cfg.items() if k not in ("text_config", "vision_config", "architectures")}
         cfg = {**top, **text, "model_type": "gemma3_text", "architectures": ["Gemma3ForCausalLM"]}
     params = cfg.get("rope_parameters") or {}
