@@ -201,14 +201,12 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
                     tree_size: int | None, chunk: int | None, sampling: bool, overwrite: bool) -> None:
     """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
     from mlx_specstream.convert.coreml_export import export_coreml
-    from mlx_specstream.loader import asked_quantization
 
     if model is None or out is None:
         raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
-    q_bits, q_group_size = asked_quantization(quantize, q_bits, q_group_size) or (None, 64)
-    res = export_coreml(model, out, adapter=adapter, q_bits=q_bits, q_group_size=q_group_size,
-                        precision=precision, context=context, tree_size=tree_size, chunk=chunk,
-                        sampling=sampling, overwrite=overwrite)
+    res = export_coreml(model, out, adapter=adapter, quantize=quantize, q_bits=q_bits,
+                        q_group_size=q_group_size, precision=precision, context=context,
+                        tree_size=tree_size, chunk=chunk, sampling=sampling, overwrite=overwrite)
     typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
                + (f" and {res.tokenizer}" if res.tokenizer else ""))
 
@@ -258,7 +256,9 @@ def convert(
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
     overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path / --out"),
-    model: Path | None = typer.Option(None, "--model", "-m", help="(--to coreml) MLX model directory"),
+    model: Path | None = typer.Option(None, "--model", "-m",
+                                      help="the model to convert: (--to coreml) an MLX model directory; "
+                                           "(--to mlx) --hf-path, as in mlx_lm.convert"),
     adapter: str | None = typer.Option(None, "--adapter", help="(--to coreml) adapter name or path"),
     out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),
     precision: str = typer.Option("float16", "--precision", help="(--to coreml) float16 or float32 compute"),
@@ -278,7 +278,7 @@ def convert(
     if to not in ("mlx", "coreml"):
         raise ValueError(f"--to {to}: unknown output format (supported: mlx, coreml)")
     only = {"mlx": {"--hf-path": hf_path, "--mlx-path": mlx_path, "--dtype": dtype},
-            "coreml": {"--model": model, "--adapter": adapter, "--out": out, "--context": context,
+            "coreml": {"--adapter": adapter, "--out": out, "--context": context,
                        "--tree-size": tree_size, "--chunk": chunk, "--sampling": sampling or None,
                        "--precision": None if precision == "float16" else precision}}
     other = "coreml" if to == "mlx" else "mlx"
@@ -288,6 +288,9 @@ def convert(
     if to == "mlx":
         from mlx_specstream.convert.hf_import import convert as hf_convert
 
+        if model is not None and hf_path is not None:
+            raise ValueError("give --hf-path or --model, not both: with --to mlx they are the same option")
+        hf_path = hf_path if hf_path is not None else model  # mlx_lm.convert's --model
         if hf_path is None or mlx_path is None:
             raise ValueError("--to mlx needs --hf-path and --mlx-path")
         out_dir = hf_convert(hf_path, mlx_path, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
@@ -296,7 +299,8 @@ def convert(
 
         try:  # said now, not at the first generate
             tok = load_tokenizer(out_dir)
-            note = "" if tok is not None else " (no tokenizer files: prompts must be token ids)"
+            note = "" if tok is not None else \
+                " (no tokenizer files: generate needs them; the Python API takes token ids)"
         except Exception as e:  # noqa: BLE001 (whatever the tokenizer library raises on a bad file)
             note = f" (its tokenizer files do not load: {e})"
         typer.echo(f"wrote {out_dir}{note}")
@@ -375,8 +379,8 @@ def train(
     import json as _json
 
     from mlx_specstream.project import default_model
-    from mlx_specstream.train import check_used
-    from mlx_specstream.train import train as run_train
+    from mlx_specstream.trainer import check_used
+    from mlx_specstream.trainer import train as run_train
 
     given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
     check_used(mode, self_distill, given)  # a flag the mode does not use is refused, not ignored
@@ -411,7 +415,7 @@ def ngrams(
     """Give an adapter trained before n-gram drafts existed the drafts of its data (ngrams.npz;
     ``train`` writes them itself): decoding then drafts what its outputs share beside the streams."""
     from mlx_specstream.project import default_model
-    from mlx_specstream.train import write_ngrams
+    from mlx_specstream.trainer import write_ngrams
 
     path, n = write_ngrams(model or default_model(), adapter, data, max_seq_len=max_seq_len,
                            chat_template=chat_template, overwrite=overwrite)

@@ -16,7 +16,7 @@ _API = {
     "load_adapter": "mlx_specstream.adapter",
     "save_adapter": "mlx_specstream.adapter",
     "detach": "mlx_specstream.adapter",
-    "train": "mlx_specstream.train",
+    "train": "mlx_specstream.trainer",
 }
 
 
@@ -25,7 +25,8 @@ def __getattr__(name: str):
     if name in _API:
         import importlib
 
-        return getattr(importlib.import_module(_API[name]), name)
+        value = globals()[name] = getattr(importlib.import_module(_API[name]), name)  # looked up once
+        return value
     raise AttributeError(f"module 'mlx_specstream' has no attribute {name!r}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -45,8 +45,8 @@ class AdapterConfig:
     branch: int = 3
     tree_budget: int = 32
     base_fingerprint: str = ""
-    base_probe: list | None = None
-    base_weights_probe: list | None = None  # weights_probe of the base (adapters since 2026-11-27)
+    base_probe: list | None = field(default=None, repr=False)  # hundreds of numbers: not shown
+    base_weights_probe: list | None = field(default=None, repr=False)  # the base's (since 2026-11-27)
     training: dict | None = None  # the run that made it (train records it; a re-save keeps it)
     name: str = ""
 
@@ -216,7 +216,7 @@ def _linears(block: nn.Module, kinds: tuple = LINEAR) -> list[tuple[nn.Module, s
     return found
 
 
-def detach(model) -> None:
+def detach(model: nn.Module) -> None:
     """Remove the attached adapter (if any), restoring the base layers."""
     if getattr(model, "adapter", None) is None:
         return
@@ -234,7 +234,7 @@ def detach(model) -> None:
     model.adapter_ngrams = None
 
 
-def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
+def attach(model: nn.Module, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
            fine_tune: dict[str, mx.array] | None = None) -> StreamAdapter:
     """Attach a freshly initialised adapter described by ``config`` (replacing any other).
 
@@ -281,7 +281,7 @@ def attach(model, config: AdapterConfig, seed: int = 0, lora_scale: float = 0.0,
     return adapter
 
 
-def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int = 2, rank: int = 8,
+def new_adapter(model: nn.Module, mode: str = "lossless", gamma: int = 4, msa_layers: int = 2, rank: int = 8,
                 seed: int = 0, **options) -> AdapterConfig:
     """Attach a new, seeded, untrained (but non-zero) adapter to ``model``; returns its config.
 
@@ -293,7 +293,7 @@ def new_adapter(model, mode: str = "lossless", gamma: int = 4, msa_layers: int =
     return cfg
 
 
-def fuse(model) -> bool:
+def fuse(model: nn.Module) -> bool:
     """Fold the every-row LoRA of a shared, LoRA-baseline or tuned lossless adapter into the base
     weights: the same function with one matmul per linear layer instead of three (what
     ``mlx_lm.fuse`` does offline).
@@ -376,7 +376,7 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
     return Path(os.path.abspath(p)) if p.name in ("", "..") else p
 
 
-def save_adapter(model, dest: str | Path, overwrite: bool = False) -> Path:
+def save_adapter(model: nn.Module, dest: str | Path, overwrite: bool = False) -> Path:
     """Write the attached adapter to ``dest`` atomically and return where it went: a bare name
     under the model's ``adapters/`` (``load_adapter(model, NAME)`` reads it back), a path as
     given. An existing adapter there is replaced only with ``overwrite``."""
@@ -451,7 +451,7 @@ def read_config(path: Path) -> AdapterConfig:
 
 
 @contextmanager
-def _kept_on_failure(model):
+def kept_on_failure(model):
     """If the body fails, the adapter attached before it (weights and n-grams), or none, is
     attached again: a failed load does not leave the model without the adapter it had."""
     cfg = getattr(model, "adapter_config", None)
@@ -485,7 +485,7 @@ def check_made_for(model, path: Path, cfg: AdapterConfig) -> None:
                            + (f"; it was trained on {trained_on}" if trained_on else ""))
 
 
-def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None = None, *,
+def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | Path | None = None, *,
                  check_base: bool = True) -> AdapterConfig:
     """Load an adapter from disk onto ``model`` (replacing the attached one). ``check_base=False``
     accepts an adapter made for another base of the same shape, as a training run's starting point
@@ -500,7 +500,7 @@ def load_adapter(model, name_or_path: str | Path, model_path: str | Path | None 
         weights = mx.load(str(path / WEIGHTS_FILE))
     except Exception as e:
         raise AdapterError(f"{path / WEIGHTS_FILE}: corrupt or missing adapter weights ({e})") from None
-    with _kept_on_failure(model):
+    with kept_on_failure(model):
         attach(model, cfg)
         current = adapter_weights(model)
         if set(weights) != set(current):

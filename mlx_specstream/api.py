@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 from .adapter import fuse as fuse_adapter
@@ -17,13 +18,17 @@ from .errors import check_keywords
 from .loader import load_model
 from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
 from .project import default_model
-from .runner import PassRequest
+from .runner import PassRequest, Runner
 from .sql_names import SQLNames
-from .tokenizer import config_eos_ids
+from .tokenizer import Tokenizer, config_eos_ids
+
+# A prompt: text, or token ids (a list, tuple, range, NumPy or MLX array of whole numbers)
+Prompt = str | Sequence[int] | np.ndarray | mx.array
 
 
 def load(path: str | Path | None = None, adapter: str | Path | None = None,
-         dtype: str | None = None, quantize: tuple[int, int] | None = None, fuse: bool = True):
+         dtype: str | None = None, quantize: tuple[int, int] | None = None, fuse: bool = True,
+         **unknown) -> tuple[nn.Module, Tokenizer | None]:
     """``(model, tokenizer)`` from an MLX model directory (default: the shipped tiny model).
 
     ``adapter`` is a path or a name under ``PATH/adapters/``; ``quantize=(bits, group_size)``
@@ -35,6 +40,8 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     """
     from .tokenizer import load_tokenizer
 
+    check_keywords("load", unknown, ("path", "adapter", "dtype", "quantize", "fuse"),
+                   {"adapter_path": "adapter", "path_or_hf_repo": "path"})  # mlx-lm's names
     path = Path(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
@@ -62,7 +69,7 @@ class StreamResponse:
     accepted: list[int]
     rejected: list[int]
     finish_reason: str | None = None
-    stats: Stats | None = field(default=None, repr=False)  # running statistics
+    stats: Stats | None = field(default=None, repr=False)  # the generation's statistics up to this pass
     pieces: list[str] = field(default_factory=list, repr=False)
     drafted: list[bool] = field(default_factory=list, repr=False)
 
@@ -106,6 +113,17 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
     return [int(t) for t in items]
 
 
+def _check_model(model, tokenizer) -> None:
+    """A TypeError naming the argument that is not what :func:`load` returns (a path, the two
+    swapped), before the engine would fail on it deep down."""
+    if not isinstance(model, Runner) and not isinstance(getattr(model, "layers", None), list):
+        hint = (": load it first, model, tokenizer = load(PATH)" if isinstance(model, str | Path)
+                else ": model and tokenizer swapped?" if callable(getattr(model, "encode", None)) else "")
+        raise TypeError(f"model must be a model from load(), not {type(model).__name__}{hint}")
+    if tokenizer is not None and not hasattr(tokenizer, "eos_token_ids"):  # what decoding reads of it
+        raise TypeError(f"tokenizer must be a tokenizer from load() or None, not {type(tokenizer).__name__}")
+
+
 def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
              top_p: float = 1.0, seed: int | None = None, mode: str = "ss", gamma: int | None = None,
              branch: int | None = None, tree_budget: int | None = None,
@@ -116,6 +134,7 @@ def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: fl
     """The decoder of one request; ``model`` is an MLX model or any :class:`~.runner.Runner` (a Core
     ML package's). EOS is the tokenizer's, else ``eos_without_tokenizer``, else the model
     directory's (its config files)."""
+    _check_model(model, tokenizer)
     ids = _prompt_ids(tokenizer, prompt)
     if tokenizer is not None:
         eos = frozenset(tokenizer.eos_token_ids)
@@ -160,8 +179,10 @@ def _held(text: str, stop: list[str]) -> int:
     return longest
 
 
-def check_stop(stop: str | list[str] | None, tokenizer) -> list[str]:
+def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> list[str]:
     """Stop strings as a list: non-empty strings, with a tokenizer to read the text."""
+    if stop is not None and not isinstance(stop, str | list | tuple):
+        raise TypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop):
         raise ValueError("stop strings must be non-empty strings")
@@ -215,10 +236,17 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
             piece_list[-1] = piece_list[-1][: len(piece_list[-1]) - (pos - end)]
         out += "".join(piece_list)
         yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list),
-                             step.accepted[:n_acc], step.rejected, finished, decoder.stats, piece_list,
-                             [d for _, _, d in ready])
+                             step.accepted[:n_acc], step.rejected, finished, decoder.stats.snapshot(),
+                             piece_list, [d for _, _, d in ready])
         if finished:
             return
+
+
+# mlx-lm's keywords of generate and stream_generate, with ours or what stands for them
+MLX_LM_NAMES = {"temp": "temperature",
+                "verbose": "the result has the text and its stats; stream_generate gives it pass by pass",
+                "sampler": "give temperature and top_p: sampling must match the drafts' verification",
+                "logits_processors": "constraint takes a TokenConstraint (sql_names=True for SQL)"}
 
 
 def _check_names(options: dict, caller: str) -> None:
@@ -227,10 +255,11 @@ def _check_names(options: dict, caller: str) -> None:
 
     internal = ("model", "tokenizer", "prompt", "batched", "eos_without_tokenizer")
     check_keywords(caller, options, [n for n in inspect.signature(_decoder).parameters if n not in internal],
-                   {"temp": "temperature"})
+                   MLX_LM_NAMES)
 
 
-def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
+def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
+                    stop: str | list[str] | None = None,
                     **options) -> Iterator[StreamResponse]:
     """Yield, per forward pass, the tokens accepted and their text.
 
@@ -254,7 +283,8 @@ def stream_generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
     return _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, check_stop(stop, tokenizer))
 
 
-def generate(model, tokenizer, prompt, *, stop: list[str] | None = None,
+def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
+             stop: str | list[str] | None = None,
              **options) -> GenerationResult:
     """Generate a whole completion; options as for :func:`stream_generate`."""
     _check_names(options, "generate")

@@ -90,10 +90,11 @@ def _encode_pair(tokenizer, prompt: str | list[int], completion: str) -> tuple[l
     prompt's tokens (a tokenizer that marks where a text starts, SentencePiece's "▁", marks the
     prompt's start only), else encoded alone. ``prompt``: text, or a chat template's ids."""
     if not isinstance(prompt, str):
-        return prompt, list(tokenizer.encode(completion, add_bos=False))
-    p = list(tokenizer.encode(prompt, add_bos=True))
-    joint = list(tokenizer.encode(prompt + completion, add_bos=True))
-    c = joint[len(p):] if joint[:len(p)] == p else list(tokenizer.encode(completion, add_bos=False))
+        return prompt, list(tokenizer.encode(completion, add_special_tokens=False))
+    p = list(tokenizer.encode(prompt, add_special_tokens=True))
+    joint = list(tokenizer.encode(prompt + completion, add_special_tokens=True))
+    c = joint[len(p):] if joint[:len(p)] == p else \
+        list(tokenizer.encode(completion, add_special_tokens=False))
     return p, c
 
 
@@ -180,7 +181,7 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
             raise DataError(f"{where}: 'text' must be a string (or a list of token ids)")
         _need_tokenizer(tokenizer, where)
         _check_text(where, text=text)
-        ids = list(tokenizer.encode(text, add_bos=True)) + (_eos(tokenizer) if add_eos else [])
+        ids = list(tokenizer.encode(text, add_special_tokens=True)) + (_eos(tokenizer) if add_eos else [])
         return Example(ids, 1)
     keys = ", ".join(sorted(row)) or "none"
     raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'text' (found: {keys})")

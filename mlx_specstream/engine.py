@@ -104,6 +104,10 @@ class Stats:
         """Share of decode time spent outside the model's forward passes."""
         return 1.0 - self.model_time / self.decode_time if self.decode_time else 0.0
 
+    def snapshot(self) -> Stats:
+        """A copy that later passes leave as it is (what one streamed step reports)."""
+        return replace(self, accepted_lengths=Counter(self.accepted_lengths))
+
     def count_pass(self, tree_nodes: int, kept_nodes: int, path_length: int) -> None:
         """One forward pass after prefill: its tree, the nodes pruning kept, the accepted path's
         length (root included)."""

@@ -68,8 +68,8 @@ class OptionError(ValueError):
 
 def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = None) -> None:
     """A keyword none of ``known`` is a TypeError naming the public ``caller`` and the likeliest
-    intended keyword (``aliases``: other libraries' names, e.g. mlx-lm's ``temp``), not the
-    private function it would reach."""
+    intended keyword, not the private function it would reach. ``aliases``: other libraries'
+    names, each with ours (mlx-lm's ``temp``: ``temperature``) or, where we have none, a hint."""
     import difflib
 
     known = list(known)
@@ -77,8 +77,8 @@ def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = N
         if name not in known:
             near = [(aliases or {}).get(name)] if name in (aliases or {}) else \
                 difflib.get_close_matches(name, known, n=1)
-            raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'"
-                            + (f" (did you mean '{near[0]}'?)" if near else ""))
+            hint = "" if not near else f" ({near[0]})" if " " in near[0] else f" (did you mean '{near[0]}'?)"
+            raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'{hint}")
 
 
 USER_ERRORS = (

@@ -19,6 +19,7 @@ import mlx.core as mx
 import numpy as np
 
 from .adapter import AdapterConfig
+from .errors import AdapterError
 from .kv_cache import make_cache
 from .ngrams import NgramTable
 from .streams import ForwardOut, forward, forward_batch, stream_pass, stream_pass_batch
@@ -89,6 +90,14 @@ class MLXRunner(Runner):
         self.limit = getattr(model, "max_positions", None)
         self.vocab_size = model.config.get("vocab_size") if hasattr(model, "config") else None
 
+    def current(self):
+        """The model, as long as it has the adapter this generation started with: a generator
+        resumed after ``load_adapter``, ``detach`` or ``train`` on its model would mix two."""
+        if getattr(self.model, "adapter_config", None) is not self.adapter_config:
+            raise AdapterError("the model's adapter changed during this generation (load_adapter, detach "
+                               "or train): start a new one")
+        return self.model
+
     def start(self, prompt: list[int], gamma: int, deferred: bool) -> None:
         self.gamma, self.deferred = gamma, deferred
         self.caches, self.n = make_cache(self.model), 0
@@ -118,7 +127,7 @@ class MLXRunner(Runner):
         return 0 if self.deferred else self.gamma
 
     def _run(self, tree: Tree, stream_nodes: str, prune_threshold: float) -> ForwardOut:
-        out = forward(self.model, tree, self.caches, self.n, gamma=self.pass_gamma,
+        out = forward(self.current(), tree, self.caches, self.n, gamma=self.pass_gamma,
                       stream_nodes=stream_nodes, prune_threshold=prune_threshold)
         mx.eval(out.main_logits, out.stream_logits if out.stream_logits is not None else [])
         return out
@@ -132,7 +141,7 @@ class MLXRunner(Runner):
         """Pipelined greedy decoding (``Decoder._greedy_ar_steps``): queue a one-node pass of
         ``token`` (1,) at ``n``, still on the device (the previous pass's argmax), committed in
         place, and its argmax; returns (argmax (1,), logits (1, V)), neither read yet."""
-        out = forward(self.model, chain([0]), self.caches, self.n, tokens=token)  # token: ``token``
+        out = forward(self.current(), chain([0]), self.caches, self.n, tokens=token)  # token: ``token``
         self.n += 1
         nxt = mx.argmax(out.main_logits, axis=-1).astype(mx.int32)
         mx.async_eval(nxt)
@@ -162,7 +171,7 @@ class MLXRunner(Runner):
         if self.deferred and self.ready_streams is not None and self.ready_streams[0] == node:
             logits = self.ready_streams[1]  # computed in a batch (run_passes)
         elif self.deferred:
-            logits = stream_pass(self.model, out.msa_input[node], self.caches, self.n, self.gamma)
+            logits = stream_pass(self.current(), out.msa_input[node], self.caches, self.n, self.gamma)
         else:
             logits = out.stream_logits[int(np.nonzero(out.stream_nodes == node)[0][0]), : self.gamma]
         return logits.astype(mx.float32)
@@ -212,7 +221,7 @@ def run_passes(requests: list[PassRequest]) -> None:
         if streams_only:
             if len(group) > 1:
                 h = mx.stack([r.out.msa_input[req.node] for req, r in zip(group, runners)])
-                logits = stream_pass_batch(runners[0].model, h, [r.caches for r in runners],
+                logits = stream_pass_batch(runners[0].current(), h, [r.caches for r in runners],
                                            [r.n for r in runners], runners[0].gamma)
                 mx.eval(logits)
                 for b, (req, r) in enumerate(zip(group, runners)):
@@ -220,8 +229,8 @@ def run_passes(requests: list[PassRequest]) -> None:
         elif len(group) == 1:
             group[0].kept = runners[0].step(group[0].tree, 0.0)
         else:
-            outs = forward_batch(runners[0].model, [req.tree for req in group], [r.caches for r in runners],
-                                 [r.n for r in runners], gamma=gamma)
+            outs = forward_batch(runners[0].current(), [req.tree for req in group],
+                                 [r.caches for r in runners], [r.n for r in runners], gamma=gamma)
             mx.eval([[o.main_logits, o.stream_logits, o.msa_input] for o in outs])
             for req, r, out in zip(group, runners, outs):
                 r.out, req.kept = out, out.tree

@@ -238,22 +238,23 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._backend.vocab_size
 
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of ``text``, with the BOS token first when ``add_bos`` and the model uses one.
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``, with the BOS token first when ``add_special_tokens`` (the name
+        of ``transformers`` and mlx-lm) and the model uses one.
 
         A text that already starts with the BOS token's string (e.g. from a chat template)
         does not get a second one.
         """
         bos, bos_id = self.bos_token, self.bos_token_id
-        if add_bos and bos and bos_id is not None and text.startswith(bos):
+        if add_special_tokens and bos and bos_id is not None and text.startswith(bos):
             if self.kind == "sentencepiece":  # SentencePiece does not parse special tokens
                 return [bos_id, *self._backend.encode(text[len(bos):], add_special_tokens=False)]
             return self._backend.encode(text, add_special_tokens=False)
         if self.add_bos_token is None:
             # No explicit setting: the tokenizer's own post-processor decides (tokenizer.json).
-            return self._backend.encode(text, add_special_tokens=add_bos)
+            return self._backend.encode(text, add_special_tokens=add_special_tokens)
         ids = self._backend.encode(text, add_special_tokens=False)
-        if add_bos and self.add_bos_token and bos_id is not None:
+        if add_special_tokens and self.add_bos_token and bos_id is not None:
             ids = [bos_id, *ids]
         return ids
 

@@ -39,15 +39,15 @@ import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlx_specstream import outputs  # noqa: E402
-from mlx_specstream import train as current  # noqa: E402
+from mlx_specstream import trainer as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.process_group import run_local  # noqa: E402
-from mlx_specstream.train import MODES, _resolve_alphas, set_trainable  # noqa: E402
 from mlx_specstream.train_batches import epoch_batches, length_keys  # noqa: E402
+from mlx_specstream.trainer import MODES, _resolve_alphas, set_trainable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -21,7 +21,7 @@ from mlx.utils import tree_flatten  # noqa: E402
 
 from mlx_specstream.arch import build_model  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
-from mlx_specstream.train import measure_peak_memory  # noqa: E402
+from mlx_specstream.trainer import measure_peak_memory  # noqa: E402
 
 
 def main() -> None:

@@ -13,10 +13,10 @@ class CharTokenizer:
     bos_token_id = 1
     eos_token_ids = [2]
 
-    def encode(self, text, add_bos=True):
+    def encode(self, text, add_special_tokens=True):
         if text.startswith("<s>"):
             return [1] + [3 + ord(c) % 200 for c in text[3:]]
-        return ([1] if add_bos else []) + [3 + ord(c) % 200 for c in text]
+        return ([1] if add_special_tokens else []) + [3 + ord(c) % 200 for c in text]
 
     def apply_chat_template(self, messages, add_generation_prompt=True):
         body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
@@ -40,7 +40,7 @@ def test_prompt_completion_text_and_ids(tmp_path):
     ds = load_jsonl(f, tok)
     assert len(ds) == 4 and ds.n_lines == 4
     e = ds.examples[0]
-    assert e.tokens == tok.encode("ab") + tok.encode("cd", add_bos=False) + [2]
+    assert e.tokens == tok.encode("ab") + tok.encode("cd", add_special_tokens=False) + [2]
     assert e.n_prompt == 3 and e.n_targets == 3  # the completion and EOS carry the loss
     assert ds.examples[1].tokens == tok.encode("xyz") + [2] and ds.examples[1].n_prompt == 1
     assert ds.examples[2].tokens == [5, 6, 7, 8, 9] and ds.examples[2].n_prompt == 3
@@ -53,7 +53,7 @@ def test_chat_template(tmp_path):
     e = encode_row({"prompt": "hi", "completion": "yo"}, tok, chat_template=True)
     prompt = tok.encode("<s><user>hi<assistant>")
     assert e.tokens[: e.n_prompt] == prompt
-    assert e.tokens[e.n_prompt:] == tok.encode("yo", add_bos=False) + [2]
+    assert e.tokens[e.n_prompt:] == tok.encode("yo", add_special_tokens=False) + [2]
     msgs = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                          {"role": "assistant", "content": "a"}]}
     e = encode_row(msgs, tok, chat_template=True)
@@ -130,9 +130,9 @@ def test_tokenizing_bar_shows_only_when_asked(tmp_path, capsys):
     import time
 
     class SlowTokenizer(CharTokenizer):
-        def encode(self, text, add_bos=True):
+        def encode(self, text, add_special_tokens=True):
             time.sleep(0.45)
-            return super().encode(text, add_bos)
+            return super().encode(text, add_special_tokens)
 
     f = write(tmp_path / "train.jsonl", [{"text": "ab"}] * 6)
     for progress in (False, True):
@@ -179,7 +179,8 @@ def test_a_completion_is_tokenized_as_it_follows_its_prompt(tmp_path):
     tok = shipped_tokenizer_copy(tmp_path / "tok",
                                  lambda c: c["pre_tokenizer"].update(prepend_scheme="first"))
     prompt, completion = "### SQL:\n", "SELECT name FROM t"
-    assert tok.encode(completion, add_bos=False) != tok.encode(prompt + completion)[len(tok.encode(prompt)):]
+    alone = tok.encode(completion, add_special_tokens=False)
+    assert alone != tok.encode(prompt + completion)[len(tok.encode(prompt)):]
     e = encode_row({"prompt": prompt, "completion": completion}, tok)
     assert e.tokens == tok.encode(prompt + completion) + [tok.eos_token_id]
     assert e.n_prompt == len(tok.encode(prompt))
@@ -206,7 +207,8 @@ def test_message_contents_and_text_are_checked(tmp_path):
             encode_row(bad, tok, chat_template=True, where="x.jsonl:3")
     tools = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None},
                           {"role": "tool", "content": "42"}, {"role": "assistant", "content": "a"}]}
-    assert encode_row(tools, tok, chat_template=True).tokens[-2:] == tok.encode("a", add_bos=False) + [2]
+    tail = tok.encode("a", add_special_tokens=False) + [2]
+    assert encode_row(tools, tok, chat_template=True).tokens[-2:] == tail
     f = write(tmp_path / "sur.jsonl", ['{"prompt": "a\\ud800", "completion": "b"}'])
     with pytest.raises(DataError, match=r"sur.jsonl:1: 'prompt' is not valid Unicode text"):
         load_jsonl(f, tok)

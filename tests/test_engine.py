@@ -170,6 +170,23 @@ def test_eos_inside_an_accepted_draft(llama):
     assert eos not in ss.tokens
 
 
+@pytest.mark.parametrize("mode", ["ss", "ar"])
+def test_a_generation_refuses_to_go_on_once_its_model_has_another_adapter(mode):
+    """A paused generator resumed after ``new_adapter``/``detach`` on its model: one clear error,
+    not a crash deep in the engine or a silent switch of adapter half-way through the text."""
+    from mlx_specstream.api import stream_generate
+    from mlx_specstream.errors import AdapterError
+
+    model = tiny_model("llama", seed=0)
+    for change in (lambda: new_adapter(model, gamma=2, msa_layers=2, seed=1), lambda: detach(model)):
+        new_adapter(model, gamma=2, msa_layers=2, seed=0)
+        steps = stream_generate(model, None, [5, 6], max_tokens=40, mode=mode, node_cost=0.0)
+        next(steps)
+        change()
+        with pytest.raises(AdapterError, match="adapter changed during this generation"):
+            list(steps)
+
+
 def test_an_eos_past_the_limit_in_an_accepted_draft_is_a_length_finish(llama):
     """A pass that accepts the limit's last token and an EOS after it ends as plain decoding
     does, which never writes that EOS: "length". Each pass counts the tokens it advanced the
@@ -177,8 +194,11 @@ def test_an_eos_past_the_limit_in_an_accepted_draft_is_a_length_finish(llama):
     from mlx_specstream.api import stream_generate
 
     new_adapter(llama, gamma=4, msa_layers=2, seed=0)
-    passes = [r.tokens for r in stream_generate(llama, None, [5], max_tokens=60, branch=3, node_cost=0.0)]
+    steps = list(stream_generate(llama, None, [5], max_tokens=60, branch=3, node_cost=0.0))
+    passes = [r.tokens for r in steps]
     out = [t for p in passes for t in p]
+    # each step's statistics are those up to it, as mlx-lm's responses (not one shared, final object)
+    assert [r.stats.generated_tokens for r in steps] == list(np.cumsum([len(p) for p in passes]))
     assert out == generate(llama, None, [5], max_tokens=60, mode="ar").tokens and len(passes) > 10
     # a pass of two or more tokens whose last token is new in the output: that token as EOS
     start = [sum(map(len, passes[:i])) for i in range(len(passes))]

@@ -32,7 +32,7 @@ from mlx_specstream.convert.hf_import import convert  # noqa: E402
 from mlx_specstream.data import Dataset, Example  # noqa: E402
 from mlx_specstream.loader import load_model  # noqa: E402
 from mlx_specstream.streams import forward, stream_pass  # noqa: E402
-from mlx_specstream.train import train  # noqa: E402
+from mlx_specstream.trainer import train  # noqa: E402
 from mlx_specstream.tree import chain  # noqa: E402
 
 TOL = 1e-4

@@ -125,7 +125,7 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
                        timeout=120)
     assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: ")
     # an adapter's table is replaced only with --overwrite, and never by an empty one
-    from mlx_specstream.train import write_ngrams
+    from mlx_specstream.trainer import write_ngrams
 
     before = (model_dir / "adapters" / "arith" / NGRAMS_FILE).read_bytes()
     r = subprocess.run([*cmd, "--data", str(tmp_path / "data")], capture_output=True, text=True, timeout=120)
@@ -158,7 +158,7 @@ def test_prompts_given_alone_draft_nothing():
     """A prompt without completion leaves EOS as its only target: the table must not learn to
     draft EOS after what prompts end with."""
     from mlx_specstream.data import Dataset, Example
-    from mlx_specstream.train import ngram_table
+    from mlx_specstream.trainer import ngram_table
 
     alone = [Example([1, 5, 6, 7, 2], 4)] * 10  # BOS, the prompt, then EOS only
     assert not ngram_table(Dataset(alone), {2}).next
@@ -174,7 +174,7 @@ def test_a_table_is_written_only_for_the_adapters_own_base(tmp_path):
     from test_train import CONFIGS, make_model_dir
 
     from mlx_specstream.loader import load_model, save_model
-    from mlx_specstream.train import write_ngrams
+    from mlx_specstream.trainer import write_ngrams
 
     model_dir = make_model_dir(tmp_path)
     m = load_model(model_dir)

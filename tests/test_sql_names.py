@@ -35,7 +35,7 @@ def tok():
 
 def allowed(constraint: SQLNames, tok, sql: str) -> bool:
     """Whether the constraint lets ``sql`` be generated to the end (EOS included)."""
-    state = constraint.walk(constraint.start, tok.encode(sql, add_bos=False))
+    state = constraint.walk(constraint.start, tok.encode(sql, add_special_tokens=False))
     return state is not None and constraint.advance(state, tok.eos_token_id) == DONE
 
 
@@ -160,10 +160,10 @@ def test_every_word_begun_can_be_finished(tok):
     c = SQLNames.from_prompt(PROMPT, tok)
     for before in ("SELECT ", "SELECT name FROM lighthouse WHERE ", "SELECT lighthouse."):
         for w in c.words if not before.endswith(".") else c.columns["lighthouse"]:
-            state = c.walk(c.start, tok.encode(before + w, add_bos=False))
+            state = c.walk(c.start, tok.encode(before + w, add_special_tokens=False))
             assert state is not None, before + w
-            assert any(c.walk(state, tok.encode(end, add_bos=False)[-1:]) is not None for end in "x (x"), \
-                before + w
+            ends = [tok.encode(end, add_special_tokens=False)[-1:] for end in "x (x"]
+            assert any(c.walk(state, end) is not None for end in ends), before + w
 
 
 def test_names_that_need_quotes_or_bytes_never_leave_nothing_allowed(tok):
@@ -179,11 +179,11 @@ def test_names_that_need_quotes_or_bytes_never_leave_nothing_allowed(tok):
     for sql in good:
         assert allowed(c, tok, sql), sql
         state = c.start
-        for t in tok.encode(sql, add_bos=False):
+        for t in tok.encode(sql, add_special_tokens=False):
             assert c.allowed(state).any(), sql
             state = c.advance(state, t)
     for bad in ("SELECT Order", "SELECT nom AS \"my name\" FROM café ORDER BY my"):
-        assert c.walk(c.start, tok.encode(bad, add_bos=False)) is None, bad
+        assert c.walk(c.start, tok.encode(bad, add_special_tokens=False)) is None, bad
 
 
 def test_trie_mask_equals_token_by_token(tok):
@@ -194,7 +194,7 @@ def test_trie_mask_equals_token_by_token(tok):
     for row in rows:
         c = SQLNames.from_prompt(row["prompt"], tok)
         state = c.start
-        for t in [*tok.encode(row["completion"], add_bos=False), tok.eos_token_id]:
+        for t in [*tok.encode(row["completion"], add_special_tokens=False), tok.eos_token_id]:
             assert (c.allowed(state) == TokenConstraint.allowed(c, state)).all(), state
             state, states = c.advance(state, t), states + 1
     assert states > 100

@@ -143,7 +143,8 @@ def test_an_adapter_knows_its_base_by_its_weights(tmp_path):
         load_adapter(quantized, tmp_path / "a")
     half = tiny_model("llama", seed=1)
     half.set_dtype(mx.float16)
-    load_adapter(half, tmp_path / "a")
+    shown = repr(load_adapter(half, tmp_path / "a"))  # a notebook cell's last line: settings, not probes
+    assert "base_probe" not in shown and "training={'base_model': '/models/mine'}" in shown
     save_adapter(half, tmp_path / "again")  # saved again, it still says what trained it
     with pytest.raises(AdapterError, match="it was trained on /models/mine"):
         load_adapter(tiny_model("llama", seed=2), tmp_path / "again")

@@ -106,14 +106,14 @@ def test_kinds(sp_dir, bpe_dir, llama_json_dir):
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_round_trip(tok, text):
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     assert tok.decode(ids) == text
     assert all(0 <= i < tok.vocab_size for i in ids)
 
 
 def test_bos(tok):
     ids = tok.encode("Hello world")
-    assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode("Hello world", add_bos=False)
+    assert ids[0] == tok.bos_token_id and ids[1:] == tok.encode("Hello world", add_special_tokens=False)
     # A prompt that already starts with the BOS string (chat templates) gets no second BOS.
     again = tok.encode(tok.bos_token + "Hello world")
     assert again == ids
@@ -121,7 +121,7 @@ def test_bos(tok):
 
 @pytest.mark.parametrize("text", TEXTS)
 def test_streaming_equals_full_decode(tok, text):
-    ids = tok.encode(text, add_bos=False)
+    ids = tok.encode(text, add_special_tokens=False)
     pieces, rest = stream(tok, ids)
     assert "".join(pieces) + rest == tok.decode(ids) == text
     # Text arrives as it becomes final, never as replacement characters.
@@ -131,7 +131,7 @@ def test_streaming_equals_full_decode(tok, text):
 
 def test_streaming_holds_incomplete_characters(sp_dir):
     tok = load_tokenizer(sp_dir)
-    ids = tok.encode("a 🎉", add_bos=False)
+    ids = tok.encode("a 🎉", add_special_tokens=False)
     assert sum(tok.is_byte_token(i) for i in ids) == 4  # the emoji is 4 byte-fallback pieces
     pieces, rest = stream(tok, ids)
     # SentencePiece decodes bytes one by one: the emoji goes out with its last byte.
@@ -143,10 +143,10 @@ def test_streaming_byte_fallback_runs(llama_json_dir):
     """tokenizers' ByteFallback turns a whole invalid byte run into U+FFFD, so byte runs wait
     for the next non-byte piece (or finalize)."""
     tok = load_tokenizer(llama_json_dir)
-    ids = tok.encode("a 🎉 b", add_bos=False)
+    ids = tok.encode("a 🎉 b", add_special_tokens=False)
     pieces, rest = stream(tok, ids)
     assert "".join(pieces) + rest == "a 🎉 b" and pieces[-3:-1] == ["", "🎉 "]
-    ids = tok.encode("a 🎉", add_bos=False)
+    ids = tok.encode("a 🎉", add_special_tokens=False)
     pieces, rest = stream(tok, ids)
     assert "".join(pieces) == "a " and rest == "🎉"
     broken = ids[:-1] + [tok.token_to_id("<0x41>")]  # 3 bytes of the emoji, then "A"
@@ -155,7 +155,7 @@ def test_streaming_byte_fallback_runs(llama_json_dir):
 
 
 def test_streaming_keeps_word_start_spaces(tok):
-    ids = tok.encode("Hello world the lazy dog", add_bos=False)
+    ids = tok.encode("Hello world the lazy dog", add_special_tokens=False)
     pieces, rest = stream(tok, ids)
     assert "".join(pieces) + rest == "Hello world the lazy dog"
     assert any(p.startswith(" ") for p in pieces)
@@ -193,7 +193,7 @@ def test_streaming_random_ids(tok):
 def test_a_character_cut_short_at_the_end_spoils_only_itself(llama_json_dir):
     """Generation cut by max_tokens inside a character: the characters before it stay."""
     tok = load_tokenizer(llama_json_dir)
-    ids = tok.encode("x éé🎉", add_bos=False)
+    ids = tok.encode("x éé🎉", add_special_tokens=False)
     for cut in (1, 2, 3):
         pieces, rest = stream(tok, ids[:-cut])
         assert "".join(pieces) + rest == "x éé\ufffd"
@@ -209,7 +209,7 @@ def test_matches_transformers(which, bpe_dir, llama_json_dir):
            else AutoTokenizer.from_pretrained(str(d)))
     tok = load_tokenizer(d)
     for text in [*TEXTS, "  leading spaces"]:
-        ids = tok.encode(text, add_bos=False)
+        ids = tok.encode(text, add_special_tokens=False)
         assert ids == ref.encode(text, add_special_tokens=False)
         assert tok.decode(ids) == ref.decode(ids)
 
@@ -240,7 +240,7 @@ def test_chat_template_file(bpe_dir, tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
     tok = load_tokenizer(tmp_path)
     assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
-    assert tok.bos_token_id is None and tok.encode("Hello") == tok.encode("Hello", add_bos=False)
+    assert tok.bos_token_id is None and tok.encode("Hello") == tok.encode("Hello", add_special_tokens=False)
 
 
 def test_gpt2_vocab_merges(bpe_dir, tmp_path):
@@ -252,8 +252,8 @@ def test_gpt2_vocab_merges(bpe_dir, tmp_path):
     tok = load_tokenizer(tmp_path)
     ref = load_tokenizer(bpe_dir)
     for text in TEXTS:
-        assert tok.encode(text, add_bos=False) == ref.encode(text, add_bos=False)
-        assert tok.decode(tok.encode(text, add_bos=False)) == text
+        assert tok.encode(text, add_special_tokens=False) == ref.encode(text, add_special_tokens=False)
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
 
 
 def test_corrupt_files(tmp_path):
@@ -282,5 +282,5 @@ def test_shipped_tokenizer_agrees_with_sentencepiece():
         sp = load_tokenizer(d)
         for text in TEXTS:
             assert hf.encode(text) == sp.encode(text)
-            ids = hf.encode(text, add_bos=False)
+            ids = hf.encode(text, add_special_tokens=False)
             assert hf.decode(ids) == sp.decode(ids) == text

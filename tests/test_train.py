@@ -33,14 +33,14 @@ from mlx_specstream.errors import AdapterError, OptionError
 from mlx_specstream.kv_cache import make_cache
 from mlx_specstream.lora import LoRALinear
 from mlx_specstream.streams import forward
-from mlx_specstream.train import (
+from mlx_specstream.train_batches import Batch, epoch_batches
+from mlx_specstream.trainer import (
     measure_peak_memory,
     shared_forward,
     shared_layout,
     stream_logits_segment,
     train,
 )
-from mlx_specstream.train_batches import Batch, epoch_batches
 from mlx_specstream.tree import chain
 
 V, STEP = 64, 7
@@ -115,7 +115,7 @@ def test_lossless_step_equals_the_engine_forward(tmp_path):
 
     from mlx_specstream.adapter import AdapterConfig, attach
     from mlx_specstream.arch.base import causal_mask
-    from mlx_specstream.train import TrainConfig, _grad_step, _resolve_alphas, set_trainable
+    from mlx_specstream.trainer import TrainConfig, _grad_step, _resolve_alphas, set_trainable
 
     g = 3
     model = tiny_model("llama", seed=4)
@@ -339,7 +339,7 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
     """The adapter saved is the one that drafts best at an evaluation, not necessarily the last:
     more tokens per pass by more than the per-prompt noise wins; within it, the lower validation
     loss (``drafts_better``)."""
-    import mlx_specstream.train as train_mod
+    import mlx_specstream.trainer as train_mod
 
     model, train_ds, valid_ds = synthetic
     scores, losses, evaluate = iter(scores), iter(losses), train_mod.evaluate
@@ -824,7 +824,7 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
     """Ctrl-C while step 2's validation decodes saves the checkpoint of step 2 without that
     evaluation: the resumed run evaluates step 2 first, so it chooses its adapter among the same
     steps as a run never stopped; it refuses other validation prompts than the best was chosen on."""
-    import mlx_specstream.train as train_mod
+    import mlx_specstream.trainer as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
@@ -853,7 +853,7 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
 def test_a_stop_in_the_final_evaluation_says_how_to_finish(tmp_path, monkeypatch):
     """Ctrl-C while the last step is evaluated: the run says its last checkpoint holds that step
     and that resuming finishes it, which it does."""
-    import mlx_specstream.train as train_mod
+    import mlx_specstream.trainer as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
@@ -928,9 +928,14 @@ def test_options_are_checked(tmp_path):
     rep = train(model, (ds, None), gamma=2, msa_layers=2, alphas="0,0.5", epochs=2, batch_size=3,
                 **quiet)
     assert rep["iters"] == 6 and rep["config"]["alphas"] == [0.0, 0.5, 0.5] and rep["adapter"] is None
-    import mlx_specstream
+    import inspect
 
-    assert callable(mlx_specstream.train)
+    import mlx_specstream
+    from mlx_specstream import trainer
+
+    for _ in range(2):  # the function, however often it is looked up (not its module after the first)
+        assert mlx_specstream.train is trainer.train
+        assert "mode" in inspect.signature(mlx_specstream.train).parameters
 
 
 # -- command line and data parallel -------------------------------------------------------------
@@ -972,7 +977,7 @@ def test_cli_train_saves_named_adapter(tmp_path):
     r = cli("--model", str(model_dir), "--out", "arith", "--branch", "4", "--tree-budget", "48", *args)
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
-    from mlx_specstream.train import default_processes
+    from mlx_specstream.trainer import default_processes
 
     # the default: two processes on a CPU of 2 or more cores (their sum is tested below)
     assert summary["world_size"] == default_processes(str(model_dir), None, 6)
@@ -1049,7 +1054,7 @@ def test_default_processes(tmp_path):
     """Two processes only where they pay and can be started: MLX on a CPU of 2+ cores, the model a
     directory, no tokenizer object, a batch to share, no group (mlx.launch) given."""
     from mlx_specstream.process_group import threads_each
-    from mlx_specstream.train import default_processes
+    from mlx_specstream.trainer import default_processes
 
     on_cpu = mx.default_device().type == mx.DeviceType.cpu
     assert default_processes("model_dir", None, 8) == (2 if on_cpu and threads_each(1) >= 2 else 1)
@@ -1060,7 +1065,7 @@ def test_default_processes(tmp_path):
     # train() in Python: one process unless asked (spawn imports the calling script again)
     import inspect
 
-    from mlx_specstream.train import train
+    from mlx_specstream.trainer import train
 
     assert inspect.signature(train).parameters["processes"].default == 1
 
@@ -1087,7 +1092,7 @@ def test_base_state_cache_gives_the_same_step():
 
     from mlx_specstream.adapter import AdapterConfig, attach
     from mlx_specstream.base_states import BaseStateCache
-    from mlx_specstream.train import TrainConfig, _grad_step, set_trainable
+    from mlx_specstream.trainer import TrainConfig, _grad_step, set_trainable
 
     rng = np.random.default_rng(3)
     model = tiny_model("llama", seed=2)
@@ -1119,7 +1124,7 @@ def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatc
     """A shared adapter writes the output: an earlier checkpoint that drafts more is kept only if its
     main stream predicts the validation data within 1 % of the final one's (a lossless adapter's
     main stream is the base's, so there drafting alone decides)."""
-    from mlx_specstream import train as train_module
+    from mlx_specstream import trainer as train_module
 
     at = {2: (3.0, early_main_loss), 4: (1.5, 1.0)}  # step: (tokens per pass, main-stream loss)
     step = {"now": 0}
@@ -1155,7 +1160,7 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     epochs are passes over the data; a lora adapter is generated with --mode ar."""
     import json
 
-    import mlx_specstream.train as train_mod
+    import mlx_specstream.trainer as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
@@ -1171,13 +1176,24 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     with pytest.raises(AdapterError, match="adapter 'renamed' is a lossless-mode adapter"):
         train(tiny_model("llama", seed=0), tmp_path / "bad", over=tmp_path / "renamed", iters=1,
               progress=False)
+    foreign = tiny_model("llama", seed=1)
+    new_adapter(foreign, mode="lora")
+    save_adapter(foreign, tmp_path / "foreign")  # a fine-tune of another base
+    kept = adapter_weights(other)
+    with pytest.raises(AdapterError, match="made for another base model"):
+        train(other, (ds, valid), over=tmp_path / "foreign", iters=1, progress=False)
+    assert other.adapter_config.mode == "lossless" and all(  # a failed run leaves the adapter it had
+        np.array_equal(np.array(v), np.array(kept[k])) for k, v in adapter_weights(other).items())
     opts = dict(gamma=2, msa_layers=2, iters=4, batch_size=12, lr=3e-3, val_every=0, save_every=2,
                 progress=False, log=lambda m: None)
     rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", **opts)
     assert rep["epochs"] == 1.0  # 40 examples in batches of 12: 4 steps are one pass
     report = (tmp_path / "a" / "training_report.json").read_bytes()
-    again = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True, **opts)
+    model = tiny_model("llama", seed=0)
+    again = train(model, (ds, valid), out=tmp_path / "a", resume=True, **opts)
     assert again == json.loads(report) and (tmp_path / "a" / "training_report.json").read_bytes() == report
+    saved = mx.load(str(tmp_path / "a" / "adapter.safetensors"))  # and the model holds what it saved
+    assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
 
     def stop_at_6(step, info):  # after step 6's checkpoint, before its adapter is saved
         if step == 6:
@@ -1205,12 +1221,29 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     assert any("(generate with --adapter l --mode ar)" in m for m in said), said
 
 
+def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, monkeypatch):
+    """Resuming a finished run does nothing but leaves the model with the adapter the run saved,
+    its best (here the first evaluation's), not its last checkpoint's weights."""
+    import mlx_specstream.trainer as train_mod
+
+    monkeypatch.setattr(train_mod, "drafts_better", lambda new, best: best["step"] is None)
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(24, rng, length=10), arithmetic(8, rng, length=10)
+    opts = dict(gamma=2, msa_layers=2, iters=3, batch_size=8, lr=3e-2, val_every=1, save_every=1,
+                accept_prompts=2, accept_tokens=4, progress=False, log=lambda m: None)
+    train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", **opts)
+    model = tiny_model("llama", seed=0)
+    train(model, (ds, valid), out=tmp_path / "a", resume=True, **opts)
+    saved = mx.load(str(tmp_path / "a" / "adapter.safetensors"))
+    assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
+
+
 def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
     """Tokens per second count the training steps only: a slow validation (here 0.3 s a call,
     four calls) leaves them where they are."""
     import time
 
-    import mlx_specstream.train as train_mod
+    import mlx_specstream.trainer as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)

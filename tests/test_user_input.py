@@ -134,15 +134,21 @@ def test_api_options_of_the_wrong_type_or_name():
     with pytest.raises(TypeError, match=re.escape("generate() got an unexpected keyword argument 'temp' "
                                                   "(did you mean 'temperature'?)")):
         generate(model, None, [1, 2, 3], temp=0.7)
-    with pytest.raises(TypeError, match=r"stream_generate\(\) got an unexpected keyword argument 'verbose'"):
+    with pytest.raises(TypeError, match=r"stream_generate\(\) got an unexpected keyword argument 'verbose' "
+                                        r"\(the result has the text and its stats"):  # mlx-lm's, with a hint
         next(stream_generate(model, None, [1, 2, 3], verbose=True))
+    with pytest.raises(TypeError, match=re.escape("'sampler' (give temperature and top_p")):
+        generate(model, None, [1, 2, 3], sampler=None)
+    with pytest.raises(TypeError, match=re.escape("load() got an unexpected keyword argument 'adapter_path' "
+                                                  "(did you mean 'adapter'?)")):
+        load(adapter_path="sql")
 
 
 def test_prompts_that_are_not_prompts():
     model = with_adapter()
     for prompt, fragment in (("", "the prompt is empty"), (b"SELECT", "not bytes")):
         with pytest.raises(ValueError, match=fragment):
-            generate(model, object(), prompt, max_tokens=2)
+            generate(model, None, prompt, max_tokens=2)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(model, None, [], max_tokens=2)
     for prompt, fragment in (([1.9, 4.2], "not list holding 1.9"), (["1", "2"], "not list holding '1'"),
@@ -155,6 +161,28 @@ def test_prompts_that_are_not_prompts():
     for prompt in ((1, 2, 3), np.array([1, 2, 3], np.int32), mx.array([1, 2, 3]), range(1, 4),
                    array.array("i", [1, 2, 3]), list(mx.array([1, 2, 3]))):
         assert generate(model, None, prompt, max_tokens=4, mode="ar").tokens == ids
+
+
+def test_a_model_or_tokenizer_that_is_not_one_is_named():
+    """What load() returns, in the wrong places: a TypeError naming the argument, before the
+    engine would fail on it deep down."""
+    model = with_adapter()
+
+    class Tok:
+        eos_token_ids = ()
+
+        def encode(self, text):
+            return [1, 2]
+
+    for args, fragment in (((Tok(), model), "model must be a model from load(), not Tok: model and "
+                                            "tokenizer swapped?"),
+                           (("models/m", Tok()), "not str: load it first"),
+                           ((None, Tok()), "model must be a model from load(), not NoneType"),
+                           ((model, model), "tokenizer must be a tokenizer from load() or None, not Model")):
+        with pytest.raises(TypeError, match=re.escape(fragment)):
+            generate(*args, [1, 2], max_tokens=2)
+    with pytest.raises(TypeError, match="stop must be a string or a list of strings, not int"):
+        generate(model, Tok(), [1, 2], max_tokens=2, stop=5)
 
 
 def test_a_model_without_tokenizer_stops_at_the_eos_its_config_names(tmp_path):
@@ -294,7 +322,7 @@ def test_byte_tokens_wait_for_their_character_before_a_stop():
 
     default_model_or_skip()
     tok = load_tokenizer(DEFAULT_MODEL)
-    ids = tok.encode("abé'", add_bos=False)  # "ab", the two bytes of "é", then "'"
+    ids = tok.encode("abé'", add_special_tokens=False)  # "ab", the two bytes of "é", then "'"
     assert [tok.is_byte_token(i) for i in ids] == [False, True, True, False]
     passes = [Step(ids[:3], [], []), Step(ids[3:], [], [])]
     stats = Stats(generated_tokens=len(ids))
@@ -418,7 +446,7 @@ def test_jsonl_errors_name_line_and_column(tmp_path):
 
 
 def test_empty_completions_are_counted_and_reported(tmp_path):
-    from mlx_specstream.train import train
+    from mlx_specstream.trainer import train
 
     f = tmp_path / "train.jsonl"
     f.write_text('{"prompt": [1, 2, 3], "completion": []}\n' * 3
@@ -491,7 +519,7 @@ def test_a_failed_adapter_load_keeps_the_adapter_the_model_had(tmp_path):
 
 def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
     from mlx_specstream.data import Dataset, Example
-    from mlx_specstream.train import train
+    from mlx_specstream.trainer import train
 
     examples = [Example(list(range(1, 12)), 4)] * 4
     for data in (examples, (examples, None), Dataset(examples)):
@@ -505,7 +533,7 @@ def test_train_in_memory_uses_the_models_tokenizer_and_keeps_its_ngrams(tmp_path
     """A model from ``load`` trains on text data with its own tokenizer (no ``tokenizer=``), and
     the adapter trained in memory drafts with the data's n-grams as a saved one does."""
     from mlx_specstream.api import load
-    from mlx_specstream.train import train
+    from mlx_specstream.trainer import train
 
     default_model_or_skip()
     rows = [{"prompt": f"SELECT c{i} FROM", "completion": f" t{i}"} for i in range(6)]
