@@ -6,12 +6,14 @@ Each line is one JSON object, in one of these forms:
   encoded as at generation time (with BOS), the completion after it without BOS and followed by
   the tokenizer's EOS, so the model learns to stop.
 * ``{"text": "..."}``: the loss covers every token after the first (EOS appended).
-* ``{"messages": [{"role": ..., "content": ...}, ...]}`` (with the chat template only): the last
-  message must be the assistant's; it is the completion, the others are the prompt.
+* ``{"messages": [{"role": ..., "content": ...}, ...]}``, run through the chat template (the
+  model needs one): the last message must be the assistant's; it is the completion, the others
+  are the prompt. ``"tools"`` beside ``"messages"`` (or a prompt with the chat template) go to
+  the template, as in mlx-lm.
 * Pre-tokenized: ``"prompt"``/``"completion"``/``"text"`` given as lists of token ids are used
   as they are (no BOS or EOS added). Tests and synthetic data use this form.
 
-Other keys (``"meta"``, ...) are ignored. With ``chat_template=True`` the prompt becomes a user
+Other keys (``"meta"``, ...) are ignored. With ``chat_template=True`` a prompt becomes a user
 message run through the tokenizer's chat template (generation prompt appended). Sequences longer
 than ``max_seq_len`` are truncated (the completion is cut) or skipped, as asked; how many is
 counted in :class:`Dataset` and reported.
@@ -42,6 +44,16 @@ class Example:
     @property
     def n_targets(self) -> int:
         return len(self.tokens) - self.n_prompt
+
+    @property
+    def is_text(self) -> bool:
+        """A ``text`` row: no prompt, only its first token before the targets."""
+        return self.n_prompt <= 1
+
+    @property
+    def prompt(self) -> list[int]:
+        """What a user would send: the prompt, or a text row's first half."""
+        return self.tokens[: max(1, len(self.tokens) // 2) if self.is_text else self.n_prompt]
 
 
 @dataclass
@@ -110,26 +122,43 @@ def _text_content(content, where: str) -> str:
                     f"not {content!r:.60}")
 
 
-def _chat_prompt(tokenizer, messages: list[dict], where: str) -> str | list[int]:
-    """The chat template's rendering of ``messages`` with the assistant's turn begun: its text
-    (tokenizers of this package) or ids (others); a row the template refuses is a DataError."""
-    if not hasattr(tokenizer, "apply_chat_template") or not getattr(tokenizer, "chat_template", True):
+def has_chat_template(tokenizer) -> bool:
+    """Whether ``tokenizer`` renders chat messages (ours: when the model ships a template)."""
+    return hasattr(tokenizer, "apply_chat_template") and bool(getattr(tokenizer, "chat_template", True))
+
+
+def _chat_prompt(tokenizer, messages: list[dict], where: str, tools: list | None = None) -> str | list[int]:
+    """The chat template's rendering of ``messages`` (and ``tools``) with the assistant's turn
+    begun: its text (tokenizers of this package) or ids (others); a row the template refuses is a
+    DataError."""
+    if not has_chat_template(tokenizer):
         from .errors import OptionError
 
         raise OptionError("{chat_template} needs the model's chat template, and its tokenizer has none: "
-                          "train on prompt/completion rows without it")
+                          "drop it")
     import inspect
 
     from .tokenizer import TokenizerError
 
     keywords = inspect.signature(tokenizer.apply_chat_template).parameters
     takes = "add_generation_prompt" in keywords or any(k.kind == k.VAR_KEYWORD for k in keywords.values())
-    try:  # (mlx-lm's TokenizerWrapper takes it through **kwargs)
-        out = tokenizer.apply_chat_template(messages, **({"add_generation_prompt": True} if takes else {}))
+    options = {"add_generation_prompt": True} if takes else {}  # (mlx-lm's wrapper: through **kwargs)
+    if tools is not None:
+        options["tools"] = tools
+    try:
+        out = tokenizer.apply_chat_template(messages, **options)
     except Exception as e:  # any tokenizer's template error is this row's
         said = str(e) if isinstance(e, TokenizerError) else f"chat template: {e}"
         raise DataError(f"{where}: {said}") from None
     return out if isinstance(out, str) else [int(t) for t in out]
+
+
+def chat_prompt(tokenizer, prompt: str, *, system: str | None = None, tools: list | None = None,
+                where: str = "prompt") -> str | list[int]:
+    """A prompt as a chat client sends it: one user turn (after ``system``'s), run through the chat
+    template with the assistant's turn begun; what ``--chat-template`` trains on and decodes."""
+    system_turn = [{"role": "system", "content": system}] if system is not None else []
+    return _chat_prompt(tokenizer, [*system_turn, {"role": "user", "content": prompt}], where, tools)
 
 
 def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bool = True,
@@ -137,6 +166,11 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
     """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``)."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    tools = row.get("tools")
+    if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
+        raise DataError(f"{where}: 'tools' must be a list of objects (OpenAI's tool definitions)")
+    if tools is not None and "messages" not in row and not chat_template:
+        raise DataError(f"{where}: 'tools' go to the chat template: give --chat-template, or drop them")
     has_pc = "prompt" in row or "completion" in row
     if has_pc:
         if "prompt" not in row or "completion" not in row:
@@ -153,25 +187,26 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
         _need_tokenizer(tokenizer, where)
         _check_text(where, prompt=prompt, completion=completion)
         if chat_template:
-            prompt = _chat_prompt(tokenizer, [{"role": "user", "content": prompt}], where)
+            prompt = chat_prompt(tokenizer, prompt, tools=tools, where=where)
         p, c = _encode_pair(tokenizer, prompt, completion)
         if not p:
             raise DataError(f"{where}: the prompt encodes to no tokens")
         return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "messages" in row:
-        msgs = row["messages"]
-        if not chat_template:
-            raise DataError(f"{where}: 'messages' rows need the chat template (--chat-template)")
+        msgs = row["messages"]  # rendered by the chat template, with or without --chat-template
         if (not isinstance(msgs, list) or len(msgs) < 2 or not all(isinstance(m, dict) for m in msgs)
                 or msgs[-1].get("role") != "assistant"):
             raise DataError(f"{where}: 'messages' must be a list ending with an assistant message")
         _need_tokenizer(tokenizer, where)
+        if not has_chat_template(tokenizer):
+            raise DataError(f"{where}: 'messages' rows need the model's chat template, and its tokenizer "
+                            "has none: give prompt/completion rows")
         # earlier messages' contents may be None (OpenAI's tool calls): the template reads them
         msgs = [{**m, "content": _text_content(m.get("content"), where)}
                 if i == len(msgs) - 1 or m.get("content") is not None else m for i, m in enumerate(msgs)]
         _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)
                               if isinstance(m.get("content"), str)})
-        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1], where), msgs[-1]["content"])
+        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1], where, tools), msgs[-1]["content"])
         return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
     if "text" in row:
         text = row["text"]
@@ -184,7 +219,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
         ids = list(tokenizer.encode(text, add_special_tokens=True)) + (_eos(tokenizer) if add_eos else [])
         return Example(ids, 1)
     keys = ", ".join(sorted(row)) or "none"
-    raise DataError(f"{where}: expected keys 'prompt' and 'completion', or 'text' (found: {keys})")
+    raise DataError(f"{where}: expected keys 'prompt' and 'completion', 'messages', or 'text' "
+                    f"(found: {keys})")
 
 
 def _check_text(where: str, **texts: str) -> None:
@@ -255,7 +291,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         raise OptionError(f"{{max_seq_len}} must be at least 2, not {max_seq_len}")
     path = Path(path)
     ds = Dataset([], path)
-    no_target = 0
+    no_target = plain = 0
     from tqdm import tqdm
 
     rows = read_jsonl(path)  # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
@@ -264,6 +300,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         ds.n_lines += 1
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1
+        plain += isinstance(row, dict) and isinstance(row.get("prompt"), str) and not chat_template
         ex = encode_row(row, tokenizer, chat_template=chat_template, add_eos=add_eos,
                         where=f"{path}:{n}")
         if vocab_size is not None and ex.tokens and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
@@ -279,6 +316,9 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
             ds.n_skipped += 1
             continue
         ds.examples.append(ex)
+    if plain and tokenizer is not None and has_chat_template(tokenizer):
+        ds.notes.append(f"{path.name}: the model has a chat template, and {plain} prompts are not in it: "
+                        "--chat-template wraps each in a user turn, as a chat client's requests are")
     if ds.n_truncated:
         ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_lines} examples "
                         f"to {max_seq_len} tokens")

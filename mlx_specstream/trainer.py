@@ -970,8 +970,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 if ds is None:
                     continue
                 cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
+                # a text row has no prompt to continue: it is kept as given
+                wanted = [i for i in used[split] if not ds.examples[i].is_text]
+                if len(wanted) < len(used[split]):
+                    say(f"self-distill {split}: {len(used[split]) - len(wanted)} text rows have no prompt "
+                        "for the base model to continue: trained on as given")
                 got = distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key,
-                                      indices=used[split], cache=cache, group=group,
+                                      indices=wanted, cache=cache, group=group,
                                       desc=f"self-distill {split}", progress=progress, say=say)
                 if split == "train":
                     train_ds = got
@@ -1027,8 +1032,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
 
     eos = eos_ids(tokenizer)
     limit = model.max_positions or 1 << 30
-    accept_set = [e.tokens[: e.n_prompt] for e in (valid_ds.examples if valid_ds is not None else [])
-                  if e.n_prompt + accept_tokens < limit][:accept_prompts] if gamma else []
+    accept_set = [e.prompt for e in (valid_ds.examples if valid_ds is not None else [])
+                  if len(e.prompt) + accept_tokens < limit][:accept_prompts] if gamma else []
 
     def validate(step: int) -> dict:
         """Validation losses and accuracies, and the acceptance a user will see; keeps the best."""
@@ -1053,9 +1058,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         val_history.append({"step": step, **ev})
         accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
         per_pass = ev.get("mean_accepted_tokens")
-        say(f"step {step}: val loss {ev['loss']:.4f}, stream top-1 acc [{accs}], "
-            f"main {ev['main_acc']:.3f}, early exit {ev['prune_acc']:.3f}"
-            + (f", {per_pass:.2f} tokens/pass on {len(accept_set)} prompts" if per_pass else ""))
+        said = [f"val loss {ev['loss']:.4f}", f"main top-1 acc {ev['main_acc']:.3f}"]
+        if gamma:  # a lora adapter has no streams and no early exit
+            said[1:1] = [f"stream top-1 acc [{accs}]"]
+            said.append(f"early exit {ev['prune_acc']:.3f}")
+        if per_pass:
+            said.append(f"{per_pass:.2f} tokens/pass on {len(accept_set)} prompts")
+        say(f"step {step}: " + ", ".join(said))
         if per_pass:
             shown = getattr(bar, "postfix", None)  # the step's loss (a disabled bar has none)
             bar.set_postfix_str(", ".join(filter(None, [shown, f"tok_pass={per_pass:.2f}"])))

@@ -18,9 +18,10 @@ class CharTokenizer:
             return [1] + [3 + ord(c) % 200 for c in text[3:]]
         return ([1] if add_special_tokens else []) + [3 + ord(c) % 200 for c in text]
 
-    def apply_chat_template(self, messages, add_generation_prompt=True):
+    def apply_chat_template(self, messages, add_generation_prompt=True, tools=None):
         body = "".join(f"<{m['role']}>{m['content']}" for m in messages)
-        return "<s>" + body + ("<assistant>" if add_generation_prompt else "")
+        listed = "".join(f"<tool>{t['function']['name']}" for t in tools or [])
+        return "<s>" + listed + body + ("<assistant>" if add_generation_prompt else "")
 
 
 def write(path, rows):
@@ -56,10 +57,22 @@ def test_chat_template(tmp_path):
     assert e.tokens[e.n_prompt:] == tok.encode("yo", add_special_tokens=False) + [2]
     msgs = {"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "q"},
                          {"role": "assistant", "content": "a"}]}
-    e = encode_row(msgs, tok, chat_template=True)
-    assert e.tokens[: e.n_prompt] == tok.encode("<s><system>s<user>q<assistant>")
-    with pytest.raises(DataError, match="chat template"):
-        encode_row(msgs, tok)
+    for chat_template in (True, False):  # messages are rendered by the template whatever the flag
+        e = encode_row(msgs, tok, chat_template=chat_template)
+        assert e.tokens[: e.n_prompt] == tok.encode("<s><system>s<user>q<assistant>")
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    e = encode_row({**msgs, "tools": tools}, tok)  # as mlx-lm: the template sees them
+    assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<system>s<user>q<assistant>")
+    e = encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, chat_template=True)
+    assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<user>hi<assistant>")
+    with pytest.raises(DataError, match="x:1: 'tools' go to the chat template: give --chat-template"):
+        encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, where="x:1")
+    with pytest.raises(DataError, match="x:1: 'tools' must be a list of objects"):
+        encode_row({**msgs, "tools": "f"}, tok, where="x:1")
+    f = write(tmp_path / "train.jsonl", [{"prompt": "hi", "completion": "yo"}, msgs])
+    assert any("the model has a chat template, and 1 prompts are not in it: --chat-template" in note
+               for note in load_jsonl(f, tok).notes)
+    assert load_jsonl(f, tok, chat_template=True).notes == []
 
 
 def test_length_policy_counts(tmp_path):
@@ -151,6 +164,10 @@ def test_chat_template_without_one_names_the_option():
     with pytest.raises(OptionError) as e:
         encode_row({"prompt": "a", "completion": "b"}, tok, chat_template=True, where="x:1")
     assert e.value.render("cli").startswith("--chat-template needs the model's chat template")
+    msgs = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
+    with pytest.raises(DataError, match="x:2: 'messages' rows need the model's chat template, and its "
+                                        "tokenizer has none"):
+        encode_row(msgs, tok, where="x:2")
 
 
 def shipped_tokenizer_copy(dest, edit_json=None, generation_eos=None):

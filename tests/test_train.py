@@ -1238,6 +1238,33 @@ def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, 
     assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
 
 
+def test_text_rows_are_trained_as_given_and_measured_from_their_first_half(tmp_path, monkeypatch):
+    """Self-distillation continues prompts: a text row has none (its first token only), so it is
+    kept as given, said once, instead of becoming the base model's continuation of a bare BOS;
+    its acceptance is measured from its first half, not from that one token."""
+    import mlx_specstream.trainer as train_mod
+
+    rng = np.random.default_rng(0)
+    rows = arithmetic(16, rng, length=12).examples
+    text = [Example(e.tokens, 1) for e in rows[:6]]
+    seen = []
+    real = train_mod.acceptance
+
+    def acceptance(model, prompts, *args):
+        seen.extend(prompts)
+        return real(model, prompts, *args)
+
+    monkeypatch.setattr(train_mod, "acceptance", acceptance)
+    said = []
+    train(tiny_model("llama", seed=0), (Dataset(text + rows[6:]), Dataset(text[:2])), out=tmp_path / "a",
+          gamma=2, msa_layers=2, iters=2, batch_size=16, val_every=2, accept_prompts=2, accept_tokens=4,
+          progress=False, log=said.append)
+    assert any("self-distill train: 6 text rows have no prompt for the base model" in m for m in said)
+    lines = (tmp_path / "a.train" / "distilled" / "train.jsonl").read_text().splitlines()[1:]
+    assert sorted(json.loads(line)["i"] for line in lines) == list(range(6, 16))  # only the prompted
+    assert seen and all(p == e.tokens[:6] for p, e in zip(seen, text[:2] * len(seen)))
+
+
 def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
     """Tokens per second count the training steps only: a slow validation (here 0.3 s a call,
     four calls) leaves them where they are."""
