@@ -13,6 +13,28 @@ PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prom
                 "--init", "--over", "--adapter")
 
 
+# mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command
+MLX_LM_FLAGS = {
+    "train": {"--learning-rate": "--lr", "--steps-per-eval": "--val-every", "--adapter-path": "--out",
+              "--resume-adapter-file": "--init (a finished adapter's weights) or --resume (a stopped run)",
+              "--fine-tune-type": "--mode", "--train": "not needed here: train trains",
+              "--mask-prompt": "not needed here: the loss never covers the prompt"},
+    "generate": {"--adapter-path": "--adapter"},
+}
+
+
+def mlx_lm_flag(argv: list[str]) -> str | None:
+    """What to say of an mlx-lm flag in ``argv`` (the command and its arguments) that this
+    command spells otherwise, or None."""
+    table = MLX_LM_FLAGS.get(argv[0], {}) if argv else {}
+    for arg in argv[1:]:
+        flag = arg.partition("=")[0]
+        if flag in table:
+            said = table[flag]
+            return f"{flag} is mlx-lm's; " + (f"here it is {said}" if said.startswith("--") else said)
+    return None
+
+
 def expand_home(argv: list[str]) -> list[str]:
     """``--out=~/x`` as the shell leaves it (it expands ``~`` only at the start of a word): the
     path options' values with the home directory in place of ``~/``, as ``--out ~/x`` gets it,
@@ -121,6 +143,13 @@ def generate(
     sql_names: bool = typer.Option(False, "--sql-names",
                                    help="write SQL naming only the tables and columns of the prompt's "
                                    "CREATE TABLE statements (besides keywords, literals and aliases)"),
+    stop: list[str] | None = typer.Option(None, "--stop", help="stop where this text begins (not "
+                                          "printed); may be given several times"),
+    chat_template: bool = typer.Option(False, "--chat-template",
+                                       help="send the prompt as a user turn through the model's chat "
+                                       "template, as train --chat-template trains on it"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt",
+                                             help="with --chat-template: a system turn before the prompt"),
     verbose: bool = typer.Option(False, "--verbose", "-v",
                                  help="on a terminal, colour accepted (green) and rejected (red) "
                                  "drafts; statistics"),
@@ -128,7 +157,10 @@ def generate(
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
     from mlx_specstream.api import load, stream_generate
     from mlx_specstream.engine import DecodeOptions, check_used
+    from mlx_specstream.errors import OptionError
 
+    if system_prompt is not None and not chat_template:
+        raise OptionError("{system_prompt} is a turn of the chat template: give {chat_template} too")
     text = _read_prompt(prompt, prompt_file)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
@@ -136,24 +168,33 @@ def generate(
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
-        _generate_coreml(model, text, verbose, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                         seed=seed, mode=mode, branch=branch, tree_budget=tree_budget, lookup=lookup,
-                         sql_names=sql_names)
+        _generate_coreml(model, text, verbose, chat_template, system_prompt, max_tokens=max_tokens,
+                         temperature=temp, top_p=top_p, seed=seed, mode=mode, branch=branch,
+                         tree_budget=tree_budget, lookup=lookup, sql_names=sql_names, stop=stop)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
-    _echo_steps(stream_generate(m, tok, text, max_tokens=max_tokens, temperature=temp, top_p=top_p,
-                                seed=seed, mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
+    _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, system_prompt),
+                                max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
+                                gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                                sql_names=sql_names), tok, verbose)
+                                sql_names=sql_names, stop=stop), tok, verbose)
+
+
+def _as_sent(tok, text: str, chat_template: bool, system_prompt: str | None):
+    """The prompt as the model gets it: with ``--chat-template`` a user turn of the chat template."""
+    from mlx_specstream.data import chat_prompt
+
+    return chat_prompt(tok, text, system=system_prompt) if chat_template else text
 
 
 def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> None:
     """Print a generation as it is accepted (with ``verbose`` on a terminal, its drafts coloured;
     stdout elsewhere gets the plain text), then with ``verbose`` its statistics on stderr.
     ``first_said`` goes to stderr once the request is accepted, so that errors stay one line."""
-    coloured = verbose and sys.stdout.isatty()
+    coloured = verbose and sys.stdout.isatty() and not os.environ.get("NO_COLOR") and \
+        os.environ.get("TERM") != "dumb"  # no-color.org
     stats = None
     try:
         for step in steps:
@@ -167,6 +208,8 @@ def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> Non
         typer.echo(f"interrupted after {n} generated tokens", err=True)
         raise typer.Exit(130) from None
     typer.echo("")
+    if stats is not None and stats.context_limit and not verbose:  # -v says it in its statistics
+        typer.echo(f"(stopped at the end of the model's context: {stats.context_limit} tokens)", err=True)
     if verbose and stats is not None:
         _show_stats(stats)
 
@@ -183,7 +226,8 @@ def _coloured(step, tok) -> str:
     return out
 
 
-def _generate_coreml(package: Path, text: str, verbose: bool, **options) -> None:
+def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, system_prompt: str | None,
+                     **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.convert.coreml_export import tokenizer_dir
     from mlx_specstream.coreml_driver import load_package, stream_package
@@ -192,7 +236,8 @@ def _generate_coreml(package: Path, text: str, verbose: bool, **options) -> None
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name})")
-    _echo_steps(stream_package(runner, tok, text, **options), tok, verbose,
+    _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, system_prompt), **options),
+                tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 
 
@@ -214,12 +259,12 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
 @app.command()
 def bench(
     task: str = typer.Option("sql", help="sql or code"),
-    n: int = typer.Option(50, "--n", help="test prompts"),
+    n: int | None = typer.Option(None, "--n", help="test prompts (default 50; --quick: 8)"),
     out: Path = typer.Option(Path("bench-results"), help="output directory"),
     model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
     draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
-    max_tokens: int = typer.Option(128, "--max-tokens"),
-    quick: bool = typer.Option(False, help="8 prompts, 64 tokens: a few minutes"),
+    max_tokens: int | None = typer.Option(None, "--max-tokens", help="per prompt (default 128; --quick: 64)"),
+    quick: bool = typer.Option(False, help="by default 8 prompts of 64 tokens: a few minutes"),
     repeats: int = typer.Option(3, "--repeats", help="runs of each method per prompt; the fastest counts"),
     overwrite: bool = typer.Option(False, "--overwrite",
                                    help="replace the results of an earlier run in --out"),
@@ -231,8 +276,8 @@ def bench(
 
     if task not in ("sql", "code"):
         raise ValueError("--task must be sql or code")
-    if quick:
-        n, max_tokens = min(n, 8), min(max_tokens, 64)
+    n = n if n is not None else 8 if quick else 50  # --quick sets defaults, not what is given
+    max_tokens = max_tokens if max_tokens is not None else 64 if quick else 128
     model = model or default_model()
     draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft,
@@ -454,6 +499,10 @@ def main() -> None:
 
     warnings.formatwarning = one_line_warning  # a warning is one line, as an error is
     sys.argv[1:] = expand_home(sys.argv[1:])
+    said = mlx_lm_flag(sys.argv[1:])
+    if said:
+        typer.echo(f"error: {said}", err=True)
+        sys.exit(2)  # a usage error, as an unknown option's
     try:
         app()
     except OptionError as e:

@@ -25,8 +25,7 @@ def __getattr__(name: str):
     if name in _API:
         import importlib
 
-        value = globals()[name] = getattr(importlib.import_module(_API[name]), name)  # looked up once
-        return value
+        return getattr(importlib.import_module(_API[name]), name)
     raise AttributeError(f"module 'mlx_specstream' has no attribute {name!r}")
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import mlx.core as mx
@@ -376,7 +376,7 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
     return Path(os.path.abspath(p)) if p.name in ("", "..") else p
 
 
-def save_adapter(model: nn.Module, dest: str | Path, overwrite: bool = False) -> Path:
+def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False) -> Path:
     """Write the attached adapter to ``dest`` atomically and return where it went: a bare name
     under the model's ``adapters/`` (``load_adapter(model, NAME)`` reads it back), a path as
     given. An existing adapter there is replaced only with ``overwrite``."""
@@ -454,8 +454,12 @@ def read_config(path: Path) -> AdapterConfig:
 def kept_on_failure(model):
     """If the body fails, the adapter attached before it (weights and n-grams), or none, is
     attached again: a failed load does not leave the model without the adapter it had."""
+    if getattr(model, "fused_lora", 0):  # nothing can take its adapter off (detach refuses)
+        yield
+        return
     cfg = getattr(model, "adapter_config", None)
-    before = (replace(cfg), adapter_weights(model), model.adapter_ngrams) if cfg is not None else None
+    # the config itself, not a copy: a paused generation goes on with the adapter it began with
+    before = (cfg, adapter_weights(model), model.adapter_ngrams) if cfg is not None else None
     try:
         yield
     except BaseException:

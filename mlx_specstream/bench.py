@@ -413,11 +413,14 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
         keys.append("edit_similarity")
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
     device = "" if meta.get("device", "cpu") == "cpu" else f"{meta['device']}, "
-    lines = [f"`{meta['command']}` — {meta['date']}, {meta['machine']}, {device}MLX {meta['mlx']}, "
-             f"BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load before/after: "
-             f"{meta.get('load_average_1m')}), {meta['prompts']} prompts, "
-             f"max {meta['max_tokens']} tokens, best of {meta['repeats']} runs per prompt; "
-             f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)", ""]
+    versions = meta.get("versions", {})
+    lines = [f"`{meta['command']}` — {meta['date']}; task {meta.get('task')}, model {meta.get('model')}; "
+             f"{meta.get('processor')}, {meta['machine']}, {device}MLX {meta['mlx']}, "
+             f"mlx-lm {versions.get('mlx-lm', '?')}, BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load "
+             f"before/after: {meta.get('load_average_1m')}); source {meta.get('commit')}; "
+             f"{meta['prompts']} prompts, max {meta['max_tokens']} tokens, best of {meta['repeats']} runs "
+             f"per prompt; speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)",
+             ""]
     cells = []
     for r in results:
         lo, hi = r["speedup_ci95"]
@@ -436,7 +439,17 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
                      f"{', '.join(flagged)} (more prompts, --n, or runs, --repeats, narrow it)")
     for name, why in meta["skipped"].items():
         lines.append(f"\nSkipped {name}: {why}")
+    lines.append(LEGEND)
     return "\n".join(lines) + "\n"
+
+
+LEGEND = """
+- mean_accepted_tokens: generated tokens (EOS not counted) per forward pass, the prompt's pass
+  included, so plain AR reads just under 1.
+- speedup: the reference's summed time over the method's, each prompt's fastest run; 95% interval:
+  a bootstrap over the prompts (⚠: not within ±10%, or too few prompts to say).
+- identical_to_ar: every output the same as plain AR's (or the named decoder's); blank where the
+  method is not lossless."""
 
 
 def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
@@ -461,7 +474,8 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
     axes[1].set_xlabel("mean tokens per forward pass")
     for ax in axes:
         ax.invert_yaxis()
-    fig.suptitle(f"{meta['task']}: {meta['prompts']} prompts, {meta['date']}, BLAS {meta['blas']}")
+    fig.suptitle(f"{meta['task']}, {Path(str(meta.get('model'))).name}: {meta['prompts']} prompts, "
+                 f"{meta['date']}, {meta.get('processor')}, BLAS {meta['blas']}")
     fig.tight_layout()
     write_atomic(out_dir / "results.png", lambda f: fig.savefig(f, format="png", dpi=120))
     plt.close(fig)

@@ -190,16 +190,17 @@ def load_model(path: str | Path, dtype: str | None = None,
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
                     class_predicate=lambda p, m: q[p] if p in q else (
                         hasattr(m, "to_quantized") and f"{p}.scales" in weights))
-    if dtype is None and not on_gpu() and any(
-            w.dtype in (mx.float16, mx.bfloat16) for w in weights.values()):
-        dtype = "float32"  # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path
-    cast = DTYPES[dtype] if dtype else None
-    # quantized here as stored, then cast: what `convert -q` writes and a load of it reads
-    apply_weights(model, weights, cast if quantize is None else None)
+    # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path there
+    upcast = dtype is None and not on_gpu() and any(
+        w.dtype in (mx.float16, mx.bfloat16) for w in weights.values())
+    # quantized here as `convert [--dtype D] -q` writes it (D first, then quantized) and a load of
+    # that reads it (the CPU's fp32 after)
+    apply_weights(model, weights,
+                  DTYPES[dtype] if dtype else mx.float32 if upcast and quantize is None else None)
     if quantize is not None:
         quantize_model(model, *quantize)
-        if cast is not None:
-            model.set_dtype(cast)
+        if upcast:
+            model.set_dtype(mx.float32)
         mx.eval(model.parameters())
     model.eval()
     return model

@@ -136,7 +136,7 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = 
         raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
     work = [f"{e}/" for e in foreign if e in MODEL_WORK] if kind == "model" else []
-    if work:
+    if work and len(work) == len(foreign):  # a model of ours, but for what was made for it
         raise FileExistsError(f"{dest}: holds {' and '.join(work)} made for this model: refusing to replace "
                               "it; move them out first, or choose another path")
     if foreign:
@@ -151,11 +151,11 @@ def check_replaceable_file(dest: str | Path, overwrite: bool, ours, flag: str = 
     dest = Path(dest)
     if not dest.exists():
         return
-    if not overwrite:
-        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
-    if not dest.is_file() or not ours(dest):
+    if not dest.is_file() or not ours(dest):  # said first: the flag would not help
         raise FileExistsError(f"{dest}: not a file mlx-specstream wrote: refusing to replace it; "
                               "choose another path")
+    if not overwrite:
+        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
 
 
 def is_results_json(path: Path) -> bool:
@@ -196,12 +196,32 @@ def run_meta(command: str | None = None, **extra) -> dict:
 
     from .blas import blas_label
     from .device import device_label
+    from .machine import cores
 
     return {"command": command or recorded_command(sys.argv),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "machine": platform.platform(), "processor": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(), "python": platform.python_version(), "mlx": mx.__version__,
+            "machine": platform.platform(), "processor": cpu_name(),
+            "cpus": cores(), "python": platform.python_version(), "mlx": mx.__version__,
             "blas": blas_label(), "device": device_label(), "commit": source_commit(), **extra}
+
+
+def cpu_name() -> str:
+    """The processor's model name ("AMD EPYC 9R14", "Apple M2 Pro"): Linux's /proc/cpuinfo, macOS's
+    sysctl, else the architecture ("x86_64", what ``platform.processor()`` says on Linux)."""
+    import platform
+    import subprocess
+
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    if platform.system() == "Darwin":
+        res = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string"], capture_output=True, text=True)
+        if res.returncode == 0 and res.stdout.strip():
+            return res.stdout.strip()
+    return platform.processor() or platform.machine()
 
 
 def source_commit() -> str | None:

@@ -423,7 +423,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         return JSONResponse({"object": "list", "data": list(described.values())})
 
     async def model(request: Request) -> Response:
-        model_id = request.path_params["model_id"]  # may hold "/" (--name org/tiny)
+        model_id = request.path_params["model_id"].removesuffix("/")  # may hold "/" (--name org/tiny)
         if not model_id:  # "/v1/models/": the list
             return await models(request)
         try:

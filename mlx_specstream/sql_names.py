@@ -235,6 +235,8 @@ class SQLNames(TokenConstraint):
             word += ch
             return ("", word, after, aliases) if self._partial_ok(word, after, aliases, False) else None
         if word:
+            if ch == "(" and word not in self.keywords and not after.startswith("as:"):
+                return None  # a call: of SQL's own functions only (or a WITH name's column list)
             done = self._finish(word, after, aliases)
             if done is None:
                 return None

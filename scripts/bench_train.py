@@ -53,10 +53,17 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def train_module_at(rev: str):
-    """``mlx_specstream/train.py`` as it was at git revision ``rev``, imported inside the package
-    (its relative imports resolve to today's modules)."""
-    src = subprocess.run(["git", "show", f"{rev}:mlx_specstream/train.py"], cwd=ROOT, check=True,
-                         capture_output=True, text=True).stdout
+    """The training module (``mlx_specstream/trainer.py``, ``train.py`` before 2026-11-28) as it
+    was at git revision ``rev``, imported inside the package (its relative imports resolve to
+    today's modules)."""
+    for name in ("trainer.py", "train.py"):
+        shown = subprocess.run(["git", "show", f"{rev}:mlx_specstream/{name}"], cwd=ROOT,
+                               capture_output=True, text=True)
+        if shown.returncode == 0:
+            break
+    else:
+        raise SystemExit(f"{rev}: no mlx_specstream/trainer.py or train.py")
+    src = shown.stdout
     path = Path(tempfile.mkdtemp()) / "train_before.py"
     path.write_text(src)
     spec = importlib.util.spec_from_file_location("mlx_specstream._train_before", path)

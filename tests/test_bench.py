@@ -303,7 +303,17 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
 
     stored = json.loads((Path(__file__).resolve().parent.parent / "results" / "bench-sql-quick"
                          / "results.json").read_text())
-    monkeypatch.setattr(bench, "run_bench", lambda *a, **k: stored)
+    asked = []
+
+    def run_bench(model, task, n, max_tokens, *a, **k):
+        asked.append((n, max_tokens))
+        return stored
+
+    monkeypatch.setattr(bench, "run_bench", run_bench)
     res = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path / "out")])
     assert res.exit_code == 0, repr(res.exception)
     assert results_markdown(stored["meta"], stored["results"]) in res.output
+    assert "mean_accepted_tokens: generated tokens (EOS not counted) per forward pass" in res.output
+    CliRunner().invoke(app, ["bench", "--quick", "--n", "20", "--out", str(tmp_path / "o2")])
+    CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "o3")])
+    assert asked == [(8, 64), (20, 64), (50, 128)]  # --quick sets defaults, not what is given

@@ -73,6 +73,33 @@ def test_generate_default_model_text_and_verbose():
         assert "mean_accepted_tokens" in res.stderr
 
 
+def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
+    """--chat-template sends the prompt as one user turn (after --system-prompt's), as train
+    --chat-template trains on it; --stop ends the text where one begins: both as the Python API
+    with the same prompt and stop strings (the oracle)."""
+    from mlx_specstream.api import DEFAULT_MODEL, generate, load
+
+    if not (DEFAULT_MODEL / "config.json").exists():
+        pytest.skip("the default model is not built")
+    d = tmp_path / "chat"
+    d.mkdir()
+    for f in DEFAULT_MODEL.iterdir():
+        (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_text("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n"
+                                           "{% endfor %}{% if add_generation_prompt %}### SQL:\n{% endif %}")
+    model, tok = load(d)
+    question = "CREATE TABLE t (a INTEGER) How many rows?"
+    sent = f"### system:\nAnswer in SQL.\n### user:\n{question}\n### SQL:\n"
+    ref = generate(model, tok, sent, max_tokens=12, mode="ar").text
+    res = cli("generate", "--model", str(d), "--mode", "ar", "-p", question, "-n", "12", "--chat-template",
+              "--system-prompt", "Answer in SQL.")
+    assert res.returncode == 0 and res.stdout == ref + "\n", res.stderr
+    stop = ref.split()[1]  # a word the text holds
+    res = cli("generate", "--model", str(d), "--mode", "ar", "-p", question, "-n", "12", "--chat-template",
+              "--system-prompt", "Answer in SQL.", "--stop", "zzz", "--stop", stop)
+    assert res.returncode == 0 and res.stdout == ref[: ref.index(stop)] + "\n", res.stderr
+
+
 def test_generate_help_states_the_engines_node_costs():
     """The help's CPU node costs are the engine's defaults (both are stated by hand)."""
     from mlx_specstream.engine import CPU_NODE_COST
@@ -149,6 +176,15 @@ def test_the_prompt_is_read_as_mlx_lm_reads_it(monkeypatch, tmp_path):
         assert _read_prompt(given, None) == "SELECT\\n 1"  # read as it is, as a file is
     (tmp_path / "p.txt").write_text("\ufeffSELECT\\n 1", encoding="utf-8")
     assert _read_prompt(None, tmp_path / "p.txt") == "SELECT\\n 1"
+
+
+def test_mlx_lms_flags_say_what_they_are_here(tmp_path):
+    """A flag an mlx-lm user types from habit gets its name here, not click's nearest spelling."""
+    res = cli("train", "--data", str(tmp_path), "--learning-rate", "1e-4")
+    assert res.returncode == 2 and res.stderr == "error: --learning-rate is mlx-lm's; here it is --lr\n"
+    res = cli("generate", "--adapter-path=sql", "--prompt", "x")
+    assert res.returncode == 2 and res.stderr == "error: --adapter-path is mlx-lm's; here it is --adapter\n"
+    assert "the loss never covers the prompt" in cli("train", "--mask-prompt").stderr
 
 
 def test_train_refuses_a_flag_its_mode_does_not_use(tmp_path):

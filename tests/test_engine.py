@@ -171,7 +171,7 @@ def test_eos_inside_an_accepted_draft(llama):
 
 
 @pytest.mark.parametrize("mode", ["ss", "ar"])
-def test_a_generation_refuses_to_go_on_once_its_model_has_another_adapter(mode):
+def test_a_generation_refuses_to_go_on_once_its_model_has_another_adapter(mode, tmp_path):
     """A paused generator resumed after ``new_adapter``/``detach`` on its model: one clear error,
     not a crash deep in the engine or a silent switch of adapter half-way through the text."""
     from mlx_specstream.api import stream_generate
@@ -185,6 +185,16 @@ def test_a_generation_refuses_to_go_on_once_its_model_has_another_adapter(mode):
         change()
         with pytest.raises(AdapterError, match="adapter changed during this generation"):
             list(steps)
+    # a load that fails leaves the adapter the generation began with: it goes on
+    from mlx_specstream.adapter import load_adapter
+
+    new_adapter(model, gamma=2, msa_layers=2, seed=0)
+    whole = generate(model, None, [5, 6], max_tokens=40, mode=mode, node_cost=0.0).tokens
+    steps = stream_generate(model, None, [5, 6], max_tokens=40, mode=mode, node_cost=0.0)
+    first = next(steps).tokens
+    with pytest.raises(AdapterError):
+        load_adapter(model, tmp_path / "missing")
+    assert first + [t for s in steps for t in s.tokens] == whole
 
 
 def test_an_eos_past_the_limit_in_an_accepted_draft_is_a_length_finish(llama):

@@ -126,6 +126,10 @@ def test_a_model_with_adapters_is_not_replaced_but_finders_litter_is(tmp_path):
         with atomic_dir(dest, "model", overwrite=True) as tmp:
             save_model(model, model.config, tmp)
     assert (dest / "adapters" / "sql" / "adapter.safetensors").is_file()
+    (dest / "thesis.tex").write_text("mine")  # and a file of the user's: what it is said first
+    with pytest.raises(FileExistsError, match=r"did not write as a model \(adapters, thesis.tex\)"):
+        with atomic_dir(dest, "model", overwrite=True) as tmp:
+            save_model(model, model.config, tmp)
 
 
 def test_a_core_ml_package_not_written_by_the_project_is_not_ours(tmp_path):
@@ -171,11 +175,12 @@ def test_bench_out(tmp_path):
     out = user_folder(tmp_path / "res")
     check_out_dir(out, overwrite=False)  # other files are left alone: nothing to replace
     (out / "results.json").write_text('{"mine": 1}')
+    for overwrite in (False, True):  # not a hint to --overwrite, which would be refused too
+        with pytest.raises(FileExistsError, match="not a file mlx-specstream wrote"):
+            check_out_dir(out, overwrite=overwrite)
+    (out / "results.json").write_text(json.dumps({"meta": {"command": "bench"}, "results": []}))
     with pytest.raises(FileExistsError, match="use --overwrite"):
         check_out_dir(out, overwrite=False)
-    with pytest.raises(FileExistsError, match="not a file mlx-specstream wrote"):
-        check_out_dir(out, overwrite=True)
-    (out / "results.json").write_text(json.dumps({"meta": {"command": "bench"}, "results": []}))
     check_out_dir(out, overwrite=True)
     assert_one_line_error(cli("bench", "--out", str(out)), "--overwrite")
     assert (out / "notes.txt").read_text() == "mine"

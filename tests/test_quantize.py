@@ -66,6 +66,8 @@ def dirs(tmp_path_factory):
     out["bf16"] = cli_convert(root / "hf", root / "bf16", "--dtype", "bfloat16")  # as most checkpoints
     out["bf16-q4"] = cli_convert(root / "hf", root / "bf16-q4", "--dtype", "bfloat16", "-q", "--q-bits", "4",
                                  "--q-group-size", str(GROUP))
+    out["f16-q4"] = cli_convert(root / "hf", root / "f16-q4", "--dtype", "float16", "-q", "--q-bits", "4",
+                                "--q-group-size", str(GROUP))
     return out
 
 
@@ -101,6 +103,10 @@ def test_load_time_quantization_equals_convert_time(dirs, bits):
     assert np.array_equal(np.array(at_load(ids)), np.array(converted(ids)))
     if bits == 4:  # from half precision: quantized as stored (its scales in bf16), then computed in fp32
         at_load, converted = load_model(dirs["bf16"], quantize=(4, GROUP)), load_model(dirs["bf16-q4"])
+        assert np.array_equal(np.array(at_load(ids)), np.array(converted(ids)))
+        # a dtype asked for is the one quantized, as convert --dtype float16 -q does
+        at_load = load_model(dirs["f32"], dtype="float16", quantize=(4, GROUP))
+        converted = load_model(dirs["f16-q4"], dtype="float16")
         assert np.array_equal(np.array(at_load(ids)), np.array(converted(ids)))
 
 

@@ -113,6 +113,7 @@ def test_models_and_health(server):
     assert server.get("/health")["status"] == "ok"
     assert server.get("/v1/models/") == server.get("/v1/models")  # a trailing slash: the list
     one = server.client().models.retrieve("specstream-tiny:sql")  # GET /v1/models/{id}
+    assert server.get("/v1/models/specstream-tiny:sql/")["id"] == one.id  # a trailing slash too
     assert one.id == "specstream-tiny:sql" and one.created == server.client().models.list().data[1].created
     with pytest.raises(openai.NotFoundError):
         server.client().models.retrieve("specstream-tiny:nope")

@@ -27,7 +27,7 @@ states = 0
 for row in rows:
     c = SQLNames.from_prompt(row["prompt"], tok)
     state = c.start
-    for t in [*tok.encode(row["completion"], add_bos=False), tok.eos_token_id]:
+    for t in [*tok.encode(row["completion"], add_special_tokens=False), tok.eos_token_id]:
         t0 = time.perf_counter()
         a = c.allowed(state)
         t1 = time.perf_counter()
