@@ -300,7 +300,8 @@ def convert(
                                             help="quantization group: 32, 64 or 128 (default 64)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path / --out"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path, or --out "
+                                   "and its NAME.tokenizer"),
     model: Path | None = typer.Option(None, "--model", "-m",
                                       help="the model to convert: (--to coreml) an MLX model directory; "
                                            "(--to mlx) --hf-path, as in mlx_lm.convert"),
@@ -314,7 +315,7 @@ def convert(
     chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
                                                            "(default 64)"),
     sampling: bool = typer.Option(False, "--sampling", help="(--to coreml) also output full logits, "
-                                                            "for --temp > 0"),
+                                                            "for --temp > 0 and --sql-names"),
 ) -> None:
     """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
 
@@ -476,8 +477,8 @@ def serve(
                              "only when given)"),
     port: int = typer.Option(8080, "--port", help="0: any free port (printed at start-up)"),
     max_active: int = typer.Option(16, "--max-active", help="requests decoded together (more wait)"),
-    name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory "
-                                    "name)"),
+    name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory's "
+                                    "name, the parent's for NAME/mlx)"),
 ) -> None:
     """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models): one base
     model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass together."""

@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..loader import model_name
 from ..ngrams import NGRAMS_FILE
 from ..outputs import (
     TOKENIZER_FILES,
@@ -156,7 +157,7 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
     else:
         branch = 1
         tree_max = 64
-        tree_size = tree_size if tree_size is not None else 1
+        tree_size = tree_size if tree_size is not None else 1  # plain decoding; more: lookup chains
     if not 1 <= tree_size <= tree_max:
         what = f"gamma={acfg.gamma}, branch={branch}" if acfg is not None else "no adapter"
         raise ExportError(f"--tree-size {tree_size} is out of range 1..{tree_max} ({what})")
@@ -316,7 +317,7 @@ def _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_si
     meta = {
         "specstream.format": FORMAT_VERSION,
         "specstream.functions": "prefill,step",
-        "specstream.model": Path(model_path).resolve().name,
+        "specstream.model": model_name(model_path),
         "specstream.model_type": model.config.get("model_type", ""),
         "specstream.adapter": adapter_name or "",
         "specstream.mode": acfg.mode if acfg is not None else "base",
@@ -347,7 +348,7 @@ def _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_si
 def _describe_spec(spec, meta: dict[str, str], model_path) -> None:
     spec.description.metadata.shortDescription = (
         f"Speculative Streaming ({meta['specstream.mode']}, gamma={meta['specstream.gamma']}) of "
-        f"{Path(model_path).resolve().name}: functions prefill and step; see docs/coreml.md")
+        f"{model_name(model_path)}: functions prefill and step; see docs/coreml.md")
     spec.description.metadata.author = "mlx-specstream"
     spec.description.metadata.versionString = FORMAT_VERSION
     for k, v in meta.items():

@@ -520,8 +520,8 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | P
         if (path / NGRAMS_FILE).is_file():
             try:
                 model.adapter_ngrams = NgramTable.load(path / NGRAMS_FILE)
-            except Exception as e:
-                raise AdapterError(f"{path / NGRAMS_FILE}: corrupt n-gram table ({e})") from None
+            except ValueError as e:
+                raise AdapterError(str(e)) from None
     model.adapter_config.name = cfg.name
     return model.adapter_config
 

@@ -131,6 +131,8 @@ class PackageRunner(Runner):
             self.adapter_config = AdapterConfig(mode=info.mode, gamma=info.gamma, msa_layers=info.msa_layers,
                                                 branch=info.branch, tree_budget=info.tree_size)
         self.limit = info.context - info.tree_size + 2
+        self.limit_source = (f"the package's context ({info.context} cache slots, less a step's tree of "
+                             f"{info.tree_size}, plus 2)")
         self.vocab_size = info.vocab_size
         self.tree_size, self.max_depth = info.tree_size, info.accept_max - 1
         self.node_costs = {"tree": 0.0}  # a step costs the same at any tree size (padded)
@@ -274,8 +276,14 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
         tok_dir = next((d for d in (*tried, path.parent / runner.info.tokenizer) if d.is_dir()), None)
         if tok_dir is not None:
             tok = load_tokenizer(tok_dir)
+            if tok is None:
+                raise PackageError(f"{tok_dir}: holds no tokenizer files (tokenizer.json, ...): export the "
+                                   "package again")
             if (tok_dir / NGRAMS_FILE).is_file():  # the exported adapter's n-gram drafts
-                runner.ngrams = NgramTable.load(tok_dir / NGRAMS_FILE)
+                try:
+                    runner.ngrams = NgramTable.load(tok_dir / NGRAMS_FILE)
+                except ValueError as e:
+                    raise PackageError(str(e)) from None
     return runner, tok
 
 

@@ -248,8 +248,8 @@ class Decoder:
         vocab = runner.vocab_size
         check_prompt_ids(prompt, vocab)
         if self.limit is not None and len(prompt) >= self.limit:
-            raise ValueError(f"the prompt has {len(prompt)} tokens, and at most {self.limit - 1} fit: the "
-                             f"model's context of {self.limit} holds the prompt and a generated token")
+            raise ValueError(f"the prompt has {len(prompt)} tokens, and at most {self.limit - 1} fit: "
+                             f"{runner.limit_source} holds {self.limit} tokens, the prompt and one generated")
         if opts.max_tokens == -1:  # no limit of its own, as mlx-lm's -1
             opts = replace(opts, max_tokens=sys.maxsize)
         self.prompt, self.opts, self.batched = list(prompt), opts, batched

@@ -157,6 +157,13 @@ def _flatten(tree, prefix=""):
         yield prefix[:-1], tree
 
 
+def model_name(path: str | Path) -> str:
+    """A model's name: its directory's (the parent's for ``NAME/mlx``, the project's layout), what
+    the server calls it and a Core ML package says it is."""
+    path = Path(path).resolve()
+    return path.parent.name if path.name == "mlx" else path.name
+
+
 def load_model(path: str | Path, dtype: str | None = None,
                quantize: tuple[int, int] | None = None) -> CausalLM:
     """The MLX model stored in ``path`` (ours or mlx-lm's), quantized if its config says so.

@@ -84,8 +84,12 @@ class NgramTable:
 
     @classmethod
     def load(cls, path: str | Path) -> NgramTable:
-        with np.load(path) as f:
-            ctx, tokens, shares = f["contexts"], f["tokens"], f["shares"]
-        table = {tuple(int(t) for t in row if t >= 0): (int(tok), float(s))
-                 for row, tok, s in zip(ctx.tolist(), tokens.tolist(), shares.tolist())}
+        """The table saved in ``path``; a file that is not one is a ValueError naming it."""
+        try:
+            with np.load(path) as f:
+                ctx, tokens, shares = f["contexts"], f["tokens"], f["shares"]
+            table = {tuple(int(t) for t in row if t >= 0): (int(tok), float(s))
+                     for row, tok, s in zip(ctx.tolist(), tokens.tolist(), shares.tolist())}
+        except Exception as e:  # not a zip, a pickle, missing arrays, wrong shapes: NumPy says which
+            raise ValueError(f"{path}: corrupt n-gram table ({e})") from None
         return cls(table, ctx.shape[1])

@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adapter import adapter_size, available_adapters, load_adapter
+from .loader import model_name
 
 
 class UnknownModelError(ValueError):
@@ -40,12 +41,6 @@ def share_base(model: nn.Module) -> nn.Module:
     return clone(model)
 
 
-def base_name(path: Path) -> str:
-    """The base model's id: its directory's name (the parent's for ``NAME/mlx``)."""
-    path = path.resolve()
-    return path.parent.name if path.name == "mlx" else path.name
-
-
 class ModelPool:
     """The base model and the requested adapters over it, by model id (``base``, ``base:ADAPTER``)."""
 
@@ -54,10 +49,14 @@ class ModelPool:
 
         self.path = Path(path)
         self.base, self.tokenizer = load(self.path)
-        self.base_id = name or base_name(self.path)
+        self.base_id = name or model_name(self.path)
         if isinstance(adapters, str) and adapters != "all":  # "sql" or "sql,code", as --adapters
             adapters = [a.strip() for a in adapters.split(",") if a.strip()]
-        names = available_adapters(self.path) if adapters == "all" else list(adapters or [])
+            if not adapters:
+                raise ValueError("--adapters names no adapter: give names, or leave it out to serve the "
+                                 "base alone")
+        # each once, in the order given ("sql,sql" is sql)
+        names = available_adapters(self.path) if adapters == "all" else list(dict.fromkeys(adapters or []))
         self.models: dict[str, nn.Module] = {self.base_id: self.base}
         for adapter in names:
             model = share_base(self.base)

@@ -32,6 +32,7 @@ class Runner:
     adapter_config: AdapterConfig | None = None  # streams, mode, default branch / budget / pruning
     ngrams: NgramTable | None = None  # the adapter's n-gram drafts (ngrams.py), if it has them
     limit: int | None = None  # tokens the context holds, prompt and generated together
+    limit_source: str = "the model's context"  # where ``limit`` comes from, as errors say it
     vocab_size: int | None = None  # token ids the model reads: 0 .. vocab_size - 1
     tree_size: int | None = None  # nodes every pass runs (padded), which bounds the tree budget
     max_depth: int | None = None  # deepest draft node whose accepted path the runner can commit

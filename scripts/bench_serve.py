@@ -36,8 +36,9 @@ sys.path.insert(0, str(ROOT))
 from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, speedup, time_methods  # noqa: E402
+from mlx_specstream.loader import model_name  # noqa: E402
 from mlx_specstream.outputs import recorded_path, run_meta, write_results_file  # noqa: E402
-from mlx_specstream.pool import base_name, default_mode  # noqa: E402
+from mlx_specstream.pool import default_mode  # noqa: E402
 
 
 def post(url: str, body: dict) -> tuple[dict, float]:
@@ -111,7 +112,7 @@ def main() -> None:
 
     levels = [int(c) for c in args.concurrency.split(",")]
     methods = dict(m.split("=", 1) for m in args.methods.split(","))
-    base = base_name(args.model)
+    base = model_name(args.model)
     ids = {name: f"{base}:{a}" if a else base for name, a in methods.items()}
     lines = (ROOT / "data" / args.task / "test.jsonl").open()
     prompts = [json.loads(next(lines))["prompt"] for _ in range(args.n)]

@@ -33,7 +33,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=REPEATS, help="runs per prompt and method")
     ap.add_argument("--budgets", default="4,8,16,32")
     ap.add_argument("--prune", default="0.02,0.05,0.1", help="pruning thresholds to try")
-    ap.add_argument("--out", type=Path)
+    ap.add_argument("--out", type=Path, help="results folder (default: results/tree-size-TASK)")
+    ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = ap.parse_args()
     base, tok = load(args.model)
     methods = [Method("ar", our_decoder(base, tok, mode="ar"), plain_ar=True)]
@@ -51,8 +52,7 @@ def main() -> None:
             methods.append(Method(f"{label} budget {b}", run, n, ar, task_model=name))
     out = args.out or ROOT / "results" / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
-              methods=methods, overwrite=True,
-              repeats=args.repeats)
+              methods=methods, overwrite=args.overwrite, repeats=args.repeats)
     print((out / "results.md").read_text())
 
 

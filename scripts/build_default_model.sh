@@ -64,7 +64,7 @@ for name in ("model.safetensors", "tokenizer.json"):
         b.unlink()
         b.symlink_to(Path("..") / hf.name / name)
 EOF
-  [ "${SKIP_ADAPTERS:-0}" = 1 ] || PYTHON="$PY" bash scripts/train_adapters.sh
+  [ "${SKIP_ADAPTERS:-0}" = 1 ] || PYTHON="$PY" SPECSTREAM="$SS" bash scripts/train_adapters.sh
 else
   echo "build_default_model: specstream-mlx not installed (scripts/setup.sh); skipped the MLX conversion" >&2
 fi

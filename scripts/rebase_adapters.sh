@@ -25,7 +25,7 @@ warm() {  # NAME iters lr args...: start from OLD/NAME
   shift 3
   [ -d "$OLD/$name" ] || { echo "rebase_adapters: no $OLD/$name" >&2; exit 2; }
   # shellcheck disable=SC2086
-  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 \
+  "${SPECSTREAM:-.venv/bin/specstream-mlx}" train --model "$M" --batch-size 8 --max-seq-len 384 \
     --iters "$iters" --lr "$lr" --init "$OLD/$name" --overwrite ${TRAIN_ARGS:-} --out "$name" "$@"
 }
 for what in $ONLY; do

@@ -22,6 +22,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
+SS=${SPECSTREAM:-.venv/bin/specstream-mlx}  # the CLI (build_default_model.sh passes the one it found)
 M=${MODEL:-models/specstream-tiny/mlx}
 ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
@@ -39,7 +40,7 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
   for iters in $stages; do
     [ "$iters" -lt "${done:-0}" ] && continue  # a stage this run has already passed
     # shellcheck disable=SC2086
-    .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 \
+    "$SS" train --model "$M" --batch-size 8 --max-seq-len 384 \
       --iters "$iters" --lr "$lr" $again ${TRAIN_ARGS:-} --out "$name" "$@"
     again=--resume
   done
@@ -48,7 +49,7 @@ further() {  # NAME iters lr args...: train the finished adapter NAME further (-
   local name=$1 iters=$2 lr=$3
   shift 3
   # shellcheck disable=SC2086
-  .venv/bin/specstream-mlx train --model "$M" --batch-size 8 --max-seq-len 384 \
+  "$SS" train --model "$M" --batch-size 8 --max-seq-len 384 \
     --iters "$iters" --lr "$lr" --init "$name" --overwrite ${TRAIN_ARGS:-} --out "$name" "$@"
 }
 for what in $ONLY; do
@@ -71,10 +72,12 @@ for what in $ONLY; do
       --alphas "1 0.01" --fine-tune-lr 1e-5 ;;  # after sql-lora: it starts from that fine-tune
     code) train code 300 5e-4 --data data/code --mode lossless --no-self-distill --msa-layers 2 ;;
     draft)
+      [ -f data/pretrain.jsonl.gz ] || { echo "train_adapters: the draft model trains on data/pretrain.jsonl.gz:" \
+        "make it with scripts/make_data.py here (and carry it to a GPU)" >&2; exit 2; }
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
         --tokenizer models/specstream-tiny/hf --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
         --intermediate 352 --max-minutes "${DRAFT_MINUTES:-12}"
-      .venv/bin/specstream-mlx convert --hf-path runs/draft/hf --mlx-path "$M/draft" --dtype float32 \
+      "$SS" convert --hf-path runs/draft/hf --mlx-path "$M/draft" --dtype float32 \
         --overwrite ;;
     *) echo "train_adapters: unknown part '$what'" >&2; exit 2 ;;
   esac

@@ -374,7 +374,11 @@ def load_resume_state(args, model, opt, device) -> dict | None:
     ckpt_path = args.work / "ckpt.pt"
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        model.load_state_dict(ck["model"])
+        try:
+            model.load_state_dict(ck["model"])
+        except RuntimeError:  # torch's size mismatches, a screen of them
+            raise SystemExit(f"{ckpt_path}: its run has another model shape: give its flags, or another "
+                             "--work") from None
         opt.load_state_dict(ck["opt"])
         print(f"resumed from {ckpt_path} at step {ck['state']['step']}", flush=True)
         return ck["state"] | {"best_weights": ck["best_weights"]}
@@ -382,6 +386,13 @@ def load_resume_state(args, model, opt, device) -> dict | None:
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     if "resume" not in log:  # no run of this script's kind to continue there
         return None
+    shape = ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions", "tie")
+    theirs = log.get("args", {})
+    differ = {k: (theirs[k], getattr(args, k)) for k in shape
+              if k in theirs and theirs[k] != getattr(args, k)}
+    if differ:
+        raise SystemExit(f"{args.out}: its run has another model shape (theirs, these: {differ}): give its "
+                         "flags, or another --out")
     from transformers import LlamaForCausalLM
 
     state = log["resume"] | {"history": log["history"]}

@@ -301,6 +301,13 @@ def test_a_package_renamed_with_its_tokenizer_finds_it(packages, tmp_path):
     shutil.copytree(res.tokenizer, tmp_path / "sql.tokenizer")
     tok = load_package(tmp_path / "sql.mlpackage", backend="reference")[1]
     assert tok is not None and tok.encode("w3 w9") == load_tokenizer(res.tokenizer).encode("w3 w9")
+    (tmp_path / "sql.tokenizer" / "ngrams.npz").write_bytes(b"not a table")  # one line naming the file
+    with pytest.raises(PackageError, match=r"sql.tokenizer/ngrams.npz: corrupt n-gram table"):
+        load_package(tmp_path / "sql.mlpackage", backend="reference")
+    for f in (tmp_path / "sql.tokenizer").iterdir():  # there, but empty: not "no directory"
+        f.unlink()
+    with pytest.raises(PackageError, match=r"sql.tokenizer: holds no tokenizer files"):
+        load_package(tmp_path / "sql.mlpackage", backend="reference")
 
 
 def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir, tmp_path):
@@ -464,6 +471,10 @@ def test_base_model_package(model_dir, tmp_path):
     res = export_coreml(model_dir, tmp_path / "base.mlpackage", precision="float32", context=64, chunk=4,
                         tree_size=8, progress=None)
     meta = res.metadata
+    from mlx_specstream.loader import model_name
+
+    assert meta["specstream.model"] == model_name(model_dir) == model_dir.resolve().name
+    assert model_name(tmp_path / "specstream-tiny" / "mlx") == "specstream-tiny"  # not "mlx": the server's id
     assert meta["specstream.mode"] == "base" and meta["specstream.gamma"] == "0"
     assert meta["specstream.tree_size"] == meta["specstream.accept_max"] == "8"
     mask = os.umask(0o022)
@@ -476,6 +487,9 @@ def test_base_model_package(model_dir, tmp_path):
         ref = generate(model, None, prompt, max_tokens=20, mode="ar")
     got = generate_package(PackageRunner(res.package, backend="reference"), None, prompt, max_tokens=20)
     assert got.tokens == ref.tokens
+    with pytest.raises(ValueError, match=r"at most 57 fit: the package's context \(64 cache slots, less a "
+                                         r"step's tree of 8, plus 2\) holds 58 tokens"):
+        generate_package(PackageRunner(res.package, backend="reference"), None, [5] * 60, max_tokens=2)
     repeats = [5, 9, 2, 5, 9, 2, 5]
     with fp16_kv():
         ref = generate(model, None, repeats, max_tokens=20, mode="ar")

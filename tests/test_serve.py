@@ -599,6 +599,10 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     (tmp_path / "other" / "code").symlink_to(d / "adapters" / "code-v2")
     with pytest.raises(ValueError, match="two adapters named 'code'"):  # neither may hide the other
         ModelPool(d, ["code", str(tmp_path / "other" / "code")])
+    assert [m["id"] for m in ModelPool(d, "code,code").describe()] == [  # a name given twice is one
+        "specstream-tiny", "specstream-tiny:code"]
+    with pytest.raises(ValueError, match="--adapters names no adapter"):
+        ModelPool(d, " , ")
 
 
 @pytest.mark.slow

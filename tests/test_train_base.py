@@ -91,6 +91,10 @@ def test_short_runs_end_where_one_run_ends(data, tmp_path):
     (tmp_path / "cut" / "work" / "ckpt.pt").unlink()
     again = _train(data, tmp_path / "cut", "--steps", "9", "--resume")
     assert again["finished"]  # a finished run stays finished
+    for where in ("ckpt.pt", "hf"):  # said, not torch's screen of size mismatches
+        with pytest.raises(SystemExit, match=rf"{where}: its run has another model shape"):
+            _train(data, tmp_path / "cut", "--steps", "9", "--resume", "--hidden", "64")
+        (tmp_path / "cut" / "work" / "ckpt.pt").unlink(missing_ok=True)  # then the compact checkpoint
 
 
 def test_stops_by_validation(data, tmp_path):

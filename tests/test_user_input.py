@@ -39,7 +39,7 @@ def test_context_limit(arch, limit):
     model = with_adapter(arch, **{key: limit})
     for n in (limit + 5, limit):  # a prompt that fills the context leaves no room for one token
         with pytest.raises(ValueError, match=f"the prompt has {n} tokens, and at most {limit - 1} fit: "
-                                             f"the model's context of {limit}"):
+                                             f"the model's context holds {limit} tokens"):
             generate(model, None, [1 + i % 50 for i in range(n)], max_tokens=4)
     prompt = list(range(1, 21))
     ar = generate(model, None, prompt, max_tokens=100, mode="ar")
@@ -405,7 +405,7 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
     assert_one_line_error(cli(*ar, "--prompt-file", str(tmp_path / "latin1.txt")), "latin1.txt: not UTF-8")
     assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x " * 8300),
-                          "at most 8191 fit: the model's context of 8192")
+                          "at most 8191 fit: the model's context holds 8192 tokens")
     assert "lookup" in cli("generate", "--help").stdout
     for source in ([], ["--prompt", "caf\udcff"]):  # bytes that are not UTF-8, on stdin or in argv
         res = subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *ar, *source], input=b"\xff\xfe x",
