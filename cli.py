@@ -25,13 +25,22 @@ MLX_LM_FLAGS = {
 
 def mlx_lm_flag(argv: list[str]) -> str | None:
     """What to say of an mlx-lm flag in ``argv`` (the command and its arguments) that this
-    command spells otherwise, or None."""
+    command spells otherwise, or None. The value of an option (``-p --train``) is no flag."""
     table = MLX_LM_FLAGS.get(argv[0], {}) if argv else {}
-    for arg in argv[1:]:
-        flag = arg.partition("=")[0]
+    if not table:
+        return None
+    command = typer.main.get_command(app).commands[argv[0]]  # type: ignore[attr-defined]
+    takes_value = {o for p in command.params if not getattr(p, "is_flag", False) for o in p.opts}
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "--":
+            break
+        flag, eq, _ = arg.partition("=")
         if flag in table:
             said = table[flag]
             return f"{flag} is mlx-lm's; " + (f"here it is {said}" if said.startswith("--") else said)
+        if arg in takes_value and not eq:
+            next(args, None)  # its value
     return None
 
 
@@ -111,7 +120,8 @@ def _show_stats(stats) -> None:
                 "accepted_length_histogram", "prefill_time_s", "decode_time_s", "tokens_per_second",
                 "bookkeeping_share", "mean_tree_nodes", "mean_kept_nodes"):
         typer.echo(f"{key:>26}: {d[key]}", err=True)
-    why = f" (the model's context limit, {d['context_limit']} tokens)" if d["context_limit"] else ""
+    why = f" (the model's context limit, {d['context_limit']} tokens)" \
+        if d["context_limit"] and d["finish_reason"] == "length" else ""
     typer.echo(f"{'finish_reason':>26}: {d['finish_reason']}{why}", err=True)
 
 
@@ -208,7 +218,7 @@ def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> Non
         typer.echo(f"interrupted after {n} generated tokens", err=True)
         raise typer.Exit(130) from None
     typer.echo("")
-    if stats is not None and stats.context_limit and not verbose:  # -v says it in its statistics
+    if stats is not None and stats.context_limit and stats.finish_reason == "length" and not verbose:
         typer.echo(f"(stopped at the end of the model's context: {stats.context_limit} tokens)", err=True)
     if verbose and stats is not None:
         _show_stats(stats)

@@ -446,8 +446,8 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
 LEGEND = """
 - mean_accepted_tokens: generated tokens (EOS not counted) per forward pass, the prompt's pass
   included, so plain AR reads just under 1.
-- speedup: the reference's summed time over the method's, each prompt's fastest run; 95% interval:
-  a bootstrap over the prompts (⚠: not within ±10%, or too few prompts to say).
+- speedup: the method's tokens per second over the reference's, each from the summed fastest runs
+  of its prompts; 95% interval: a bootstrap over the prompts (⚠: not within ±10%, or too few prompts to say).
 - identical_to_ar: every output the same as plain AR's (or the named decoder's); blank where the
   method is not lossless."""
 

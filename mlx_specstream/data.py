@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .project import PROJECT_DATA
@@ -40,20 +40,16 @@ class DataError(ValueError):
 class Example:
     tokens: list[int]
     n_prompt: int  # leading tokens that are context only; targets are tokens[n_prompt:]
+    text: bool = False  # a "text" row: no prompt, its first token only before the targets
 
     @property
     def n_targets(self) -> int:
         return len(self.tokens) - self.n_prompt
 
     @property
-    def is_text(self) -> bool:
-        """A ``text`` row: no prompt, only its first token before the targets."""
-        return self.n_prompt <= 1
-
-    @property
     def prompt(self) -> list[int]:
         """What a user would send: the prompt, or a text row's first half."""
-        return self.tokens[: max(1, len(self.tokens) // 2) if self.is_text else self.n_prompt]
+        return self.tokens[: max(1, len(self.tokens) // 2) if self.text else self.n_prompt]
 
 
 @dataclass
@@ -169,8 +165,12 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DataError(f"{where}: 'tools' must be a list of objects (OpenAI's tool definitions)")
-    if tools is not None and "messages" not in row and not chat_template:
-        raise DataError(f"{where}: 'tools' go to the chat template: give --chat-template, or drop them")
+    templated = "messages" in row or chat_template and isinstance(row.get("prompt"), str)
+    if tools is not None and not templated:
+        can = isinstance(row.get("prompt"), str)
+        raise DataError(f"{where}: 'tools' go to the chat template, which renders messages, and text "
+                        "prompts with --chat-template: " + ("give it, or drop them" if can
+                                                            else "drop them from this row"))
     has_pc = "prompt" in row or "completion" in row
     if has_pc:
         if "prompt" not in row or "completion" not in row:
@@ -211,13 +211,13 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
     if "text" in row:
         text = row["text"]
         if _is_ids(text):
-            return Example(list(text), 1)
+            return Example(list(text), 1, text=True)
         if not isinstance(text, str):
             raise DataError(f"{where}: 'text' must be a string (or a list of token ids)")
         _need_tokenizer(tokenizer, where)
         _check_text(where, text=text)
         ids = list(tokenizer.encode(text, add_special_tokens=True)) + (_eos(tokenizer) if add_eos else [])
-        return Example(ids, 1)
+        return Example(ids, 1, text=True)
     keys = ", ".join(sorted(row)) or "none"
     raise DataError(f"{where}: expected keys 'prompt' and 'completion', 'messages', or 'text' "
                     f"(found: {keys})")
@@ -309,7 +309,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
             if policy == "skip" or ex.n_prompt >= max_seq_len:
                 ds.n_skipped += 1
                 continue
-            ex = Example(ex.tokens[:max_seq_len], ex.n_prompt)
+            ex = replace(ex, tokens=ex.tokens[:max_seq_len])
             ds.n_truncated += 1
         if ex.n_targets < 1:
             no_target += 1

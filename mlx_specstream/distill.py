@@ -97,6 +97,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                 for i, e in enumerate(dataset.examples)]
     out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
                   dataset.n_empty, list(dataset.notes))
-    out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
+    if wanted:
+        out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
     return out
 

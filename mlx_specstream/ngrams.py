@@ -90,6 +90,6 @@ class NgramTable:
                 ctx, tokens, shares = f["contexts"], f["tokens"], f["shares"]
             table = {tuple(int(t) for t in row if t >= 0): (int(tok), float(s))
                      for row, tok, s in zip(ctx.tolist(), tokens.tolist(), shares.tolist())}
+            return cls(table, ctx.shape[1])
         except Exception as e:  # not a zip, a pickle, missing arrays, wrong shapes: NumPy says which
             raise ValueError(f"{path}: corrupt n-gram table ({e})") from None
-        return cls(table, ctx.shape[1])

@@ -14,7 +14,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import adapter_size, available_adapters, load_adapter
+from .adapter import adapter_size, available_adapters, load_adapter, resolve_adapter
 from .loader import model_name
 
 
@@ -55,10 +55,14 @@ class ModelPool:
             if not adapters:
                 raise ValueError("--adapters names no adapter: give names, or leave it out to serve the "
                                  "base alone")
-        # each once, in the order given ("sql,sql" is sql)
-        names = available_adapters(self.path) if adapters == "all" else list(dict.fromkeys(adapters or []))
+        names = available_adapters(self.path) if adapters == "all" else list(adapters or [])
         self.models: dict[str, nn.Module] = {self.base_id: self.base}
+        served = set()
         for adapter in names:
+            where = resolve_adapter(self.path, adapter).resolve()
+            if where in served:  # named twice ("sql,sql", or by name and by path): served once
+                continue
+            served.add(where)
             model = share_base(self.base)
             cfg = load_adapter(model, adapter, model_path=self.path)
             model_id = f"{self.base_id}:{cfg.name}"

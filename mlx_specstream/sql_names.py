@@ -235,8 +235,9 @@ class SQLNames(TokenConstraint):
             word += ch
             return ("", word, after, aliases) if self._partial_ok(word, after, aliases, False) else None
         if word:
-            if ch == "(" and word not in self.keywords and not after.startswith("as:"):
-                return None  # a call: of SQL's own functions only (or a WITH name's column list)
+            if ch == "(" and not (word in self.keywords or word in self.names or after.startswith("as:")
+                                  or any(a == word for a, _ in aliases)):
+                return None  # an invented name called as a function (AVG(s(*))): not written
             done = self._finish(word, after, aliases)
             if done is None:
                 return None

@@ -624,12 +624,14 @@ def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tup
 
 
 def _examples_digest(ds: Dataset) -> str:
-    """A digest of a data set's examples (tokens and prompt lengths), recorded in checkpoints."""
+    """A digest of a data set's examples (tokens, prompt lengths and which are text rows, which are
+    trained and measured otherwise), recorded in checkpoints."""
     import hashlib
 
     h = hashlib.sha256()
     for e in ds.examples:
-        h.update(np.asarray(e.tokens, np.int64).tobytes() + e.n_prompt.to_bytes(8, "little"))
+        h.update(np.asarray(e.tokens, np.int64).tobytes() + e.n_prompt.to_bytes(8, "little")
+                 + (b"text" if e.text else b""))  # (digests of runs before text rows unchanged)
     return h.hexdigest()[:16]
 
 
@@ -971,7 +973,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     continue
                 cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
                 # a text row has no prompt to continue: it is kept as given
-                wanted = [i for i in used[split] if not ds.examples[i].is_text]
+                wanted = [i for i in used[split] if not ds.examples[i].text]
                 if len(wanted) < len(used[split]):
                     say(f"self-distill {split}: {len(used[split]) - len(wanted)} text rows have no prompt "
                         "for the base model to continue: trained on as given")

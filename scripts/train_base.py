@@ -386,18 +386,15 @@ def load_resume_state(args, model, opt, device) -> dict | None:
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     if "resume" not in log:  # no run of this script's kind to continue there
         return None
-    shape = ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions", "tie")
-    theirs = log.get("args", {})
-    differ = {k: (theirs[k], getattr(args, k)) for k in shape
-              if k in theirs and theirs[k] != getattr(args, k)}
-    if differ:
-        raise SystemExit(f"{args.out}: its run has another model shape (theirs, these: {differ}): give its "
-                         "flags, or another --out")
     from transformers import LlamaForCausalLM
 
     state = log["resume"] | {"history": log["history"]}
     hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
-    model.load_state_dict(hf.state_dict())
+    try:
+        model.load_state_dict(hf.state_dict())
+    except RuntimeError:  # torch's size mismatches, a screen of them
+        raise SystemExit(f"{args.out}: its run has another model shape ({hf.config.hidden_size} wide, "
+                         f"{hf.config.num_hidden_layers} layers): give its flags, or another --out") from None
     state["best_weights"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     state["rewarm_from"] = state["step"]
     print(f"resumed from {args.out} (best weights of step {state['best_step']}, fresh optimizer moments) "

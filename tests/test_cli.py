@@ -100,6 +100,20 @@ def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
     assert res.returncode == 0 and res.stdout == ref[: ref.index(stop)] + "\n", res.stderr
 
 
+def test_the_end_of_the_context_is_said_only_when_it_ended_the_text(capsys):
+    """One stderr line when the context cut the text; none when a stop string or EOS ended it
+    in the same pass (the limit was reached, but it is not why the text ends)."""
+    from types import SimpleNamespace
+
+    from mlx_specstream.cli import _echo_steps
+    from mlx_specstream.engine import Stats
+
+    for finish, said in (("length", True), ("stop", False)):
+        step = SimpleNamespace(text="x", stats=Stats(context_limit=24, finish_reason=finish))
+        _echo_steps([step], None, verbose=False)
+        assert ("stopped at the end of the model's context: 24 tokens" in capsys.readouterr().err) is said
+
+
 def test_generate_help_states_the_engines_node_costs():
     """The help's CPU node costs are the engine's defaults (both are stated by hand)."""
     from mlx_specstream.engine import CPU_NODE_COST
@@ -185,6 +199,11 @@ def test_mlx_lms_flags_say_what_they_are_here(tmp_path):
     res = cli("generate", "--adapter-path=sql", "--prompt", "x")
     assert res.returncode == 2 and res.stderr == "error: --adapter-path is mlx-lm's; here it is --adapter\n"
     assert "the loss never covers the prompt" in cli("train", "--mask-prompt").stderr
+    from mlx_specstream.cli import mlx_lm_flag
+
+    assert mlx_lm_flag(["generate", "-p", "--adapter-path", "-n", "3"]) is None  # a prompt, not a flag
+    assert mlx_lm_flag(["generate", "--prompt=--adapter-path", "--verbose", "--adapter-path", "x"]) == \
+        "--adapter-path is mlx-lm's; here it is --adapter"
 
 
 def test_train_refuses_a_flag_its_mode_does_not_use(tmp_path):

@@ -65,8 +65,13 @@ def test_chat_template(tmp_path):
     assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<system>s<user>q<assistant>")
     e = encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, chat_template=True)
     assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<user>hi<assistant>")
-    with pytest.raises(DataError, match="x:1: 'tools' go to the chat template: give --chat-template"):
+    with pytest.raises(DataError, match="x:1: 'tools' go to the chat template.*: give it, or drop them"):
         encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, where="x:1")
+    for row in ({"text": "hi"}, {"prompt": [1, 5], "completion": [6]}):  # no template renders these
+        with pytest.raises(DataError, match="x:1: 'tools' go to the chat template.*: drop them from"):
+            encode_row({**row, "tools": tools}, tok, chat_template=True, where="x:1")
+    assert encode_row({"text": "hi"}, tok).text
+    assert not encode_row({"prompt": "h", "completion": "i"}, tok).text  # a prompt row, however short
     with pytest.raises(DataError, match="x:1: 'tools' must be a list of objects"):
         encode_row({**msgs, "tools": "f"}, tok, where="x:1")
     f = write(tmp_path / "train.jsonl", [{"prompt": "hi", "completion": "yo"}, msgs])

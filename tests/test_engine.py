@@ -185,15 +185,18 @@ def test_a_generation_refuses_to_go_on_once_its_model_has_another_adapter(mode, 
         change()
         with pytest.raises(AdapterError, match="adapter changed during this generation"):
             list(steps)
-    # a load that fails leaves the adapter the generation began with: it goes on
-    from mlx_specstream.adapter import load_adapter
+    # a load that fails half-way leaves the adapter the generation began with: it goes on
+    from mlx_specstream.adapter import load_adapter, save_adapter
 
+    new_adapter(model, gamma=2, msa_layers=2, seed=3)
+    save_adapter(model, tmp_path / "bad")
+    (tmp_path / "bad" / "ngrams.npz").write_bytes(b"not a table")  # read after the weights are attached
     new_adapter(model, gamma=2, msa_layers=2, seed=0)
     whole = generate(model, None, [5, 6], max_tokens=40, mode=mode, node_cost=0.0).tokens
     steps = stream_generate(model, None, [5, 6], max_tokens=40, mode=mode, node_cost=0.0)
     first = next(steps).tokens
-    with pytest.raises(AdapterError):
-        load_adapter(model, tmp_path / "missing")
+    with pytest.raises(AdapterError, match="corrupt n-gram table"):
+        load_adapter(model, tmp_path / "bad")
     assert first + [t for s in steps for t in s.tokens] == whole
 
 

@@ -599,8 +599,8 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     (tmp_path / "other" / "code").symlink_to(d / "adapters" / "code-v2")
     with pytest.raises(ValueError, match="two adapters named 'code'"):  # neither may hide the other
         ModelPool(d, ["code", str(tmp_path / "other" / "code")])
-    assert [m["id"] for m in ModelPool(d, "code,code").describe()] == [  # a name given twice is one
-        "specstream-tiny", "specstream-tiny:code"]
+    twice = f"code,code,{d / 'adapters' / 'code'}"  # by name twice, and by path: one adapter
+    assert [m["id"] for m in ModelPool(d, twice).describe()] == ["specstream-tiny", "specstream-tiny:code"]
     with pytest.raises(ValueError, match="--adapters names no adapter"):
         ModelPool(d, " , ")
 

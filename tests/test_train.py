@@ -1246,7 +1246,7 @@ def test_text_rows_are_trained_as_given_and_measured_from_their_first_half(tmp_p
 
     rng = np.random.default_rng(0)
     rows = arithmetic(16, rng, length=12).examples
-    text = [Example(e.tokens, 1) for e in rows[:6]]
+    text = [Example(e.tokens, 1, text=True) for e in rows[:6]]
     seen = []
     real = train_mod.acceptance
 
