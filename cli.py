@@ -256,14 +256,17 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
                     tree_size: int | None, chunk: int | None, sampling: bool, overwrite: bool) -> None:
     """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
     from mlx_specstream.convert.coreml_export import export_coreml
+    from mlx_specstream.coreml_driver import PackageInfo
 
     if model is None or out is None:
         raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
     res = export_coreml(model, out, adapter=adapter, quantize=quantize, q_bits=q_bits,
                         q_group_size=q_group_size, precision=precision, context=context,
                         tree_size=tree_size, chunk=chunk, sampling=sampling, overwrite=overwrite)
+    info = PackageInfo.from_metadata(res.metadata, res.package)
     typer.echo(f"wrote {res.package} ({res.size_bytes / 1e6:.2f} MB)"
-               + (f" and {res.tokenizer}" if res.tokenizer else ""))
+               + (f" and {res.tokenizer}" if res.tokenizer else "")
+               + f"; {info.holds_said} holds {info.holds} tokens of prompt and text")
 
 
 @app.command()
@@ -319,7 +322,9 @@ def convert(
     out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),
     precision: str = typer.Option("float16", "--precision", help="(--to coreml) float16 or float32 compute"),
     context: int | None = typer.Option(None, "--context", help="(--to coreml) KV-cache slots (default 2048 "
-                                                               "or the model's limit)"),
+                                                               "or the model's limit); a step's tree takes "
+                                                               "its room: the package holds slots - tree "
+                                                               "size + 2 tokens"),
     tree_size: int | None = typer.Option(None, "--tree-size",
                                          help="(--to coreml) nodes per step (default: adapter's budget)"),
     chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
@@ -501,7 +506,7 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     try:
-        from mlx_specstream.errors import USER_ERRORS, OptionError
+        from mlx_specstream.errors import USER_ERRORS, OptionError, OutputExistsError
         from mlx_specstream.machine import one_line_warning
         from mlx_specstream.outputs import Terminated
         from mlx_specstream.process_group import PeerStopped
@@ -516,7 +521,7 @@ def main() -> None:
         sys.exit(2)  # a usage error, as an unknown option's
     try:
         app()
-    except OptionError as e:
+    except (OptionError, OutputExistsError) as e:  # said in the command line's terms
         typer.echo("error: " + e.render("cli"), err=True)
         sys.exit(1)
     except (*USER_ERRORS, PeerStopped) as e:

@@ -29,4 +29,9 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'mlx_specstream' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The lazy API too, for a notebook's tab completion."""
+    return sorted({*globals(), *_API})
+
+
 __all__ = list(_API)

@@ -222,7 +222,8 @@ def detach(model: nn.Module) -> None:
         return
     if getattr(model, "fused_lora", 0):
         raise AdapterError(f"adapter '{model.adapter_config.name}' is fused into this model's "
-                           "weights: load the base model again to change adapters")
+                           "weights: load the base model again to change adapters (load(..., fuse=False) "
+                           "keeps them swappable)")
     for block in model.layers:
         for parent, name in _linears(block, (LoRALinear,)):
             layer = getattr(parent, name)

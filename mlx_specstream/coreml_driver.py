@@ -74,6 +74,18 @@ class PackageInfo:
         except (KeyError, ValueError) as e:
             raise PackageError(f"{path}: incomplete specstream metadata ({e})") from None
 
+    @property
+    def holds(self) -> int:
+        """Tokens of prompt and text the package holds: its cache slots less a step's tree, whose
+        first node and accepted path's end (2) are tokens of the text."""
+        return self.context - self.tree_size + 2
+
+    @property
+    def holds_said(self) -> str:
+        """Where :attr:`holds` comes from, as messages say it."""
+        return (f"the package's context ({self.context} cache slots, less a step's tree of "
+                f"{self.tree_size}, plus 2)")
+
 
 def core_ml_available() -> bool:
     """True where coremltools can run predictions (macOS with its native library)."""
@@ -130,9 +142,7 @@ class PackageRunner(Runner):
         if info.gamma:
             self.adapter_config = AdapterConfig(mode=info.mode, gamma=info.gamma, msa_layers=info.msa_layers,
                                                 branch=info.branch, tree_budget=info.tree_size)
-        self.limit = info.context - info.tree_size + 2
-        self.limit_source = (f"the package's context ({info.context} cache slots, less a step's tree of "
-                             f"{info.tree_size}, plus 2)")
+        self.limit, self.limit_source = info.holds, info.holds_said
         self.vocab_size = info.vocab_size
         self.tree_size, self.max_depth = info.tree_size, info.accept_max - 1
         self.node_costs = {"tree": 0.0}  # a step costs the same at any tree size (padded)

@@ -20,8 +20,8 @@ _OPTION = re.compile(r"\{(\w+)(?:=([^}]*))?\}")
 CLI_FLAGS = {"temperature": "--temp"}
 
 
-class OptionError(ValueError):
-    """A bad option value, said in the caller's language.
+class SaidInOptions:
+    """An error whose message names options, said in the caller's language.
 
     The message names options as ``{name}`` or ``{name=value}``: Python callers read
     ``name`` / ``name='value'``, command-line users ``--name`` / ``--name value``, clients of the
@@ -64,6 +64,15 @@ class OptionError(ValueError):
             return f"{name}={value}" if literal else f"{name}='{value}'"
 
         return _OPTION.sub(one, self.template)
+
+
+class OptionError(SaidInOptions, ValueError):
+    """A bad option value (:class:`SaidInOptions`)."""
+
+
+class OutputExistsError(SaidInOptions, FileExistsError):
+    """An output that exists already, with the options that would replace or continue it
+    (:class:`SaidInOptions`: ``{overwrite=True}`` reads ``--overwrite`` on the command line)."""
 
 
 def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = None) -> None:

@@ -83,7 +83,7 @@ from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, CheckpointError, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
-from .errors import USER_ERRORS, AdapterError, OptionError
+from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
@@ -567,18 +567,19 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to replace an adapter or a run unless asked to, or what this project did not write."""
     work = out_dir.with_name(out_dir.name + ".train")
     check_replaceable(out_dir, "adapter", True)  # first: neither flag may touch what is not ours
-    if out_dir.exists() and not (resume or overwrite):
-        raise FileExistsError(f"{out_dir} already exists: pass overwrite=True (--overwrite) to "
-                              "replace it, or resume=True (--resume) to continue its training")
     if work.exists():
         check_replaceable(work, "training run", True)
     found = checkpoints(work / "checkpoints")
+    if out_dir.exists() and not (resume or overwrite):
+        again = ", or {resume=True} to continue its training" if found else ""
+        raise OutputExistsError(f"{out_dir} already exists: give another {{out}}, or {{overwrite=True}} to "
+                                f"replace it{again}")
     if found and not (resume or overwrite):
-        raise FileExistsError(f"{work / 'checkpoints'} holds checkpoints of an earlier run: pass resume=True "
-                              "(--resume) to continue it, or overwrite=True (--overwrite)")
+        raise OutputExistsError(f"{work / 'checkpoints'} holds checkpoints of an earlier run: "
+                                "{resume=True} continues it, {overwrite=True} starts again")
     if resume and not found and out_dir.exists() and not overwrite:
-        raise FileExistsError(f"{out_dir}: no checkpoint in {work / 'checkpoints'} to resume from; pass "
-                              "overwrite=True (--overwrite) to train it again from step 0")
+        raise OutputExistsError(f"{out_dir}: no checkpoint in {work / 'checkpoints'} to resume from; "
+                                "{overwrite=True} trains it again from step 0")
     check_writable(out_dir.parent)
 
 

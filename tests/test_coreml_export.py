@@ -404,6 +404,7 @@ def test_cli_convert_and_generate(model_dir, tmp_path):
         (model_dir / "adapters" / "lossless" / NGRAMS_FILE).unlink()
     assert res.returncode == 0, res.stderr
     assert "wrote" in res.stdout and "[coreml] converting step" in res.stderr
+    assert "(64 cache slots, less a step's tree of 12, plus 2) holds 54 tokens of prompt" in res.stdout
     assert sorted(os.listdir(out.parent)) == ["tiny.mlpackage", "tiny.tokenizer"]
     assert load_package(out, backend="reference")[0].ngrams.next.keys() == table.next.keys()
     meta = Package(out).metadata

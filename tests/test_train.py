@@ -936,6 +936,7 @@ def test_options_are_checked(tmp_path):
     for _ in range(2):  # the function, however often it is looked up (not its module after the first)
         assert mlx_specstream.train is trainer.train
         assert "mode" in inspect.signature(mlx_specstream.train).parameters
+    assert {"load", "generate", "stream_generate", "train"} <= set(dir(mlx_specstream))  # tab completion
 
 
 # -- command line and data parallel -------------------------------------------------------------
@@ -1004,7 +1005,9 @@ def test_cli_train_saves_named_adapter(tmp_path):
     assert got and got.keys() == table.next.keys()
     assert all(got[c][0] == t and abs(got[c][1] - p) < 1e-6 for c, (t, p) in table.next.items())
     r = cli("--model", str(model_dir), "--out", "arith", *args)
-    assert r.returncode == 1 and "already exists" in r.stderr
+    assert r.returncode == 1 and r.stderr.rstrip().endswith(  # in the command line's terms only
+        "arith already exists: give another --out, or --overwrite to replace it, or --resume to continue "
+        "its training"), r.stderr
     bad = tmp_path / "bad"
     bad.mkdir()
     (bad / "train.jsonl").write_text('{"text": [1, 2]}\n{oops\n')
