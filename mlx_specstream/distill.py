@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -93,7 +94,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
         keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
     done.update(fresh)
     wanted = set(wanted)
-    examples = [Example(prompts[i] + done[i], e.n_prompt) if i in wanted else e
+    examples = [replace(e, tokens=prompts[i] + done[i]) if i in wanted else e
                 for i, e in enumerate(dataset.examples)]
     out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
                   dataset.n_empty, list(dataset.notes))

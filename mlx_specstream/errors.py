@@ -30,8 +30,8 @@ class SaidInOptions:
     Python and "--gamma must be in 1..4, not 0" from ``specstream-mlx generate``.
     """
 
-    def __init__(self, template: str):
-        self.template = template
+    def __init__(self, template: str, subject: str = ""):
+        self.template, self.subject = template, subject  # subject: said as it is (a path's braces too)
         super().__init__(self.render("python"))
 
     def options(self) -> list[str]:
@@ -63,7 +63,7 @@ class SaidInOptions:
                 return name
             return f"{name}={value}" if literal else f"{name}='{value}'"
 
-        return _OPTION.sub(one, self.template)
+        return self.subject + _OPTION.sub(one, self.template)
 
 
 class OptionError(SaidInOptions, ValueError):

@@ -9,6 +9,7 @@ shared-mode LoRA into the base weights would give that adapter a private copy of
 from __future__ import annotations
 
 import copy
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -59,7 +60,7 @@ class ModelPool:
         self.models: dict[str, nn.Module] = {self.base_id: self.base}
         served = set()
         for adapter in names:
-            where = resolve_adapter(self.path, adapter).resolve()
+            where = os.path.abspath(resolve_adapter(self.path, adapter))  # a symlinked alias is its own id
             if where in served:  # named twice ("sql,sql", or by name and by path): served once
                 continue
             served.add(where)

@@ -213,6 +213,8 @@ class SQLNames(TokenConstraint):
             return "as:", aliases  # a common table expression's name (WITH top_paid AS ...)
         if word.lower() in ("from", "join"):
             return "from", aliases
+        if word.lower() == "into":  # INSERT INTO t(a, b): a table name, then its columns
+            return "into", aliases
         table = after == "from" and (word in self.columns or (word, "") in aliases)
         return ("table:" + word if table else ""), aliases
 
@@ -235,9 +237,9 @@ class SQLNames(TokenConstraint):
             word += ch
             return ("", word, after, aliases) if self._partial_ok(word, after, aliases, False) else None
         if word:
-            if ch == "(" and not (word in self.keywords or word in self.names or after.startswith("as:")
-                                  or any(a == word for a, _ in aliases)):
-                return None  # an invented name called as a function (AVG(s(*))): not written
+            if ch == "(" and not (word in self.keywords or after.startswith("as:")
+                                  or after == "into" and word in self.columns):
+                return None  # a call of what is not SQL's function (AVG(s(*)), name(x)): not written
             done = self._finish(word, after, aliases)
             if done is None:
                 return None

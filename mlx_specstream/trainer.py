@@ -572,14 +572,14 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     found = checkpoints(work / "checkpoints")
     if out_dir.exists() and not (resume or overwrite):
         again = ", or {resume=True} to continue its training" if found else ""
-        raise OutputExistsError(f"{out_dir} already exists: give another {{out}}, or {{overwrite=True}} to "
-                                f"replace it{again}")
+        raise OutputExistsError(" already exists: give another {out}, or {overwrite=True} to replace it"
+                                + again, subject=str(out_dir))
     if found and not (resume or overwrite):
-        raise OutputExistsError(f"{work / 'checkpoints'} holds checkpoints of an earlier run: "
-                                "{resume=True} continues it, {overwrite=True} starts again")
+        raise OutputExistsError(" holds checkpoints of an earlier run: {resume=True} continues it, "
+                                "{overwrite=True} starts again", subject=str(work / "checkpoints"))
     if resume and not found and out_dir.exists() and not overwrite:
-        raise OutputExistsError(f"{out_dir}: no checkpoint in {work / 'checkpoints'} to resume from; "
-                                "{overwrite=True} trains it again from step 0")
+        raise OutputExistsError(" to resume from; {overwrite=True} trains it again from step 0",
+                                subject=f"{out_dir}: no checkpoint in {work / 'checkpoints'}")
     check_writable(out_dir.parent)
 
 

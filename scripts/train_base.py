@@ -390,11 +390,15 @@ def load_resume_state(args, model, opt, device) -> dict | None:
 
     state = log["resume"] | {"history": log["history"]}
     hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
-    try:
-        model.load_state_dict(hf.state_dict())
-    except RuntimeError:  # torch's size mismatches, a screen of them
-        raise SystemExit(f"{args.out}: its run has another model shape ({hf.config.hidden_size} wide, "
-                         f"{hf.config.num_hidden_layers} layers): give its flags, or another --out") from None
+    # the model's shape as configured, head counts and tied embeddings too (sizes alone miss them)
+    shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+             "intermediate_size", "max_position_embeddings", "tie_word_embeddings")
+    differ = {k: (getattr(hf.config, k, None), getattr(model.config, k, None)) for k in shape
+              if getattr(hf.config, k, None) != getattr(model.config, k, None)}
+    if differ:
+        raise SystemExit(f"{args.out}: its run has another model shape (its, these: {differ}): give its "
+                         "flags, or another --out")
+    model.load_state_dict(hf.state_dict())
     state["best_weights"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     state["rewarm_from"] = state["step"]
     print(f"resumed from {args.out} (best weights of step {state['best_step']}, fresh optimizer moments) "

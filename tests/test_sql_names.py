@@ -132,7 +132,9 @@ def test_literals_aliases_and_quoted_names(tok):
     for bad in ("SELECT created FROM lighthouse", 'SELECT "height" FROM lighthouse',
                 "SELECT name FROM lighthouses", "SELECT name FROM lighthouse WHERE county = 'open",
                 "SELECT name FROM lighthouse WHERE county = \x07",
-                "SELECT AVG(s(*)) FROM lighthouse"):  # an invented name, called as a function
+                # a call of what is no function of SQL's: an invented name, a column, a table
+                "SELECT AVG(s(*)) FROM lighthouse", "SELECT name(height_m) FROM lighthouse",
+                "SELECT lighthouse(name) FROM lighthouse"):
         assert not allowed(c, tok, bad), bad
 
 

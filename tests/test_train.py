@@ -1268,6 +1268,23 @@ def test_text_rows_are_trained_as_given_and_measured_from_their_first_half(tmp_p
     assert seen and all(p == e.tokens[:6] for p, e in zip(seen, text[:2] * len(seen)))
 
 
+def test_an_existing_adapter_is_named_as_it_is_in_every_language(tmp_path):
+    """The path comes through as it is (braces too, which option names are written in), the
+    options in the caller's terms."""
+    from mlx_specstream.errors import OutputExistsError
+
+    rng = np.random.default_rng(0)
+    ds = arithmetic(8, rng, length=10)
+    out = tmp_path / "a{gamma}b"
+    opts = dict(gamma=2, msa_layers=2, iters=1, batch_size=8, val_every=0, progress=False, log=lambda m: None)
+    train(tiny_model("llama", seed=0), (ds, None), out=out, **opts)
+    with pytest.raises(OutputExistsError) as e:
+        train(tiny_model("llama", seed=0), (ds, None), out=out, **opts)
+    assert str(e.value) == (f"{out} already exists: give another out, or overwrite=True to replace it, or "
+                            "resume=True to continue its training")
+    assert e.value.render("cli").startswith(f"{out} already exists: give another --out, or --overwrite")
+
+
 def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
     """Tokens per second count the training steps only: a slow validation (here 0.3 s a call,
     four calls) leaves them where they are."""
