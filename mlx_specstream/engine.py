@@ -258,9 +258,9 @@ class Decoder:
             raise OptionError("speculative decoding needs an adapter with streams: load one "
                               "({adapter}) or use {mode=ar}")
         if opts.mode == "ss" and cfg.gamma == 0:
-            which = f"adapter '{cfg.name}'" if cfg.name else "the adapter"
-            raise OptionError(f"{which} has no streams (mode {cfg.mode}): use {{mode=ar}} or "
-                              "{mode=lookup}, or an adapter with streams")
+            which = f"adapter '{cfg.name}'" if cfg.name else "the adapter"  # said as it is (braces too)
+            raise OptionError(f" has no streams (mode {cfg.mode}): use {{mode=ar}} or {{mode=lookup}}, or an "
+                              "adapter with streams", subject=which)
         self.shared = cfg is not None and cfg.mode == "shared"
         self.gamma = 0
         if opts.mode == "ss" or self.shared:

@@ -60,9 +60,10 @@ class ModelPool:
         self.models: dict[str, nn.Module] = {self.base_id: self.base}
         served = set()
         for adapter in names:
-            where = os.path.abspath(resolve_adapter(self.path, adapter))  # a symlinked alias is its own id
-            if where in served:  # named twice ("sql,sql", or by name and by path): served once
-                continue
+            found = resolve_adapter(self.path, adapter)
+            where = (os.path.basename(os.path.abspath(found)), found.resolve())  # its id, and what it is
+            if where in served:  # named twice ("sql,sql", or by name and by path): served once; a
+                continue  # symlinked alias of another name is an id of its own
             served.add(where)
             model = share_base(self.base)
             cfg = load_adapter(model, adapter, model_path=self.path)

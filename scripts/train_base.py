@@ -365,6 +365,20 @@ def evaluate_loss(model, windows: np.ndarray, device, amp, bsz: int = 32) -> flo
     return tot / n
 
 
+def _load_shaped(model, weights: dict, differ: dict, where: Path, flag: str) -> None:
+    """``weights`` into ``model``, or one line when the run saved in ``where`` has another model
+    shape (``differ``: what the shapes disagree on; head counts and tied embeddings do not show in
+    tensor sizes, which torch checks as a screen of mismatches)."""
+    try:
+        if differ:
+            raise RuntimeError(differ)
+        model.load_state_dict(weights)
+    except RuntimeError:
+        said = f" (its, these: {differ})" if differ else ""
+        raise SystemExit(f"{where}: its run has another model shape{said}: give its flags, or another "
+                         f"{flag}") from None
+
+
 def load_resume_state(args, model, opt, device) -> dict | None:
     """The state of the run to continue: ``--work``/ckpt.pt (weights, optimizer, best weights), else
     the compact checkpoint in ``--out`` (fp16 best weights + train_log.json: what a short run on
@@ -374,11 +388,11 @@ def load_resume_state(args, model, opt, device) -> dict | None:
     ckpt_path = args.work / "ckpt.pt"
     if ckpt_path.exists():
         ck = torch.load(ckpt_path, map_location=device, weights_only=False)
-        try:
-            model.load_state_dict(ck["model"])
-        except RuntimeError:  # torch's size mismatches, a screen of them
-            raise SystemExit(f"{ckpt_path}: its run has another model shape: give its flags, or another "
-                             "--work") from None
+        flags = ("hidden", "layers", "heads", "kv_heads", "intermediate", "max_positions", "tie")
+        theirs = ck.get("args", {})  # the same command resumed: the same model flags
+        differ = {k: (theirs[k], getattr(args, k)) for k in flags
+                  if k in theirs and theirs[k] != getattr(args, k)}
+        _load_shaped(model, ck["model"], differ, ckpt_path, "--work")
         opt.load_state_dict(ck["opt"])
         print(f"resumed from {ckpt_path} at step {ck['state']['step']}", flush=True)
         return ck["state"] | {"best_weights": ck["best_weights"]}
@@ -392,13 +406,10 @@ def load_resume_state(args, model, opt, device) -> dict | None:
     hf = LlamaForCausalLM.from_pretrained(str(args.out), dtype=torch.float32)
     # the model's shape as configured, head counts and tied embeddings too (sizes alone miss them)
     shape = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-             "intermediate_size", "max_position_embeddings", "tie_word_embeddings")
+             "intermediate_size", "max_position_embeddings", "tie_word_embeddings", "vocab_size")
     differ = {k: (getattr(hf.config, k, None), getattr(model.config, k, None)) for k in shape
               if getattr(hf.config, k, None) != getattr(model.config, k, None)}
-    if differ:
-        raise SystemExit(f"{args.out}: its run has another model shape (its, these: {differ}): give its "
-                         "flags, or another --out")
-    model.load_state_dict(hf.state_dict())
+    _load_shaped(model, hf.state_dict(), differ, args.out, "--out")
     state["best_weights"] = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
     state["rewarm_from"] = state["step"]
     print(f"resumed from {args.out} (best weights of step {state['best_step']}, fresh optimizer moments) "

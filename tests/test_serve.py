@@ -599,10 +599,14 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     (tmp_path / "other" / "code").symlink_to(d / "adapters" / "code-v2")
     with pytest.raises(ValueError, match="two adapters named 'code'"):  # neither may hide the other
         ModelPool(d, ["code", str(tmp_path / "other" / "code")])
-    twice = f"code,code,{d / 'adapters' / 'code'}"  # by name twice, and by path: one adapter
+    twice = f"code,code,{(d / 'adapters' / 'code').resolve()}"  # by name twice, and by path: one adapter
     assert [m["id"] for m in ModelPool(d, twice).describe()] == ["specstream-tiny", "specstream-tiny:code"]
     with pytest.raises(ValueError, match="--adapters names no adapter"):
         ModelPool(d, " , ")
+    (tmp_path / "aliases").mkdir()
+    (tmp_path / "aliases" / "latest").symlink_to(d / "adapters" / "code")  # another name: an id of its own
+    assert [m["id"] for m in ModelPool(d, f"code,{tmp_path / 'aliases' / 'latest'}").describe()] == [
+        "specstream-tiny", "specstream-tiny:code", "specstream-tiny:latest"]
 
 
 @pytest.mark.slow

@@ -92,8 +92,9 @@ def test_short_runs_end_where_one_run_ends(data, tmp_path):
     again = _train(data, tmp_path / "cut", "--steps", "9", "--resume")
     assert again["finished"]  # a finished run stays finished
     for where in ("ckpt.pt", "hf"):  # said, not torch's screen of size mismatches
-        with pytest.raises(SystemExit, match=rf"{where}: its run has another model shape"):
-            _train(data, tmp_path / "cut", "--steps", "9", "--resume", "--hidden", "64")
+        for flag, value in (("--hidden", "64"), ("--heads", "4")):  # head counts: the same tensor sizes
+            with pytest.raises(SystemExit, match=rf"{where}: its run has another model shape"):
+                _train(data, tmp_path / "cut", "--steps", "9", "--resume", flag, value)
         (tmp_path / "cut" / "work" / "ckpt.pt").unlink(missing_ok=True)  # then the compact checkpoint
 
 
