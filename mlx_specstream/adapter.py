@@ -448,7 +448,7 @@ def read_config(path: Path) -> AdapterConfig:
         if raw.get(key) is not None and not ok(raw[key]):
             raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config ('{key}' must be {kind})")
     # named by its directory, what it is chosen by (a copy under a new name is that name)
-    return AdapterConfig(**{f.name: raw[f.name] for f in known if f.name != "name"}, name=_name(path))
+    return AdapterConfig(**{f.name: raw[f.name] for f in known if f.name != "name"}, name=adapter_name(path))
 
 
 @contextmanager
@@ -472,7 +472,7 @@ def kept_on_failure(model):
         raise
 
 
-def _name(path: Path) -> str:
+def adapter_name(path: Path) -> str:
     """An adapter's name: its directory's (``.`` and ``x/..`` by the directory they stand for)."""
     return Path(os.path.abspath(path)).name
 
@@ -486,7 +486,7 @@ def check_made_for(model, path: Path, cfg: AdapterConfig) -> None:
         why = (f"fingerprint {cfg.base_fingerprint}, this model {ours}"
                if cfg.base_fingerprint and cfg.base_fingerprint != ours
                else "the same architecture with other weights")
-        raise AdapterError(f"adapter '{_name(path)}' was made for another base model ({why})"
+        raise AdapterError(f"adapter '{adapter_name(path)}' was made for another base model ({why})"
                            + (f"; it was trained on {trained_on}" if trained_on else ""))
 
 
@@ -512,10 +512,10 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | P
             missing, extra = sorted(set(current) - set(weights))[:3], sorted(set(weights) - set(current))[:3]
             said = "; ".join(f"{what} {keys}" for what, keys in (("missing", missing), ("unexpected", extra))
                              if keys)
-            raise AdapterError(f"adapter '{_name(path)}' does not match its config ({said})")
+            raise AdapterError(f"adapter '{adapter_name(path)}' does not match its config ({said})")
         for k, v in weights.items():
             if v.shape != current[k].shape:
-                raise AdapterError(f"adapter '{_name(path)}': shape mismatch for {k}")
+                raise AdapterError(f"adapter '{adapter_name(path)}': shape mismatch for {k}")
         model.load_weights(list(weights.items()), strict=False)
         mx.eval(model.parameters())
         if (path / NGRAMS_FILE).is_file():

@@ -9,13 +9,12 @@ shared-mode LoRA into the base weights would give that adapter a private copy of
 from __future__ import annotations
 
 import copy
-import os
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .adapter import adapter_size, available_adapters, load_adapter, resolve_adapter
+from .adapter import adapter_name, adapter_size, available_adapters, load_adapter, resolve_adapter
 from .loader import model_name
 
 
@@ -61,7 +60,7 @@ class ModelPool:
         served = set()
         for adapter in names:
             found = resolve_adapter(self.path, adapter)
-            where = (os.path.basename(os.path.abspath(found)), found.resolve())  # its id, and what it is
+            where = (adapter_name(found), found.resolve())  # its id, and what it is
             if where in served:  # named twice ("sql,sql", or by name and by path): served once; a
                 continue  # symlinked alias of another name is an id of its own
             served.add(where)
