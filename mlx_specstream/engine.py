@@ -16,6 +16,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
+from itertools import accumulate
 
 import mlx.core as mx
 import numpy as np
@@ -312,7 +313,7 @@ class Decoder:
         # with them, against which a prompt-lookup chain alone is weighed (_draft). Prior: two
         # tokens a pass from a three-node tree.
         self.stream_pass_cost = CPU_STREAM_PASS_COST if self.deferred else 0.0
-        self.stream_rate = _Rate(2.0, float(pass_cost(3, self.node_cost)) + self.stream_pass_cost)
+        self.stream_rate = _Rate(2.0, pass_cost(3, self.node_cost) + self.stream_pass_cost)
         self.rng = np.random.default_rng(opts.seed)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.constraint_state = opts.constraint.start if opts.constraint is not None else None
@@ -370,7 +371,7 @@ class Decoder:
         least as many tokens per unit of cost as the steps drafted with (deferred) streams."""
         if not chain_scores or not self.deferred:
             return False
-        return best_rate(np.cumsum([0.0] + chain_scores), self.node_cost) >= self.stream_rate.value
+        return best_rate([0.0, *accumulate(chain_scores)], self.node_cost) >= self.stream_rate.value
 
     def _stream_draft(self, node: int) -> Iterator[PassRequest]:
         """Greedy: each stream's top-k. Sampling: k i.i.d. draws per stream, each token once.
@@ -441,7 +442,7 @@ class Decoder:
             else:
                 path, root = verify_sampling(kept, target, draft.draws, draft.q, self.rng, draft.chain)
             if draft.levels and self.deferred:
-                cost = float(pass_cost(len(tree), self.node_cost)) + self.stream_pass_cost
+                cost = pass_cost(len(tree), self.node_cost) + self.stream_pass_cost
                 self.stream_rate.update(len(path), cost)
             accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:
@@ -466,11 +467,10 @@ class Decoder:
         chain, k = draft.chain, draft.from_ngrams
         v, proposed = 0, 0
         for t in chain:
-            kids = tree.children(v)
-            match = kids[tree.tokens[kids] == t]
-            if len(match) == 0:
+            v = tree.child(v, t)
+            if v is None:
                 break
-            v, proposed = int(match[0]), proposed + 1
+            proposed += 1
         hits = next((i for i, (a, c) in enumerate(zip(accepted, chain)) if a != c), min(len(accepted),
                                                                                       len(chain)))
         hits = min(hits, proposed)

@@ -42,15 +42,10 @@ class KVCache:
         """Keep rows ``start + keep[i]`` as rows ``start + i``; drop every row after them.
 
         Rows already in place (``keep`` = 0, 1, ..., n-1 given on the host: a prefill, every AR
-        step, a chain accepted in full) are not copied."""
-        if not isinstance(keep, mx.array):
-            keep = np.asarray(keep, np.int64)
-            if np.array_equal(keep, np.arange(keep.size)):
-                self.offset = start + keep.size
-                return
-            keep = mx.array(keep.astype(np.int32))
+        step, a chain accepted in full) are not copied (:func:`rows_to_keep`)."""
+        keep = rows_to_keep(keep)
         n = keep.size
-        if n:
+        if isinstance(keep, mx.array) and n:
             idx = keep + start
             self.keys[:, :, start : start + n] = mx.take(self.keys, idx, axis=2)
             self.values[:, :, start : start + n] = mx.take(self.values, idx, axis=2)
@@ -65,6 +60,16 @@ class KVCache:
     @property
     def state(self) -> tuple[mx.array, mx.array]:
         return self.keys[:, :, : self.offset], self.values[:, :, : self.offset]
+
+
+def rows_to_keep(keep: list[int] | np.ndarray | mx.array) -> np.ndarray | mx.array:
+    """``keep`` as :meth:`KVCache.commit` uses it: host indices that are already in place (0, 1,
+    ..., n-1: nothing to copy) stay on the host, other indices go to the device. Converting once
+    serves every layer that keeps the same rows."""
+    if isinstance(keep, mx.array):
+        return keep
+    keep = np.asarray(keep, np.int64)
+    return keep if np.array_equal(keep, np.arange(keep.size)) else mx.array(keep.astype(np.int32))
 
 
 def make_cache(model) -> list[KVCache]:

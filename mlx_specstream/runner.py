@@ -20,7 +20,7 @@ import numpy as np
 
 from .adapter import AdapterConfig
 from .errors import AdapterError
-from .kv_cache import make_cache
+from .kv_cache import make_cache, rows_to_keep
 from .ngrams import NgramTable
 from .streams import ForwardOut, forward, forward_batch, stream_pass, stream_pass_batch
 from .tree import Tree, chain
@@ -156,7 +156,8 @@ class MLXRunner(Runner):
     def commit(self, path: list[int]) -> None:
         """Layers below the pruning layer index the tree as fed, the others the pruned one."""
         upper = np.asarray(path)
-        lower = self.out.kept[upper]
+        lower = rows_to_keep(self.out.kept[upper])
+        upper = rows_to_keep(upper)
         for i, cache in enumerate(self.caches):
             cache.commit(self.n, lower if i < self.out.prune_layer else upper)
         self.n += len(path)

@@ -12,7 +12,9 @@ The rows, positions and visibility of a multi-stream pass follow :mod:`mlx_specs
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import mlx.core as mx
 import numpy as np
@@ -34,8 +36,16 @@ class Tree:
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def children(self, v: int) -> np.ndarray:
-        return np.nonzero(self.parents == v)[0]
+    def child(self, v: int, token: int) -> int | None:
+        """The child of node ``v`` that holds ``token`` (the first, should there be two), or None."""
+        return self._child_index.get((v, token))
+
+    @cached_property
+    def _child_index(self) -> dict[tuple[int, int], int]:
+        index: dict[tuple[int, int], int] = {}
+        for v, key in enumerate(zip(self.parents.tolist(), self.tokens.tolist())):
+            index.setdefault(key, v)
+        return index
 
 
 def chain(tokens) -> Tree:
@@ -82,19 +92,22 @@ def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], bu
             seq += 1
 
     push_children(0, 0, 0.0, True)
-    path_score = [0.0]
+    gain = 1.0  # expected tokens of the nodes taken so far (best_size's rule, applied as they come)
     while heap and len(tokens) < budget:
         neg, _, parent, depth, t, on_chain = heapq.heappop(heap)
+        p = math.exp(-neg)
+        if node_cost > 0 and not _pays(p, gain, len(tokens), node_cost):
+            break  # nodes come best first, so no later one pays either
+        gain += p
         tokens.append(t)
         parents.append(parent)
         depths.append(depth)
-        path_score.append(-neg)
         push_children(len(tokens) - 1, depth, -neg, on_chain)
-    if node_cost > 0:  # nodes were taken best first, each after its parent: keep a prefix
-        m = best_size(path_score, node_cost)
-        tokens, parents, depths = tokens[:m], parents[:m], depths[:m]
-    order = sorted(range(len(tokens)), key=lambda v: (depths[v], v))
-    return reorder(Tree(np.array(tokens), np.array(parents), np.array(depths)), order)
+    order = sorted(range(len(tokens)), key=lambda v: (depths[v], v))  # breadth-first; parents first
+    new_index = {v: i for i, v in enumerate(order)}
+    return Tree(np.array([tokens[v] for v in order], np.int64),
+                np.array([new_index.get(parents[v], -1) for v in order], np.int64),
+                np.array([depths[v] for v in order], np.int64))
 
 
 def best_size(path_scores, node_cost: float) -> int:
@@ -107,23 +120,38 @@ def best_size(path_scores, node_cost: float) -> int:
     cost: small trees where the draft is unsure or extra rows are dear (a CPU), the whole
     budget where they are nearly free.
     """
-    return int(np.argmax(_tokens_per_cost(path_scores, node_cost))) + 1
+    return _cut(path_scores, node_cost)[0]
 
 
 def best_rate(path_scores, node_cost: float) -> float:
     """The expected tokens per unit of cost of the tree :func:`best_size` picks."""
-    return float(np.max(_tokens_per_cost(path_scores, node_cost)))
+    m, gain = _cut(path_scores, node_cost)
+    return gain / pass_cost(m, node_cost)
 
 
-def pass_cost(nodes, node_cost: float):
+def pass_cost(nodes: int, node_cost: float) -> float:
     """The cost of a pass over ``nodes`` tree nodes, in one-node passes: ``1 + node_cost·(nodes − 1)``."""
-    return 1.0 + node_cost * (np.asarray(nodes) - 1)
+    return 1.0 + node_cost * (nodes - 1)
 
 
-def _tokens_per_cost(path_scores, node_cost: float) -> np.ndarray:
-    p = np.exp(np.asarray(path_scores[1:], np.float64))
-    gain = 1.0 + np.concatenate([[0.0], np.cumsum(p)])
-    return gain / pass_cost(np.arange(1, len(gain) + 1), node_cost)
+def _pays(p: float, gain: float, m: int, node_cost: float) -> bool:
+    """Whether one more node, of path probability ``p``, raises the expected tokens per unit of cost
+    of ``m`` nodes that advance ``gain`` tokens: ``(gain + p) / cost(m + 1) > gain / cost(m)``.
+    With path probabilities in descending order the rate rises to its maximum and then falls (each
+    new rate lies between the last one and ``p / node_cost``), so the first node that does not pay
+    ends the tree."""
+    return p * pass_cost(m, node_cost) > node_cost * gain
+
+
+def _cut(path_scores, node_cost: float) -> tuple[int, float]:
+    """``(m, expected tokens)`` of the best prefix of ``path_scores`` (root first, descending)."""
+    m, gain = 1, 1.0
+    for s in list(path_scores)[1:]:
+        p = math.exp(s)
+        if not _pays(p, gain, m, node_cost):
+            break
+        m, gain = m + 1, gain + p
+    return m, gain
 
 
 def reorder(tree: Tree, order) -> Tree:

@@ -23,11 +23,10 @@ def verify_greedy(tree: Tree, argmax: np.ndarray) -> tuple[list[int], int]:
     v, path = 0, [0]
     while True:
         target = int(argmax[v])
-        kids = tree.children(v)
-        match = kids[tree.tokens[kids] == target]
-        if len(match) == 0:
+        child = tree.child(v, target)
+        if child is None:
             return path, target
-        v = int(match[0])
+        v = child
         path.append(v)
 
 
@@ -49,11 +48,10 @@ def verify_sampling(tree: Tree, p: np.ndarray, draws: list[list[int]], q: list[n
         if accepted is None:
             return path, sample(residual, rng)
         on_chain = on_chain and d < len(chain) and accepted == chain[d]
-        kids = tree.children(v)
-        match = kids[tree.tokens[kids] == accepted]
-        if len(match) == 0:
+        child = tree.child(v, accepted)
+        if child is None:
             return path, accepted
-        v = int(match[0])
+        v = child
         path.append(v)
 
 

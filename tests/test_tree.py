@@ -132,6 +132,51 @@ def test_stream_mask_rules(shared):
     assert pos == [2, 3, 3, 3, 4, 4, 5, 4, 5]
 
 
+def _paths(t):
+    """Each node of ``t`` as its path of tokens from the root."""
+    out = []
+    for v in range(len(t)):
+        toks, u = [], v
+        while u >= 0:
+            toks.append(int(t.tokens[u]))
+            u = int(t.parents[u])
+        out.append(tuple(reversed(toks)))
+    return out
+
+
+def test_cut_tree_is_the_best_prefix_of_the_whole_tree():
+    """Against brute force: the cut tree holds the best ``best_size`` nodes of the uncut one (by
+    path score), whatever the drafts and the chain; and each node's child lookup finds it."""
+    rng = np.random.default_rng(1)
+    for _ in range(200):
+        depth, k = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        levels = [[int(t) for t in rng.choice(9, k, replace=False)] for _ in range(depth)]
+        scores = [sorted(np.log(rng.random(k)).tolist(), reverse=True) for _ in range(depth)]
+        chain_ = [int(t) for t in rng.integers(0, 9, int(rng.integers(0, 6)))]
+        chain_scores = np.log(rng.random(len(chain_))).tolist()
+        cost, budget = float(rng.random() * 0.5), int(rng.integers(2, 40))
+        full = build_tree(0, levels, scores, budget, 0.0, chain_, chain_scores)
+        cut = build_tree(0, levels, scores, budget, cost, chain_, chain_scores)
+        score = {}  # path -> score, from the uncut tree's parents
+        for path in _paths(full):
+            parent = score.get(path[:-1], 0.0)
+            d = len(path) - 1
+            if d == 0:
+                score[path] = 0.0
+                continue
+            cands = dict(zip(levels[d - 1], scores[d - 1])) if d <= depth else {}
+            if d <= len(chain_) and path[1:] == tuple(chain_[:d]):
+                cands[chain_[d - 1]] = max(cands.get(chain_[d - 1], -np.inf), chain_scores[d - 1])
+            score[path] = parent + cands[path[-1]]
+        ranked = sorted(score.values(), reverse=True)
+        m = best_size(ranked, cost)
+        assert len(cut) == m
+        assert sorted(score[p] for p in _paths(cut)) == sorted(ranked[:m])
+        for v in range(1, len(cut)):
+            assert cut.child(int(cut.parents[v]), int(cut.tokens[v])) == v
+            assert cut.depths[v] == cut.depths[cut.parents[v]] + 1 and cut.parents[v] < v
+
+
 def test_reorder_requires_parents():
     t = build_tree(0, [[1, 2], [3]], [[-1.0, -2.0], [-1.0]], budget=10)
     sub = reorder(t, [0, 2, 4])
