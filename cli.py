@@ -189,7 +189,18 @@ def generate(
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                                sql_names=sql_names, stop=stop), tok, verbose)
+                                sql_names=sql_names, stop=stop), tok, verbose,
+                first_said=_adapter_said(m) if verbose else None)
+
+
+def _adapter_said(model) -> str:
+    """What ``--verbose`` says of the model's adapter before the text: name, mode, streams, steps."""
+    cfg = getattr(model, "adapter_config", None)
+    if cfg is None:
+        return "no adapter: the base model"
+    steps = (cfg.training or {}).get("iters")
+    about = [cfg.mode] + ([f"γ = {cfg.gamma}"] if cfg.gamma else []) + ([f"{steps} steps"] if steps else [])
+    return f"adapter {cfg.name or '(unnamed)'} ({', '.join(about)})"
 
 
 def _as_sent(tok, text: str, chat_template: bool, system_prompt: str | None):
@@ -430,6 +441,7 @@ def train(
     tree_budget: int = typer.Option(32, "--tree-budget", help="saved with the adapter as its decoding "
                                     "default: nodes per tree (the whole of it runs on a GPU)"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
+    quiet: bool = typer.Option(False, "--quiet", help="no progress bars (messages and the summary stay)"),
     processes: int | None = typer.Option(None, "--processes", "-j",
                                          help="train data-parallel in N processes on this machine, the "
                                          "cores shared out between them (default: 2 where MLX runs on "
@@ -439,29 +451,50 @@ def train(
     with --processes N, or under ``mlx.launch``."""
     import json as _json
 
+    from tqdm import tqdm
+
+    from mlx_specstream.errors import said_in
     from mlx_specstream.project import default_model
-    from mlx_specstream.trainer import check_used
+    from mlx_specstream.trainer import check_used, run_settings
     from mlx_specstream.trainer import train as run_train
 
     given = [n for n in ctx.params if getattr(ctx.get_parameter_source(n), "name", None) == "COMMANDLINE"]
-    check_used(mode, self_distill, given)  # a flag the mode does not use is refused, not ignored
-    report = run_train(model or default_model(), data, mode=mode, out=out, gamma=gamma,
-                       msa_layers=msa_layers, rank=rank, iters=iters, epochs=epochs,
-                       batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr, max_seq_len=max_seq_len,
-                       length_policy=length_policy, chat_template=chat_template,
-                       self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
-                       overwrite=overwrite, seed=seed, over=over, init=init,
-                       alphas=alphas, prune_weight=prune_weight, segment_len=segment_len,
-                       group_by_length=group_by_length,
-                       val_every=val_every, val_batches=val_batches, save_every=save_every,
-                       accept_prompts=accept_prompts, accept_tokens=accept_tokens,
-                       state_cache_mb=state_cache_mb,
-                       branch=branch, tree_budget=tree_budget, warmup=warmup, processes=processes)
+    options = dict(mode=mode, out=out, gamma=gamma, msa_layers=msa_layers, rank=rank, iters=iters,
+                   epochs=epochs, batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
+                   max_seq_len=max_seq_len, length_policy=length_policy, chat_template=chat_template,
+                   self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
+                   overwrite=overwrite, seed=seed, over=over, init=init, alphas=alphas,
+                   prune_weight=prune_weight, segment_len=segment_len, group_by_length=group_by_length,
+                   val_every=val_every, val_batches=val_batches, save_every=save_every,
+                   accept_prompts=accept_prompts, accept_tokens=accept_tokens, state_cache_mb=state_cache_mb,
+                   branch=branch, tree_budget=tree_budget, warmup=warmup, processes=processes,
+                   progress=not quiet)
+    model = model or default_model()
+    if resume:  # the run as it was started, but for what this command line says
+        options.update(_run_settings(run_settings(model, out), options, given))
+    check_used(options["mode"], options["self_distill"], given)  # a flag the mode does not use is refused
+    report = run_train(model, data, **options,
+                       log=lambda msg: tqdm.write(said_in(msg, "cli"), file=sys.stderr))  # with flags
     if report["process_rank"] == 0:
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
         if report.get("best"):  # the adapter saved: the best on the validation prompts
             summary["best"] = {k: v for k, v in report["best"].items() if k != "per_prompt"}
         typer.echo(_json.dumps(summary, indent=2))
+
+
+def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:
+    """The settings of a run to resume (``trainer.run_settings``) that differ from ``options`` and
+    that the command line did not give, said once on stderr. ``iters`` and ``warmup`` the trainer
+    takes itself."""
+    from mlx_specstream.errors import render_options
+    from mlx_specstream.trainer import said_setting
+
+    skip = {"iters", "warmup", *given}
+    taken = {k: v for k, v in recorded.items() if k in options and k not in skip and options[k] != v}
+    if taken:
+        said = " ".join(f"{{{k}={said_setting(0 if v is None else v)}}}" for k, v in taken.items())  # None: 0
+        typer.echo(f"resuming with the run's own settings: {render_options(said, 'cli')}", err=True)
+    return taken
 
 
 @app.command()

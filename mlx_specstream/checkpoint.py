@@ -1,17 +1,20 @@
 """Training checkpoints: the adapter's weights, the optimizer's state and the run's state at a
 step (and the best adapter so far), each in ``OUT.train/checkpoints/step-NNNNNNN``, written
-whole (a temporary directory, then a rename) so an interrupted run resumes from the last one."""
+whole (a temporary directory, then a rename) so an interrupted run resumes from the last one.
+With its adapter config beside the weights, a checkpoint also loads as an adapter, to try a long
+run before it ends."""
 
 from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from .adapter import adapter_weights
+from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
 from .outputs import save_safetensors
 
 
@@ -45,7 +48,9 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
 
     dest = ckpt_dir / f"step-{step:07d}"
     with atomic_dir(dest, "checkpoint", overwrite=True) as tmp:
-        save_safetensors(tmp / "adapter.safetensors", adapter_weights(model))
+        save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
+        # its config beside them: a checkpoint is an adapter too (generate --adapter .../step-N)
+        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.adapter_config), indent=2))
         flat = dict(tree_flatten(optimizer.state))
         save_safetensors(tmp / "optimizer.safetensors", flat)
         (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
@@ -64,7 +69,7 @@ class CheckpointError(ValueError):
 def load_checkpoint(model, optimizer, path: Path) -> dict:
     try:
         state = json.loads((path / "state.json").read_text())
-        weights = mx.load(str(path / "adapter.safetensors"))
+        weights = mx.load(str(path / WEIGHTS_FILE))
         saved = mx.load(str(path / "optimizer.safetensors"))
     except (OSError, ValueError, RuntimeError) as e:  # MLX: RuntimeError for a truncated file
         raise CheckpointError(f"{path}: unreadable checkpoint ({str(e).splitlines()[0]})") from None

@@ -67,8 +67,11 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     wanted = range(len(prompts)) if indices is None else indices
     todo = [i for i in wanted if i not in done]
     if todo and say is not None:
+        said = [f"{len(wanted) - len(todo)} reused from {cache}"] if len(todo) < len(wanted) else []
+        if len(wanted) < len(prompts):
+            said.append(f"of {len(prompts)} examples, the run reaches {len(wanted)}")
         say(f"{desc}: the base model writes its own continuations of {len(todo)} prompts"
-            + (f" ({len(wanted) - len(todo)} reused from {cache})" if len(todo) < len(wanted) else ""))
+            + (f" ({'; '.join(said)})" if said else ""))
     batch = 16
     mine = [i for k in range(rank * batch, len(todo), size * batch) for i in todo[k: k + batch]]
     fresh: dict[int, list[int]] = {}
@@ -80,7 +83,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                 f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
 
     bar = tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,
-               disable=not progress or rank != 0)
+               disable=not progress or rank != 0 or not mine)  # no empty bar where all is reused
     for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
                                     eos, batch):
         keep([(mine[j], out) for j, out in zip(ids, outs)])

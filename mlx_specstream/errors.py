@@ -41,29 +41,54 @@ class SaidInOptions:
     def render(self, dialect: str, names: dict[str, str] | None = None) -> str:
         """The message for ``dialect`` ``python``, ``cli`` or ``http``; ``names`` spells some
         options otherwise in ``http`` (a request's field for an option of another name)."""
-        if dialect not in ("python", "cli", "http"):
-            raise ValueError(f"no dialect '{dialect}': python, cli or http")
+        return self.subject + render_options(self.template, dialect, names)
 
-        def one(m: re.Match) -> str:
-            name, value = m.group(1), m.group(2)
-            literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")
-            if dialect == "cli":
-                flag = CLI_FLAGS.get(name, "--" + name.replace("_", "-"))
-                if value == "False":  # a --name/--no-name switch
-                    return "--no-" + flag[2:]
-                return flag if value in (None, "True") else f"{flag} {value}"
-            if dialect == "http":
-                field = (names or {}).get(name, f"'{name}'")
-                if value is None:
-                    return field
-                shown = {"True": "true", "False": "false", "None": "null"}.get(value, value) if literal \
-                    else f'"{value}"'
-                return f"{field}: {shown}"
+
+def render_options(template: str, dialect: str, names: dict[str, str] | None = None) -> str:
+    """``template`` with its options (``{name}``, ``{name=value}``) spelt for ``dialect``:
+    ``python``, ``cli`` or ``http`` (:class:`SaidInOptions`)."""
+    if dialect not in ("python", "cli", "http"):
+        raise ValueError(f"no dialect '{dialect}': python, cli or http")
+
+    def one(m: re.Match) -> str:
+        name, value = m.group(1), m.group(2)
+        literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")
+        if dialect == "cli":
+            flag = CLI_FLAGS.get(name, "--" + name.replace("_", "-"))
+            if value == "False":  # a --name/--no-name switch
+                return "--no-" + flag[2:]
+            return flag if value in (None, "True") else f"{flag} {value}"
+        if dialect == "http":
+            field = (names or {}).get(name, f"'{name}'")
             if value is None:
-                return name
-            return f"{name}={value}" if literal else f"{name}='{value}'"
+                return field
+            shown = {"True": "true", "False": "false", "None": "null"}.get(value, value) if literal \
+                else f'"{value}"'
+            return f"{field}: {shown}"
+        if value is None:
+            return name
+        return f"{name}={value}" if literal else f"{name}='{value}'"
 
-        return self.subject + _OPTION.sub(one, self.template)
+    return _OPTION.sub(one, template)
+
+
+class Said(str):
+    """A message, not an error, that names options as :class:`SaidInOptions` does: the text in
+    Python's terms, and :meth:`render` in another's (a log line from ``train``, which the command
+    line prints with flags)."""
+
+    def __new__(cls, template: str, subject: str = ""):
+        said = super().__new__(cls, subject + render_options(template, "python"))
+        said.template, said.subject = template, subject
+        return said
+
+    def render(self, dialect: str) -> str:
+        return self.subject + render_options(self.template, dialect)
+
+
+def said_in(message: str, dialect: str) -> str:
+    """``message`` for ``dialect``: a :class:`Said` rendered for it, any other text as it is."""
+    return message.render(dialect) if isinstance(message, Said) else message
 
 
 class OptionError(SaidInOptions, ValueError):

@@ -40,8 +40,8 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "adapter": ("adapter_config.json", ("adapter_config.json", "adapter.safetensors",
                                         "training_report.json", "ngrams.npz")),
     "training run": (None, ("checkpoints", "distilled")),
-    "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "optimizer.safetensors",
-                                  "best.safetensors")),
+    "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "adapter_config.json",
+                                  "optimizer.safetensors", "best.safetensors")),
     "Core ML package": ("Manifest.json", ("Manifest.json", "Data")),
     "Core ML tokenizer": ("specstream.json", ("specstream.json", "ngrams.npz", *TOKENIZER_FILES)),
 }

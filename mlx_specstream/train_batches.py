@@ -84,8 +84,12 @@ def segments(n: int, segment_len: int | None) -> list[tuple[int, int]]:
     return [(a, min(a + segment_len, n)) for a in range(0, n, segment_len)]
 
 
+HOLD_OUT_AT_LEAST = 8  # examples held out, at least
+HOLD_OUT_MIN = 4 * HOLD_OUT_AT_LEAST  # examples from which hold_out spares some (a quarter at most)
+
+
 def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
-             at_least: int = 8) -> tuple[Dataset, Dataset | None]:
+             at_least: int = HOLD_OUT_AT_LEAST) -> tuple[Dataset, Dataset | None]:
     """A data set given without validation data, split into ``(train, valid)``: ``fraction`` of
     the examples (``at_least`` .. ``at_most``) held out at random, so the run can measure
     acceptance and keep its best adapter; ``(ds, None)`` when too small to spare them."""

@@ -83,7 +83,7 @@ from .base_states import BaseStateCache, FixedKV, base_states, msa_start
 from .checkpoint import BEST_FILE, CheckpointError, checkpoints, load_checkpoint, save_checkpoint
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
-from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError
+from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError, Said
 from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
@@ -97,8 +97,9 @@ from .outputs import (
     write_text_atomic,
 )
 from .process_group import DistributedGroup, PeerStopped, barrier, run_local, threads_each
+from .project import DEFAULT_MODEL
 from .tokenizer import eos_ids
-from .train_batches import Batch, default_iters, epoch_batches, hold_out, length_keys, segments
+from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys, segments
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")
@@ -444,11 +445,12 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
 SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
 
 
-def drafts_better(new: dict, best: dict) -> bool:
-    """Whether an evaluation's adapter (``mean_accepted_tokens``, ``per_prompt``, ``loss``)
-    replaces the best so far: more tokens per pass by more than the standard error of the
+def drafts_better(new: dict, best: dict, by: str = "loss") -> bool:
+    """Whether an evaluation's adapter (``mean_accepted_tokens``, ``per_prompt``, and the loss
+    ``by``) replaces the best so far: more tokens per pass by more than the standard error of the
     difference of the two means over prompts, or as many within that error and a lower
-    validation loss.
+    validation loss ``by``: the whole loss, or in shared mode, where the adapter writes the
+    output, the main stream's (``main_loss``), so that a tie in drafting goes to the better output.
 
     The few validation prompts are a sample of the prompts the adapter will meet, and a noisy
     one: on 8 of them an adapter of step 300 read 2.47 tokens per pass and that of step 1600 2.42,
@@ -463,7 +465,7 @@ def drafts_better(new: dict, best: dict) -> bool:
                        if len(p) > 1))
     if gain > se:
         return True
-    return gain >= -se and new["loss"] < best.get("loss", math.inf)
+    return gain >= -se and new[by] < best.get(by, math.inf)
 
 
 # -- parameters and optimizer ----------------------------------------------------------------
@@ -602,6 +604,25 @@ def _last_state(ckpt_dir: Path) -> tuple[Path, dict] | None:
     return None
 
 
+def run_settings(model_path: str | Path, out: str | Path) -> dict:
+    """The settings (:class:`TrainConfig`'s fields) that the run to resume at ``out`` (an adapter
+    name or directory of the model at ``model_path``) was started with, from its last readable
+    checkpoint; {} without one. The command line's ``--resume`` takes them where it is not told
+    otherwise (in Python, :func:`train` with ``resume=True`` names the ones that differ)."""
+    try:
+        out_dir = _resolve_out(out, Path(model_path))[0]
+    except ValueError:
+        return {}  # train says what is wrong with it
+    last = _last_state(out_dir.with_name(out_dir.name + ".train") / "checkpoints") if out_dir else None
+    settings = dict(last[1].get("config", {})) if last is not None else {}
+    if "mode" in settings:  # what the mode sets by itself (None in train's arguments) is left to it
+        mode = settings["mode"]
+        by_mode = {"self_distill": mode == "lossless",
+                   "alphas": _resolve_alphas(None, mode, settings.get("gamma", 0))}
+        settings = {k: v for k, v in settings.items() if not (k in by_mode and v == by_mode[k])}
+    return settings
+
+
 def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
     """The report of the adapter in ``out_dir`` if it is the finished run of ``iters`` steps (not
     an earlier stage's, saved before the run was taken further)."""
@@ -615,13 +636,26 @@ def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
 
 
 def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tuple[str, ...]) -> None:
-    """A ValueError naming each setting in which a resumed run differs from its checkpoint's
+    """An OptionError naming each setting in which a resumed run differs from its checkpoint's
     (``recorded_only``: compared only where the checkpoint recorded them)."""
     diff = {k: (recorded.get(k), v) for k, v in compat.items()
             if recorded.get(k, v if k in recorded_only else None) != v}
     if diff:
-        raise ValueError(f"{path}: the run's settings differ from the checkpoint's "
-                         f"(setting: (checkpoint, now)) {diff}")
+        said = [_RUN_DIGESTS.get(k) or f"{{{k}={said_setting(then)}}} (now {said_setting(now)})"
+                for k, (then, now) in diff.items()]
+        raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
+                          + ". Resume it as it was started, or {overwrite=True} to start again",
+                          subject=str(path))
+
+
+def said_setting(value) -> str:
+    """A setting's value as the options take it (alphas as ``1,0.1,0.1``)."""
+    return ",".join(f"{a:g}" for a in value) if isinstance(value, list) else str(value)
+
+
+# Settings a checkpoint records by digest, as a resumed run that differs in them is told
+_RUN_DIGESTS = {"data": "{data} holds other training examples", "valid_data": "other validation examples",
+                "over_weights": "{over} holds other weights"}
 
 
 def _examples_digest(ds: Dataset) -> str:
@@ -786,7 +820,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
         gamma = 0
     if iters is not None and epochs is not None:
-        raise ValueError("give either iters or epochs, not both")
+        raise OptionError("give either {iters} or {epochs}, not both")
     if over is not None and mode == "lora":
         raise ValueError("over (a fine-tune under the streams) is for lossless and shared mode")
     if self_distill and mode != "lossless":
@@ -872,7 +906,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         train_ds, valid_ds = hold_out(train_ds, seed)
         say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
             "held out for validation (acceptance, best adapter)" if valid_ds is not None
-            else "no valid.jsonl: no validation during training")
+            else f"no valid.jsonl, and {len(train_ds)} examples are too few to hold some out ({HOLD_OUT_MIN} "
+            "or more): no validation, so no tokens/pass measured and no best adapter kept; give a "
+            "valid.jsonl to have them")
     valid_digest = _examples_digest(valid_ds) if valid_ds is not None else None
 
     # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
@@ -1005,23 +1041,24 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     except CheckpointError as e:
                         say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
                 if st is None:
-                    raise ValueError(f"{ckpt_dir}: no readable checkpoint to resume from: start again with "
-                                     "overwrite=True (--overwrite)")
+                    raise OptionError(": no readable checkpoint to resume from: start again with "
+                                      "{overwrite=True}", subject=str(ckpt_dir))
                 found = found[: found.index(path) + 1]
                 if st.get("base_fingerprint") != base_fp:
                     raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
                 _check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
                 start = int(st["step"])
                 if start > iters:
-                    raise ValueError(f"{found[-1]}: the run is already at step {start}, past iters={iters}")
+                    raise OptionError(f": the run is already at step {start}, past {{iters={iters}}}",
+                                      subject=str(found[-1]))
                 history, val_history = st.get("history", []), st.get("val_history", [])
                 elapsed0 = float(st.get("seconds", 0.0))
                 if (found[-1] / BEST_FILE).is_file() and st.get("best"):
                     best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
                 saved = _finished_report(out_dir, iters) if start == iters else None
                 if saved is not None:
-                    say(f"{out_dir}: the run is already complete (step {iters} of {iters}); nothing to do "
-                        "(give a larger iters, --iters, to train it further)")
+                    say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
+                             "larger {iters} trains it further)", subject=str(out_dir)))
                     load_adapter(model, out_dir)  # the model holds what the run saved (its best)
                     return {**saved, "process_rank": rank_id}
                 say(f"resuming from {found[-1]} (step {start} of {iters})")
@@ -1047,7 +1084,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             scored = {"mean_accepted_tokens": ev["mean_accepted_tokens"],
                       "per_prompt": ev["accepted_per_prompt"], "loss": ev["loss"],
                       "main_loss": ev["main_loss"]}
-            if drafts_better(scored, best):
+            if drafts_better(scored, best, by="main_loss" if mode == "shared" else "loss"):
                 best.update(step=step, **scored, weights=dict(adapter_weights(model)))
         return ev
 
@@ -1062,11 +1099,16 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         accs = " ".join(f"{a:.3f}" for a in ev["stream_acc"])
         per_pass = ev.get("mean_accepted_tokens")
         said = [f"val loss {ev['loss']:.4f}", f"main top-1 acc {ev['main_acc']:.3f}"]
+        if mode != "lossless":  # the adapter writes the output: how well the main stream predicts it
+            said[1:1] = [f"main loss {ev['main_loss']:.4f}"]
         if gamma:  # a lora adapter has no streams and no early exit
-            said[1:1] = [f"stream top-1 acc [{accs}]"]
+            said[-1:-1] = [f"stream top-1 acc [{accs}]"]
             said.append(f"early exit {ev['prune_acc']:.3f}")
         if per_pass:
-            said.append(f"{per_pass:.2f} tokens/pass on {len(accept_set)} prompts")
+            n = len(accept_set)
+            said.append(f"{per_pass:.2f} tokens/pass on {n} prompt{'s' * (n != 1)}")
+        elif per_pass is not None:  # measured, and no pass ran: nothing was generated
+            said.append("no tokens/pass: every validation prompt ended at its first token")
         say(f"step {step}: " + ", ".join(said))
         if per_pass:
             shown = getattr(bar, "postfix", None)  # the step's loss (a disabled bar has none)
@@ -1088,6 +1130,16 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     tokens_seen, val_seconds = 0, 0.0
     last_saved = applied = start  # applied: the last step whose update the weights hold
     step = start
+    if main_proc and start < iters:  # what the run will do, once
+        epochs_run = iters / steps_per_epoch
+        said = [f"{mode}" + (f", γ = {gamma}" if gamma else ""), f"{n_params:,} trainable parameters",
+                f"{iters} steps ({epochs_run:.3g} epoch{'s' * (epochs_run != 1)} of {steps_per_epoch} "
+                f"batches of {batch_size})", f"lr {lr:g}, warmup {tc.warmup}",
+                (f"validation every {val_every} steps and at the end" if val_every < iters
+                 else "validation at the end") if valid_ds is not None else "no validation"]
+        say("train: " + ", ".join(said) + (f"; from step {start}" if start else "")
+            + ("; the bar's loss: the main and stream losses weighted by alphas, and the early exit's"
+               if gamma and progress else ""))
     bar = tqdm(total=iters, initial=start, desc=f"train {mode}", disable=not (progress and main_proc),
                dynamic_ncols=True, file=sys.stderr)
     try:
@@ -1131,7 +1183,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                    best["weights"])
             why = ("stopped" if isinstance(stop, PeerStopped) else
                    "terminated" if isinstance(stop, Terminated) else "interrupted")
-            say(f"{why}: saved {dest}; continue with resume=True (--resume)")
+            say(Said("; continue with {resume=True}", subject=f"{why}: saved {dest}"))
         raise
     bar.close()
     seconds = time.perf_counter() - t0
@@ -1142,8 +1194,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             final_eval = {"step": iters, **validate(iters)}
         except (KeyboardInterrupt, PeerStopped):
             if ckpt_dir is not None and main_proc and (saved := checkpoints(ckpt_dir)):
-                say(f"interrupted in the final evaluation: {saved[-1]} holds the last step; "
-                    "resume=True (--resume) finishes the run")
+                say(Said(" holds the last step; {resume=True} finishes the run",
+                         subject=f"interrupted in the final evaluation: {saved[-1]}"))
             raise
     earlier = (best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
                and "mean_accepted_tokens" in (final_eval or {}))
@@ -1201,6 +1253,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         save_adapter(model, out_dir, overwrite=True)
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
+        if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
+            use = f"--model {recorded_path(model_path)} {use}"  # found under that model's adapters/
         say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
     return report
 

@@ -359,6 +359,20 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
     detach(model)
 
 
+def test_a_tie_in_drafting_goes_to_the_better_output_in_shared_mode():
+    """Within the noise of tokens per pass, the lower validation loss decides: the whole loss, or in
+    shared mode (``by="main_loss"``), where the adapter writes the output, the main stream's."""
+    from mlx_specstream.trainer import drafts_better
+
+    best = {"step": 3, "mean_accepted_tokens": 1.11, "per_prompt": [1.0, 1.2, 1.1],
+            "loss": 6.83, "main_loss": 0.473}
+    new = {"step": 6, "mean_accepted_tokens": 1.07, "per_prompt": [1.1, 1.0, 1.1],
+           "loss": 6.07, "main_loss": 1.031}  # lower in all, streams included; twice the main loss
+    assert drafts_better(new, best) and not drafts_better(new, best, by="main_loss")
+    assert drafts_better({**new, "mean_accepted_tokens": 2.5, "per_prompt": [2.4, 2.6, 2.5]}, best,
+                         by="main_loss")  # clearly better drafts win whatever the loss
+
+
 def alone(model, prompt, max_tokens, eos=frozenset()):
     """Greedy autoregressive decoding of one prompt through the engine, the EOS that ended it
     kept (as in training data)."""
@@ -806,14 +820,14 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
     got = mx.load(str(tmp_path / "ctrl-c" / "adapter.safetensors"))
     for k, v in ref.items():
         np.testing.assert_allclose(np.array(got[k]), v, atol=1e-6)
-    with pytest.raises(ValueError, match="differ"):
+    with pytest.raises(ValueError, match=r"started otherwise: batch_size=8 \(now 4\)"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
-    with pytest.raises(ValueError, match="'tree_budget'"):  # the tree the best adapter was chosen with
+    with pytest.raises(ValueError, match=r"tree_budget=32 \(now 64\)"):  # the tree the best adapter was chosen with
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "tree_budget": 64})
     with pytest.raises(ValueError, match="past iters"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "iters": 5})
     other = Dataset(ds.examples[::-1], n_lines=len(ds))  # other data: not the batches it saw
-    with pytest.raises(ValueError, match="'data'"):
+    with pytest.raises(ValueError, match="data holds other training examples"):
         train(model, (other, None), out=tmp_path / "cut", resume=True, **opts)
     rep = train(tiny_model("llama", seed=0), (ds, None), out=tmp_path / "cut", resume=True,
                 **{**opts, "iters": 8})  # a further stage: continues from step 6
@@ -868,7 +882,10 @@ def test_a_stop_in_the_final_evaluation_says_how_to_finish(tmp_path, monkeypatch
     monkeypatch.setattr(train_mod, "acceptance", ctrl_c)
     with pytest.raises(KeyboardInterrupt):
         train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", log=said.append, **opts)
-    assert any("final evaluation" in m and "step-0000004" in m and "--resume" in m for m in said), said
+    from mlx_specstream.errors import said_in
+
+    assert any("final evaluation" in m and "step-0000004" in m and "resume=True" in m
+               and "--resume" in said_in(m, "cli") for m in said), said  # each in its caller's terms
     monkeypatch.setattr(train_mod, "acceptance", real)
     rep = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True,
                 log=lambda m: None, **opts)
@@ -892,11 +909,11 @@ def test_a_resumed_run_keeps_its_length_warmup_and_validation(tmp_path):
         train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", callback=stop_at_5,
               iters=9, warmup=3, **opts)
     for change in ({"warmup": 1}, {"iters": 9, "warmup": 0}):
-        with pytest.raises(ValueError, match="'warmup'"):
+        with pytest.raises(ValueError, match=r"warmup=3 \(now \d\)"):
             train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True,
                   **opts, **change)
     other_valid = arithmetic(8, np.random.default_rng(1), length=10)
-    with pytest.raises(ValueError, match="'valid_data'"):
+    with pytest.raises(ValueError, match="other validation examples"):
         train(tiny_model("llama", seed=0), (ds, other_valid), out=tmp_path / "cut", resume=True, **opts)
     last = tmp_path / "cut.train" / "checkpoints" / "step-0000004" / "optimizer.safetensors"
     last.write_bytes(last.read_bytes()[:1000])  # damaged on disk after it was written
@@ -970,6 +987,42 @@ def cli(*args, launch: int = 0, cwd=None):
         cmd = [str(bindir / "mlx.launch"), "-n", str(launch), "--backend", "ring",
                "--starting-port", str(port), *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_cli_resume_takes_the_runs_own_settings_and_a_checkpoint_is_an_adapter(tmp_path):
+    """``train --resume`` continues a run started with other flags with those flags (said once),
+    where Python's ``resume=True`` names each that differs in the options' own terms; and a
+    checkpoint loads as an adapter before the run ends."""
+    from mlx_specstream.api import load
+    from mlx_specstream.trainer import run_settings
+
+    model_dir = make_model_dir(tmp_path)
+
+    def stop_at_2(step, info):
+        if step == 2:
+            raise KeyboardInterrupt
+
+    opts = dict(gamma=3, msa_layers=2, iters=4, lr=1e-3, val_every=4, save_every=2, progress=False,
+                log=lambda m: None, processes=1)
+    with pytest.raises(KeyboardInterrupt):
+        train(str(model_dir), tmp_path / "data", out="a", batch_size=4, accept_prompts=2, callback=stop_at_2,
+              **opts)
+    step2 = model_dir / "adapters" / "a.train" / "checkpoints" / "step-0000002"
+    model, _ = load(model_dir, adapter=step2)
+    assert model.adapter_config.gamma == 3
+    assert run_settings(model_dir, "a")["batch_size"] == 4
+    with pytest.raises(ValueError, match=r"batch_size=4 \(now 8\); accept_prompts=2 \(now 8\)"):
+        train(str(model_dir), tmp_path / "data", out="a", resume=True, **opts)
+    r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
+            "--processes", "1")
+    assert r.returncode == 0, r.stderr
+    assert "resuming with the run's own settings: --gamma 3 --msa-layers 2 --batch-size 4 --accept-prompts 2\n" \
+        in r.stderr, r.stderr
+    report = json.loads((model_dir / "adapters" / "a" / "training_report.json").read_text())
+    assert report["start_step"] == 2 and report["config"]["batch_size"] == 4 and report["iters"] == 4
+    r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
+            "--batch-size", "8", "--iters", "6")  # what the command line gives is compared, as flags
+    assert r.returncode == 1 and "started otherwise: --batch-size 4 (now 8)" in r.stderr, r.stderr
 
 
 def test_cli_train_saves_named_adapter(tmp_path):
@@ -1214,14 +1267,14 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
         raise AssertionError("self-distillation ran before the settings were compared")
 
     monkeypatch.setattr(train_mod, "distill_dataset", distilled)
-    with pytest.raises(ValueError, match=r"settings differ from the checkpoint's .*'batch_size': \(12, 8\)"):
+    with pytest.raises(ValueError, match=r"started otherwise: batch_size=12 \(now 8\)"):
         train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "a", resume=True,
               **{**opts, "batch_size": 8, "iters": 8, "self_distill": True})
     said = []
     model = tiny_model("llama", seed=0)
     model.path = tmp_path / "m"
     train(model, (ds, valid), out="l", mode="lora", **{**opts, "log": said.append})
-    assert any("(generate with --adapter l --mode ar)" in m for m in said), said
+    assert any(f"(generate with --model {tmp_path / 'm'} --adapter l --mode ar)" in m for m in said), said
 
 
 def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, monkeypatch):
@@ -1229,7 +1282,7 @@ def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, 
     its best (here the first evaluation's), not its last checkpoint's weights."""
     import mlx_specstream.trainer as train_mod
 
-    monkeypatch.setattr(train_mod, "drafts_better", lambda new, best: best["step"] is None)
+    monkeypatch.setattr(train_mod, "drafts_better", lambda new, best, by="loss": best["step"] is None)
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(24, rng, length=10), arithmetic(8, rng, length=10)
     opts = dict(gamma=2, msa_layers=2, iters=3, batch_size=8, lr=3e-2, val_every=1, save_every=1,
