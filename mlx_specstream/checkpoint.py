@@ -28,8 +28,6 @@ def _set_path(tree, path: list[str], value) -> None:
         tree[last] = value
 
 
-
-
 def checkpoints(ckpt_dir: Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []

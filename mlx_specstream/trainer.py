@@ -502,7 +502,6 @@ def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.
     return optim.MultiOptimizer([adamw(tc.fine_tune_lr), adamw(tc.lr)], [lambda path, _: path in fine_tune])
 
 
-
 # -- the training loop -----------------------------------------------------------------------
 
 

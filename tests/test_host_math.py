@@ -118,3 +118,24 @@ def test_prefill_sized_inference_softmax_runs_on_the_host(monkeypatch):
                 assert mx.array_equal(sdpa(q, k, v, mask, 0.25), ref).item()
             finally:
                 host_math.set_allowed(old)
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_low_precision_prefill_attention_keeps_fp32_accuracy(dtype):
+    """A prefill of an fp16 or bf16 model: the scores, probabilities and their sum run in fp32, so
+    large scores neither overflow fp16 (NaN) nor round to bf16's few bits; the output, in the
+    model's dtype, is within its rounding of fp32 attention over the same inputs."""
+    from mlx_specstream.kernels.attention import FOLD_MAX_ROWS, sdpa
+
+    rng = np.random.default_rng(0)
+    T, S, D = FOLD_MAX_ROWS + 8, FOLD_MAX_ROWS + 28, 128
+    shared = rng.normal(size=(1, 1, 1, D)) * 12  # q·k up to ~2e4: past fp16's range unscaled
+    q = mx.array(shared + rng.normal(size=(1, 4, T, D))).astype(dtype)
+    k = mx.array(shared + rng.normal(size=(1, 2, S, D))).astype(dtype)
+    v = mx.array(rng.normal(size=(1, 2, S, D))).astype(dtype)
+    mask = mx.array(np.arange(S)[None, :] <= np.arange(T)[:, None] + S - T)
+    f32 = [x.astype(mx.float32) for x in (q, k, v)]
+    truth = mx.fast.scaled_dot_product_attention(*f32, scale=D**-0.5, mask=mask)
+    got = sdpa(q, k, v, mask, D**-0.5)
+    assert got.dtype == dtype
+    assert float(mx.abs(got.astype(mx.float32) - truth).max()) < (0.005 if dtype == mx.float16 else 0.02)

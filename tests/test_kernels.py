@@ -10,6 +10,7 @@ from helpers import tiny_model
 
 from mlx_specstream import tree
 from mlx_specstream.kernels import attention as A
+from mlx_specstream.kernels.emulator import SCHEDULES
 from mlx_specstream.kernels.attention import (
     AttentionPlan,
     multistream_attention,
@@ -121,7 +122,7 @@ def test_lossless_streams_gqa4_fp32_d128():
 def test_shared_streams_on_some_nodes_fp16_d64_any_schedule():
     rng = np.random.default_rng(4)
     case = make_case(random_tree(7, rng), 31, 4, 4, 64, mx.float16, np.array([0, 2, 3, 6]), 4, True, seed=4)
-    check(case, schedules=("forward", "reverse", "random"))
+    check(case, schedules=tuple(SCHEDULES))
 
 
 def test_deferred_streams_of_a_cached_token_bf16_d128():
@@ -132,6 +133,55 @@ def test_split_keys_with_streams_in_the_last_split():
     rng = np.random.default_rng(6)
     case = make_case(random_tree(12, rng), 300, 8, 2, 64, mx.float32, np.arange(12), 2, True, seed=6)
     check(case, splits=3)
+
+
+def test_split_keys_of_a_batch():
+    """Each split's partial output of each sequence lands in its own place (B = 2)."""
+    rng = np.random.default_rng(9)
+    parents = random_tree(7, rng)
+    n_prefix, B, H, Hkv, D = 300, 2, 4, 2, 64
+    plan = AttentionPlan.for_streams(parents, n_prefix, np.arange(7), 2, True)
+    q, k, v, ks, vs = (rng.normal(size=s).astype(np.float32) for s in (
+        (B, H, plan.n_rows, D), (B, Hkv, n_prefix + 7, D), (B, Hkv, n_prefix + 7, D),
+        (B, Hkv, plan.n_stream_rows, D), (B, Hkv, plan.n_stream_rows, D)))
+    anc, rows = plan.kernel_inputs(on_device=False)
+    out = A.run_kernel("emulator", q, k, v, ks, vs, anc, rows, n_prefix, 7, plan.n_stream_rows, D**-0.5,
+                       splits=3)
+    ref = reference(plan, *(mx.array(x) for x in (q, k, v, ks, vs)), D**-0.5)
+    assert float(mx.abs(out - ref).max()) < 2e-5
+
+
+def test_small_heads_fp16_d16():
+    rng = np.random.default_rng(10)
+    check(make_case(random_tree(6, rng), 23, 4, 2, 16, mx.float16, np.arange(6), 2, True, seed=10))
+
+
+def test_auto_keeps_the_dense_path_for_what_the_kernel_does_not_run(monkeypatch):
+    """On a Metal device ``auto`` runs the kernel, but heads it does not support (Gemma 3's 256) and
+    a pass without rows take the dense path (here, with Metal pretended, anything else would fail)."""
+    monkeypatch.setattr(A, "metal_available", lambda: True)
+    monkeypatch.setattr(A, "_metal_passes_self_check", lambda: True)
+    plan, q, k, v, ks, vs = make_case([-1, 0, 0], 5, 2, 1, 256, mx.float32, np.arange(3), 2, False)
+    ref = planned_attention(q, k, v, ks, vs, plan, 0.1, backend="mlx")
+    assert mx.array_equal(planned_attention(q, k, v, ks, vs, plan, 0.1, backend="auto"), ref).item()
+    empty = AttentionPlan.for_tree(np.array([], np.int64), 5)
+    q0 = mx.zeros((1, 2, 0, 64))
+    k0 = v0 = mx.zeros((1, 1, 5, 64))
+    assert planned_attention(q0, k0, v0, None, None, empty, 0.1, backend="emulator").shape == (1, 2, 0, 64)
+
+
+def test_metal_asked_for_without_metal_is_one_line(tmp_path):
+    """``MLX_SPECSTREAM_ATTENTION=metal`` on a machine without Metal: one error line, no traceback."""
+    import os
+    import subprocess
+    import sys
+
+    if mx.metal.is_available():
+        pytest.skip("Metal is available here")
+    env = {**os.environ, "MLX_SPECSTREAM_ATTENTION": "metal"}
+    r = subprocess.run([sys.executable, "-m", "mlx_specstream.cli", "generate", "--mode", "ar", "-p", "hi",
+                        "-n", "2"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1 and r.stderr.startswith("error: ") and len(r.stderr.splitlines()) == 1, r.stderr
 
 
 def test_long_cache_picks_splits_by_itself():
@@ -201,7 +251,7 @@ def test_backend_switch_and_validation():
         assert A.get_backend() == "mlx"
         if not mx.metal.is_available():
             assert A.resolve("auto") == "mlx"
-            with pytest.raises(RuntimeError):
+            with pytest.raises(ValueError, match="needs MLX on a Metal device"):  # one line in the CLI
                 A.resolve("metal")
         with pytest.raises(ValueError):
             A.set_backend("cuda")

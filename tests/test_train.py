@@ -822,7 +822,8 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
         np.testing.assert_allclose(np.array(got[k]), v, atol=1e-6)
     with pytest.raises(ValueError, match=r"started otherwise: batch_size=8 \(now 4\)"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "batch_size": 4})
-    with pytest.raises(ValueError, match=r"tree_budget=32 \(now 64\)"):  # the tree the best adapter was chosen with
+    # the tree the best adapter was chosen with
+    with pytest.raises(ValueError, match=r"tree_budget=32 \(now 64\)"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "tree_budget": 64})
     with pytest.raises(ValueError, match="past iters"):
         train(model, (ds, None), out=tmp_path / "cut", resume=True, **{**opts, "iters": 5})
@@ -1016,8 +1017,9 @@ def test_cli_resume_takes_the_runs_own_settings_and_a_checkpoint_is_an_adapter(t
     r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
             "--processes", "1")
     assert r.returncode == 0, r.stderr
-    assert "resuming with the run's own settings: --gamma 3 --msa-layers 2 --batch-size 4 --accept-prompts 2\n" \
-        in r.stderr, r.stderr
+    said = ("resuming with the run's own settings: --gamma 3 --msa-layers 2 --batch-size 4 "
+            "--accept-prompts 2\n")
+    assert said in r.stderr, r.stderr
     report = json.loads((model_dir / "adapters" / "a" / "training_report.json").read_text())
     assert report["start_step"] == 2 and report["config"]["batch_size"] == 4 and report["iters"] == 4
     r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",

@@ -33,15 +33,22 @@ def metal_available() -> bool:
         return False
 
 
+def require_metal() -> None:
+    """A ValueError (one line on the command line) where the Metal backend is asked for and MLX has
+    no Metal device."""
+    if not metal_available():
+        raise ValueError("the 'metal' kernel backend (backend= or MLX_SPECSTREAM_ATTENTION) needs MLX on a "
+                         "Metal device (Apple silicon); 'emulator' runs the kernels on the CPU")
+
+
 def resolve_backend(backend: str) -> str:
     """"auto" -> "metal" where MLX has a Metal device, else "emulator"."""
     if backend == "auto":
         return "metal" if metal_available() else "emulator"
     if backend not in ("metal", "emulator"):
         raise ValueError(f"backend must be 'auto', 'metal' or 'emulator', not {backend!r}")
-    if backend == "metal" and not metal_available():
-        raise RuntimeError("backend='metal' needs MLX on a Metal device (Apple silicon); "
-                           "use backend='emulator' to run the kernel on the CPU")
+    if backend == "metal":
+        require_metal()
     return backend
 
 

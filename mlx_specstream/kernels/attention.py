@@ -34,13 +34,12 @@ import numpy as np
 from .. import layout, machine
 from .. import tree as tree_mod
 from ..device import on_cuda, on_gpu
-from . import host_math, metal_available, metal_kernel, read_metal
+from . import host_math, metal_available, metal_kernel, read_metal, require_metal
 from .emulator import to_mx
 
 BACKENDS = ("auto", "mlx", "metal", "emulator")
 ROWS_PER_SIMDGROUP = 4
 THREADGROUP_MEMORY = 32768
-
 
 
 def _env_backend() -> str:
@@ -298,10 +297,9 @@ def run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, 
     dtype = q.dtype if isinstance(q, mx.array) else _NP_DTYPES.get(np.dtype(q.dtype))
     if H % Hkv:
         raise ValueError(f"{H} query heads are not a multiple of {Hkv} key/value heads")
-    if D > 128 or D < 1:
-        raise ValueError(f"head dim {D} is not supported by the kernels (1..128)")
-    if dtype not in (mx.float32, mx.float16, mx.bfloat16):
-        raise TypeError(f"unsupported dtype {q.dtype}")
+    if not kernel_supports(D, dtype):
+        raise ValueError(f"heads of dim {D} in {q.dtype} are not supported by the kernels (1..128; "
+                         "float32, float16, bfloat16)")
     if N != n_prefix + m:
         raise ValueError(f"k has {N} rows, expected n_prefix + M = {n_prefix + m}")
     G = H // Hkv
@@ -371,9 +369,14 @@ def resolve(backend: str | None) -> str:
         raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
     if backend == "auto":
         return "metal" if metal_available() and _metal_passes_self_check() else "mlx"
-    if backend == "metal" and not metal_available():
-        raise RuntimeError("backend='metal' needs MLX on a Metal device")
+    if backend == "metal":
+        require_metal()
     return backend
+
+
+def kernel_supports(dim: int, dtype) -> bool:
+    """Whether the kernels run heads of ``dim`` in ``dtype`` (:func:`run_kernel` refuses others)."""
+    return 1 <= dim <= 128 and dtype in (mx.float32, mx.float16, mx.bfloat16)
 
 
 FOLD_MAX_ROWS = 32  # decode-sized passes; prefills and training passes run as they are
@@ -467,6 +470,10 @@ def planned_attention(q, k, v, k_streams, v_streams, plan: AttentionPlan, scale:
     if k_streams is not None and k_streams.shape[2] != plan.n_stream_rows:
         raise ValueError(f"k_streams has {k_streams.shape[2]} rows, the plan {plan.n_stream_rows}")
     which = resolve(backend)
+    if which == "metal" and (backend or _backend) == "auto" and not kernel_supports(q.shape[-1], q.dtype):
+        which = "mlx"  # auto: heads the kernel does not run (Gemma 3's 256) take the dense path
+    if q.shape[2] == 0:  # no rows: nothing to attend (a kernel's grid would be empty)
+        return mx.zeros(q.shape, q.dtype)
     if which == "mlx":
         calls["mlx"] += 1
         if k_streams is not None:

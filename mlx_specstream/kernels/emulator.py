@@ -12,11 +12,14 @@ How it runs: the grid counts threads, as in MLX (``dispatchThreads``): threadgro
 ``min(threadgroup, grid)`` per dimension and the last ones along a dimension may be partial. Each
 threadgroup runs on one OS thread with every Metal thread a fiber; fibers run one after the other
 until they block at a ``threadgroup_barrier``, a ``simdgroup_barrier`` or a simdgroup function,
-in the order ``schedule`` picks ("forward", "reverse" or "random"). A simdgroup function completes
-when every live lane of the simdgroup has reached one (lanes that returned are inactive, as on the
-GPU); a threadgroup barrier when every thread has. So a thread never sees another thread's writes
-unless a barrier or a simdgroup function ordered them: a missing barrier reads stale data in one
-schedule or the other. Threadgroup arrays start poisoned in each threadgroup (every byte 0xFF:
+in the order ``schedule`` picks: "forward", "reverse" or "random" (all simdgroups step by step
+together), or "simdgroups" / "simdgroups-reverse" (each simdgroup, first to last or last to first,
+runs alone to its next threadgroup barrier). A simdgroup function completes when every live lane
+of the simdgroup has reached one (lanes that returned are inactive, as on the GPU); a threadgroup
+barrier when every thread has. So a thread never sees another thread's writes unless a barrier or
+a simdgroup function ordered them: a missing barrier reads stale data in one schedule or another
+(between simdgroups, one that runs ahead and overwrites a tile another still reads, in the
+"simdgroups" schedules). Threadgroup arrays start poisoned in each threadgroup (every byte 0xFF:
 NaN for floats, -1 for integers), as do outputs without ``init_value``; a shuffle from an inactive
 lane returns poison. Errors the GPU would leave undefined are raised: a barrier some threads skip
 by returning, lanes of one simdgroup waiting at different simdgroup functions, more than 32 KB
@@ -92,7 +95,7 @@ _NP_STORAGE = {
     "uint8_t": np.uint8, "uint16_t": np.uint16, "uint32_t": np.uint32, "uint64_t": np.uint64,
 }
 _NP_TYPES = {np.dtype(v): k for k, v in _NP_STORAGE.items() if k != "bfloat16_t"}
-SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
+SCHEDULES = {"forward": 0, "reverse": 1, "random": 2, "simdgroups": 3, "simdgroups-reverse": 4}
 
 
 class MetalCompileError(RuntimeError):

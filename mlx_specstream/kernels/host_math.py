@@ -209,6 +209,8 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scal
     B, H, T, D = q.shape
     hkv, S = k.shape[1], k.shape[2]
     G = H // hkv  # heads of a group next to each other, as HF orders them
+    dtype = q.dtype  # fp16 / bf16: scores, probabilities and their sum in fp32, as MLX's attention
+    q, k, v = (x.astype(mx.float32) for x in (q, k, v))  # (fp16 scores overflow; bf16's are coarse)
     scores = (q.reshape(B, hkv, G * T, D) @ k.swapaxes(-1, -2)).reshape(B, hkv, G, T, S)
     if mask is None:
         bias = mx.zeros((1, 1, 1, 1, 1), scores.dtype)
@@ -216,4 +218,4 @@ def attention(q: mx.array, k: mx.array, v: mx.array, mask: mx.array | None, scal
         mask = mask[None, None] if mask.ndim == 2 else mask
         bias = mx.where(mask, mx.array(0.0, mx.float32), mx.array(-mx.inf, mx.float32))[:, :, None]
     p = _attention_probs_host(scores, mx.stop_gradient(bias), mx.array(scale, mx.float32))
-    return (p.reshape(B, hkv, G * T, S) @ v).reshape(B, H, T, D)
+    return (p.reshape(B, hkv, G * T, S) @ v).reshape(B, H, T, D).astype(dtype)

@@ -951,7 +951,7 @@ struct LaunchConfig {
   long long grid[3];
   long long tg[3];
   long long workers;
-  long long schedule;  // 0 forward, 1 reverse, 2 random
+  long long schedule;  // 0 forward, 1 reverse, 2 random, 3 simdgroups, 4 simdgroups-reverse
   long long seed;
   long long stack_kb;
 };
@@ -1032,40 +1032,70 @@ inline std::string run_group(Worker* w, const LaunchConfig& cfg, long long ginde
                   a.threadgroup_position_in_grid.z, t);
     return std::string(buf);
   };
-  for (;;) {
-    if (cfg.schedule == 2) std::shuffle(order.begin(), order.end(), rng);
-    for (int t : order) {
+  // Completes simdgroup s's simdgroup function once every live lane waits at it: 1 when it did,
+  // 0 when not, -1 (err set) when lanes wait at different ones.
+  std::string err;
+  auto complete = [&](int s) -> int {
+    int lo = s * kSimdWidth, hi = std::min(n, lo + kSimdWidth);
+    uint32_t mask = 0;
+    int op = 0;
+    const void* type = nullptr;
+    for (int t = lo; t < hi; ++t) {
       Fiber* f = &w->fibers[t];
-      if (f->state != F_READY) continue;
-      resume(w, f);
-      if (!w->error.empty()) return w->error + where(t);
+      if (f->state == F_READY) return 0;  // a lane still on its way
+      if (f->state != F_SIMD) continue;
+      if (mask == 0) {
+        op = f->op;
+        type = f->type;
+      } else if (f->op != op || f->type != type) {
+        err = std::string("divergent simdgroup functions: lanes of simdgroup ") + std::to_string(s) +
+              " wait at " + op_name(op) + " and at " + op_name(f->op) +
+              (f->op == op ? " on different types" : "") + where(t);
+        return -1;
+      }
+      mask |= 1u << (t - lo);
+    }
+    if (mask == 0) return 0;
+    SimdState& sg = w->sgs[s];
+    sg.active[sg.gen & 1u] = mask;
+    sg.gen += 1;
+    for (int t = lo; t < hi; ++t)
+      if (w->fibers[t].state == F_SIMD) w->fibers[t].state = F_READY;
+    return 1;
+  };
+  for (;;) {
+    if (cfg.schedule >= 3) {
+      // simdgroups one after another, each run to its next threadgroup barrier (or its end) before
+      // the next starts: a simdgroup that overwrites threadgroup memory another has not finished
+      // reading, with no barrier between, shows (3: first to last, 4: last to first)
+      for (int i = 0; i < n_sg; ++i) {
+        int s = cfg.schedule == 3 ? i : n_sg - 1 - i;
+        int lo = s * kSimdWidth, hi = std::min(n, lo + kSimdWidth);
+        for (int r = 1; r > 0;) {
+          for (int t = lo; t < hi; ++t) {
+            Fiber* f = &w->fibers[t];
+            if (f->state != F_READY) continue;
+            resume(w, f);
+            if (!w->error.empty()) return w->error + where(t);
+          }
+          r = complete(s);
+          if (r < 0) return err;
+        }
+      }
+    } else {
+      if (cfg.schedule == 2) std::shuffle(order.begin(), order.end(), rng);
+      for (int t : order) {
+        Fiber* f = &w->fibers[t];
+        if (f->state != F_READY) continue;
+        resume(w, f);
+        if (!w->error.empty()) return w->error + where(t);
+      }
     }
     bool progress = false;
     for (int s = 0; s < n_sg; ++s) {
-      int lo = s * kSimdWidth, hi = std::min(n, lo + kSimdWidth);
-      uint32_t mask = 0;
-      int op = 0;
-      const void* type = nullptr;
-      for (int t = lo; t < hi; ++t) {
-        Fiber* f = &w->fibers[t];
-        if (f->state != F_SIMD) continue;
-        if (mask == 0) {
-          op = f->op;
-          type = f->type;
-        } else if (f->op != op || f->type != type) {
-          return std::string("divergent simdgroup functions: lanes of simdgroup ") + std::to_string(s) +
-                 " wait at " + op_name(op) + " and at " + op_name(f->op) +
-                 (f->op == op ? " on different types" : "") + where(t);
-        }
-        mask |= 1u << (t - lo);
-      }
-      if (mask == 0) continue;
-      SimdState& sg = w->sgs[s];
-      sg.active[sg.gen & 1u] = mask;
-      sg.gen += 1;
-      for (int t = lo; t < hi; ++t)
-        if (w->fibers[t].state == F_SIMD) w->fibers[t].state = F_READY;
-      progress = true;
+      int r = complete(s);
+      if (r < 0) return err;
+      progress = progress || r > 0;
     }
     if (progress) continue;
     int at_barrier = 0, done = 0;
