@@ -10,13 +10,13 @@ from helpers import tiny_model
 
 from mlx_specstream import tree
 from mlx_specstream.kernels import attention as A
-from mlx_specstream.kernels.emulator import SCHEDULES
 from mlx_specstream.kernels.attention import (
     AttentionPlan,
     multistream_attention,
     planned_attention,
     tree_attention,
 )
+from mlx_specstream.kernels.emulator import SCHEDULES
 
 TOL = {mx.float32: 2e-5, mx.float16: 4e-3, mx.bfloat16: 3e-2}
 
