@@ -179,17 +179,22 @@ class MLXRunner(Runner):
         return logits.astype(mx.float32)
 
     def stream_topk(self, node: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-        logits = self._streams(node)
-        logp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
-        top = mx.argpartition(-logp, kth=k - 1, axis=-1)[:, :k] if k > 1 else mx.argmax(
-            logp, axis=-1, keepdims=True)
-        vals = mx.take_along_axis(logp, top, axis=-1)
-        top, vals = np.array(top), np.array(vals)
-        order = np.argsort(-vals, axis=-1, kind="stable")
-        return np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
+        return top_logprobs(np.array(self._streams(node)), k)
 
     def stream_logits(self, node: int) -> np.ndarray:
         return np.array(self._streams(node))
+
+
+def top_logprobs(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` likeliest tokens of each row of ``logits`` (n, V) and their log-probabilities,
+    best first. On the host: a CPU's MLX computes ``exp`` several times slower than NumPy, and a
+    stream top-k runs every decode step (0.48 ms of MLX against ~0.05 ms for γ = 4, V = 4,096)."""
+    top = np.argpartition(-logits, k - 1, axis=-1)[:, :k]
+    m = logits.max(axis=-1, keepdims=True)
+    lse = m + np.log(np.exp(logits - m).sum(axis=-1, keepdims=True))
+    vals = np.take_along_axis(logits, top, axis=-1) - lse
+    order = np.argsort(-vals, axis=-1, kind="stable")
+    return np.take_along_axis(top, order, -1), np.take_along_axis(vals, order, -1)
 
 
 @dataclass(eq=False)
