@@ -149,6 +149,45 @@ def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
         raise PermissionError(f"cannot write to {dest}: {parent} is not writable")
 
 
+# Settings with a fixed default in transformers' config class of each family, which a checkpoint's
+# config may leave out. Derived ones (head_dim, num_key_value_heads, layer_types: functions of other
+# settings) are not taken from a default config, whose sizes are not the checkpoint's.
+FAMILY_DEFAULTS = ("rms_norm_eps", "layer_norm_eps", "sliding_window", "tie_word_embeddings", "hidden_act",
+                   "attention_bias", "mlp_bias", "use_sliding_window", "max_window_layers",
+                   "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping")
+ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
+
+
+def with_family_defaults(cfg: dict) -> dict:
+    """``cfg`` with each setting of :data:`FAMILY_DEFAULTS` it leaves out, and its rotary base if it
+    gives none, set as transformers' config class of its ``model_type`` sets them (SmolLM3's
+    rope_theta 2e6 and tied embeddings, Phi-3's rms_norm_eps 1e-5, Mistral's 4,096-token window):
+    transformers builds the checkpoint's model with those, so the import does too, and the MLX
+    config says them. A multimodal config's ``text_config`` is completed the same way."""
+    model_type = cfg.get("model_type")
+    if not isinstance(model_type, str):
+        return cfg  # build_model says what is wrong
+    try:
+        from transformers import AutoConfig
+
+        defaults = AutoConfig.for_model(model_type).to_dict()
+    except Exception:  # a family transformers does not know: our defaults
+        return cfg
+    out = dict(cfg)
+    if isinstance(cfg.get("text_config"), dict):
+        out["text_config"] = with_family_defaults(
+            {"model_type": (defaults.get("text_config") or {}).get("model_type"), **cfg["text_config"]})
+        return out
+    for key in FAMILY_DEFAULTS:
+        if key not in out and defaults.get(key) is not None:
+            out[key] = defaults[key]
+    if not any(out.get(key) is not None for key in ROPE_KEYS):
+        key = next((k for k in ROPE_KEYS if defaults.get(k) is not None), None)
+        if key is not None:
+            out[key] = defaults[key]
+    return out
+
+
 def _mlx_lm_compatible(cfg: dict) -> dict:
     """Also write transformers-5 ``rope_parameters`` under the older top-level keys
     (``rope_theta``, ``rope_scaling``, ``partial_rotary_factor``), which mlx-lm reads: the
@@ -197,7 +236,7 @@ def convert(
     asked = asked_quantization(quantize, q_bits, q_group_size)
     _check_destination(src, dest, overwrite)
 
-    cfg = read_config(src)
+    cfg = with_family_defaults(read_config(src))
     qc = cfg.get("quantization_config") or cfg.get("quantization")
     if qc:
         method = qc.get("quant_method", "mlx") if isinstance(qc, dict) else "unknown"
