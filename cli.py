@@ -483,17 +483,24 @@ def train(
 
 
 def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:
-    """The settings of a run to resume (``trainer.run_settings``) that differ from ``options`` and
-    that the command line did not give, said once on stderr. ``iters`` and ``warmup`` the trainer
-    takes itself."""
-    from mlx_specstream.errors import render_options
-    from mlx_specstream.trainer import said_setting
+    """The settings of a run to resume (``trainer.run_settings``) that the command line did not
+    give and that differ from what it would pass (its options, or ``train``'s defaults for those it
+    has none of: a run started in Python), said once on stderr. ``iters`` and ``warmup`` the
+    trainer takes itself."""
+    import inspect
 
+    from mlx_specstream.errors import render_options
+    from mlx_specstream.trainer import setting_said, train
+
+    defaults = {k: p.default for k, p in inspect.signature(train).parameters.items()}
     skip = {"iters", "warmup", *given}
-    taken = {k: v for k, v in recorded.items() if k in options and k not in skip and options[k] != v}
+    taken = {k: v for k, v in recorded.items() if k not in skip and options.get(k, defaults.get(k)) != v}
     if taken:
-        said = " ".join(f"{{{k}={said_setting(0 if v is None else v)}}}" for k, v in taken.items())  # None: 0
-        typer.echo(f"resuming with the run's own settings: {render_options(said, 'cli')}", err=True)
+        flags = " ".join(setting_said(k, v) for k, v in taken.items() if k in options)
+        python = ", ".join(setting_said(k, v) for k, v in taken.items() if k not in options)
+        said = render_options(flags, "cli") + ("; " if flags and python else "") + (
+            f"set in Python: {render_options(python, 'python')}" if python else "")
+        typer.echo(f"resuming with the run's own settings: {said}", err=True)
     return taken
 
 

@@ -155,15 +155,15 @@ def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
 FAMILY_DEFAULTS = ("rms_norm_eps", "layer_norm_eps", "sliding_window", "tie_word_embeddings", "hidden_act",
                    "attention_bias", "mlp_bias", "use_sliding_window", "max_window_layers",
                    "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping")
-ROPE_KEYS = ("rope_parameters", "rope_theta", "rope_scaling")
 
 
-def with_family_defaults(cfg: dict) -> dict:
+def with_family_defaults(cfg: dict, outer: dict | None = None) -> dict:
     """``cfg`` with each setting of :data:`FAMILY_DEFAULTS` it leaves out, and its rotary base if it
     gives none, set as transformers' config class of its ``model_type`` sets them (SmolLM3's
     rope_theta 2e6 and tied embeddings, Phi-3's rms_norm_eps 1e-5, Mistral's 4,096-token window):
     transformers builds the checkpoint's model with those, so the import does too, and the MLX
-    config says them. A multimodal config's ``text_config`` is completed the same way."""
+    config says them. A multimodal config's ``text_config`` is completed the same way, but for what
+    its ``outer`` config sets (a top-level tie_word_embeddings is the model's)."""
     model_type = cfg.get("model_type")
     if not isinstance(model_type, str):
         return cfg  # build_model says what is wrong
@@ -175,16 +175,19 @@ def with_family_defaults(cfg: dict) -> dict:
         return cfg
     out = dict(cfg)
     if isinstance(cfg.get("text_config"), dict):
-        out["text_config"] = with_family_defaults(
-            {"model_type": (defaults.get("text_config") or {}).get("model_type"), **cfg["text_config"]})
+        text = {"model_type": (defaults.get("text_config") or {}).get("model_type"), **cfg["text_config"]}
+        out["text_config"] = with_family_defaults(text, outer=cfg)
         return out
+    given = {**(outer or {}), **cfg}
     for key in FAMILY_DEFAULTS:
-        if key not in out and defaults.get(key) is not None:
+        if key not in given and defaults.get(key) is not None:
             out[key] = defaults[key]
-    if not any(out.get(key) is not None for key in ROPE_KEYS):
-        key = next((k for k in ROPE_KEYS if defaults.get(k) is not None), None)
-        if key is not None:
-            out[key] = defaults[key]
+    params = given.get("rope_parameters") if isinstance(given.get("rope_parameters"), dict) else {}
+    base = defaults.get("rope_theta")
+    if base is None and isinstance(defaults.get("rope_parameters"), dict):
+        base = defaults["rope_parameters"].get("rope_theta")  # None where set per layer type (Gemma 3)
+    if given.get("rope_theta") is None and params.get("rope_theta") is None and base is not None:
+        out["rope_theta"] = base  # only the base: a scaling or partial rotary factor given stays the config's
     return out
 
 

@@ -43,8 +43,10 @@ frozen base's states of lossless steps are in ``base_states.py``, self-distillat
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+import shlex
 import shutil
 import sys
 import time
@@ -613,12 +615,17 @@ def run_settings(model_path: str | Path, out: str | Path) -> dict:
     except ValueError:
         return {}  # train says what is wrong with it
     last = _last_state(out_dir.with_name(out_dir.name + ".train") / "checkpoints") if out_dir else None
-    settings = dict(last[1].get("config", {})) if last is not None else {}
-    if "mode" in settings:  # what the mode sets by itself (None in train's arguments) is left to it
+    state = last[1] if last is not None else {}
+    settings = dict(state.get("settings") or state.get("config") or {})  # "config" alone: before 2026-11-28
+    accepted = inspect.signature(train).parameters  # its options (a TrainConfig field may be derived)
+    settings = {k: v for k, v in settings.items() if k in accepted and k != "init"}
+    if "mode" in settings:  # what the mode ignores or sets by itself (None in train's arguments): left to it
         mode = settings["mode"]
+        unused = _UNUSED_IN.get(mode, ("distill_tokens",) if settings.get("self_distill") is False else ())
         by_mode = {"self_distill": mode == "lossless",
                    "alphas": _resolve_alphas(None, mode, settings.get("gamma", 0))}
-        settings = {k: v for k, v in settings.items() if not (k in by_mode and v == by_mode[k])}
+        settings = {k: v for k, v in settings.items()
+                    if k not in unused and not (k in by_mode and v == by_mode[k])}
     return settings
 
 
@@ -640,21 +647,37 @@ def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tup
     diff = {k: (recorded.get(k), v) for k, v in compat.items()
             if recorded.get(k, v if k in recorded_only else None) != v}
     if diff:
-        said = [_RUN_DIGESTS.get(k) or f"{{{k}={said_setting(then)}}} (now {said_setting(now)})"
+        said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now "
+                + (str(now) if _plain(then) and _plain(now) else setting_said(k, now)) + ")"
                 for k, (then, now) in diff.items()]
         raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
                           + ". Resume it as it was started, or {overwrite=True} to start again",
                           subject=str(path))
 
 
-def said_setting(value) -> str:
-    """A setting's value as the options take it (alphas as ``1,0.1,0.1``)."""
-    return ",".join(f"{a:g}" for a in value) if isinstance(value, list) else str(value)
+_ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
+
+
+def setting_said(name: str, value) -> str:
+    """A setting as its option says it, in :class:`~mlx_specstream.errors.SaidInOptions`' notation:
+    ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False), alphas as
+    ``{alphas=1,0.1,0.1}``, segment_len's None as 0."""
+    if value is None and name in _ZERO_IS_NONE:
+        value = 0
+    if value is None or value is False:
+        return f"without {{{name}}}"
+    if isinstance(value, list):
+        value = ",".join(f"{a:g}" for a in value)
+    return f"{{{name}={value}}}"
+
+
+def _plain(value) -> bool:
+    return value is not None and not isinstance(value, bool | list)
 
 
 # Settings a checkpoint records by digest, as a resumed run that differs in them is told
 _RUN_DIGESTS = {"data": "{data} holds other training examples", "valid_data": "other validation examples",
-                "over_weights": "{over} holds other weights"}
+                "over_weights": "the fine-tune under it ({over}) is another, or none"}
 
 
 def _examples_digest(ds: Dataset) -> str:
@@ -1065,7 +1088,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 say(f"no checkpoint in {ckpt_dir}: starting from step 0")
 
     def ckpt_state(step_seconds: float) -> dict:
-        return {"config": compat, "iters": iters, "base_fingerprint": base_fp, "history": history,
+        return {"config": compat, "settings": asdict(tc), "iters": iters, "base_fingerprint": base_fp,
+                "history": history,
                 "val_history": val_history, "seconds": step_seconds, "world_size": world,
                 "best": {k: v for k, v in best.items() if k != "weights"}}
 
@@ -1253,7 +1277,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
         if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
-            use = f"--model {recorded_path(model_path)} {use}"  # found under that model's adapters/
+            use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
         say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
     return report
 

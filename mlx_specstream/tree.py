@@ -111,7 +111,8 @@ def build_tree(root: int, levels: list[list[int]], scores: list[list[float]], bu
 
 
 def best_size(path_scores, node_cost: float) -> int:
-    """How many nodes of a draft tree to run, root first and the others by descending path score.
+    """How many nodes of a draft tree to run, root first and the others by descending path score
+    (``path_scores`` in that order, as :func:`build_tree` takes its nodes; the rule relies on it).
 
     A node is accepted with the probability of its whole path, ``exp(score)``, if the drafts are
     calibrated, so m nodes advance ``1 + sum of those probabilities`` tokens in expectation (the

@@ -150,35 +150,51 @@ def test_logits_match_transformers(converted, name):
     assert np.abs(inc1 - ref).max() < TOL
 
 
-@pytest.mark.parametrize("config,left_out", [
+def _drop(*keys):
+    def edit(cfg):
+        for key in keys:
+            cfg.pop(key, None)
+    return edit
+
+
+def _rope_as_transformers_4(cfg):
+    """A transformers-4 config: no rope keys but its own top-level partial rotary factor."""
+    cfg.pop("rope_parameters", None)
+    cfg.pop("rope_theta", None)
+    cfg["partial_rotary_factor"] = 0.4
+
+
+@pytest.mark.parametrize("config,edit,defaulted", [
     (lambda: transformers.SmolLM3Config(**SMALL, num_key_value_heads=2, intermediate_size=128, pad_token_id=0,
-                                        rope_theta=2e6), ("rope_theta", "rope_parameters", "rope_scaling",
-                                                          "tie_word_embeddings")),
+                                        rope_theta=2e6),
+     _drop("rope_theta", "rope_parameters", "rope_scaling", "tie_word_embeddings"), ("tie_word_embeddings",)),
     (lambda: transformers.Phi3Config(**SMALL, num_key_value_heads=2, intermediate_size=128, pad_token_id=0,
-                                     rms_norm_eps=1e-5), ("rms_norm_eps",)),
+                                     rms_norm_eps=1e-5), _drop("rms_norm_eps"), ("rms_norm_eps",)),
     (lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, intermediate_size=128,
-                                        sliding_window=4096), ("sliding_window",)),
+                                        sliding_window=4096), _drop("sliding_window"), ("sliding_window",)),
+    (lambda: transformers.PhiConfig(hidden_size=160, num_attention_heads=2, num_hidden_layers=2,
+                                    vocab_size=100, intermediate_size=128, partial_rotary_factor=0.4),
+     _rope_as_transformers_4, ()),
 ])
-def test_settings_a_config_leaves_out_are_transformers_defaults(tmp_path, config, left_out):
+def test_settings_a_config_leaves_out_are_transformers_defaults(tmp_path, config, edit, defaulted):
     """A config.json without some settings: transformers builds the model with its family's
     defaults (SmolLM3's rope base 2e6 and tied embeddings, Phi-3's norm epsilon, Mistral's window),
-    and so does the import, which writes them into the MLX config."""
+    and so does the import, which writes them into the MLX config; what the config does say (a
+    partial rotary factor beside no rotary base) stays."""
     torch.manual_seed(0)
     path = tmp_path / "hf"
     transformers.AutoModelForCausalLM.from_config(config()).save_pretrained(path)
     cfg = json.loads((path / "config.json").read_text())
-    for key in left_out:
-        cfg.pop(key, None)
+    edit(cfg)
     (path / "config.json").write_text(json.dumps(cfg))
     hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()  # as transformers reads it
     model, _ = load(convert_ok(path, tmp_path / "mlx"))
     ids = np.random.default_rng(1).integers(0, 100, (1, 12))
     assert np.abs(mlx_logits(model, ids) - torch_logits(hf, ids)).max() < TOL
     written = json.loads((tmp_path / "mlx" / "config.json").read_text())
-    for key in ("sliding_window", "rms_norm_eps", "tie_word_embeddings"):
-        if key in left_out:
-            assert written[key] == getattr(hf.config, key)
-    if "sliding_window" in left_out:  # past 4,096 tokens the window shows; here it is said
+    for key in defaulted:
+        assert written[key] == getattr(hf.config, key)
+    if "sliding_window" in defaulted:  # past 4,096 tokens the window shows; here it is said
         assert model.args.window(0) == hf.config.sliding_window == 4096
 
 

@@ -1017,14 +1017,46 @@ def test_cli_resume_takes_the_runs_own_settings_and_a_checkpoint_is_an_adapter(t
     r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
             "--processes", "1")
     assert r.returncode == 0, r.stderr
-    said = ("resuming with the run's own settings: --gamma 3 --msa-layers 2 --batch-size 4 "
-            "--accept-prompts 2\n")
+    said = ("resuming with the run's own settings: --gamma 3 --msa-layers 2 --batch-size 4 --val-every 4 "
+            "--save-every 2 --accept-prompts 2\n")
     assert said in r.stderr, r.stderr
     report = json.loads((model_dir / "adapters" / "a" / "training_report.json").read_text())
     assert report["start_step"] == 2 and report["config"]["batch_size"] == 4 and report["iters"] == 4
     r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
             "--batch-size", "8", "--iters", "6")  # what the command line gives is compared, as flags
     assert r.returncode == 1 and "started otherwise: --batch-size 4 (now 8)" in r.stderr, r.stderr
+
+
+def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
+    """What ``--resume`` takes from a run (not what its mode ignores or sets itself, nor ``init``),
+    said as options the command line has (a run's Python-only settings in Python's terms); what a
+    resume that differs is told, in the caller's terms, None and switches included."""
+    from mlx_specstream.cli import _run_settings
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.trainer import _check_same_run, run_settings
+
+    step = tmp_path / "m" / "adapters" / "a.train" / "checkpoints" / "step-0000001"
+    step.mkdir(parents=True)
+    settings = {"mode": "lora", "gamma": 0, "branch": 3, "alphas": [1.0], "batch_size": 4, "init": "x",
+                "over": None, "lora_alpha": 32.0, "val_every": 2}
+    (step / "state.json").write_text(json.dumps({"settings": settings, "config": {}}))
+    assert run_settings(tmp_path / "m", "a") == {"mode": "lora", "batch_size": 4, "over": None,
+                                                 "lora_alpha": 32.0, "val_every": 2}
+    taken = _run_settings({"batch_size": 4, "chat_template": True, "fine_tune_lr": None, "segment_len": None,
+                           "lora_alpha": 32.0, "iters": 9},
+                          {"batch_size": 8, "chat_template": False, "fine_tune_lr": 5e-4, "segment_len": 32},
+                          given=["fine_tune_lr"])
+    assert taken == {"batch_size": 4, "chat_template": True, "segment_len": None, "lora_alpha": 32.0}
+    assert ("resuming with the run's own settings: --batch-size 4 --chat-template --segment-len 0; set in "
+            "Python: lora_alpha=32.0") in capsys.readouterr().err
+    with pytest.raises(OptionError) as e:
+        _check_same_run(step, {"fine_tune_lr": None, "chat_template": False, "batch_size": 4},
+                        {"fine_tune_lr": 5e-4, "chat_template": True, "batch_size": 8}, ())
+    assert e.value.render("cli").endswith(
+        "started otherwise: without --fine-tune-lr (now --fine-tune-lr 0.0005); without --chat-template "
+        "(now --chat-template); --batch-size 4 (now 8). Resume it as it was started, or --overwrite to start "
+        "again")
+    assert "batch_size=4 (now 8)" in str(e.value) and "chat_template=True" in str(e.value)
 
 
 def test_cli_train_saves_named_adapter(tmp_path):
