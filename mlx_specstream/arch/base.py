@@ -20,7 +20,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..kernels import host_math
-from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, sdpa
+from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, cached_and_streams, sdpa
 from ..lora import project
 
 
@@ -270,12 +270,10 @@ def attention(
         if window is None or mask.n_prefix + mask.n_rows <= window:
             return attend_with_cache(q, k, v, cache, mask, n_main, scale)
         mask = mask.mask
-    n_cached = k.shape[2] if n_main is None else n_main
     if cache is not None:
-        keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])
-        if n_cached < k.shape[2]:
-            keys = mx.concatenate([keys, k[:, :, n_cached:]], axis=2)
-            values = mx.concatenate([values, v[:, :, n_cached:]], axis=2)
+        keys, values, ks, vs = cached_and_streams(k, v, cache, n_main)
+        if ks is not None:  # the dense path sees the stream rows after the cache
+            keys, values = mx.concatenate([keys, ks], axis=2), mx.concatenate([values, vs], axis=2)
     else:
         keys, values = k, v
     if window is not None:

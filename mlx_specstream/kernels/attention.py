@@ -493,12 +493,18 @@ def attend_with_cache(q, k, v, cache, plan: AttentionPlan, n_main: int | None, s
     their keys/values are appended to ``cache`` (prefix + nodes); the rest are stream rows,
     passed to the kernel as separate stream keys, never cached nor concatenated.
     """
+    return planned_attention(q, *cached_and_streams(k, v, cache, n_main), plan, scale, backend)
+
+
+def cached_and_streams(k, v, cache, n_main: int | None):
+    """The keys and values a pass attends to: ``(keys, values)`` of its first ``n_main`` rows (all
+    when None) appended to ``cache`` (the cache's rows, then them; just them without a cache), and
+    ``(k_streams, v_streams)``, the rest: stream rows, never cached (None, None when there are none)."""
     n_cached = k.shape[2] if n_main is None else n_main
     if cache is not None:
         keys, values = cache.append(k[:, :, :n_cached], v[:, :, :n_cached])
     else:
         keys, values = k[:, :, :n_cached], v[:, :, :n_cached]
-    ks = vs = None
     if n_cached < k.shape[2]:
-        ks, vs = k[:, :, n_cached:], v[:, :, n_cached:]
-    return planned_attention(q, keys, values, ks, vs, plan, scale, backend)
+        return keys, values, k[:, :, n_cached:], v[:, :, n_cached:]
+    return keys, values, None, None
