@@ -29,7 +29,8 @@ import shutil
 import sys
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -424,7 +425,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     created = make_parents(out.parent)
     tmp = temp_dir_beside(out)
     try:
-        with terminate_cleanly():
+        with terminate_cleanly(), _write_errors_as_os_errors(out):
             parts = {}
             for mode in ("prefill", "step"):
                 t = time.perf_counter()
@@ -481,6 +482,19 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     say(f"wrote {out} ({size / 1e6:.2f} MB) in {seconds:.1f}s"
         + (f" and {tokenizer_dir(out)}" if tok is not None else " (the model has no tokenizer files)"))
     return ExportResult(out, tokenizer_dir(out) if tok is not None else None, size, meta, seconds)
+
+
+@contextmanager
+def _write_errors_as_os_errors(out: Path) -> Iterator[None]:
+    """coremltools' failures to write a file (a full disk: its MIL FileWriter raises RuntimeError)
+    as the OSError any other write failure is, naming the package: one line on the command line."""
+    try:
+        yield
+    except RuntimeError as e:
+        said = str(e).splitlines()[0] if str(e) else type(e).__name__
+        if "FileWriter" not in said and "writing" not in said:
+            raise
+        raise OSError(f"cannot write {out}: {said} (is the disk full?)") from None
 
 
 def _write_with_metadata(ct, src: Path, dest: Path, meta: dict[str, str], model_path) -> None:

@@ -17,6 +17,8 @@ adapter), ``ss-shared`` (the shared adapter), ``lora-ar`` (the next-token LoRA b
 from __future__ import annotations
 
 import difflib
+import hashlib
+import io
 import json
 import os
 import sys
@@ -41,9 +43,7 @@ from .outputs import (
     markdown_table,
     recorded_path,
     run_meta,
-    write_atomic,
-    write_results_file,
-    write_text_atomic,
+    write_files_atomic,
 )
 from .project import project_data
 from .tokenizer import load_tokenizer
@@ -293,6 +293,22 @@ def _equal(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
 RESULT_FILES = ("results.json", "results.md", "results.png")
 
 
+def is_our_result(path: Path) -> bool:
+    """A results file of this project's: ``results.json`` by its meta; ``results.md`` and
+    ``results.png`` by the sha256 that the ``results.json`` beside them records (results of
+    before 2026-11-28 recorded none: there, by what they hold, the legend or matplotlib's mark)."""
+    summary = path.with_name("results.json")
+    if not is_results_json(summary):
+        return False
+    if path.name == "results.json":
+        return True
+    recorded = json.loads(summary.read_text())["meta"].get("files")
+    data = path.read_bytes()
+    if isinstance(recorded, dict):
+        return recorded.get(path.name) == hashlib.sha256(data).hexdigest()
+    return LEGEND.strip().encode() in data if path.suffix == ".md" else b"Matplotlib" in data[:4096]
+
+
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     """Fail before the run if ``out_dir`` holds results that ``overwrite`` may not replace:
     earlier results of ours need ``overwrite``; files of the same names that are not ours are
@@ -300,8 +316,7 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     if out_dir.exists() and not out_dir.is_dir():
         raise FileExistsError(f"{out_dir} exists and is not a directory")
     for name in RESULT_FILES:
-        check_replaceable_file(out_dir / name, overwrite,
-                               lambda _: is_results_json(out_dir / "results.json"))
+        check_replaceable_file(out_dir / name, overwrite, is_our_result)
     check_writable(out_dir, "the results")
 
 
@@ -350,7 +365,7 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
         bootstrap=BOOTSTRAP, skipped=info["skipped"],
         node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)
-    write_results(out_dir, meta, results)
+    meta = write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}
 
 
@@ -452,17 +467,32 @@ LEGEND = """
   method is not lossless."""
 
 
-def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
-    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib), each written whole."""
-    write_results_file(out_dir / "results.json", meta, results)
-    write_text_atomic(out_dir / "results.md", results_markdown(meta, results))
+def write_results(out_dir: Path, meta: dict, results: list[dict]) -> dict:
+    """``results.json``, ``results.md`` and ``results.png`` (with matplotlib), written together
+    (:func:`~mlx_specstream.outputs.write_files_atomic`: an interrupted or failed write leaves the
+    earlier set); ``results.json`` records the others' sha256, by which a later ``--overwrite``
+    knows them for this project's (:func:`is_our_result`). Returns the meta written."""
+    files = {"results.md": results_markdown(meta, results).encode()}
+    png = results_plot(meta, results)
+    if png is not None:
+        files["results.png"] = png
+    meta = {**meta, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
+    text = json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_files_atomic(out_dir, {"results.json": text.encode(), **files})
+    return meta
+
+
+def results_plot(meta: dict, results: list[dict]) -> bytes | None:
+    """The PNG of ``results``: speed-ups with their intervals, tokens per pass (None without
+    matplotlib)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["method"] for r in results]
     speed = np.array([r["speedup"] for r in results])
@@ -477,5 +507,7 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> None:
     fig.suptitle(f"{meta['task']}, {Path(str(meta.get('model'))).name}: {meta['prompts']} prompts, "
                  f"{meta['date']}, {meta.get('processor')}, BLAS {meta['blas']}")
     fig.tight_layout()
-    write_atomic(out_dir / "results.png", lambda f: fig.savefig(f, format="png", dpi=120))
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
     plt.close(fig)
+    return buf.getvalue()

@@ -235,6 +235,15 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False, flag: str =
         with terminate_cleanly():
             yield tmp
             replace_dirs([(tmp, dest, kind)], overwrite)
+    except OSError as e:  # said of the output asked for, not of the temporary directory
+        shutil.rmtree(tmp, ignore_errors=True)
+        remove_empty(created)
+        said = str(e).replace(str(tmp), str(dest))
+        if said == str(e):
+            raise
+        err = type(e)(said)
+        err.errno = e.errno
+        raise err from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         remove_empty(created)

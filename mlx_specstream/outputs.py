@@ -38,7 +38,9 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
     "model": ("config.json", ("config.json", "*.safetensors", "model.safetensors.index.json",
                               *TOKENIZER_FILES)),
     "adapter": ("adapter_config.json", ("adapter_config.json", "adapter.safetensors",
-                                        "training_report.json", "ngrams.npz")),
+                                        "training_report.json", "ngrams.npz",
+                                        # write_atomic's temporary files, left by a kill
+                                        ".training_report.json.tmp*", ".ngrams.npz.tmp*")),
     "training run": (None, ("checkpoints", "distilled")),
     "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "adapter_config.json",
                                   "optimizer.safetensors", "best.safetensors")),
@@ -327,7 +329,7 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
     interruption never leaves the user with neither the old output nor the new one."""
     aside: list[tuple[Path, Path]] = []  # (old output renamed aside, where it was)
     placed: list[Path] = []
-    with _signals_held():  # Ctrl-C or SIGTERM acts once the outputs are whole again
+    with signals_held():  # Ctrl-C or SIGTERM acts once the outputs are whole again
         try:
             for src, dest, kind in moves:
                 if dest.exists() or dest.is_symlink():
@@ -357,7 +359,7 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
 
 
 @contextmanager
-def _signals_held() -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back until the block ends, then raised again for the handlers that
     were in place (from the main thread, where Python runs signal handlers)."""
     if threading.current_thread() is not threading.main_thread():
@@ -380,7 +382,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     interrupted or failed write leaves the previous file as it was (and no temporary file)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
+        with terminate_cleanly(), open(tmp, "wb") as f:  # SIGTERM too removes the temporary file
             write(f)
         os.replace(tmp, path)
     except OSError as e:  # said of the file asked for, not of the temporary one
@@ -392,6 +394,33 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise said from None
     except BaseException:
         tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_files_atomic(directory: Path, files: dict[str, bytes]) -> None:
+    """Write several files of ``directory`` together: each into a temporary file beside it, then
+    all renamed at once with Ctrl-C and SIGTERM held, so a failed or interrupted write leaves the
+    earlier set as it was (none of them new), and no temporary file."""
+    temps = {name: directory / f".{name}.tmp{os.getpid()}" for name in files}
+    try:
+        with terminate_cleanly():
+            for name, data in files.items():
+                temps[name].write_bytes(data)
+        with signals_held():
+            for name in files:
+                os.replace(temps[name], directory / name)
+    except OSError as e:
+        name = next((n for n, t in temps.items() if t.name in str(e)), None)
+        for t in temps.values():
+            t.unlink(missing_ok=True)
+        if e.errno is None or name is None:
+            raise
+        said = type(e)(f"cannot write {directory / name}: {e.strerror}")
+        said.errno = e.errno
+        raise said from None
+    except BaseException:
+        for t in temps.values():
+            t.unlink(missing_ok=True)
         raise
 
 

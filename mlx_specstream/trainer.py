@@ -95,6 +95,7 @@ from .outputs import (
     check_replaceable_file,
     check_writable,
     recorded_path,
+    signals_held,
     terminate_cleanly,
     write_text_atomic,
 )
@@ -570,7 +571,7 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     """Refuse to replace an adapter or a run unless asked to, or what this project did not write."""
     work = out_dir.with_name(out_dir.name + ".train")
     check_replaceable(out_dir, "adapter", True)  # first: neither flag may touch what is not ours
-    if work.exists():
+    if work.exists() or work.is_symlink():  # a dangling link too: said now, not after the work
         check_replaceable(work, "training run", True)
     found = checkpoints(work / "checkpoints")
     if out_dir.exists() and not (resume or overwrite):
@@ -1273,8 +1274,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         model.adapter_config.training = {"iters": iters, "mode": mode, "self_distill": self_distill,
                                          "over": tc.over, "init": tc.init, "base_model": base}
-        save_adapter(model, out_dir, overwrite=True)
-        write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
+        with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
+            save_adapter(model, out_dir, overwrite=True)
+            write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
         use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
         if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
             use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/

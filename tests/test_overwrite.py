@@ -439,3 +439,91 @@ def test_a_failed_atomic_write_names_the_file_asked_for(tmp_path):
 
     with pytest.raises(FileNotFoundError, match=f"^cannot write {tmp_path / 'no' / 'f.json'}: No such file"):
         write_atomic(tmp_path / "no" / "f.json", lambda f: f.write(b"x"))
+
+
+def test_sigterm_during_an_atomic_file_write_leaves_no_temporary_file(tmp_path):
+    """SIGTERM while ``write_atomic`` fills its temporary file: the file goes, the old one stays (a
+    kill by the signal's default action used to leave ``.NAME.tmpPID``, which then made the
+    adapter folder look like a user's)."""
+    import os
+    import signal
+
+    from mlx_specstream.outputs import Terminated, write_atomic
+
+    (tmp_path / "a.txt").write_text("old")
+
+    def halfway(f):
+        f.write(b"new")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(Terminated):
+        write_atomic(tmp_path / "a.txt", halfway)
+    assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old"
+
+
+def test_our_leftovers_and_links_in_an_adapters_place(tmp_path):
+    """A temporary report or n-gram file a kill left in an adapter folder is the project's (the
+    folder can be replaced); a dangling link where the run's folder goes is refused before any
+    work; a failure inside an atomic directory names the output asked for, not the temporary one."""
+    import errno
+
+    from mlx_specstream.trainer import _check_out
+
+    model = tiny_model()
+    new_adapter(model, gamma=2, msa_layers=1)
+    save_adapter(model, tmp_path / "a")
+    (tmp_path / "a" / ".training_report.json.tmp4242").write_text("{")
+    save_adapter(model, tmp_path / "a", overwrite=True)
+    (tmp_path / "b.train").symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match="b.train"):
+        _check_out(tmp_path / "b", resume=False, overwrite=True)
+    with pytest.raises(OSError) as e:
+        with atomic_dir(tmp_path / "c", "adapter") as tmp:
+            raise OSError(errno.ENOSPC, f"cannot write {tmp / 'adapter.safetensors'}: No space left")
+    assert str(tmp_path / "c" / "adapter.safetensors") in str(e.value) and ".c." not in str(e.value)
+    assert e.value.errno == errno.ENOSPC
+
+
+def test_bench_results_are_written_together_and_judged_one_by_one(tmp_path, monkeypatch):
+    """The three results files appear together or not at all; each is replaced only if it is the
+    one this project wrote (by the sha256 its results.json records), so a user's notes saved as
+    results.md survive ``--overwrite``."""
+    from mlx_specstream import bench
+
+    meta = {"command": "bench", "reference": "ar", "task": "sql", "model": "m", "prompts": 1,
+            "date": "today", "blas": "x"}
+    results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
+    monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
+    out = tmp_path / "r"
+    bench.write_results(out, meta, results)
+    assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
+    check_out_dir(out, overwrite=True)  # all ours
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+
+    def failing(m, r):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(bench, "results_plot", failing)
+    with pytest.raises(OSError):
+        bench.write_results(out, {**meta, "date": "later"}, results)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, whole
+    (out / "results.md").write_text("my own notes, not a table")
+    with pytest.raises(FileExistsError, match="results.md: not a file mlx-specstream wrote"):
+        check_out_dir(out, overwrite=True)
+
+
+def test_a_core_ml_write_failure_is_an_oserror_naming_the_package(tmp_path):
+    """coremltools' MIL FileWriter raises RuntimeError on a full disk: one line on the command line,
+    like any other failed write; other RuntimeErrors stay what they are."""
+    from mlx_specstream.convert.coreml_export import _write_errors_as_os_errors
+    from mlx_specstream.errors import USER_ERRORS
+
+    out = tmp_path / "x.mlpackage"
+    with pytest.raises(OSError, match=f"^cannot write {out}: \\[MIL FileWriter\\]") as e:
+        with _write_errors_as_os_errors(out):
+            raise RuntimeError("[MIL FileWriter]: Unknown error occurred while writing data to the "
+                               "file.\nmore")
+    assert isinstance(e.value, USER_ERRORS)
+    with pytest.raises(RuntimeError, match="a bug"):
+        with _write_errors_as_os_errors(out):
+            raise RuntimeError("a bug")
