@@ -296,17 +296,20 @@ RESULT_FILES = ("results.json", "results.md", "results.png")
 def is_our_result(path: Path) -> bool:
     """A results file of this project's: ``results.json`` by its meta; ``results.md`` and
     ``results.png`` by the sha256 that the ``results.json`` beside them records (results of
-    before 2026-11-28 recorded none: there, by what they hold, the legend or matplotlib's mark)."""
+    before 2026-11-28 recorded none: there, results.md by its first line, which names the run
+    results.json records, results.png by matplotlib's mark)."""
     summary = path.with_name("results.json")
     if not is_results_json(summary):
         return False
     if path.name == "results.json":
         return True
-    recorded = json.loads(summary.read_text())["meta"].get("files")
+    meta = json.loads(summary.read_text())["meta"]
     data = path.read_bytes()
-    if isinstance(recorded, dict):
-        return recorded.get(path.name) == hashlib.sha256(data).hexdigest()
-    return LEGEND.strip().encode() in data if path.suffix == ".md" else b"Matplotlib" in data[:4096]
+    if isinstance(meta.get("files"), dict):
+        return meta["files"].get(path.name) == hashlib.sha256(data).hexdigest()
+    if path.suffix == ".md":  # its first line names the run results.json records
+        return data.startswith(f"`{meta.get('command')}` — {meta.get('date')}".encode())
+    return data.startswith(b"\x89PNG") and b"Matplotlib" in data[:4096]
 
 
 def check_out_dir(out_dir: Path, overwrite: bool) -> None:
@@ -479,7 +482,9 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> dict:
     meta = {**meta, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
     text = json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_files_atomic(out_dir, {"results.json": text.encode(), **files})
+    # an earlier run's plot goes with the rest of its set (check_out_dir found it ours)
+    write_files_atomic(out_dir, {"results.json": text.encode(), **files},
+                       remove=[n for n in RESULT_FILES if n not in files and n != "results.json"])
     return meta
 
 

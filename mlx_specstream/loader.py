@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .errors import CheckpointError, OptionError
+from .errors import CheckpointError, OptionError, SaidInOptions
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -238,16 +238,27 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False, flag: str =
     except OSError as e:  # said of the output asked for, not of the temporary directory
         shutil.rmtree(tmp, ignore_errors=True)
         remove_empty(created)
-        said = str(e).replace(str(tmp), str(dest))
-        if said == str(e):
-            raise
-        err = type(e)(said)
-        err.errno = e.errno
-        raise err from None
+        raise _said_of(e, tmp, dest) from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         remove_empty(created)
         raise
+
+
+def _said_of(e: OSError, tmp: Path, dest: Path) -> OSError:
+    """``e`` with the temporary directory's path ``tmp`` said as ``dest`` (its message or file
+    names), the same kind of error with the same errno; ``e`` itself where it names no such path
+    (an :class:`~mlx_specstream.errors.OutputExistsError`, already said of the destination)."""
+    def fix(text):
+        return text.replace(str(tmp), str(dest)) if isinstance(text, str) else text
+
+    if str(tmp) not in str(e) or isinstance(e, SaidInOptions):
+        return e
+    if e.filename is not None:
+        return type(e)(e.errno, e.strerror, fix(e.filename), None, fix(e.filename2))
+    said = type(e)(fix(str(e)))
+    said.errno = e.errno
+    return said
 
 
 def save_model(model: CausalLM, config: dict, dest: Path) -> None:

@@ -304,8 +304,8 @@ def terminate_cleanly() -> Iterator[None]:
     """While this block runs (in the main thread), SIGTERM raises :class:`Terminated`, so that
     the cleanup of a half-written output runs as it does for Ctrl-C; the previous handler is put
     back afterwards. A SIGTERM's default action would leave the temporary directory behind."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    if threading.current_thread() is not threading.main_thread() or _held[0]:
+        yield  # another thread, or inside signals_held: SIGTERM stays held until that block ends
         return
 
     def stop(signum, frame):
@@ -358,23 +358,29 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
             shutil.rmtree(old, ignore_errors=True)
 
 
+_held = [0]  # depth of signals_held blocks: terminate_cleanly leaves SIGTERM held inside them
+
+
 @contextmanager
 def signals_held() -> Iterator[None]:
     """SIGINT and SIGTERM held back until the block ends, then raised again for the handlers that
-    were in place (from the main thread, where Python runs signal handlers)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
+    were in place, SIGTERM first (from the main thread, where Python runs signal handlers); a
+    :func:`terminate_cleanly` inside the block leaves SIGTERM held."""
+    if threading.current_thread() is not threading.main_thread() or _held[0]:
+        yield  # another thread, or an outer block holds them already
         return
     caught: list[int] = []
     before = {s: signal.signal(s, lambda signum, frame: caught.append(signum))
               for s in (signal.SIGINT, signal.SIGTERM)}
+    _held[0] += 1
     try:
         yield
     finally:
+        _held[0] -= 1
         for s, handler in before.items():
             signal.signal(s, handler if handler is not None else signal.SIG_DFL)
-        if caught:
-            signal.raise_signal(caught[0])
+        for s in sorted(set(caught), key=lambda s: s != signal.SIGTERM):
+            signal.raise_signal(s)
 
 
 def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -397,22 +403,22 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         raise
 
 
-def write_files_atomic(directory: Path, files: dict[str, bytes]) -> None:
-    """Write several files of ``directory`` together: each into a temporary file beside it, then
-    all renamed at once with Ctrl-C and SIGTERM held, so a failed or interrupted write leaves the
-    earlier set as it was (none of them new), and no temporary file."""
-    temps = {name: directory / f".{name}.tmp{os.getpid()}" for name in files}
+def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[str] = ()) -> None:
+    """Write several files of ``directory`` together, and remove the ``remove`` ones (an earlier
+    set's that the new one lacks): each new file goes to a temporary file beside it, then with
+    Ctrl-C and SIGTERM held the earlier files are renamed aside and the new ones into place; if a
+    rename fails, what was placed goes and the earlier files come back. So a failed or interrupted
+    write leaves the earlier set as it was, and no temporary file."""
+    pid = os.getpid()
+    temps = {name: directory / f".{name}.tmp{pid}" for name in files}
     try:
         with terminate_cleanly():
             for name, data in files.items():
                 temps[name].write_bytes(data)
-        with signals_held():
-            for name in files:
-                os.replace(temps[name], directory / name)
     except OSError as e:
-        name = next((n for n, t in temps.items() if t.name in str(e)), None)
         for t in temps.values():
             t.unlink(missing_ok=True)
+        name = next((n for n, t in temps.items() if t.name in str(e)), None)
         if e.errno is None or name is None:
             raise
         said = type(e)(f"cannot write {directory / name}: {e.strerror}")
@@ -422,6 +428,29 @@ def write_files_atomic(directory: Path, files: dict[str, bytes]) -> None:
         for t in temps.values():
             t.unlink(missing_ok=True)
         raise
+    aside: list[tuple[Path, Path]] = []  # (the earlier file renamed aside, where it was)
+    placed: list[Path] = []
+    with signals_held():
+        try:
+            for name in (*files, *remove):
+                dest = directory / name
+                if dest.exists():
+                    old = directory / f".{name}.old{pid}"
+                    os.replace(dest, old)
+                    aside.append((old, dest))
+                if name in files:
+                    os.replace(temps[name], dest)
+                    placed.append(dest)
+        except BaseException:
+            for dest in placed:
+                dest.unlink(missing_ok=True)
+            for old, dest in aside:
+                os.replace(old, dest)
+            for t in temps.values():
+                t.unlink(missing_ok=True)
+            raise
+        for old, _ in aside:
+            old.unlink(missing_ok=True)
 
 
 def check_writable(directory: Path, what: str = "") -> None:

@@ -619,7 +619,7 @@ def run_settings(model_path: str | Path, out: str | Path) -> dict:
     state = last[1] if last is not None else {}
     settings = dict(state.get("settings") or state.get("config") or {})  # "config" alone: before 2026-11-28
     accepted = inspect.signature(train).parameters  # its options (a TrainConfig field may be derived)
-    settings = {k: v for k, v in settings.items() if k in accepted and k != "init"}
+    settings = {k: v for k, v in settings.items() if k in accepted and k not in ("model", "data", "init")}
     if "mode" in settings:  # what the mode ignores or sets by itself (None in train's arguments): left to it
         mode = settings["mode"]
         unused = _UNUSED_IN.get(mode, ("distill_tokens",) if settings.get("self_distill") is False else ())
@@ -648,8 +648,10 @@ def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tup
     diff = {k: (recorded.get(k), v) for k, v in compat.items()
             if recorded.get(k, v if k in recorded_only else None) != v}
     if diff:
-        said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now "
-                + (str(now) if _plain(then) and _plain(now) else setting_said(k, now)) + ")"
+        def now_said(k, then, now):  # a value alone where both read alone: "--batch-size 4 (now 8)"
+            return str(said_value(k, now)) if _plain(k, then) and _plain(k, now) else setting_said(k, now)
+
+        said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now {now_said(k, then, now)})"
                 for k, (then, now) in diff.items()]
         raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
                           + ". Resume it as it was started, or {overwrite=True} to start again",
@@ -659,21 +661,24 @@ def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tup
 _ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
 
 
+def said_value(name: str, value):
+    """A setting's value as its option takes it: alphas as ``1,0.1,0.1``, segment_len's None as 0."""
+    if value is None and name in _ZERO_IS_NONE:
+        return 0
+    return ",".join(f"{a:g}" for a in value) if isinstance(value, list) else value
+
+
 def setting_said(name: str, value) -> str:
     """A setting as its option says it, in :class:`~mlx_specstream.errors.SaidInOptions`' notation:
-    ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False), alphas as
-    ``{alphas=1,0.1,0.1}``, segment_len's None as 0."""
-    if value is None and name in _ZERO_IS_NONE:
-        value = 0
-    if value is None or value is False:
-        return f"without {{{name}}}"
-    if isinstance(value, list):
-        value = ",".join(f"{a:g}" for a in value)
-    return f"{{{name}={value}}}"
+    ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False),
+    ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None."""
+    value = said_value(name, value)
+    return f"without {{{name}}}" if value is None or value is False else f"{{{name}={value}}}"
 
 
-def _plain(value) -> bool:
-    return value is not None and not isinstance(value, bool | list)
+def _plain(name: str, value) -> bool:
+    """Whether a value reads alone, as a number or a word (not a switch, None or a list)."""
+    return not isinstance(said_value(name, value), bool | type(None)) and not isinstance(value, list)
 
 
 # Settings a checkpoint records by digest, as a resumed run that differs in them is told

@@ -527,3 +527,62 @@ def test_a_core_ml_write_failure_is_an_oserror_naming_the_package(tmp_path):
     with pytest.raises(RuntimeError, match="a bug"):
         with _write_errors_as_os_errors(out):
             raise RuntimeError("a bug")
+
+
+def test_results_of_earlier_versions_a_failed_rename_and_a_plot_the_new_set_lacks(tmp_path, monkeypatch):
+    """Results written before files were recorded are still ours (results.md by its first line);
+    a rename that fails halfway puts the earlier set back; a set written without a plot takes the
+    earlier plot away with the rest of its set."""
+    import shutil
+
+    from mlx_specstream import bench, outputs
+
+    shipped = tmp_path / "shipped"
+    shutil.copytree(Path(__file__).resolve().parent.parent / "results" / "bench-sql", shipped)
+    check_out_dir(shipped, overwrite=True)
+    before = {p.name: p.read_bytes() for p in shipped.iterdir()}
+    real = os_replace = outputs.os.replace
+
+    def failing(src, dst):
+        if Path(dst).name == "results.md" and ".tmp" in Path(src).name:
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    meta = {"command": "bench", "reference": "ar", "task": "sql", "model": "m", "prompts": 1, "date": "now",
+            "blas": "x"}
+    results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
+    monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    with pytest.raises(OSError, match="No space"):
+        bench.write_results(shipped, meta, results)
+    assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
+    monkeypatch.setattr(outputs.os, "replace", os_replace)
+    monkeypatch.setattr(bench, "results_plot", lambda m, r: None)  # no matplotlib
+    bench.write_results(shipped, meta, results)
+    assert sorted(p.name for p in shipped.iterdir()) == ["results.json", "results.md"]
+    check_out_dir(shipped, overwrite=True)
+
+
+def test_sigterm_inside_a_held_block_waits_for_its_end(tmp_path):
+    """Inside ``signals_held`` (an adapter and its report saved together) a write's own SIGTERM
+    handling stands aside: the signal acts once the block is over, every file written."""
+    import os
+    import signal
+
+    from mlx_specstream.outputs import signals_held, write_atomic
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(Stopped):
+            with signals_held():
+                write_atomic(tmp_path / "a", lambda f: (f.write(b"a"), os.kill(os.getpid(), signal.SIGTERM)))
+                write_atomic(tmp_path / "b", lambda f: f.write(b"b"))
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1057,6 +1057,8 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
         "(now --chat-template); --batch-size 4 (now 8). Resume it as it was started, or --overwrite to start "
         "again")
     assert "batch_size=4 (now 8)" in str(e.value) and "chat_template=True" in str(e.value)
+    with pytest.raises(OptionError, match=r"segment_len=0 \(now 32\)"):
+        _check_same_run(step, {"segment_len": None}, {"segment_len": 32}, ())
 
 
 def test_cli_train_saves_named_adapter(tmp_path):
