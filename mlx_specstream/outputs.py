@@ -430,6 +430,7 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
         raise
     aside: list[tuple[Path, Path]] = []  # (the earlier file renamed aside, where it was)
     placed: list[Path] = []
+    dest = directory
     with signals_held():
         try:
             for name in (*files, *remove):
@@ -441,14 +442,18 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
                 if name in files:
                     os.replace(temps[name], dest)
                     placed.append(dest)
-        except BaseException:
-            for dest in placed:
-                dest.unlink(missing_ok=True)
-            for old, dest in aside:
-                os.replace(old, dest)
+        except BaseException as e:
+            for path in placed:
+                path.unlink(missing_ok=True)
+            for old, path in aside:
+                os.replace(old, path)
             for t in temps.values():
                 t.unlink(missing_ok=True)
-            raise
+            if not isinstance(e, OSError) or e.errno is None:
+                raise
+            said = type(e)(f"cannot write {dest}: {e.strerror}")  # not its temporary file's name
+            said.errno = e.errno
+            raise said from None
         for old, _ in aside:
             old.unlink(missing_ok=True)
 
