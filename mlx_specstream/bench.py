@@ -42,6 +42,7 @@ from .outputs import (
     is_results_json,
     markdown_table,
     recorded_path,
+    results_text,
     run_meta,
     write_files_atomic,
 )
@@ -480,10 +481,9 @@ def write_results(out_dir: Path, meta: dict, results: list[dict]) -> dict:
     if png is not None:
         files["results.png"] = png
     meta = {**meta, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
-    text = json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
     out_dir.mkdir(parents=True, exist_ok=True)
     # an earlier run's plot goes with the rest of its set (check_out_dir found it ours)
-    write_files_atomic(out_dir, {"results.json": text.encode(), **files},
+    write_files_atomic(out_dir, {"results.json": results_text(meta, results).encode(), **files},
                        remove=[n for n in RESULT_FILES if n not in files and n != "results.json"])
     return meta
 

@@ -395,12 +395,18 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
         tmp.unlink(missing_ok=True)
         if e.errno is None:
             raise
-        said = type(e)(f"cannot write {path}: {e.strerror}")
-        said.errno = e.errno
-        raise said from None
+        raise _cannot_write(e, path) from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def _cannot_write(e: OSError, path: Path) -> OSError:
+    """``e`` said of ``path``, the file asked for, not of a temporary file beside it: the same kind
+    of error with the same errno."""
+    said = type(e)(f"cannot write {path}: {e.strerror}")
+    said.errno = e.errno
+    return said
 
 
 def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[str] = ()) -> None:
@@ -421,9 +427,7 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
         name = next((n for n, t in temps.items() if t.name in str(e)), None)
         if e.errno is None or name is None:
             raise
-        said = type(e)(f"cannot write {directory / name}: {e.strerror}")
-        said.errno = e.errno
-        raise said from None
+        raise _cannot_write(e, directory / name) from None
     except BaseException:
         for t in temps.values():
             t.unlink(missing_ok=True)
@@ -451,9 +455,7 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
                 t.unlink(missing_ok=True)
             if not isinstance(e, OSError) or e.errno is None:
                 raise
-            said = type(e)(f"cannot write {dest}: {e.strerror}")  # not its temporary file's name
-            said.errno = e.errno
-            raise said from None
+            raise _cannot_write(e, dest) from None
         for old, _ in aside:
             old.unlink(missing_ok=True)
 
@@ -517,10 +519,15 @@ def parse_script_args(ap: argparse.ArgumentParser, argv: list[str] | None = None
     return args
 
 
+def results_text(meta: dict, results: list) -> str:
+    """A results file's text: ``{"meta", "results"}`` as JSON."""
+    return json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+
+
 def write_results_file(path: Path, meta: dict, results: list) -> None:
-    """A benchmark script's results file, ``{"meta", "results"}`` as JSON, written whole."""
+    """A benchmark script's results file (:func:`results_text`), written whole."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps({"meta": meta, "results": results}, indent=2) + "\n")
+    write_text_atomic(path, results_text(meta, results))
 
 
 def markdown_table(columns: dict[str, str], rows: list[dict]) -> str:
