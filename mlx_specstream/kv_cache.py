@@ -38,14 +38,18 @@ class KVCache:
         self.offset = need
         return self.keys[:, :, :need], self.values[:, :, :need]
 
-    def commit(self, start: int, keep: list[int] | np.ndarray | mx.array) -> None:
+    def commit(self, start: int, keep: int | list[int] | np.ndarray | mx.array) -> None:
         """Keep rows ``start + keep[i]`` as rows ``start + i``; drop every row after them.
 
         Rows already in place (``keep`` = 0, 1, ..., n-1 given on the host: a prefill, every AR
-        step, a chain accepted in full) are not copied (:func:`rows_to_keep`)."""
+        step, a chain accepted in full; or their count, as :func:`rows_to_keep` gives it) are not
+        copied."""
         keep = rows_to_keep(keep)
+        if isinstance(keep, int):
+            self.offset = start + keep
+            return
         n = keep.size
-        if isinstance(keep, mx.array) and n:
+        if n:
             idx = keep + start
             self.keys[:, :, start : start + n] = mx.take(self.keys, idx, axis=2)
             self.values[:, :, start : start + n] = mx.take(self.values, idx, axis=2)
@@ -62,14 +66,14 @@ class KVCache:
         return self.keys[:, :, : self.offset], self.values[:, :, : self.offset]
 
 
-def rows_to_keep(keep: list[int] | np.ndarray | mx.array) -> np.ndarray | mx.array:
+def rows_to_keep(keep: int | list[int] | np.ndarray | mx.array) -> int | mx.array:
     """``keep`` as :meth:`KVCache.commit` uses it: host indices that are already in place (0, 1,
-    ..., n-1: nothing to copy) stay on the host, other indices go to the device. Converting once
-    serves every layer that keeps the same rows."""
-    if isinstance(keep, mx.array):
+    ..., n-1: nothing to copy) as their count, other indices on the device. Converting once
+    serves every layer that keeps the same rows, each then taking it as it is."""
+    if isinstance(keep, int | mx.array):
         return keep
     keep = np.asarray(keep, np.int64)
-    return keep if np.array_equal(keep, np.arange(keep.size)) else mx.array(keep.astype(np.int32))
+    return keep.size if np.array_equal(keep, np.arange(keep.size)) else mx.array(keep.astype(np.int32))
 
 
 def make_cache(model) -> list[KVCache]:
