@@ -7,9 +7,10 @@ Each line is one JSON object, in one of these forms:
   the tokenizer's EOS, so the model learns to stop.
 * ``{"text": "..."}``: the loss covers every token after the first (EOS appended).
 * ``{"messages": [{"role": ..., "content": ...}, ...]}``, run through the chat template (the
-  model needs one): the last message must be the assistant's; it is the completion, the others
-  are the prompt. ``"tools"`` beside ``"messages"`` (or a prompt with the chat template) go to
-  the template, as in mlx-lm.
+  model needs one): the last message must be the assistant's. Every assistant reply is learned:
+  a conversation is one example per reply (its text the completion, the conversation before it
+  rendered as a chat client sends it the prompt; :func:`assistant_turns`). ``"tools"`` beside
+  ``"messages"`` (or a prompt with the chat template) go to the template, as in mlx-lm.
 * Pre-tokenized: ``"prompt"``/``"completion"``/``"text"`` given as lists of token ids are used
   as they are (no BOS or EOS added). Tests and synthetic data use this form.
 
@@ -56,7 +57,8 @@ class Example:
 class Dataset:
     examples: list[Example]
     path: Path | None = None
-    n_lines: int = 0  # examples read from the file
+    n_lines: int = 0  # lines read from the file
+    n_read: int = 0  # examples made of them: one per line, or per assistant reply of a conversation
     n_truncated: int = 0
     n_skipped: int = 0  # too long (policy "skip"), or no target token left
     n_empty: int = 0  # prompt/completion rows whose completion is empty (only EOS to learn)
@@ -75,8 +77,8 @@ class Dataset:
 
     def summary(self) -> dict:
         return {"path": str(self.path) if self.path else None, "lines": self.n_lines,
-                "examples": len(self), "truncated": self.n_truncated, "skipped": self.n_skipped,
-                "empty_completions": self.n_empty,
+                "read": self.n_read, "examples": len(self), "truncated": self.n_truncated,
+                "skipped": self.n_skipped, "empty_completions": self.n_empty,
                 "tokens": self.n_tokens, "target_tokens": self.n_target_tokens}
 
 
@@ -157,9 +159,26 @@ def chat_prompt(tokenizer, prompt: str, *, system: str | None = None, tools: lis
     return _chat_prompt(tokenizer, [*system_turn, {"role": "user", "content": prompt}], where, tools)
 
 
+def assistant_turns(row: dict) -> list[dict]:
+    """A conversation as one ``messages`` row per assistant reply to learn, each ending with that
+    reply: every assistant message whose content is text, not a tool call, and the last message
+    (checked by :func:`encode_row`). Other rows, and malformed ones, come back as they are.
+
+    Example: system, user ``q1``, assistant ``a1``, user ``q2``, assistant ``a2`` -> two rows,
+    [system, q1, a1] and [system, q1, a1, q2, a2]: ``a1`` learned after ``q1``, ``a2`` after all
+    before it, each prompt what a chat client would send at that point."""
+    msgs = row.get("messages") if isinstance(row, dict) else None
+    if not (isinstance(msgs, list) and all(isinstance(m, dict) for m in msgs)):
+        return [row]
+    replies = [i for i, m in enumerate(msgs[:-1]) if m.get("role") == "assistant" and not m.get("tool_calls")
+               and isinstance(m.get("content"), (str, list)) and m["content"]]
+    return [{**row, "messages": msgs[: i + 1]} for i in replies] + [row]
+
+
 def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bool = True,
                where: str = "") -> Example:
-    """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``)."""
+    """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``); a
+    conversation's last reply (:func:`assistant_turns` gives the others)."""
     if not isinstance(row, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
     tools = row.get("tools")
@@ -301,34 +320,37 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1
         plain += isinstance(row, dict) and isinstance(row.get("prompt"), str) and not chat_template
-        ex = encode_row(row, tokenizer, chat_template=chat_template, add_eos=add_eos,
-                        where=f"{path}:{n}")
-        if vocab_size is not None and ex.tokens and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
-            raise DataError(f"{path}:{n}: token id out of range for a vocabulary of {vocab_size}")
-        if max_seq_len is not None and len(ex.tokens) > max_seq_len:
-            if policy == "skip" or ex.n_prompt >= max_seq_len:
+        for one in assistant_turns(row):
+            ds.n_read += 1
+            ex = encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
+                            where=f"{path}:{n}")
+            if vocab_size is not None and ex.tokens \
+                    and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
+                raise DataError(f"{path}:{n}: token id out of range for a vocabulary of {vocab_size}")
+            if max_seq_len is not None and len(ex.tokens) > max_seq_len:
+                if policy == "skip" or ex.n_prompt >= max_seq_len:
+                    ds.n_skipped += 1
+                    continue
+                ex = replace(ex, tokens=ex.tokens[:max_seq_len])
+                ds.n_truncated += 1
+            if ex.n_targets < 1:
+                no_target += 1
                 ds.n_skipped += 1
                 continue
-            ex = replace(ex, tokens=ex.tokens[:max_seq_len])
-            ds.n_truncated += 1
-        if ex.n_targets < 1:
-            no_target += 1
-            ds.n_skipped += 1
-            continue
-        ds.examples.append(ex)
+            ds.examples.append(ex)
     if plain and tokenizer is not None and has_chat_template(tokenizer):
         ds.notes.append(f"{path.name}: the model has a chat template, and {plain} prompts are not in it: "
                         "--chat-template wraps each in a user turn, as a chat client's requests are")
     if ds.n_truncated:
-        ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_lines} examples "
+        ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")
     if ds.n_skipped:
         why = f"longer than {max_seq_len} tokens" if ds.n_skipped > no_target else "nothing to predict"
         if ds.n_skipped > no_target and no_target:
             why += f" ({no_target} with nothing to predict)"
-        ds.notes.append(f"{path.name}: skipped {ds.n_skipped} of {ds.n_lines} examples ({why})")
+        ds.notes.append(f"{path.name}: skipped {ds.n_skipped} of {ds.n_read} examples ({why})")
     if not ds.examples:
-        raise DataError(f"{path}: no usable examples (all {ds.n_lines} skipped: "
+        raise DataError(f"{path}: no usable examples (all {ds.n_read} skipped: "
                         f"longer than max_seq_len={max_seq_len} or nothing to predict)")
     return ds
 

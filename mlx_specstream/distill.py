@@ -99,8 +99,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     wanted = set(wanted)
     examples = [replace(e, tokens=prompts[i] + done[i]) if i in wanted else e
                 for i, e in enumerate(dataset.examples)]
-    out = Dataset(examples, dataset.path, dataset.n_lines, dataset.n_truncated, dataset.n_skipped,
-                  dataset.n_empty, list(dataset.notes))
+    out = replace(dataset, examples=examples, notes=list(dataset.notes))
     if wanted:
         out.notes.append(f"{desc}: completions replaced by the base model's greedy continuations")
     return out

@@ -926,7 +926,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         for note in (ds.notes if ds is not None else []):
             say(note)
         if ds is not None and ds.n_empty and not self_distill:
-            say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_lines} examples have an "
+            say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_read} examples have an "
                 "empty completion: trained on as given, they teach the model to stop right after the "
                 "prompt (lossless mode's default self-distillation learns the model's own continuations)")
     data_digest = _examples_digest(train_ds)  # the data as given: a resumed run must see the same

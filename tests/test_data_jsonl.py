@@ -158,6 +158,32 @@ def test_tokenizing_bar_shows_only_when_asked(tmp_path, capsys):
         assert ("tokenizing train.jsonl" in capsys.readouterr().err) is progress
 
 
+def test_every_assistant_reply_of_a_conversation_is_learned(tmp_path):
+    """A conversation is one example per assistant reply, each after the conversation before it
+    as a chat client sends it (the prompts written out by hand below); tool calls, empty replies
+    and other roles are context only."""
+    tok = CharTokenizer()
+    chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
+            {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "tool", "content": "42"}, {"role": "assistant", "content": ""},
+            {"role": "user", "content": "q3"}, {"role": "assistant", "content": [{"type": "text", "text": "a3"}]}]
+    f = write(tmp_path / "train.jsonl", [{"messages": chat}, {"prompt": "p", "completion": "c"}])
+    ds = load_jsonl(f, tok)
+    expected = [("<s><system>s<user>q1<assistant>", "a1"),
+                ("<s><system>s<user>q1<assistant>a1<user>q2<assistant>None<tool>42<assistant><user>q3"
+                 "<assistant>", "a3"), ("p", "c")]
+    assert [(e.tokens[: e.n_prompt], e.tokens[e.n_prompt:]) for e in ds.examples] == [
+        (tok.encode(p), tok.encode(c, add_special_tokens=False) + [2]) for p, c in expected]
+    assert (ds.n_lines, ds.n_read, len(ds)) == (2, 3, 3)
+    assert ds.summary()["read"] == 3
+    short = load_jsonl(f, tok, max_seq_len=ds.examples[1].n_prompt + 1)  # the second reply is cut
+    assert (len(short), short.n_truncated) == (3, 1)
+    assert "truncated 1 of 3 examples" in short.notes[-1]
+    with pytest.raises(DataError, match="train.jsonl:1: 'messages' must be a list ending with an assistant"):
+        load_jsonl(write(tmp_path / "train.jsonl", [{"messages": chat[:4]}]), tok)
+
+
 def test_chat_template_without_one_names_the_option():
     from mlx_specstream.api import DEFAULT_MODEL
     from mlx_specstream.data import encode_row
