@@ -42,6 +42,7 @@ class Example:
     tokens: list[int]
     n_prompt: int  # leading tokens that are context only; targets are tokens[n_prompt:]
     text: bool = False  # a "text" row: no prompt, its first token only before the targets
+    line: int | None = None  # the file's line it came from (a conversation's replies share one)
 
     @property
     def n_targets(self) -> int:
@@ -322,8 +323,8 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         plain += isinstance(row, dict) and isinstance(row.get("prompt"), str) and not chat_template
         for one in assistant_turns(row):
             ds.n_read += 1
-            ex = encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
-                            where=f"{path}:{n}")
+            ex = replace(encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
+                                    where=f"{path}:{n}"), line=n)
             if vocab_size is not None and ex.tokens \
                     and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
                 raise DataError(f"{path}:{n}: token id out of range for a vocabulary of {vocab_size}")

@@ -92,12 +92,21 @@ def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
              at_least: int = HOLD_OUT_AT_LEAST) -> tuple[Dataset, Dataset | None]:
     """A data set given without validation data, split into ``(train, valid)``: ``fraction`` of
     the examples (``at_least`` .. ``at_most``) held out at random, so the run can measure
-    acceptance and keep its best adapter; ``(ds, None)`` when too small to spare them."""
+    acceptance and keep its best adapter; ``(ds, None)`` when too small to spare them. The
+    replies of one conversation (examples of one line) go to the same side."""
     n_valid = min(at_most, max(at_least, round(fraction * len(ds))))
     if len(ds) < 4 * n_valid:
         return ds, None
-    order = np.random.default_rng(seed).permutation(len(ds))
-    held = set(order[:n_valid].tolist())
+    lines: dict[int, list[int]] = {}
+    for i, e in enumerate(ds.examples):
+        if e.line is not None:
+            lines.setdefault(e.line, []).append(i)
+    held: set[int] = set()
+    for i in np.random.default_rng(seed).permutation(len(ds)).tolist():
+        if len(held) >= n_valid:
+            break
+        line = ds.examples[i].line
+        held.update(lines[line] if line is not None else [i])
     train = [e for i, e in enumerate(ds.examples) if i not in held]
     return replace(ds, examples=train), Dataset([ds.examples[i] for i in sorted(held)], ds.path)
 

@@ -167,7 +167,8 @@ def test_every_assistant_reply_of_a_conversation_is_learned(tmp_path):
             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
             {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
             {"role": "tool", "content": "42"}, {"role": "assistant", "content": ""},
-            {"role": "user", "content": "q3"}, {"role": "assistant", "content": [{"type": "text", "text": "a3"}]}]
+            {"role": "user", "content": "q3"},
+            {"role": "assistant", "content": [{"type": "text", "text": "a3"}]}]
     f = write(tmp_path / "train.jsonl", [{"messages": chat}, {"prompt": "p", "completion": "c"}])
     ds = load_jsonl(f, tok)
     expected = [("<s><system>s<user>q1<assistant>", "a1"),

@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -440,6 +441,13 @@ def test_data_without_validation_holds_some_out():
     assert [e.tokens for e in hold_out(ds, seed=3)[1].examples] == [e.tokens for e in valid_ds.examples]
     assert len(hold_out(Dataset(ds.examples * 10), seed=0)[1]) == 64  # at most 64
     assert hold_out(Dataset(ds.examples[:20]), seed=0)[1] is None  # too small to spare 8
+    lines = Dataset([replace(e, line=i) for i, e in enumerate(ds.examples)])  # one example a line
+    assert [e.tokens for e in hold_out(lines, seed=3)[1].examples] == [e.tokens for e in valid_ds.examples]
+    talks = Dataset([replace(e, line=i // 3) for i, e in enumerate(ds.examples)])  # 3 replies a line
+    train_ds, valid_ds = hold_out(talks, seed=3)
+    held = {e.line for e in valid_ds.examples}
+    assert len(valid_ds) >= 12 and len(valid_ds) == 3 * len(held)  # whole conversations
+    assert not held & {e.line for e in train_ds.examples} and len(train_ds) + len(valid_ds) == 120
 
 
 def test_self_distill_resumes_and_distills_only_what_the_run_visits(tmp_path, monkeypatch):
