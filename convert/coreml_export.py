@@ -143,7 +143,7 @@ def _check_out(out: Path, overwrite: bool) -> Path:
 def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int | None,
                   branch: int | None = None) -> tuple[int, int, int, int]:
     """(context, tree size, chunk, branch) with defaults, checked against the model and adapter."""
-    from ..tree import TREE_LIMITS
+    from ..tree import check_tree_sizes
     from .torch_graph import full_tree_size
 
     acfg = getattr(model, "adapter_config", None)
@@ -151,8 +151,7 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
     ctx_max = min(max_pos, MAX_CONTEXT)
     if acfg is not None:
         branch = branch if branch is not None else acfg.branch
-        if not 1 <= branch <= TREE_LIMITS["branch"]:
-            raise ExportError(f"branch must be in 1..{TREE_LIMITS['branch']}, not {branch}")
+        check_tree_sizes(branch=branch)
         tree_max = min(full_tree_size(acfg.gamma, branch), MAX_TREE)
         tree_size = tree_size if tree_size is not None else min(acfg.tree_budget, tree_max)
     else:

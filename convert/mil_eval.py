@@ -216,7 +216,7 @@ def _unary(fn):
     return lambda a, op: fn(_f(a("x")))
 
 
-def _axes(a, x):
+def _axes(a):
     axes = a("axes")
     return None if axes is None else tuple(int(i) for i in np.atleast_1d(axes))
 
@@ -224,7 +224,7 @@ def _axes(a, x):
 def _reduce(fn):
     def run(a, op):
         x = _f(a("x"))
-        return fn(x, axis=_axes(a, x), keepdims=bool(a("keep_dims", False)))
+        return fn(x, axis=_axes(a), keepdims=bool(a("keep_dims", False)))
     return run
 
 

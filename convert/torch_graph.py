@@ -263,7 +263,7 @@ class SpecStreamGraph(torch.nn.Module):
         # Rotary tables, computed by MLX exactly as the model computes its angles: one per
         # distinct rotary embedding (Gemma: local and global), shared by the layers that use it.
         self.rope_tables: dict[int, tuple[str, str]] = {}
-        n_pos = gc.context + gc.gamma + 1
+        n_pos = table_size(gc)
         for blk in layers:
             rope = blk.self_attn.rope
             if rope is None or id(rope) in self.rope_tables:
@@ -595,6 +595,7 @@ def full_tree_size(gamma: int, branch: int) -> int:
 
 
 def table_size(gc: GraphConfig) -> int:
+    """Positions the rotary tables cover: the context and γ + 1 more."""
     return gc.context + gc.gamma + 1
 
 

@@ -18,7 +18,7 @@
 //
 // Template: T (q/k/v type), OT (out type: T, or float with SPLIT), D (head dim <= 128), NSG (4 or
 // 8 simdgroups; the wrapper picks 8 when the tiles fit in 32 KB), SPLIT.
-// params: n_prefix, M, N, S, R, G, W (anc words per node), H, Hkv, n_splits, chunk, B.
+// params: n_prefix, N, S, R, G, W (anc words per node), H, Hkv, n_splits, chunk, B (M = N - n_prefix).
 // Grid (threads): (32 * NSG * row blocks, B * Hkv, n_splits); threadgroup (32 * NSG, 1, 1).
 
 constexpr int RS = 4;              // query rows per simdgroup (the lanes of a float4)
@@ -32,16 +32,16 @@ threadgroup T k_tile[BK * KP];        // [c * KP + d]: key c of the tile
 threadgroup float4 p_tile[NSG * BK];  // [sg * BK + c][r]: probability of key c for row r
 
 const int n_prefix = params[0];
-const int N = params[2];
-const int S = params[3];
-const int R = params[4];
-const int G = params[5];
-const int W = params[6];
-const int H = params[7];
-const int Hkv = params[8];
-const int n_splits = params[9];
-const int chunk = params[10];
-const int B = params[11];
+const int N = params[1];
+const int S = params[2];
+const int R = params[3];
+const int G = params[4];
+const int W = params[5];
+const int H = params[6];
+const int Hkv = params[7];
+const int n_splits = params[8];
+const int chunk = params[9];
+const int B = params[10];
 
 const int tid = int(thread_index_in_threadgroup);
 const int sg = int(simdgroup_index_in_threadgroup);

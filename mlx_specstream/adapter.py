@@ -19,12 +19,12 @@ import mlx.nn as nn
 import numpy as np
 
 from .arch.base import check_value
-from .errors import AdapterError, check_keywords
+from .errors import AdapterError, OptionError, check_keywords
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import save_safetensors
-from .streams import StreamAdapter
-from .tree import TREE_LIMITS
+from .streams import StreamAdapter, check_prune_threshold
+from .tree import check_tree_sizes
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 
@@ -72,14 +72,11 @@ class AdapterConfig:
                                "adapters")
         if not 0 <= self.prune_layer <= self.msa_start(n_layers):
             raise AdapterError(f"prune_layer must be in 0..{self.msa_start(n_layers)}")
-        if self.branch < 1 or self.tree_budget < 1:
-            raise AdapterError(f"branch and tree_budget must be >= 1, not {self.branch} and "
-                               f"{self.tree_budget}")
-        for name in TREE_LIMITS:
-            if getattr(self, name) > TREE_LIMITS[name]:
-                raise AdapterError(f"{name} must be at most {TREE_LIMITS[name]}, not {getattr(self, name)}")
-        if not 0 <= self.prune_threshold <= 1:  # NaN fails too
-            raise AdapterError(f"prune_threshold must be in [0, 1], not {self.prune_threshold}")
+        try:  # decoding's own rules, said of this config's fields
+            check_tree_sizes(branch=self.branch, tree_budget=self.tree_budget)
+            check_prune_threshold(self.prune_threshold)
+        except OptionError as e:
+            raise AdapterError(e.render("python")) from None
 
     def fit(self, n_layers: int) -> AdapterConfig:
         """This config for a model of ``n_layers``: the pruning layer by default where the

@@ -27,7 +27,7 @@ from .errors import OptionError
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
-from .tree import TREE_LIMITS, Tree, best_rate, build_tree, pass_cost
+from .tree import Tree, best_rate, build_tree, check_tree_sizes, pass_cost
 from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 
@@ -279,14 +279,9 @@ class Decoder:
         self.budget = opts.tree_budget if opts.tree_budget is not None else default_budget
         self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
             cfg.prune_threshold if cfg else 0.0)
-        for name, value in (("branch", self.branch), ("tree_budget", self.budget)):
-            if value < 1:
-                raise OptionError(f"{{{name}}} must be >= 1, not {value}")
         if vocab is not None and self.branch > vocab:
             raise OptionError(f"{{branch}} must be at most the vocabulary's {vocab}, not {self.branch}")
-        for name, value in (("branch", self.branch), ("tree_budget", self.budget)):
-            if value > TREE_LIMITS[name]:
-                raise OptionError(f"{{{name}}} must be at most {TREE_LIMITS[name]}, not {value}")
+        check_tree_sizes(branch=self.branch, tree_budget=self.budget)
         check_prune_threshold(self.threshold)
         if opts.streams not in ("auto", "tree", "deferred"):
             raise OptionError("{streams} must be auto, tree or deferred")

@@ -27,6 +27,18 @@ from .layout import ancestors
 TREE_LIMITS = {"branch": 256, "tree_budget": 1024}
 
 
+def check_tree_sizes(**sizes: int) -> None:
+    """``branch`` and ``tree_budget`` in 1..:data:`TREE_LIMITS`: the one rule for adapters,
+    decoding and export (an :class:`~mlx_specstream.errors.OptionError` naming the option)."""
+    from .errors import OptionError
+
+    for name, value in sizes.items():
+        if value < 1:
+            raise OptionError(f"{{{name}}} must be >= 1, not {value}")
+        if value > TREE_LIMITS[name]:
+            raise OptionError(f"{{{name}}} must be at most {TREE_LIMITS[name]}, not {value}")
+
+
 @dataclass(frozen=True)
 class Tree:
     tokens: np.ndarray  # (M,) token ids, tokens[0] is the root

@@ -19,6 +19,7 @@ from test_coreml_common import fp16_kv, record_engine, replay, write_tokenizer
 
 from mlx_specstream.adapter import new_adapter, save_adapter
 from mlx_specstream.api import generate
+from mlx_specstream.errors import OptionError
 from mlx_specstream.loader import atomic_dir, save_model
 from mlx_specstream.ngrams import NGRAMS_FILE, NgramTable
 from mlx_specstream.outputs import check_replaceable
@@ -467,7 +468,7 @@ def test_base_model_package(model_dir, tmp_path):
     """Without an adapter: a one-node tree per step by default, the plain model's greedy tokens;
     with a larger tree, prompt-lookup chains as deep as the tree are verified and committed."""
     assert resolve_sizes(load_for_export(model_dir), None, None, None)[1] == 1
-    with pytest.raises(ExportError, match="branch must be in 1..256, not 300"):  # tree.TREE_LIMITS
+    with pytest.raises(OptionError, match="branch must be at most 256, not 300"):  # tree.TREE_LIMITS
         resolve_sizes(load_for_export(model_dir, "lossless"), None, None, None, branch=300)
     res = export_coreml(model_dir, tmp_path / "base.mlpackage", precision="float32", context=64, chunk=4,
                         tree_size=8, progress=None)

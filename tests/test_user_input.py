@@ -205,8 +205,8 @@ def test_a_model_without_tokenizer_stops_at_the_eos_its_config_names(tmp_path):
 
 def test_new_adapter_refuses_a_config_decoding_would_refuse():
     model = tiny_model("llama")
-    for options, fragment in (({"tree_budget": 0}, "branch and tree_budget must be >= 1"),
-                              ({"branch": -1}, "branch and tree_budget must be >= 1"),
+    for options, fragment in (({"tree_budget": 0}, "tree_budget must be >= 1, not 0"),
+                              ({"branch": -1}, "branch must be >= 1, not -1"),
                               ({"branch": 257}, "branch must be at most 256"),
                               ({"prune_threshold": 5.0}, "prune_threshold must be in [0, 1]"),
                               ({"gamma": "4"}, "gamma is '4', which is not int")):

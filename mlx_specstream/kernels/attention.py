@@ -309,7 +309,7 @@ def run_kernel(backend, q, k, v, ks, vs, anc, rows, n_prefix, m, n_stream_keys, 
     chunk = max(32, math.ceil(math.ceil(max(N, 1) / n_splits) / 32) * 32)
     n_splits = max(1, math.ceil(N / chunk))
     W = anc.shape[-1]
-    params = np.array([n_prefix, m, N, n_stream_keys, R, G, W, H, Hkv, n_splits, chunk, B], np.int32)
+    params = np.array([n_prefix, N, n_stream_keys, R, G, W, H, Hkv, n_splits, chunk, B], np.int32)
     on_device = backend == "metal"
     if ks is None:
         ks = vs = mx.zeros((1, 1, 1, D), dtype)
