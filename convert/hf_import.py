@@ -23,13 +23,13 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from ..arch import build_model
-from ..errors import OptionError
 from ..loader import (
     DTYPES,
     CheckpointError,
     apply_weights,
     asked_quantization,
     atomic_dir,
+    check_dtype,
     quantize_model,
     read_config,
     save_model,
@@ -234,8 +234,7 @@ def convert(
                                   " (a Hugging Face repo id? nothing is downloaded here: download it "
                                   f"first, e.g. huggingface-cli download {src} --local-dir DIR, and give "
                                   "DIR)" if hub else "")))
-    if dtype is not None and dtype not in DTYPES:
-        raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {dtype!r}")
+    check_dtype(dtype)
     asked = asked_quantization(quantize, q_bits, q_group_size)
     _check_destination(src, dest, overwrite)
 

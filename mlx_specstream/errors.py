@@ -11,6 +11,11 @@ class CheckpointError(ValueError):
     """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
 
 
+class ContextLengthError(ValueError):
+    """A prompt longer than the context holds with one token generated (the server's
+    ``context_length_exceeded``)."""
+
+
 class AdapterError(ValueError):
     """An adapter is missing, corrupt, or made for another base model."""
 

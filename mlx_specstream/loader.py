@@ -90,13 +90,25 @@ def asked_quantization(quantize: bool, bits: int | None, group_size: int | None)
     return asked
 
 
+def _either(values) -> str:
+    """``(32, 64, 128)`` -> "32, 64 or 128"."""
+    *most, last = map(str, values)
+    return f"{', '.join(most)} or {last}" if most else last
+
+
 def check_quantization(bits: int, group_size: int) -> None:
     """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES` (``q_bits`` in Python,
     ``--q-bits`` on the command line)."""
     if bits not in Q_BITS:
-        raise OptionError(f"{{q_bits}} must be 4 or 8, not {bits}")
+        raise OptionError(f"{{q_bits}} must be {_either(Q_BITS)}, not {bits}")
     if group_size not in Q_GROUP_SIZES:
-        raise OptionError(f"{{q_group_size}} must be 32, 64 or 128, not {group_size}")
+        raise OptionError(f"{{q_group_size}} must be {_either(Q_GROUP_SIZES)}, not {group_size}")
+
+
+def check_dtype(dtype: str | None) -> None:
+    """A weight type of :data:`DTYPES` (or None: the checkpoint's own)."""
+    if dtype is not None and dtype not in DTYPES:
+        raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {dtype!r}")
 
 
 def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
@@ -174,10 +186,9 @@ def load_model(path: str | Path, dtype: str | None = None,
     path = model_dir(path)
     if quantize is not None and not (isinstance(quantize, tuple | list) and len(quantize) == 2
                                      and quantize[0] in Q_BITS and quantize[1] in Q_GROUP_SIZES):
-        raise ValueError(f"quantize must be (bits, group_size) with bits 4 or 8 and group_size 32, 64 "
-                         f"or 128, e.g. (4, 64); not {quantize!r}")
-    if dtype is not None and dtype not in DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise ValueError(f"quantize must be (bits, group_size) with bits {_either(Q_BITS)} and group_size "
+                         f"{_either(Q_GROUP_SIZES)}, e.g. (4, 64); not {quantize!r}")
+    check_dtype(dtype)
     cfg = read_config(path)
     files = sorted(glob.glob(str(path / "*.safetensors")))
     if not files:

@@ -27,7 +27,7 @@ from starlette.routing import Route
 
 from .api import StreamResponse, _decoder, _responses
 from .engine import Stats
-from .errors import OptionError
+from .errors import ContextLengthError, OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
@@ -240,11 +240,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
                        f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
     try:
         ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
-        if limit and len(ids) >= limit:  # the prompt alone: no max_tokens would help
-            raise APIError(f"this model's context holds {limit} tokens, and the prompt has {len(ids)}",
-                           "messages" if chat else "prompt", "context_length_exceeded")
         asked = len(ids) + options["max_tokens"]
-        if limit and body.get(max_key) is not None and asked > limit:
+        if limit and len(ids) < limit and body.get(max_key) is not None and asked > limit:
             # asked for explicitly (the default is cut to the context): OpenAI's 400, not a silent cut
             raise APIError(f"this model's context holds {limit} tokens, but {asked} were asked for "
                            f"({len(ids)} in the prompt, {options['max_tokens']} in '{max_key}')",
@@ -254,9 +251,10 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         param = next((o for o in e.options() if o in options), "model")
         names = {"adapter": "'model': an id with an adapter, GET /v1/models"}  # the request's field
         raise APIError(e.render("http", names), param) from None
+    except ContextLengthError as e:  # the prompt alone: no max_tokens would help
+        raise APIError(str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
     except ValueError as e:
-        code = "context_length_exceeded" if "context" in str(e) and limit else None
-        raise APIError(str(e), "messages" if chat else "prompt", code) from None
+        raise APIError(str(e), "messages" if chat else "prompt") from None
     # the reply is text, as OpenAI's: control tokens the model writes (a BOS) are not in it
     responses = _responses(decoder, tok, stop, skip_special_tokens=True)
     return Generation(responses, decoder.stats, model_id, chat, stream, usage)

@@ -284,6 +284,9 @@ def test_bad_requests_are_openai_errors(server, body, status, param):
     assert reply["error"]["param"] == param
     if param in ("seed", "temperature", "max_completion_tokens"):
         assert param in reply["error"]["message"]
+    if b"[5, 5, 5" in body or b"hello world hello" in body:  # the engine's rule, the server's code
+        assert reply["error"]["code"] == "context_length_exceeded"
+        assert ("at most 2047 fit" in reply["error"]["message"]) is (b"[5, 5" in body)
     assert server.post_raw("/v1/completions", json.dumps(
         {"model": "specstream-tiny", "prompt": "x", "max_tokens": 1}).encode())[0] == 200  # still serving
 
