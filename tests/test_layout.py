@@ -170,3 +170,11 @@ def test_deferred_streams_see_the_cache_and_their_own_earlier_streams():
     np.testing.assert_array_equal(np.array(plan.mask), expected)
     assert plan.rows.tolist() == [[0, 0, 1], [0, 0, 2], [0, 0, 3]]
     assert layout.stream_positions(np.array([3]), 3).tolist() == [4, 5, 6]
+
+
+def test_the_models_causal_mask_is_the_position_rule():
+    from mlx_specstream.arch.base import causal_mask
+
+    for n, offset in ((1, 0), (5, 0), (3, 7)):
+        rule = layout.keys_by_position(np.arange(offset, offset + n), offset + n)
+        np.testing.assert_array_equal(np.array(causal_mask(n, offset)), rule)

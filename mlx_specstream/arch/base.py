@@ -217,7 +217,8 @@ def _float32(table: np.ndarray) -> mx.array:
 
 
 def causal_mask(n_rows: int, offset: int) -> mx.array:
-    """Boolean (n_rows, offset + n_rows) mask: row i sees keys 0..offset+i."""
+    """Boolean (n_rows, offset + n_rows) mask: row i sees keys 0..offset+i
+    (:func:`layout.keys_by_position` of positions ``offset..``, built on the device)."""
     rows = mx.arange(n_rows)[:, None] + offset
     return mx.arange(offset + n_rows)[None, :] <= rows
 
