@@ -13,13 +13,14 @@ PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prom
                 "--init", "--over", "--adapter")
 
 
-# mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command
+# mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command, with what
+# stands for each here (errors.instead)
 MLX_LM_FLAGS = {
-    "train": {"--learning-rate": "--lr", "--steps-per-eval": "--val-every", "--adapter-path": "--out",
-              "--resume-adapter-file": "--init (a finished adapter's weights) or --resume (a stopped run)",
-              "--fine-tune-type": "--mode", "--train": "not needed here: train trains",
+    "train": {"--learning-rate": "{lr}", "--steps-per-eval": "{val_every}", "--adapter-path": "{out}",
+              "--resume-adapter-file": "{init} (a finished adapter's weights) or {resume} (a stopped run)",
+              "--fine-tune-type": "{mode}", "--train": "not needed here: train trains",
               "--mask-prompt": "not needed here: the loss never covers the prompt"},
-    "generate": {"--adapter-path": "--adapter"},
+    "generate": {"--adapter-path": "{adapter}"},
 }
 
 
@@ -37,8 +38,9 @@ def mlx_lm_flag(argv: list[str]) -> str | None:
             break
         flag, eq, _ = arg.partition("=")
         if flag in table:
-            said = table[flag]
-            return f"{flag} is mlx-lm's; " + (f"here it is {said}" if said.startswith("--") else said)
+            from mlx_specstream.errors import instead
+
+            return f"{flag} is mlx-lm's; {instead(table[flag], 'cli')}"
         if arg in takes_value and not eq:
             next(args, None)  # its value
     return None

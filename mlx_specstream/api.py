@@ -41,7 +41,7 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     from .tokenizer import load_tokenizer
 
     check_keywords("load", unknown, ("path", "adapter", "dtype", "quantize", "fuse"),
-                   {"adapter_path": "adapter", "path_or_hf_repo": "path"})  # mlx-lm's names
+                   {"adapter_path": "{adapter}", "path_or_hf_repo": "{path}"})  # mlx-lm's names
     path = Path(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
@@ -243,10 +243,10 @@ def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
 
 
 # mlx-lm's keywords of generate and stream_generate, with ours or what stands for them
-MLX_LM_NAMES = {"temp": "temperature",
+MLX_LM_NAMES = {"temp": "{temperature}",
                 "verbose": "the result has the text and its stats; stream_generate gives it pass by pass",
-                "sampler": "give temperature and top_p: sampling must match the drafts' verification",
-                "logits_processors": "constraint takes a TokenConstraint (sql_names=True for SQL)"}
+                "sampler": "give {temperature} and {top_p}: sampling must match the drafts' verification",
+                "logits_processors": "{constraint} takes a TokenConstraint ({sql_names=True} for SQL)"}
 
 
 def _check_names(options: dict, caller: str) -> None:

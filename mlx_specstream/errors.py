@@ -105,18 +105,31 @@ class OutputExistsError(SaidInOptions, FileExistsError):
     (:class:`SaidInOptions`: ``{overwrite=True}`` reads ``--overwrite`` on the command line)."""
 
 
+def instead(template: str, dialect: str) -> str:
+    """What to say of another tool's name (mlx-lm's) whose counterpart here is ``template``: our
+    option alone (``"{temperature}"``) reads "did you mean 'temperature'?" in Python and "here it
+    is --temperature" on the command line; a hint (``"give {temperature} and {top_p}: ..."``) is
+    said as it is, its options in the dialect's spelling (:func:`render_options`)."""
+    said = render_options(template, dialect)
+    if not re.fullmatch(r"\{\w+\}", template):
+        return said
+    return f"did you mean '{said}'?" if dialect == "python" else f"here it is {said}"
+
+
 def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = None) -> None:
     """A keyword none of ``known`` is a TypeError naming the public ``caller`` and the likeliest
     intended keyword, not the private function it would reach. ``aliases``: other libraries'
-    names, each with ours (mlx-lm's ``temp``: ``temperature``) or, where we have none, a hint."""
+    names, each with what stands for it here (:func:`instead`: ``{"temp": "{temperature}"}``)."""
     import difflib
 
     known = list(known)
     for name in given:
         if name not in known:
-            near = [(aliases or {}).get(name)] if name in (aliases or {}) else \
-                difflib.get_close_matches(name, known, n=1)
-            hint = "" if not near else f" ({near[0]})" if " " in near[0] else f" (did you mean '{near[0]}'?)"
+            if name in (aliases or {}):
+                hint = f" ({instead(aliases[name], 'python')})"
+            else:
+                near = difflib.get_close_matches(name, known, n=1)
+                hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'{hint}")
 
 
