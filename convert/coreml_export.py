@@ -109,7 +109,7 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
         load_adapter(model, adapter, model_path=model_path)
         if model.adapter_config.main_rank:  # a tuned adapter: its fine-tune becomes the weights
             fuse(model)
-    from ..arch.base import UnsupportedModelError
+    from ..errors import UnsupportedModelError
     from .torch_graph import check_exportable
 
     for name, layer in model.named_modules():  # every layer checked before any progress line

@@ -42,7 +42,7 @@ import torch
 import torch.nn.functional as F
 
 from mlx_specstream import layout
-from mlx_specstream.arch.base import UnsupportedModelError
+from mlx_specstream.errors import UnsupportedModelError
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "qwen3", "smollm3")
 EXPORTABLE = (*LLAMA_FAMILY, "gemma3_text")

@@ -387,7 +387,7 @@ def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False)
                            "loaded with fuse=False")
     dest = adapter_destination(dest, getattr(model, "path", None))
     overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
-    with atomic_dir(dest, "adapter", overwrite=overwrite, flag="overwrite=True") as tmp:  # Python's terms
+    with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.adapter_config), indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import re
 
-from .arch.base import UnsupportedModelError
-
 
 class CheckpointError(ValueError):
     """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
+
+
+class UnsupportedModelError(ValueError):
+    """A checkpoint's architecture or one of its options is not supported."""
+
+
+class ConfigError(UnsupportedModelError):
+    """A key the architecture needs is missing from config.json, or has a value of the wrong type."""
 
 
 class ContextLengthError(ValueError):

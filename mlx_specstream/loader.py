@@ -225,15 +225,14 @@ def load_model(path: str | Path, dtype: str | None = None,
 
 
 @contextmanager
-def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False, flag: str = "--overwrite"):
+def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
     """Yield a temporary directory next to ``dest`` and rename it to ``dest`` on success.
 
-    An existing ``dest`` is replaced only with ``overwrite`` (``flag``: how the caller spells it)
-    and only when it is a ``kind`` directory the project wrote
-    (:func:`~mlx_specstream.outputs.check_replaceable`). On any error the temporary directory is
-    removed and ``dest`` is untouched.
+    An existing ``dest`` is replaced only with ``overwrite`` and only when it is a ``kind``
+    directory the project wrote (:func:`~mlx_specstream.outputs.check_replaceable`). On any
+    error the temporary directory is removed and ``dest`` is untouched.
     """
-    check_replaceable(dest, kind, overwrite, flag)
+    check_replaceable(dest, kind, overwrite)
     dest = Path(os.path.abspath(dest))  # "." or "x/.." by its name, so the work is done beside it
     created = []
     try:

@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
+from .errors import OutputExistsError
 from .project import REPOSITORY
 
 # Files a model directory's tokenizer may consist of (copied along by import and export).
@@ -126,14 +127,19 @@ def _a(kind: str) -> str:
     return ("an " if kind[0] in "aeiou" else "a ") + kind
 
 
-def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = "--overwrite") -> None:
+def _exists(dest: Path) -> OutputExistsError:
+    """``dest`` exists, and ``overwrite`` (in the caller's spelling) would replace it."""
+    return OutputExistsError(" already exists (use {overwrite=True} to replace it)", subject=str(dest))
+
+
+def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
     """Raise unless ``dest`` is absent, or ``overwrite`` is set and ``dest`` is a ``kind``
     directory that holds only what the project writes. Call before any work starts."""
     dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
     if not overwrite:
-        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
+        raise _exists(dest)
     if dest.is_symlink() or not dest.is_dir():
         raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
@@ -147,7 +153,7 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool, flag: str = 
                               f"({shown}): refusing to replace it; choose another path")
 
 
-def check_replaceable_file(dest: str | Path, overwrite: bool, ours, flag: str = "--overwrite") -> None:
+def check_replaceable_file(dest: str | Path, overwrite: bool, ours) -> None:
     """Like :func:`check_replaceable` for one output file; ``ours(path)`` tells whether an
     existing file is one the project wrote."""
     dest = Path(dest)
@@ -157,7 +163,7 @@ def check_replaceable_file(dest: str | Path, overwrite: bool, ours, flag: str = 
         raise FileExistsError(f"{dest}: not a file mlx-specstream wrote: refusing to replace it; "
                               "choose another path")
     if not overwrite:
-        raise FileExistsError(f"{dest} already exists (use {flag} to replace it)")
+        raise _exists(dest)
 
 
 def is_results_json(path: Path) -> bool:
@@ -515,7 +521,7 @@ def parse_script_args(ap: argparse.ArgumentParser, argv: list[str] | None = None
             check_replaceable_file(args.out, args.overwrite, is_results_json)
             check_writable(args.out.parent, "the results")
         except OSError as e:
-            ap.error(str(e))
+            ap.error(e.render("cli") if isinstance(e, OutputExistsError) else str(e))
     return args
 
 

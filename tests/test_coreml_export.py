@@ -451,7 +451,7 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
     (tmp_path / "taken.mlpackage").mkdir()
     res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
               str(tmp_path / "taken.mlpackage"))
-    assert_one_line_error(res, "already exists")
+    assert_one_line_error(res, "taken.mlpackage already exists (use --overwrite to replace it)")
     (tmp_path / "file").write_text("x")
     res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
               str(tmp_path / "file" / "o.mlpackage"))

@@ -11,8 +11,8 @@ from helpers import tiny_model
 from test_coreml_common import record_engine, replay, torch_runner
 
 from mlx_specstream.adapter import fuse, new_adapter
-from mlx_specstream.arch.base import UnsupportedModelError
 from mlx_specstream.coreml_driver import commit_inputs, prefill_chunks, tree_inputs
+from mlx_specstream.errors import UnsupportedModelError
 from mlx_specstream.tree import build_tree, chain
 
 torch = pytest.importorskip("torch")

@@ -319,8 +319,8 @@ def test_coreml_package_equals_engine(tmp_path, name):
 def test_coreml_export_refuses_other_families():
     from helpers import tiny_model
 
-    from mlx_specstream.arch.base import UnsupportedModelError
     from mlx_specstream.convert.torch_graph import graph_config
+    from mlx_specstream.errors import UnsupportedModelError
 
     with pytest.raises(UnsupportedModelError, match="gemma3_text, not 'opt'"):
         graph_config(tiny_model("opt"), 64, 4, 4)

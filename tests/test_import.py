@@ -654,8 +654,8 @@ def test_rotary_frequencies_are_the_same_bits_on_every_machine(theta, head_dim):
 def test_a_malformed_config_is_one_config_error(llama_copy, tmp_path, edit, fragment):
     """Settings the architecture cannot be built from are refused by name, before anything is
     written (not a KeyError, IndexError or ZeroDivisionError from deep inside)."""
-    from mlx_specstream.arch.base import ConfigError
     from mlx_specstream.convert.hf_import import convert as hf_convert
+    from mlx_specstream.errors import ConfigError
 
     _set_config(llama_copy, lambda c: c.update(edit))
     with pytest.raises(ConfigError, match=fragment):
@@ -667,7 +667,7 @@ def test_per_layer_lists_are_counted_against_the_familys_default():
     """A gemma3 text config lists only what differs from Gemma3TextConfig: 26 layer types without
     num_hidden_layers are one per layer (its default), 25 are not."""
     from mlx_specstream.arch import gemma3
-    from mlx_specstream.arch.base import ConfigError
+    from mlx_specstream.errors import ConfigError
 
     args = gemma3.Args.from_dict({"layer_types": ["full_attention"] * 26})
     assert len(args.layer_types) == args.num_hidden_layers == 26

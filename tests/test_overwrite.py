@@ -179,10 +179,10 @@ def test_bench_out(tmp_path):
         with pytest.raises(FileExistsError, match="not a file mlx-specstream wrote"):
             check_out_dir(out, overwrite=overwrite)
     (out / "results.json").write_text(json.dumps({"meta": {"command": "bench"}, "results": []}))
-    with pytest.raises(FileExistsError, match="use --overwrite"):
+    with pytest.raises(FileExistsError, match="use overwrite=True"):  # Python's terms
         check_out_dir(out, overwrite=False)
     check_out_dir(out, overwrite=True)
-    assert_one_line_error(cli("bench", "--out", str(out)), "--overwrite")
+    assert_one_line_error(cli("bench", "--out", str(out)), "(use --overwrite to replace it)")
     assert (out / "notes.txt").read_text() == "mine"
 
 
@@ -586,3 +586,23 @@ def test_sigterm_inside_a_held_block_waits_for_its_end(tmp_path):
         assert sorted(p.name for p in tmp_path.iterdir()) == ["a", "b"]
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def test_an_existing_output_is_said_in_the_callers_terms(tmp_path, capsys):
+    """Python callers read ``overwrite=True``; the command line and the scripts ``--overwrite``."""
+    import argparse
+
+    from mlx_specstream.errors import OutputExistsError
+    from mlx_specstream.outputs import parse_script_args, results_text
+
+    model = tiny_model()
+    new_adapter(model, gamma=2, msa_layers=2)
+    save_adapter(model, tmp_path / "a")
+    with pytest.raises(OutputExistsError) as e:
+        save_adapter(model, tmp_path / "a")
+    assert str(e.value) == f"{tmp_path / 'a'} already exists (use overwrite=True to replace it)"
+    assert e.value.render("cli") == f"{tmp_path / 'a'} already exists (use --overwrite to replace it)"
+    (tmp_path / "r.json").write_text(results_text({"command": "x"}, []))
+    with pytest.raises(SystemExit):
+        parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", str(tmp_path / "r.json")])
+    assert capsys.readouterr().err.endswith("r.json already exists (use --overwrite to replace it)\n")

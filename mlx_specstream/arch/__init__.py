@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from ..errors import UnsupportedModelError
 from . import gemma3, llama, opt, phi, qwen3, smollm3
-from .base import CausalLM, UnsupportedModelError
+from .base import CausalLM
 
 ARCHITECTURES = {
     "llama": llama.Model,

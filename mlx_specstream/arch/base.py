@@ -19,18 +19,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..errors import ConfigError, UnsupportedModelError
 from ..kernels import host_math
 from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, cached_and_streams, sdpa
 from ..lora import project
-
-
-class UnsupportedModelError(ValueError):
-    """A checkpoint's architecture or one of its options is not supported."""
-
-
-class ConfigError(UnsupportedModelError):
-    """A key the architecture needs is missing from config.json, or has a value of the wrong type."""
-
 
 # The scalar annotations :meth:`BaseArgs.from_dict` checks (bool fields also take 0 / 1).
 _SCALARS = {"int": (int,), "float": (int, float), "bool": (bool, int), "str": (str,)}

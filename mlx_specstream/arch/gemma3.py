@@ -14,7 +14,8 @@ from functools import partial
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseArgs, CausalLM, ConfigError, SelfAttention, UnsupportedModelError, make_rope
+from ..errors import ConfigError, UnsupportedModelError
+from .base import BaseArgs, CausalLM, SelfAttention, make_rope
 from .llama import MLP
 
 SLIDING, GLOBAL = "sliding_attention", "full_attention"

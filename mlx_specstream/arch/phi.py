@@ -7,8 +7,9 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import UnsupportedModelError
 from ..lora import project
-from .base import BaseArgs, CausalLM, SelfAttention, UnsupportedModelError, activation, make_rope
+from .base import BaseArgs, CausalLM, SelfAttention, activation, make_rope
 
 
 @dataclass
