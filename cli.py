@@ -548,7 +548,7 @@ def serve(
 def main() -> None:
     """Console entry point: the command; known errors as one line."""
     try:
-        from mlx_specstream.errors import USER_ERRORS, OptionError, OutputExistsError
+        from mlx_specstream.errors import USER_ERRORS, SaidInOptions
         from mlx_specstream.machine import one_line_warning
         from mlx_specstream.outputs import Terminated
         from mlx_specstream.process_group import PeerStopped
@@ -563,7 +563,7 @@ def main() -> None:
         sys.exit(2)  # a usage error, as an unknown option's
     try:
         app()
-    except (OptionError, OutputExistsError) as e:  # said in the command line's terms
+    except SaidInOptions as e:  # said in the command line's terms
         typer.echo("error: " + e.render("cli"), err=True)
         sys.exit(1)
     except (*USER_ERRORS, PeerStopped) as e:

@@ -36,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import SaidInOptions
 from ..loader import model_name
 from ..ngrams import NGRAMS_FILE
 from ..outputs import (
@@ -57,8 +58,9 @@ MAX_TREE = 256
 PRECISIONS = ("float16", "float32")
 
 
-class ExportError(ValueError):
-    """A Core ML export cannot be made with these inputs (shown as one line)."""
+class ExportError(SaidInOptions, ValueError):
+    """A Core ML export cannot be made with these inputs (shown as one line; options named as
+    :class:`~mlx_specstream.errors.SaidInOptions` says, paths and other text in ``subject``)."""
 
 
 @dataclass
@@ -99,8 +101,7 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     from mlx_specstream.adapter import fuse, load_adapter
     from mlx_specstream.loader import check_quantization, load_model, quantize_model
 
-    if precision not in PRECISIONS:
-        raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
+    _check_precision(precision)
     if q_bits is not None:
         check_quantization(q_bits, q_group_size)
     model = load_model(model_path)
@@ -116,11 +117,11 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
         try:
             check_exportable(layer)
         except UnsupportedModelError as e:
-            raise ExportError(f"{model_path}: {name}: {e}") from None
+            raise ExportError("", subject=f"{model_path}: {name}: {e}") from None
     already = model.config.get("quantization")
     if already and q_bits is not None:
-        raise ExportError(f"{model_path} is already quantized ({already.get('bits')} bits): drop -q, "
-                          "--q-bits and --q-group-size")
+        raise ExportError(f" is already quantized ({already.get('bits')} bits): drop {{quantize}}, "
+                          "{q_bits} and {q_group_size}", subject=str(model_path))
     dtype = mx.float16 if precision == "float16" else mx.float32
     model.set_dtype(dtype)
     if q_bits is not None:
@@ -130,10 +131,15 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
 
 
 # -- option checks -------------------------------------------------------------------------------
+def _check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise ExportError(f"{{precision}} must be {' or '.join(PRECISIONS)}, not '{precision}'")
+
+
 def _check_out(out: Path, overwrite: bool) -> Path:
     out = Path(out)
     if out.suffix != ".mlpackage":
-        raise ExportError(f"--out must end with .mlpackage, not '{out.name}'")
+        raise ExportError(": {out} must end with .mlpackage", subject=str(out))
     check_replaceable(out, "Core ML package", overwrite)
     check_replaceable(tokenizer_dir(out), "Core ML tokenizer", overwrite)
     check_writable(out.parent if str(out.parent) else Path("."))  # tried, not guessed from modes
@@ -160,14 +166,15 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
         tree_size = tree_size if tree_size is not None else 1  # plain decoding; more: lookup chains
     if not 1 <= tree_size <= tree_max:
         what = f"gamma={acfg.gamma}, branch={branch}" if acfg is not None else "no adapter"
-        raise ExportError(f"--tree-size {tree_size} is out of range 1..{tree_max} ({what})")
+        raise ExportError(f"{{tree_size={tree_size}}} is out of range 1..{tree_max} ({what})")
     chunk = chunk if chunk is not None else 64
     context = context if context is not None else min(ctx_max, 2048)
     if not 1 <= chunk <= min(4096, ctx_max):
-        raise ExportError(f"--chunk {chunk} is out of range 1..{min(4096, ctx_max)} (model limit {max_pos})")
+        raise ExportError(f"{{chunk={chunk}}} is out of range 1..{min(4096, ctx_max)} "
+                          f"(model limit {max_pos})")
     low = max(tree_size + 1, chunk)
     if not low <= context <= ctx_max:
-        raise ExportError(f"--context {context} is out of range {low}..{ctx_max} "
+        raise ExportError(f"{{context={context}}} is out of range {low}..{ctx_max} "
                           f"(tree size {tree_size}, chunk {chunk}, model limit {max_pos})")
     return context, tree_size, chunk, branch
 
@@ -394,8 +401,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
     out = _check_out(Path(out), overwrite)
-    if precision not in PRECISIONS:
-        raise ExportError(f"--precision must be float16 or float32, not '{precision}'")
+    _check_precision(precision)
     if prune_threshold is not None:
         check_prune_threshold(prune_threshold)
     from mlx_specstream.loader import asked_quantization

@@ -23,6 +23,7 @@ import mlx.core as mx
 from tqdm import tqdm
 
 from ..arch import build_model
+from ..errors import OptionError
 from ..loader import (
     DTYPES,
     CheckpointError,
@@ -138,7 +139,7 @@ def read_weights(src: Path) -> dict[str, mx.array]:
 def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
     """Fail before any work when the destination cannot be written."""
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
-        raise ValueError(f"--mlx-path {dest} must not be the checkpoint directory or inside it")
+        raise OptionError(": {mlx_path} must not be the checkpoint directory or inside it", subject=str(dest))
     check_replaceable(dest, "model", overwrite)
     parent = dest.parent
     while not parent.exists() and parent != parent.parent:

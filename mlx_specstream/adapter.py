@@ -549,4 +549,4 @@ def check_fine_tune(cfg: AdapterConfig) -> None:
     trained over (``train --over``)."""
     if cfg.mode != "lora":
         raise AdapterError(f"adapter '{cfg.name}' is a {cfg.mode}-mode adapter: streams are trained "
-                           "over a fine-tune, a --mode lora adapter")
+                           "over a fine-tune, a lora-mode adapter")

@@ -27,6 +27,7 @@ import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from .errors import Said
 from .project import PROJECT_DATA
 
 TRAIN_FILE, VALID_FILE = "train.jsonl", "valid.jsonl"
@@ -189,8 +190,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
     if tools is not None and not templated:
         can = isinstance(row.get("prompt"), str)
         raise DataError(f"{where}: 'tools' go to the chat template, which renders messages, and text "
-                        "prompts with --chat-template: " + ("give it, or drop them" if can
-                                                            else "drop them from this row"))
+                        "prompts when asked (--chat-template, chat_template=True): "
+                        + ("ask for it, or drop them" if can else "drop them from this row"))
     has_pc = "prompt" in row or "completion" in row
     if has_pc:
         if "prompt" not in row or "completion" not in row:
@@ -340,8 +341,9 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
                 continue
             ds.examples.append(ex)
     if plain and tokenizer is not None and has_chat_template(tokenizer):
-        ds.notes.append(f"{path.name}: the model has a chat template, and {plain} prompts are not in it: "
-                        "--chat-template wraps each in a user turn, as a chat client's requests are")
+        ds.notes.append(Said(f": the model has a chat template, and {plain} prompts are not in it: "
+                             "{chat_template} wraps each in a user turn, as a chat client's requests are",
+                             subject=path.name))
     if ds.n_truncated:
         ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")

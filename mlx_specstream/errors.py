@@ -31,7 +31,7 @@ _OPTION = re.compile(r"\{(\w+)(?:=([^}]*))?\}")
 CLI_FLAGS = {"temperature": "--temp"}
 
 
-class SaidInOptions:
+class SaidInOptions(Exception):
     """An error whose message names options, said in the caller's language.
 
     The message names options as ``{name}`` or ``{name=value}``: Python callers read

@@ -948,8 +948,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         start_weights = None
         if init is not None:
             if not made_for(model, init_cfg):
-                say(f"--init {init}: made for another base model; its weights are only where this run "
-                    "starts")
+                say(Said(": made for another base model; its weights are only where this run starts "
+                         "({init})", subject=str(init)))
             start_weights = read_adapter(model, init, model_path, check_base=False)[1]
         n_train = len(train_ds)
         steps_per_epoch = math.ceil(n_train / batch_size)
@@ -1186,8 +1186,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 tokens_seen += sum(len(train_ds.examples[i].tokens) for i in ids)
                 info = history_entry(step, loss)
                 if not math.isfinite(info["loss"]):
-                    raise ValueError(f"step {step}: the training loss is {info['loss']}: the run diverged "
-                                     "(try a smaller learning rate, --lr); no adapter is saved")
+                    raise OptionError(f"step {step}: the training loss is {info['loss']}: the run diverged "
+                                      "(try a smaller learning rate, {lr}); no adapter is saved")
                 history.append(info)
                 bar.update(1)
                 bar.set_postfix(loss=f"{info['loss']:.3f}", tok_s=f"{info['tokens_per_second']:.0f}")

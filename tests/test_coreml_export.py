@@ -388,7 +388,7 @@ def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
         with pytest.raises(RuntimeError, match="disk full"):
             export_coreml(model_dir, out, adapter="lossless", progress=None, **SIZES)
         assert os.listdir(tmp_path) == []
-    with pytest.raises(ExportError, match="--tree-size 99 is out of range 1..40"):
+    with pytest.raises(ExportError, match="tree_size=99 is out of range 1..40"):
         export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", tree_size=99, progress=None)
     assert os.listdir(tmp_path) == []
 

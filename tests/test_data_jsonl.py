@@ -65,7 +65,7 @@ def test_chat_template(tmp_path):
     assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<system>s<user>q<assistant>")
     e = encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, chat_template=True)
     assert e.tokens[: e.n_prompt] == tok.encode("<s><tool>f<user>hi<assistant>")
-    with pytest.raises(DataError, match="x:1: 'tools' go to the chat template.*: give it, or drop them"):
+    with pytest.raises(DataError, match="x:1: 'tools' go to the chat template.*: ask for it, or drop them"):
         encode_row({"prompt": "hi", "completion": "yo", "tools": tools}, tok, where="x:1")
     for row in ({"text": "hi"}, {"prompt": [1, 5], "completion": [6]}):  # no template renders these
         with pytest.raises(DataError, match="x:1: 'tools' go to the chat template.*: drop them from"):
@@ -75,8 +75,10 @@ def test_chat_template(tmp_path):
     with pytest.raises(DataError, match="x:1: 'tools' must be a list of objects"):
         encode_row({**msgs, "tools": "f"}, tok, where="x:1")
     f = write(tmp_path / "train.jsonl", [{"prompt": "hi", "completion": "yo"}, msgs])
-    assert any("the model has a chat template, and 1 prompts are not in it: --chat-template" in note
-               for note in load_jsonl(f, tok).notes)
+    (note,) = load_jsonl(f, tok).notes
+    said = "train.jsonl: the model has a chat template, and 1 prompts are not in it: {} wraps each in a " \
+        "user turn, as a chat client's requests are"
+    assert (note, note.render("cli")) == (said.format("chat_template"), said.format("--chat-template"))
     assert load_jsonl(f, tok, chat_template=True).notes == []
 
 
