@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,7 +12,6 @@ import numpy as np
 
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
-from .constraint import TokenConstraint
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
 from .errors import check_keywords
 from .loader import load_model
@@ -124,35 +123,28 @@ def _check_model(model, tokenizer) -> None:
         raise TypeError(f"tokenizer must be a tokenizer from load() or None, not {type(tokenizer).__name__}")
 
 
-def _decoder(model, tokenizer, prompt, *, max_tokens: int = 256, temperature: float = 0.0,
-             top_p: float = 1.0, seed: int | None = None, mode: str = "ss", gamma: int | None = None,
-             branch: int | None = None, tree_budget: int | None = None,
-             prune_threshold: float | None = None, streams: str = "auto",
-             node_cost: float | None = None, lookup: bool | None = None, ngrams: bool | None = None,
-             sql_names: bool = False, constraint: TokenConstraint | None = None, batched: bool = False,
-             eos_without_tokenizer: frozenset[int] = frozenset()) -> Decoder:
-    """The decoder of one request; ``model`` is an MLX model or any :class:`~.runner.Runner` (a Core
-    ML package's). EOS is the tokenizer's, else ``eos_without_tokenizer``, else the model
-    directory's (its config files)."""
+def decoder(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
+            sql_names: bool = False, batched: bool = False, **options) -> Decoder:
+    """The decoder of one request (options as :func:`stream_generate`, the engine's
+    :class:`~mlx_specstream.engine.DecodeOptions` and their defaults); ``model`` is an MLX model
+    or any :class:`~.runner.Runner` (a Core ML package's). EOS is the tokenizer's, else the
+    runner's own (a package's metadata), else the model directory's (its config files).
+    ``batched``: the server's, whose scheduler runs the passes (:class:`~.engine.PassRequest`)."""
     _check_model(model, tokenizer)
     ids = _prompt_ids(tokenizer, prompt)
     if tokenizer is not None:
         eos = frozenset(tokenizer.eos_token_ids)
-    elif eos_without_tokenizer or getattr(model, "path", None) is None:
-        eos = eos_without_tokenizer
+    elif isinstance(model, Runner) or getattr(model, "path", None) is None:
+        eos = getattr(model, "eos_token_ids", frozenset())
     else:  # an MLX model directory without tokenizer files: the EOS its configs name
         eos = frozenset(config_eos_ids(Path(model.path)))
     if sql_names:
-        if constraint is not None:
+        if options.get("constraint") is not None:
             raise ValueError("give either sql_names or constraint, not both")
         if tokenizer is not None:
             check_prompt_ids(ids, tokenizer.vocab_size)  # before they are decoded to read names
-        constraint = sql_constraint(tokenizer, prompt, ids)
-    opts = DecodeOptions(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                         mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
-                         prune_threshold=prune_threshold, eos_token_ids=eos, streams=streams,
-                         node_cost=node_cost, lookup=lookup, ngrams=ngrams, constraint=constraint)
-    return Decoder(model, ids, opts, batched)
+        options["constraint"] = sql_constraint(tokenizer, prompt, ids)
+    return Decoder(model, ids, DecodeOptions(**options, eos_token_ids=eos), batched)
 
 
 def sql_constraint(tokenizer, prompt, ids: list[int]) -> SQLNames:
@@ -191,8 +183,8 @@ def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> lis
     return stop
 
 
-def _responses(decoder: Decoder, tokenizer, stop: list[str] | None,
-               skip_special_tokens: bool = False) -> Iterator[StreamResponse | PassRequest]:
+def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
+              skip_special_tokens: bool = False) -> Iterator[StreamResponse | PassRequest]:
     """Pass by pass: detokenize token by token and end at a stop string (checked by
     :func:`check_stop`), whose text and what follows it are not emitted (the token it begins in
     is, its piece cut there). With stop strings, text that could begin one is held back until it
@@ -249,13 +241,13 @@ MLX_LM_NAMES = {"temp": "{temperature}",
                 "logits_processors": "{constraint} takes a TokenConstraint ({sql_names=True} for SQL)"}
 
 
+# the options a request may give: the engine's, and sql_names (the constraint it makes)
+DECODE_OPTIONS = tuple(f.name for f in fields(DecodeOptions) if f.name != "eos_token_ids") + ("sql_names",)
+
+
 def _check_names(options: dict, caller: str) -> None:
     """Keywords no decoder takes (mlx-lm's ``temp``, say): a TypeError naming ``caller``."""
-    import inspect
-
-    internal = ("model", "tokenizer", "prompt", "batched", "eos_without_tokenizer")
-    check_keywords(caller, options, [n for n in inspect.signature(_decoder).parameters if n not in internal],
-                   MLX_LM_NAMES)
+    check_keywords(caller, options, DECODE_OPTIONS, MLX_LM_NAMES)
 
 
 def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
@@ -280,7 +272,7 @@ def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
     before the first pass.
     """
     _check_names(options, "stream_generate")
-    return _responses(_decoder(model, tokenizer, prompt, **options), tokenizer, check_stop(stop, tokenizer))
+    return responses(decoder(model, tokenizer, prompt, **options), tokenizer, check_stop(stop, tokenizer))
 
 
 def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
@@ -288,8 +280,8 @@ def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Pro
              **options) -> GenerationResult:
     """Generate a whole completion; options as for :func:`stream_generate`."""
     _check_names(options, "generate")
-    decoder = _decoder(model, tokenizer, prompt, **options)
-    steps = list(_responses(decoder, tokenizer, check_stop(stop, tokenizer)))
+    dec = decoder(model, tokenizer, prompt, **options)
+    steps = list(responses(dec, tokenizer, check_stop(stop, tokenizer)))
     tokens = [t for s in steps for t in s.tokens]
-    return GenerationResult("".join(s.text for s in steps), tokens, decoder.stats,
+    return GenerationResult("".join(s.text for s in steps), tokens, dec.stats,
                             steps[-1].finish_reason if steps else None, steps)

@@ -32,7 +32,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import adapter_size, fine_tune_weights
-from .api import _decoder, load
+from .api import decoder, load
 from .engine import default_node_costs
 from .errors import OptionError
 from .loader import model_dir
@@ -73,7 +73,7 @@ def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple]:
     the decoder's statistics). Token ids only, as mlx-lm's methods: the text is decoded after the
     timings."""
     def run(ids, max_tokens):
-        dec = _decoder(model, tokenizer, ids, max_tokens=max_tokens, **opts)
+        dec = decoder(model, tokenizer, ids, max_tokens=max_tokens, **opts)
         tokens = [t for step in dec.steps() for t in step.tokens]
         return tokens, dec.stats.calls + 1, dec.stats
 

@@ -2,7 +2,7 @@
 
 :class:`PackageRunner` is a :class:`~mlx_specstream.runner.Runner`: the engine's own decode loop
 (:class:`mlx_specstream.engine.Decoder`: drafting from the streams and prompt lookup, the tree,
-verification, sampling, statistics; stop strings through :func:`mlx_specstream.api._responses`)
+verification, sampling, statistics; stop strings through :func:`mlx_specstream.api.responses`)
 runs with the package doing the forward passes.
 ``start`` prefills the prompt but its last token in chunks and runs the last prompt token as a
 one-node tree; ``step`` flattens a tree to the package's fixed size and runs the package's
@@ -26,8 +26,8 @@ from pathlib import Path
 import numpy as np
 
 from .adapter import AdapterConfig
-from .api import StreamResponse, _decoder, _responses, check_stop
-from .engine import Stats
+from .api import GenerationResult, StreamResponse, generate, stream_generate
+from .errors import check_keywords
 from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
 from .tree import Tree, ancestors, chain, reorder
@@ -143,7 +143,7 @@ class PackageRunner(Runner):
             self.adapter_config = AdapterConfig(mode=info.mode, gamma=info.gamma, msa_layers=info.msa_layers,
                                                 branch=info.branch, tree_budget=info.tree_size)
         self.limit, self.limit_source = info.holds, info.holds_said
-        self.vocab_size = info.vocab_size
+        self.vocab_size, self.eos_token_ids = info.vocab_size, info.eos_token_ids
         self.tree_size, self.max_depth = info.tree_size, info.accept_max - 1
         self.node_costs = {"tree": 0.0}  # a step costs the same at any tree size (padded)
         self.reset()
@@ -262,15 +262,6 @@ def prefill_chunks(tokens: list[int], chunk: int, context: int) -> Iterator[dict
         s = end
 
 
-@dataclass
-class PackageResult:
-    tokens: list[int]
-    text: str
-    stats: Stats
-    finish_reason: str | None
-    backend: str
-
-
 def load_package(path: str | Path, backend: str = "auto", compute_units: str = "cpu_and_gpu"):
     """``(runner, tokenizer)`` for a package; the tokenizer (None if absent) and the adapter's
     n-gram drafts come from the ``NAME.tokenizer`` directory beside ``NAME.mlpackage`` (or, for a
@@ -297,32 +288,40 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
     return runner, tok
 
 
-def stream_package(runner: PackageRunner, tokenizer, prompt, *, max_tokens: int = 256,
-                   temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None, mode: str = "ss",
-                   branch: int | None = None, tree_budget: int | None = None, lookup: bool | None = None,
-                   sql_names: bool = False, stop: list[str] | None = None) -> Iterator[StreamResponse]:
-    """Yield, per package call, the tokens accepted and their text (as :func:`api.stream_generate`,
-    through the same decode loop); ``prompt`` is text or token ids. A package without streams
-    decodes token by token (``mode="ss"`` means ``"ar"`` there)."""
+# the options of api.stream_generate a package serves: its adapter, streams and pruning are fixed
+PACKAGE_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "mode", "branch", "tree_budget", "lookup",
+                   "ngrams", "sql_names")
+
+
+def _package_options(caller: str, runner: PackageRunner, tokenizer, prompt, options: dict) -> dict:
+    """``options`` checked against what the package serves; ``mode="ss"`` is ``"ar"`` on a
+    package without streams."""
+    check_keywords(caller, options, PACKAGE_OPTIONS)
     if isinstance(prompt, str) and tokenizer is None:
         raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
-    if sql_names and not runner.info.sampling:  # a constraint reads the logits a greedy package lacks
+    if options.get("sql_names") and not runner.info.sampling:  # a constraint reads the logits
         raise PackageError("this package was exported for greedy decoding only (export with "
                            "--sampling for --sql-names)")
-    decoder = _decoder(runner, tokenizer, prompt, max_tokens=max_tokens, temperature=temperature,
-                       top_p=top_p, seed=seed, mode="ar" if mode == "ss" and not runner.info.gamma else mode,
-                       branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
-                       eos_without_tokenizer=runner.info.eos_token_ids)
-    return _responses(decoder, tokenizer, check_stop(stop, tokenizer))
+    if options.get("mode", "ss") == "ss" and not runner.info.gamma:
+        options = {**options, "mode": "ar"}
+    return options
 
 
-def generate_package(runner: PackageRunner, tokenizer, prompt, **options) -> PackageResult:
-    """A whole completion from a package (options as :func:`stream_package`)."""
-    steps = list(stream_package(runner, tokenizer, prompt, **options))
-    return PackageResult([t for s in steps for t in s.tokens], "".join(s.text for s in steps),
-                         steps[-1].stats, steps[-1].finish_reason, runner.backend)
+def stream_package(runner: PackageRunner, tokenizer, prompt, *, stop: str | list[str] | None = None,
+                   **options) -> Iterator[StreamResponse]:
+    """:func:`api.stream_generate` over a package: per package call, the tokens accepted and their
+    text; ``prompt`` is text or token ids; the options of :data:`PACKAGE_OPTIONS`."""
+    options = _package_options("stream_package", runner, tokenizer, prompt, options)
+    return stream_generate(runner, tokenizer, prompt, stop=stop, **options)
 
 
-__all__ = ["PackageError", "PackageInfo", "PackageResult", "PackageRunner",
+def generate_package(runner: PackageRunner, tokenizer, prompt, *, stop: str | list[str] | None = None,
+                     **options) -> GenerationResult:
+    """:func:`api.generate` over a package (options as :func:`stream_package`)."""
+    options = _package_options("generate_package", runner, tokenizer, prompt, options)
+    return generate(runner, tokenizer, prompt, stop=stop, **options)
+
+
+__all__ = ["PackageError", "PackageInfo", "PackageRunner",
            "commit_inputs", "core_ml_available", "generate_package", "load_package", "prefill_chunks",
            "stream_package", "tree_inputs"]

@@ -34,6 +34,7 @@ class Runner:
     limit: int | None = None  # tokens the context holds, prompt and generated together
     limit_source: str = "the model's context"  # where ``limit`` comes from, as errors say it
     vocab_size: int | None = None  # token ids the model reads: 0 .. vocab_size - 1
+    eos_token_ids: frozenset[int] = frozenset()  # EOS it knows without a tokenizer (a package's)
     tree_size: int | None = None  # nodes every pass runs (padded), which bounds the tree budget
     max_depth: int | None = None  # deepest draft node whose accepted path the runner can commit
     # Cost of one more tree node relative to a one-node pass, per stream policy offered ("tree":

@@ -1,6 +1,6 @@
 """Pass-by-pass scheduling of concurrent generations on one thread, their passes batched.
 
-Every active request is a generator from :func:`~mlx_specstream.api._responses` over its own
+Every active request is a generator from :func:`~mlx_specstream.api.responses` over its own
 batched :class:`~mlx_specstream.engine.Decoder` (own KV cache, tree, sampler and statistics):
 it yields a :class:`~mlx_specstream.runner.PassRequest` before each forward pass and a
 :class:`~mlx_specstream.api.StreamResponse` after it. Each round, the scheduler thread advances

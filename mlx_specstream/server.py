@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import StreamResponse, _decoder, _responses
+from .api import StreamResponse, decoder, responses
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
@@ -246,7 +246,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
             raise APIError(f"this model's context holds {limit} tokens, but {asked} were asked for "
                            f"({len(ids)} in the prompt, {options['max_tokens']} in '{max_key}')",
                            max_key, "context_length_exceeded")
-        decoder = _decoder(model, tok, ids, batched=True, **options)
+        dec = decoder(model, tok, ids, batched=True, **options)
     except OptionError as e:  # the field is the first option the message names that a request sets
         param = next((o for o in e.options() if o in options), "model")
         names = {"adapter": "'model': an id with an adapter, GET /v1/models"}  # the request's field
@@ -256,8 +256,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     except ValueError as e:
         raise APIError(str(e), "messages" if chat else "prompt") from None
     # the reply is text, as OpenAI's: control tokens the model writes (a BOS) are not in it
-    responses = _responses(decoder, tok, stop, skip_special_tokens=True)
-    return Generation(responses, decoder.stats, model_id, chat, stream, usage)
+    return Generation(responses(dec, tok, stop, skip_special_tokens=True), dec.stats, model_id, chat, stream,
+                      usage)
 
 
 # -- replies ---------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS be
 
 # isort: split
 from mlx_specstream import outputs  # noqa: E402
-from mlx_specstream.api import DEFAULT_MODEL, _decoder, _responses  # noqa: E402
+from mlx_specstream.api import DEFAULT_MODEL, decoder, responses  # noqa: E402
 from mlx_specstream.bench import REPEATS, Method, speed_summary, time_methods  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.pool import ModelPool  # noqa: E402
@@ -40,7 +40,7 @@ def rounds_method(scheduler: Scheduler, model, tok, **opts):
     """A bench method over a group of prompts: all submitted to ``scheduler`` at once; returns
     (every request's tokens, concatenated; summed passes, prefill included)."""
     def run(group: list[list[int]], max_tokens: int) -> tuple:
-        decoders = [_decoder(model, tok, ids, max_tokens=max_tokens, batched=True, **opts) for ids in group]
+        decoders = [decoder(model, tok, ids, max_tokens=max_tokens, batched=True, **opts) for ids in group]
         outputs: list[list[int]] = [[] for _ in group]
         left, done, errors = [len(group)], threading.Event(), []
 
@@ -57,7 +57,7 @@ def rounds_method(scheduler: Scheduler, model, tok, **opts):
             return emit
 
         for i, d in enumerate(decoders):
-            scheduler.submit(Job(_responses(d, tok, None), emitter(i)))
+            scheduler.submit(Job(responses(d, tok, None), emitter(i)))
         done.wait()
         if errors:
             raise errors[0]

@@ -7,7 +7,7 @@ import pytest
 from helpers import tiny_model
 
 from mlx_specstream.adapter import new_adapter
-from mlx_specstream.api import _decoder, generate
+from mlx_specstream.api import decoder, generate
 from mlx_specstream.kv_cache import make_cache
 from mlx_specstream.runner import PassRequest, run_passes
 from mlx_specstream.streams import forward, forward_batch
@@ -105,7 +105,7 @@ def test_batched_decoding_equals_decoding_alone(mode, streams):
         options["streams"] = streams
     prompts = PROMPTS + [[7, 7, 7, 1, 2, 3, 7, 7, 7, 1, 2]]  # repeats: lookup drafts join the trees
     alone = [generate(model, None, p, **options).tokens for p in prompts]
-    decoders = [_decoder(model, None, p, batched=True, **options) for p in prompts]
+    decoders = [decoder(model, None, p, batched=True, **options) for p in prompts]
     together = decode_together(decoders, join_at=[0, 0, 3, 5])
     assert together == alone
     if mode == "ar":
@@ -126,7 +126,7 @@ def test_batched_requests_for_different_models():
     modes = ["ar", "ss", "ss", "ss"]
     prompts = PROMPTS + [[1, 2]]
     alone = [generate(m, None, p, max_tokens=16, mode=md).tokens for m, p, md in zip(models, prompts, modes)]
-    decoders = [_decoder(m, None, p, max_tokens=16, mode=md, batched=True)
+    decoders = [decoder(m, None, p, max_tokens=16, mode=md, batched=True)
                 for m, p, md in zip(models, prompts, modes)]
     assert decode_together(decoders, join_at=[0, 0, 0, 1]) == alone
     assert alone[1] == generate(base, None, prompts[1], max_tokens=16, mode="ar").tokens  # lossless
@@ -137,9 +137,9 @@ def test_a_failed_pass_is_discarded_and_run_again():
     runs again from the committed cache; the output is unchanged."""
     model = tiny_model("llama", seed=7, scale=3.0)
     alone = generate(model, None, PROMPTS[0], max_tokens=8, mode="ar").tokens
-    decoder = _decoder(model, None, PROMPTS[0], max_tokens=8, mode="ar", batched=True)
+    dec = decoder(model, None, PROMPTS[0], max_tokens=8, mode="ar", batched=True)
     tokens = []
-    for i, item in enumerate(decoder.steps()):
+    for i, item in enumerate(dec.steps()):
         if isinstance(item, PassRequest):
             if i == 3:  # a pass that broke half-way: rows written, nothing committed
                 forward(model, chain([1, 2, 3]), item.runner.caches, item.runner.n)

@@ -317,7 +317,7 @@ def test_byte_tokens_wait_for_their_character_before_a_stop():
     the character begins a stop string, neither it nor its bytes are in the output."""
     from types import SimpleNamespace
 
-    from mlx_specstream.api import _responses
+    from mlx_specstream.api import responses
     from mlx_specstream.engine import Stats, Step
     from mlx_specstream.tokenizer import load_tokenizer
 
@@ -331,7 +331,7 @@ def test_byte_tokens_wait_for_their_character_before_a_stop():
     def steps():
         yield from passes
 
-    out = list(_responses(SimpleNamespace(steps=steps, stats=stats), tok, ["é"]))
+    out = list(responses(SimpleNamespace(steps=steps, stats=stats), tok, ["é"]))
     assert "".join(r.text for r in out) == "ab" and [t for r in out for t in r.tokens] == ids[:1]
     assert out[-1].finish_reason == "stop" and stats.generated_tokens == 1
 
