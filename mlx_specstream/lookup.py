@@ -21,11 +21,6 @@ def lookup_match(history: list[int], max_ngram: int = 3, num_draft: int = 10) ->
     return [], 0
 
 
-def prompt_lookup(history: list[int], max_ngram: int = 3, num_draft: int = 10) -> list[int]:
-    """Continuation of the longest (up to ``max_ngram``) suffix n-gram seen earlier, or []."""
-    return lookup_match(history, max_ngram, num_draft)[0]
-
-
 # How often a lookup token is right before any evidence, by match length (1, 2, >= 3 tokens).
 PRIOR = (0.25, 0.45, 0.6)
 PRIOR_WEIGHT = 2.0

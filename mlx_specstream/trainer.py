@@ -209,11 +209,6 @@ def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int
     return s.reshape(B, L, gamma, -1)
 
 
-def stream_logits_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int) -> mx.array:
-    """Lossless mode: stream logits (B, L, gamma, V) of positions ``t`` (B, L)."""
-    return model.head(stream_hidden_segment(model, h_msa, kvs, t, gamma))
-
-
 def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
     """Positions and per-row mask (B, 1, R, R) of a shared-mode pass: T main rows, then the
     streams of positions ``[w0, w1)`` node-major (``layout.pass_mask``, main keys by position).
@@ -256,13 +251,6 @@ def shared_hidden(model, batch: Batch, gamma: int):
         x = layer(x, pos_all, mask_all, None, n_main=T)
     streams = x[:, T:].reshape(B, w1 - w0, gamma, -1)
     return x[:, w0:w1], streams, mx.stop_gradient(h_prune[:, w0:w1])
-
-
-def shared_forward(model, batch: Batch, gamma: int):
-    """Shared mode: main logits (B, W, V), stream logits (B, W, gamma, V) of the window, and the
-    hidden states entering the pruning layer (for the early-exit loss)."""
-    main, streams, h_prune = shared_hidden(model, batch, gamma)
-    return model.head(main), model.head(streams), h_prune
 
 
 # -- losses and metrics ----------------------------------------------------------------------

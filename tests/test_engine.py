@@ -284,7 +284,10 @@ def test_ar_with_lossless_adapter_equals_base(llama):
 
 
 def test_prompt_lookup_is_lossless_and_drafts_from_history():
-    from mlx_specstream.lookup import prompt_lookup
+    from mlx_specstream.lookup import lookup_match
+
+    def prompt_lookup(history, num_draft):
+        return lookup_match(history, 3, num_draft)[0]
 
     assert prompt_lookup([1, 2, 3, 9, 1, 2], num_draft=2) == [3, 9]
     assert prompt_lookup([5, 6, 7], num_draft=3) == []

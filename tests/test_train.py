@@ -37,12 +37,23 @@ from mlx_specstream.streams import forward
 from mlx_specstream.train_batches import Batch, epoch_batches
 from mlx_specstream.trainer import (
     measure_peak_memory,
-    shared_forward,
+    shared_hidden,
     shared_layout,
-    stream_logits_segment,
+    stream_hidden_segment,
     train,
 )
 from mlx_specstream.tree import chain
+
+
+def stream_logits_segment(model, h_msa, kvs, t, gamma):
+    """Lossless mode's stream logits (B, L, gamma, V) of positions ``t`` (B, L), as trained."""
+    return model.head(stream_hidden_segment(model, h_msa, kvs, t, gamma))
+
+
+def shared_forward(model, batch, gamma):
+    """Shared mode's main and stream logits of the window, and the pruning layer's input."""
+    main, streams, h_prune = shared_hidden(model, batch, gamma)
+    return model.head(main), model.head(streams), h_prune
 
 V, STEP = 64, 7
 TOKENS = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8]

@@ -56,12 +56,16 @@ _backend = _env_backend()
 calls: Counter = Counter()  # kernel launches by backend, for tests and benchmarks
 
 
+def _checked(backend: str) -> str:
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    return backend
+
+
 def set_backend(backend: str) -> str:
     """Set the backend ``planned_attention`` uses by default; returns the previous one."""
     global _backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
-    old, _backend = _backend, backend
+    old, _backend = _backend, _checked(backend)
     return old
 
 
@@ -364,9 +368,7 @@ def _metal_passes_self_check() -> bool:
 
 def resolve(backend: str | None) -> str:
     """The backend that will run: "mlx", "metal" or "emulator"."""
-    backend = _backend if backend is None else backend
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, not {backend!r}")
+    backend = _backend if backend is None else _checked(backend)
     if backend == "auto":
         return "metal" if metal_available() and _metal_passes_self_check() else "mlx"
     if backend == "metal":
