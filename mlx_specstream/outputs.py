@@ -1,4 +1,6 @@
-"""What the project writes, and the one rule for replacing it.
+"""What the project writes: the one rule for replacing an output, writing it whole (a temporary
+file or directory, then a rename: nothing half-written), and results files that record
+the command, machine, versions and date that made them (:func:`run_meta`, :func:`parse_script_args`).
 
 ``--overwrite`` (``overwrite=True``) replaces only an output this project recognises as its own:
 a directory of one of the kinds below whose every entry is a file the project writes there, or
@@ -7,7 +9,9 @@ directory holding trained adapters, a file it did not write — is refused with 
 nothing is deleted.
 
 Example: ``convert --mlx-path notes/ --overwrite`` where ``notes/`` holds ``notes.txt`` raises
-``FileExistsError("notes: holds files mlx-specstream did not write as a model (notes.txt): ...")``.
+``FileExistsError("notes: holds files mlx-specstream did not write as a model (notes.txt): ...")``;
+without ``--overwrite``, any existing output is an
+:class:`~mlx_specstream.errors.OutputExistsError` said in the caller's terms.
 """
 
 from __future__ import annotations
