@@ -35,7 +35,7 @@ from ..loader import (
     read_config,
     save_model,
 )
-from ..outputs import TOKENIZER_FILES, check_replaceable
+from ..outputs import TOKENIZER_FILES, check_replaceable, check_writable
 
 
 def _progress(items, desc: str):
@@ -141,13 +141,7 @@ def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
     if dest.resolve() == src.resolve() or src.resolve() in dest.resolve().parents:
         raise OptionError(": {mlx_path} must not be the checkpoint directory or inside it", subject=str(dest))
     check_replaceable(dest, "model", overwrite)
-    parent = dest.parent
-    while not parent.exists() and parent != parent.parent:
-        parent = parent.parent
-    if not parent.is_dir():
-        raise PermissionError(f"cannot write to {dest}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(f"cannot write to {dest}: {parent} is not writable")
+    check_writable(dest.parent, "the model")
 
 
 # Settings with a fixed default in transformers' config class of each family, which a checkpoint's
