@@ -65,7 +65,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 
 @app.callback()
 def _root() -> None:
-    """Speculative Streaming for MLX: import, train adapters, generate, export."""
+    """The group's callback: every command a subcommand (the help text is ``app``'s)."""
 
 
 @app.command()

@@ -98,8 +98,8 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
     """
     import mlx.core as mx
 
-    from mlx_specstream.adapter import fuse, load_adapter
-    from mlx_specstream.loader import check_quantization, load_model, quantize_model
+    from ..adapter import fuse, load_adapter
+    from ..loader import check_quantization, load_model, quantize_model
 
     _check_precision(precision)
     if q_bits is not None:
@@ -396,7 +396,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     output full logits (needed for temperature > 0). ``branch`` and ``prune_threshold``
     default to the adapter's.
     """
-    from mlx_specstream.tokenizer import load_tokenizer
+    from ..tokenizer import load_tokenizer
 
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
@@ -404,7 +404,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     _check_precision(precision)
     if prune_threshold is not None:
         check_prune_threshold(prune_threshold)
-    from mlx_specstream.loader import asked_quantization
+    from ..loader import asked_quantization
 
     # Everything that can be wrong with the request is found before the first progress line.
     q_bits, q_group_size = asked_quantization(quantize, q_bits, q_group_size) or (None, 64)
@@ -508,9 +508,9 @@ def _write_with_metadata(ct, src: Path, dest: Path, meta: dict[str, str], model_
 
     spec = ct.utils.load_spec(str(src))
     _describe_spec(spec, meta, model_path)
-    from .mil_eval import _weights_dir
+    from .mil_eval import weights_dir_of
 
-    save_spec(spec, str(dest), auto_set_specification_version=False, weights_dir=_weights_dir(src))
+    save_spec(spec, str(dest), auto_set_specification_version=False, weights_dir=weights_dir_of(src))
 
 
 __all__ = ["ExportError", "ExportResult", "carry_quantized_weights", "dir_size", "export_coreml",

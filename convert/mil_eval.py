@@ -54,7 +54,8 @@ def _load_spec(ct, path: Path):
         raise PackageError(f"{path}: unreadable Core ML package ({e})") from None
 
 
-def _weights_dir(path: Path) -> str:
+def weights_dir_of(path: Path) -> str:
+    """The weights folder of the package at ``path``, as its manifest names it."""
     manifest = json.loads((path / "Manifest.json").read_text())
     for item in manifest.get("itemInfoEntries", {}).values():
         if item.get("path") == "weights":
@@ -92,7 +93,7 @@ class Package:
         self.metadata = dict(spec.description.metadata.userDefined)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.program = load_mil(spec, spec.specificationVersion, _weights_dir(self.path))
+            self.program = load_mil(spec, spec.specificationVersion, weights_dir_of(self.path))
         self.functions = list(self.program.functions)
         self.default_function = getattr(self.program, "default_function_name", "main")
         if spec.description.functions:

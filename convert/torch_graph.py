@@ -41,8 +41,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mlx_specstream import layout
-from mlx_specstream.errors import UnsupportedModelError
+from .. import layout
+from ..errors import UnsupportedModelError
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "qwen3", "smollm3")
 EXPORTABLE = (*LLAMA_FAMILY, "gemma3_text")
@@ -118,7 +118,7 @@ def check_exportable(layer) -> None:
     """An UnsupportedModelError unless Core ML can carry ``layer``: a quantized layer affine, 4 or
     8 bits (an mlx-lm mixed-bit model may hold 6-bit layers); no fine-tune left under an
     adapter's LoRA (a tuned adapter's, which ``fuse`` folds into float weights only)."""
-    from mlx_specstream.lora import LoRALinear
+    from ..lora import LoRALinear
 
     if isinstance(layer, LoRALinear) and isinstance(layer.base, LoRALinear):
         raise UnsupportedModelError("a tuned adapter's fine-tune must be folded into float weights "
@@ -147,7 +147,7 @@ def unpack_quantized(layer) -> QuantizedWeight:
 
 def _norm_weight(norm) -> np.ndarray:
     """The effective weight of an RMS norm (Gemma's stores ``w - 1``)."""
-    from mlx_specstream.arch import gemma3
+    from ..arch import gemma3
 
     w = 1.0 + norm.weight if isinstance(norm, gemma3.RMSNorm) else norm.weight
     return _np(w)
@@ -156,7 +156,7 @@ def _norm_weight(norm) -> np.ndarray:
 def _linear(layer) -> Linear:
     import mlx.nn as nn
 
-    from mlx_specstream.lora import LoRALinear
+    from ..lora import LoRALinear
 
     check_exportable(layer)  # a fine-tune folded into the weights (load_for_export checks first)
     lora = None
@@ -176,7 +176,7 @@ def _linear(layer) -> Linear:
 def graph_config(model, context: int, tree_size: int, chunk: int, sampling: bool = False,
                  branch: int | None = None, prune_threshold: float | None = None) -> GraphConfig:
     """Read the model (and its attached adapter) into a :class:`GraphConfig`; checks the family."""
-    from mlx_specstream.arch import gemma3, llama
+    from ..arch import gemma3, llama
 
     cfg = model.config
     mt = cfg.get("model_type")

@@ -100,7 +100,7 @@ def test_training_layout_equals_the_tree_pass_of_a_chain(n_prefix):
 
 def torch_graph_layout(cmask, T, G, shared, positions):
     torch = pytest.importorskip("torch")
-    from convert.torch_graph import SpecStreamGraph
+    from mlx_specstream.convert.torch_graph import SpecStreamGraph
 
     graph = SpecStreamGraph.__new__(SpecStreamGraph)  # only its layout methods, no weights
     graph.__dict__["gc"] = type("GC", (), {"tree_size": T, "gamma": G, "shared": shared})()
