@@ -419,7 +419,8 @@ def train(
     distill_tokens: int = typer.Option(64, "--distill-tokens",
                                        help="self-distillation: tokens written for a prompt given alone"),
     resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing adapter / run"),
+    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing adapter / run (with "
+                                   "--resume: continue a run that has checkpoints, else start again)"),
     seed: int = typer.Option(0),
     alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
     prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),

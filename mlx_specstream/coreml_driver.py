@@ -56,6 +56,7 @@ class PackageInfo:
     eos_token_ids: frozenset[int]
     precision: str
     q_bits: int
+    max_positions: int = 0  # the model's own limit (0: not recorded, packages before it was)
 
     @classmethod
     def from_metadata(cls, meta: dict[str, str], path: Path) -> PackageInfo:
@@ -70,19 +71,28 @@ class PackageInfo:
                 sampling=meta.get("specstream.sampling") == "1", mode=meta.get("specstream.mode", ""),
                 adapter=meta.get("specstream.adapter", ""), tokenizer=meta.get("specstream.tokenizer", ""),
                 eos_token_ids=frozenset(json.loads(meta.get("specstream.eos_token_ids", "[]"))),
-                precision=meta.get("specstream.precision", ""), q_bits=int(meta.get("specstream.q_bits", 0)))
+                precision=meta.get("specstream.precision", ""), q_bits=int(meta.get("specstream.q_bits", 0)),
+                max_positions=int(meta.get("specstream.max_positions", 0)))
         except (KeyError, ValueError) as e:
             raise PackageError(f"{path}: incomplete specstream metadata ({e})") from None
 
     @property
-    def holds(self) -> int:
-        """Tokens of prompt and text the package holds: its cache slots less a step's tree, whose
-        first node and accepted path's end (2) are tokens of the text."""
+    def _slots_hold(self) -> int:
+        """Tokens the cache slots hold: less a step's tree, whose first node and accepted path's
+        end (2) are tokens of the text."""
         return self.context - self.tree_size + 2
+
+    @property
+    def holds(self) -> int:
+        """Tokens of prompt and text the package holds: what its slots hold, at most the model's
+        own context (the MLX engine's limit)."""
+        return min(self._slots_hold, self.max_positions or self._slots_hold)
 
     @property
     def holds_said(self) -> str:
         """Where :attr:`holds` comes from, as messages say it."""
+        if self.holds < self._slots_hold:
+            return "the model's context"
         return (f"the package's context ({self.context} cache slots, less a step's tree of "
                 f"{self.tree_size}, plus 2)")
 

@@ -52,6 +52,9 @@ def model_dir(path: str | Path, flag: str = "") -> Path:
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"{flag + ' ' if flag else ''}{path}: no such model directory")
+    if path.suffix == ".mlpackage" and (path / "Manifest.json").is_file():
+        raise CheckpointError(f"{flag + ' ' if flag else ''}{path}: a Core ML package, not an MLX model "
+                              "directory: generate --model runs it; in Python, coreml_driver.load_package")
     return path
 
 

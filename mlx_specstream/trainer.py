@@ -552,6 +552,8 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     if str(out) == "":
         raise OptionError("{out} is empty: give an adapter name (saved under MODEL/adapters/) or a path")
     out_dir = adapter_destination(out, model_path)
+    if not out_dir.name or out_dir.name in (".", ".."):
+        raise OptionError(": {out} names no folder to save an adapter in", subject=str(out))
     return out_dir, out_dir.name, is_bare_name(out)
 
 
@@ -1270,7 +1272,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
             save_adapter(model, out_dir, overwrite=True)
             write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
-        use = f"--adapter {name}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams to draft
+        use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams
         if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
             use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
         say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))

@@ -514,3 +514,21 @@ def test_a_layer_core_ml_cannot_carry_is_refused_before_any_work(tmp_path):
         save_model(model, cfg, tmp)
     with pytest.raises(ExportError, match=f"{layer}: 6-bit weights cannot be exported"):
         load_for_export(tmp_path / "mixed")
+
+
+def test_a_package_holds_no_more_than_the_model():
+    """A package's slots may hold more tokens than the model's own context (no tree: context + 1);
+    it then holds what the MLX engine holds for the same model (MLXRunner.limit), said as it says."""
+    from mlx_specstream.coreml_driver import PackageInfo
+
+    engine = MLXRunner(tiny_model("llama", seed=0, max_position_embeddings=128))
+    meta = {"specstream.format": "1", "specstream.gamma": "0", "specstream.msa_layers": "0",
+            "specstream.branch": "1", "specstream.tree_size": "1", "specstream.accept_max": "1",
+            "specstream.context": str(engine.limit), "specstream.chunk": "8", "specstream.vocab_size": "64"}
+    old = PackageInfo.from_metadata(meta, "old.mlpackage")  # recorded no limit: its slots'
+    assert (old.holds, old.holds_said.startswith("the package's context")) == (engine.limit + 1, True)
+    info = PackageInfo.from_metadata({**meta, "specstream.max_positions": str(engine.limit)}, "p.mlpackage")
+    assert (info.holds, info.holds_said) == (engine.limit, engine.limit_source)
+    roomy = PackageInfo.from_metadata({**meta, "specstream.context": str(engine.limit - 9),
+                                       "specstream.max_positions": str(engine.limit)}, "p.mlpackage")
+    assert roomy.holds == engine.limit - 8 and roomy.holds_said.startswith("the package's context")

@@ -1330,6 +1330,11 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     model.path = tmp_path / "m"
     train(model, (ds, valid), out="l", mode="lora", **{**opts, "log": said.append})
     assert any(f"(generate with --model {tmp_path / 'm'} --adapter l --mode ar)" in m for m in said), said
+    said.clear()
+    train(model, (ds, valid), out="my sql", mode="lora", **{**opts, "log": said.append})
+    assert any("--adapter 'my sql' --mode ar)" in m for m in said), said  # pastes into a shell
+    with pytest.raises(OptionError, match="/: out names no folder to save an adapter in"):
+        train(model, (ds, valid), out="/", mode="lora", **opts)
 
 
 def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, monkeypatch):

@@ -569,3 +569,16 @@ def test_sql_names_refuses_token_ids_outside_the_vocabulary_before_reading_them(
     for bad in (-3, tok.vocab_size):
         with pytest.raises(ValueError, match=f"token id {bad}, outside the model's vocabulary"):
             generate(model, tok, [1, bad], sql_names=True, max_tokens=2)
+
+
+def test_a_core_ml_package_given_as_a_model_directory_says_what_it_is(tmp_path):
+    from mlx_specstream.api import load
+    from mlx_specstream.errors import CheckpointError
+
+    pkg = tmp_path / "SQL.mlpackage"
+    pkg.mkdir()
+    (pkg / "Manifest.json").write_text("{}")
+    said = "SQL.mlpackage: a Core ML package, not an MLX model directory: generate --model runs it; in " \
+        "Python, coreml_driver.load_package"
+    with pytest.raises(CheckpointError, match=said):
+        load(pkg)
