@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SaidInOptions
+from ..errors import SaidInOptions, verbatim
 from ..loader import model_name
 from ..ngrams import NGRAMS_FILE
 from ..outputs import (
@@ -133,7 +133,7 @@ def load_for_export(model_path: str | Path, adapter: str | Path | None = None, q
 # -- option checks -------------------------------------------------------------------------------
 def _check_precision(precision: str) -> None:
     if precision not in PRECISIONS:
-        raise ExportError(f"{{precision}} must be {' or '.join(PRECISIONS)}, not '{precision}'")
+        raise ExportError(f"{{precision}} must be {' or '.join(PRECISIONS)}, not '{verbatim(precision)}'")
 
 
 def _check_out(out: Path, overwrite: bool) -> Path:

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from .adapter import AdapterConfig
-from .api import GenerationResult, StreamResponse, generate, stream_generate
+from .api import MLX_LM_NAMES, GenerationResult, StreamResponse, generate, stream_generate
 from .errors import check_keywords
 from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
@@ -301,12 +301,14 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
 # the options of api.stream_generate a package serves: its adapter, streams and pruning are fixed
 PACKAGE_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "mode", "branch", "tree_budget", "lookup",
                    "ngrams", "sql_names")
+FIXED_AT_EXPORT = {name: "fixed when the package was exported" for name in
+                   ("gamma", "prune_threshold", "streams", "node_cost")}
 
 
 def _package_options(caller: str, runner: PackageRunner, tokenizer, prompt, options: dict) -> dict:
     """``options`` checked against what the package serves; ``mode="ss"`` is ``"ar"`` on a
     package without streams."""
-    check_keywords(caller, options, PACKAGE_OPTIONS)
+    check_keywords(caller, options, PACKAGE_OPTIONS, {**MLX_LM_NAMES, **FIXED_AT_EXPORT})
     if isinstance(prompt, str) and tokenizer is None:
         raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
     if options.get("sql_names") and not runner.info.sampling:  # a constraint reads the logits

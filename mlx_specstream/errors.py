@@ -26,7 +26,13 @@ class AdapterError(ValueError):
     """An adapter is missing, corrupt, or made for another base model."""
 
 
-_OPTION = re.compile(r"\{(\w+)(?:=([^}]*))?\}")
+_OPTION = re.compile(r"\{(\w+)(?:=([^{}]*))?\}|\{(\{\w+(?:=[^{}]*)?\})\}")  # {{x}}: the text {x}
+
+
+def verbatim(text: str) -> str:
+    """``text`` (a value the user gave) for a template: what would read as an option (``{x}``)
+    said as it is."""
+    return re.sub(r"\{(\w+(?:=[^{}]*)?)\}", r"{{\1}}", str(text))
 # Command-line flags that are not ``--`` + the Python name with dashes.
 CLI_FLAGS = {"temperature": "--temp"}
 
@@ -45,9 +51,12 @@ class SaidInOptions(Exception):
         self.template, self.subject = template, subject  # subject: said as it is (a path's braces too)
         super().__init__(self.render("python"))
 
+    def __reduce__(self):  # a copy or a pickle is built from the template, not from its rendering
+        return type(self), (self.template, self.subject)
+
     def options(self) -> list[str]:
         """The options the message names, in order."""
-        return [m.group(1) for m in _OPTION.finditer(self.template)]
+        return [m.group(1) for m in _OPTION.finditer(self.template) if m.group(1)]
 
     def render(self, dialect: str, names: dict[str, str] | None = None) -> str:
         """The message for ``dialect`` ``python``, ``cli`` or ``http``; ``names`` spells some
@@ -62,6 +71,8 @@ def render_options(template: str, dialect: str, names: dict[str, str] | None = N
         raise ValueError(f"no dialect '{dialect}': python, cli or http")
 
     def one(m: re.Match) -> str:
+        if m.group(3):  # an escaped {x}, said as it is
+            return m.group(3)
         name, value = m.group(1), m.group(2)
         literal = value in ("True", "False", "None") or re.fullmatch(r"-?[\d.]+", value or "")
         if dialect == "cli":
@@ -92,6 +103,9 @@ class Said(str):
         said = super().__new__(cls, subject + render_options(template, "python"))
         said.template, said.subject = template, subject
         return said
+
+    def __getnewargs__(self):  # a copy or a pickle is built from the template
+        return self.template, self.subject
 
     def render(self, dialect: str) -> str:
         return self.subject + render_options(self.template, dialect)

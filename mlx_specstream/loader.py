@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .errors import CheckpointError, OptionError, SaidInOptions
+from .errors import CheckpointError, OptionError, SaidInOptions, verbatim
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -111,7 +111,7 @@ def check_quantization(bits: int, group_size: int) -> None:
 def check_dtype(dtype: str | None) -> None:
     """A weight type of :data:`DTYPES` (or None: the checkpoint's own)."""
     if dtype is not None and dtype not in DTYPES:
-        raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {dtype!r}")
+        raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {verbatim(repr(dtype))}")
 
 
 def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:

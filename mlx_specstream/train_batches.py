@@ -101,12 +101,17 @@ def hold_out(ds: Dataset, seed: int, fraction: float = 0.1, at_most: int = 64,
     for i, e in enumerate(ds.examples):
         if e.line is not None:
             lines.setdefault(e.line, []).append(i)
+    most = min(at_most, len(ds) // 4)  # a conversation that would pass it stays in training
     held: set[int] = set()
     for i in np.random.default_rng(seed).permutation(len(ds)).tolist():
         if len(held) >= n_valid:
             break
         line = ds.examples[i].line
-        held.update(lines[line] if line is not None else [i])
+        group = lines[line] if line is not None else [i]
+        if i not in held and len(held) + len(group) <= most:
+            held.update(group)
+    if not held:
+        return ds, None
     train = [e for i, e in enumerate(ds.examples) if i not in held]
     return replace(ds, examples=train), Dataset([ds.examples[i] for i in sorted(held)], ds.path)
 

@@ -20,7 +20,8 @@ sys.path.insert(0, str(ROOT))
 
 from mlx_specstream.adapter import adapter_size  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
-from mlx_specstream.bench import REPEATS, Method, our_decoder, run_bench  # noqa: E402
+from mlx_specstream.bench import REPEATS, Method, check_out_dir, our_decoder, run_bench  # noqa: E402
+from mlx_specstream.errors import OutputExistsError  # noqa: E402
 
 
 def main() -> None:
@@ -35,6 +36,10 @@ def main() -> None:
     ap.add_argument("--out", type=Path, help="results folder (default: results/tree-size-TASK)")
     ap.add_argument("--overwrite", action="store_true", help="replace the results of an earlier run in --out")
     args = ap.parse_args()
+    try:  # before the models load, in the command line's terms
+        check_out_dir(args.out or ROOT / "results" / f"tree-size-{args.task}", args.overwrite)
+    except OSError as e:
+        ap.error(e.render("cli") if isinstance(e, OutputExistsError) else str(e))
     base, tok = load(args.model)
     methods = [Method("ar", our_decoder(base, tok, mode="ar"), plain_ar=True)]
     adapters = {"sql": [("ss-lossless", "sql-lossless"), ("ss-shared", "sql")],

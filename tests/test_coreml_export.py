@@ -268,6 +268,10 @@ def test_quantized_tokens_equal_quantized_mlx(packages, model_dir, bits):
         generate_package(runner, tok, PROMPTS[0], temperature=0.5)
     with pytest.raises(PackageError, match="--sampling for --sql-names"):  # no logits to constrain
         generate_package(runner, tok, PROMPTS[0], sql_names=True)
+    with pytest.raises(TypeError, match=r"'gamma' \(fixed when the package was exported\)"):
+        generate_package(runner, tok, PROMPTS[0], gamma=2)
+    with pytest.raises(TypeError, match=r"'temp' \(did you mean 'temperature'\?\)"):  # mlx-lm's name
+        generate_package(runner, tok, PROMPTS[0], temp=0.5)
 
 
 def test_package_is_judged_by_its_saved_file(packages, tmp_path):

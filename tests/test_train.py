@@ -459,6 +459,12 @@ def test_data_without_validation_holds_some_out():
     held = {e.line for e in valid_ds.examples}
     assert len(valid_ds) >= 12 and len(valid_ds) == 3 * len(held)  # whole conversations
     assert not held & {e.line for e in train_ds.examples} and len(train_ds) + len(valid_ds) == 120
+    for size in (40, 20):  # conversations too long to spare: a quarter at most, else no validation
+        long = Dataset([replace(e, line=i // size) for i, e in enumerate(ds.examples[:40])])
+        assert hold_out(long, seed=0) == (long, None)
+    some = Dataset([replace(e, line=0 if i < 30 else i) for i, e in enumerate(ds.examples[:40])])
+    train_ds, valid_ds = hold_out(some, seed=0)  # the long one stays in training
+    assert len(valid_ds) == 8 and all(e.line != 0 for e in valid_ds.examples) and len(train_ds) == 32
 
 
 def test_self_distill_resumes_and_distills_only_what_the_run_visits(tmp_path, monkeypatch):

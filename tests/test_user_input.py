@@ -248,6 +248,30 @@ def test_option_errors_speak_the_callers_language():
                                   "--no-lookup")
 
 
+def test_option_errors_keep_the_users_text_and_survive_copies():
+    """A value the user gave is said as given, however it looks ('{x}'); a copy or a pickle of an
+    error (or of a train log line) renders as the original."""
+    import copy
+    import pickle
+
+    from mlx_specstream.errors import OutputExistsError, Said
+    from mlx_specstream.loader import check_dtype
+
+    with pytest.raises(OptionError) as e:
+        check_dtype("{fp8}")
+    assert (str(e.value), e.value.render("cli")) == ("dtype must be one of float32, float16, bfloat16, not "
+                                                    "'{fp8}'", "--dtype must be one of float32, float16, "
+                                                    "bfloat16, not '{fp8}'")
+    exists = OutputExistsError(" already exists (use {overwrite=True} to replace it)", subject="/tmp/a{b}")
+    said = Said(" holds the last step; {resume=True} finishes the run", subject="run{1}")
+    for copied in (copy.copy(exists), pickle.loads(pickle.dumps(exists))):
+        assert (str(copied), copied.render("cli")) == (str(exists), exists.render("cli"))
+        assert str(copied) == "/tmp/a{b} already exists (use overwrite=True to replace it)"
+    for copied in (copy.copy(said), pickle.loads(pickle.dumps(said))):
+        assert (copied, copied.render("cli")) == ("run{1} holds the last step; resume=True finishes the run",
+                                                  "run{1} holds the last step; --resume finishes the run")
+
+
 def test_stop_strings_cut_the_text_where_they_begin():
     """The text up to a stop string, as OpenAI's: the token it begins in is emitted cut there
     (a character of byte tokens before it included); the tokens are the plain output's."""
