@@ -334,7 +334,7 @@ def _metadata(model, gc, model_path, adapter_name, precision, q_bits, q_group_si
         "specstream.tree_size": str(gc.tree_size),
         "specstream.accept_max": str(gc.accept_max),
         "specstream.context": str(gc.context),
-        "specstream.max_positions": str(int(model.config.get("max_position_embeddings") or 0)),
+        "specstream.max_positions": str(model.max_positions or 0),
         "specstream.chunk": str(gc.chunk),
         "specstream.vocab_size": str(gc.vocab),
         "specstream.prune_layer": str(gc.prune_layer),
