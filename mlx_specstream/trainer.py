@@ -571,9 +571,13 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     if found and not (resume or overwrite):
         raise OutputExistsError(" holds checkpoints of an earlier run: {resume=True} continues it, "
                                 "{overwrite=True} starts again", subject=str(work / "checkpoints"))
-    if resume and not found and out_dir.exists() and not overwrite:
-        raise OutputExistsError(" to resume from; {overwrite=True} trains it again from step 0",
-                                subject=f"{out_dir}: no checkpoint in {work / 'checkpoints'}")
+    if resume and not found and not overwrite:  # a run elsewhere (another model's): not a new run here
+        if out_dir.exists():
+            raise OutputExistsError(" to resume from; {overwrite=True} trains it again from step 0",
+                                    subject=f"{out_dir}: no checkpoint in {work / 'checkpoints'}")
+        raise OptionError(": no run to resume here (a run keeps its checkpoints under the {model} it was "
+                          "started with: give that one); {overwrite=True} with {resume=True} starts a run "
+                          "where there is none", subject=f"no checkpoint in {work / 'checkpoints'}")
     check_writable(out_dir.parent)
 
 

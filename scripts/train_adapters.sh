@@ -26,14 +26,15 @@ SS=${SPECSTREAM:-.venv/bin/specstream-mlx}  # the CLI (build_default_model.sh pa
 M=${MODEL:-models/specstream-tiny/mlx}
 ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
-AGAIN=$([ "${RESUME:-0}" = 1 ] && echo --resume || echo --overwrite)
+# RESUME=1: each adapter's run goes on from its checkpoints, or starts where it has none
+AGAIN=$([ "${RESUME:-0}" = 1 ] && echo "--resume --overwrite" || echo --overwrite)
 # the sql adapters' decoding tree: 5 candidates a stream, 64 nodes (more tokens a pass where the
 # whole tree runs, the same speed on a CPU: results/adapters/base4/tree/)
 TREE="--branch 5 --tree-budget 64"
 train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a new cosine to their end)
   local name=$1 stages=${ITERS:-$2} lr=${LR:-$3} again=$AGAIN iters done=0
   shift 3
-  if [ "$again" = --resume ]; then
+  if [ "${RESUME:-0}" = 1 ]; then
     done=$({ ls "$M/adapters/$name.train/checkpoints" 2>/dev/null || true; } |
       sed -n 's/^step-0*//p' | sort -n | tail -1)
   fi

@@ -1050,6 +1050,12 @@ def test_cli_resume_takes_the_runs_own_settings_and_a_checkpoint_is_an_adapter(t
     r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "a", "--resume",
             "--batch-size", "8", "--iters", "6")  # what the command line gives is compared, as flags
     assert r.returncode == 1 and "started otherwise: --batch-size 4 (now 8)" in r.stderr, r.stderr
+    r = cli("--model", str(model_dir), "--data", str(tmp_path / "data"), "--out", "b", "--resume")
+    said = (f"no checkpoint in {model_dir / 'adapters' / 'b.train' / 'checkpoints'}: no run to resume "
+            "here (a run keeps its checkpoints under the --model it was started with: give that one); "
+            "--overwrite with --resume starts a run where there is none")  # not a new run on the wrong model
+    assert (r.returncode, r.stderr.strip().splitlines()[-1]) == (1, f"error: {said}"), r.stderr
+    assert not (model_dir / "adapters" / "b").exists() and not (model_dir / "adapters" / "b.train").exists()
 
 
 def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
