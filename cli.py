@@ -492,8 +492,9 @@ def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:
     trainer takes itself."""
     import inspect
 
+    from mlx_specstream.checkpoint import setting_said
     from mlx_specstream.errors import render_options
-    from mlx_specstream.trainer import setting_said, train
+    from mlx_specstream.trainer import train
 
     defaults = {k: p.default for k, p in inspect.signature(train).parameters.items()}
     skip = {"iters", "warmup", *given}

@@ -2,19 +2,25 @@
 step (and the best adapter so far), each in ``OUT.train/checkpoints/step-NNNNNNN``, written
 whole (a temporary directory, then a rename) so an interrupted run resumes from the last one.
 With its adapter config beside the weights, a checkpoint also loads as an adapter, to try a long
-run before it ends."""
+run before it ends. A checkpoint records the run's settings and digests of its data and of the
+fine-tune under it, so that a resumed run that differs is refused, each difference said as its
+option says it (:func:`check_same_run`)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from dataclasses import asdict
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
+from .data import Dataset
+from .errors import OptionError
 from .outputs import save_safetensors
 
 
@@ -84,3 +90,74 @@ def load_checkpoint(model, optimizer, path: Path) -> dict:
     mx.eval(model.parameters(), optimizer.state)
     return state
 
+
+def weights_digest(weights: dict[str, mx.array]) -> str:
+    """A digest of an adapter's weights (the fine-tune a run starts over), recorded in checkpoints."""
+    h = hashlib.sha256()
+    for k in sorted(weights):
+        h.update(k.encode() + np.array(weights[k].astype(mx.float32)).tobytes())
+    return h.hexdigest()[:16]
+
+
+def last_state(ckpt_dir: Path) -> tuple[Path, dict] | None:
+    """The last checkpoint whose state.json reads, and its recorded state (None without one)."""
+    for path in reversed(checkpoints(ckpt_dir)):
+        try:
+            return path, json.loads((path / "state.json").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tuple[str, ...]) -> None:
+    """An OptionError naming each setting in which a resumed run differs from its checkpoint's
+    (``recorded_only``: compared only where the checkpoint recorded them)."""
+    diff = {k: (recorded.get(k), v) for k, v in compat.items()
+            if recorded.get(k, v if k in recorded_only else None) != v}
+    if diff:
+        def now_said(k, then, now):  # a value alone where both read alone: "--batch-size 4 (now 8)"
+            return str(said_value(k, now)) if _plain(k, then) and _plain(k, now) else setting_said(k, now)
+
+        said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now {now_said(k, then, now)})"
+                for k, (then, now) in diff.items()]
+        raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
+                          + ". Resume it as it was started, or {overwrite=True} to start again",
+                          subject=str(path))
+
+
+_ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
+
+
+def said_value(name: str, value):
+    """A setting's value as its option takes it: alphas as ``1,0.1,0.1``, segment_len's None as 0."""
+    if value is None and name in _ZERO_IS_NONE:
+        return 0
+    return ",".join(f"{a:g}" for a in value) if isinstance(value, list) else value
+
+
+def setting_said(name: str, value) -> str:
+    """A setting as its option says it, in :class:`~mlx_specstream.errors.SaidInOptions`' notation:
+    ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False),
+    ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None."""
+    value = said_value(name, value)
+    return f"without {{{name}}}" if value is None or value is False else f"{{{name}={value}}}"
+
+
+def _plain(name: str, value) -> bool:
+    """Whether a value reads alone, as a number or a word (not a switch, None or a list)."""
+    return not isinstance(said_value(name, value), bool | type(None)) and not isinstance(value, list)
+
+
+# Settings a checkpoint records by digest, as a resumed run that differs in them is told
+_RUN_DIGESTS = {"data": "{data} holds other training examples", "valid_data": "other validation examples",
+                 "over_weights": "the fine-tune under it ({over}) is another, or none"}
+
+
+def examples_digest(ds: Dataset) -> str:
+    """A digest of a data set's examples (tokens, prompt lengths and which are text rows, which are
+    trained and measured otherwise), recorded in checkpoints."""
+    h = hashlib.sha256()
+    for e in ds.examples:
+        h.update(np.asarray(e.tokens, np.int64).tobytes() + e.n_prompt.to_bytes(8, "little")
+                 + (b"text" if e.text else b""))  # (digests of runs before text rows unchanged)
+    return h.hexdigest()[:16]

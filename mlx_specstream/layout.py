@@ -21,7 +21,7 @@ the range of stream keys it sees. Every representation derives from it: the dens
 of the engine (:func:`pass_mask`: ``tree.tree_mask``, ``tree.stream_mask``, deferred streams),
 the rotary positions (:func:`pass_positions`: ``tree.positions``, ``streams.stream_pass``), the
 Metal kernel's row table (``kernels.attention.row_table``: the table's node and stream-key
-columns), the training layouts (``trainer.segment_layout``, ``trainer.shared_layout``) and the
+columns), the training layouts (``objective.segment_layout``, ``objective.shared_layout``) and the
 Core ML graph's step mask and positions (``convert/torch_graph.py``). All functions are pure
 numpy; leading batch axes broadcast.
 

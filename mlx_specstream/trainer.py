@@ -1,32 +1,6 @@
 """Train speculative adapters: lossless and shared modes, the pruning adapter, data parallel.
 
-Losses (extended paper, eq. 6). Token ``t`` of a sequence carries the main stream, which predicts
-token ``t+1``, and streams ``j = 1..gamma``; stream ``j`` predicts token ``t+j+1``. Only positions
-whose main target is a completion token carry streams (the last prompt token and the completion
-tokens but the last), which is also where the engine runs them: a prefill puts streams on the
-last prompt token only, every later token gets them. The loss is
-
-    alpha_0 * CE(main) + sum_j alpha_j * CE(stream j) + prune_weight * CE(early exit)
-
-each CE averaged over its valid positions in the global batch. Lossless mode: the base is frozen
-and alpha_0 = 0; only the stream parameters train (stream embeddings P, the optional stream init
-f, the stream-only LoRA of the MSA layers) and main rows never see streams, so greedy decoding
-stays the base model's. Shared mode: LoRA in every layer (all rows) plus the streams; main rows
-in MSA layers also see the streams of their own token; alpha_0 = 1 and alpha_j = 0.1 by default.
-The pruning adapter o_theta learns next-token prediction from early-exit logits
-``H(o_theta(h_l))`` at the pruning layer, jointly, on detached hidden states (so it never moves
-the rest of the adapter).
-
-Memory (extended paper, appendix I, "segment attention"). Prompts carry no streams. In lossless
-mode the main stream is the frozen base, so one pass without gradients computes the hidden states
-entering the MSA layers and the main keys/values of every MSA layer; the stream rows are then
-built ``segment_len`` completion positions at a time, each segment attending to the cached main
-keys and its own streams (only the stream rows with a target in some row of the batch:
-``Batch.stream_rows``), and the gradients of the segments are summed. Peak memory grows with
-``segment_len * gamma`` instead of ``seq_len * gamma``. In shared mode main rows depend on the
-streams, so the whole sequence (streams on completion positions only) runs in one pass. The
-``lora`` mode is the next-token baseline the benchmark compares against: shared-mode LoRA trained
-on the main loss alone, no streams.
+What a step minimizes, and the passes it runs (segment attention): ``objective.py``.
 
 Data parallel: under ``mlx.launch`` or with ``processes=N`` every process takes its share of each
 global batch; the loss of each process is normalised by the global counts of valid targets (summed
@@ -54,12 +28,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 
-from . import layout
 from .adapter import (
     AdapterConfig,
     adapter_destination,
@@ -80,15 +52,24 @@ from .adapter import (
     resolve_adapter,
     save_adapter,
 )
-from .arch.base import causal_mask
-from .base_states import BaseStateCache, FixedKV, base_states, msa_start
-from .checkpoint import BEST_FILE, CheckpointError, checkpoints, load_checkpoint, save_checkpoint
+from .base_states import BaseStateCache
+from .checkpoint import (
+    BEST_FILE,
+    CheckpointError,
+    check_same_run,
+    checkpoints,
+    examples_digest,
+    last_state,
+    load_checkpoint,
+    save_checkpoint,
+    weights_digest,
+)
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
 from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError, Said
-from .kernels import host_math
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
+from .objective import SHARED_QUALITY_SLACK, acceptance, drafts_better, evaluate, grad_step
 from .outputs import (
     Terminated,
     check_replaceable,
@@ -102,7 +83,7 @@ from .outputs import (
 from .process_group import DistributedGroup, PeerStopped, barrier, run_local, threads_each
 from .project import DEFAULT_MODEL
 from .tokenizer import eos_ids
-from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys, segments
+from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")
@@ -160,303 +141,6 @@ class TrainConfig:
     tree_budget: int = AdapterConfig.tree_budget
     over: str | None = None  # the fine-tune (a lora-mode adapter): lossless drafts it, shared starts from it
     init: str | None = None  # the adapter whose weights the run starts from
-
-
-# -- forward pieces --------------------------------------------------------------------------
-
-
-def _rows(x: mx.array, t: np.ndarray) -> mx.array:
-    """Rows of ``x`` (B, T, ...) at positions ``t`` (B, L), clipped to the sequence."""
-    idx = np.minimum(t, x.shape[1] - 1).astype(np.int32)
-    return mx.take_along_axis(x, mx.array(idx).reshape(*idx.shape, *([1] * (x.ndim - 2))), axis=1)
-
-
-def segment_layout(t: np.ndarray, gamma: int, n_keys: int, rows: np.ndarray | None = None
-                   ) -> tuple[mx.array, mx.array]:
-    """Rotary positions (B, C) and mask (B, 1, C, n_keys + C) of the stream rows of positions ``t``
-    (B, L), node-major (``layout.pass_mask`` without main rows, main keys by position): all
-    ``C = L*gamma`` of them, or the node-major indices ``rows`` (closed under the stream keys a
-    row sees: ``Batch.stream_rows``), which are then also the stream keys.
-
-    Row (t, j) sees the main keys 0..t and streams (t, 1..j); keys are
-    ``[main 0..n_keys-1 | streams]``. Example, t = [[2, 3]], gamma = 2: rows (2,1) (2,2) (3,1)
-    (3,2) at positions 3 4 4 5; row (3,2) sees main keys 0..3 and the streams (3,1) (3,2).
-    """
-    mask = layout.pass_mask(layout.keys_by_position(t, n_keys), np.arange(t.shape[1]), gamma, main_rows=False)
-    pos = layout.stream_positions(t, gamma)
-    if rows is not None:
-        pos, mask = pos[:, rows], mask[:, rows][..., np.concatenate([np.arange(n_keys), n_keys + rows])]
-    return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
-
-
-def stream_hidden_segment(model, h_msa: mx.array, kvs, t: np.ndarray, gamma: int,
-                          rows: np.ndarray | None = None) -> mx.array:
-    """Lossless mode: final stream hidden states (B, L, gamma, h) of positions ``t`` (B, L); with
-    ``rows`` (``Batch.stream_rows``) only those are computed and the others are zero."""
-    B, L = t.shape
-    s = model.adapter.init_streams(_rows(h_msa, t), gamma)
-    n_keys = min(int(t.max()) + 1, h_msa.shape[1])
-    pos, mask = segment_layout(t, gamma, n_keys, rows)
-    if rows is not None:
-        if not len(rows):
-            return mx.zeros((B, L, gamma, s.shape[-1]), s.dtype)
-        idx = mx.array(rows.astype(np.int32))
-        s = s[:, idx]
-    for layer, (k, v) in zip(model.layers[msa_start(model):], kvs):
-        s = layer(s, pos, mask, FixedKV(k[:, :, :n_keys], v[:, :, :n_keys]), n_main=0)
-    if rows is not None:
-        s = mx.zeros((B, L * gamma, s.shape[-1]), s.dtype).at[:, idx].add(s)
-    return s.reshape(B, L, gamma, -1)
-
-
-def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
-    """Positions and per-row mask (B, 1, R, R) of a shared-mode pass: T main rows, then the
-    streams of positions ``[w0, w1)`` node-major (``layout.pass_mask``, main keys by position).
-    Main row t sees its own streams only where the row's prompt has ended (t >= n_prompt - 1), as
-    at generation time."""
-    B, T = batch.tokens.shape
-    w0, w1 = batch.window
-    t = np.arange(T)
-    own = t[None, :] >= batch.n_prompt[:, None] - 1  # (B, T)
-    sees = layout.keys_by_position(np.broadcast_to(t, (B, T)), T)  # (B, T, T): causal
-    mask = layout.pass_mask(sees, np.arange(w0, w1), gamma, own=own)
-    pos = layout.pass_positions(t, np.arange(w0, w1), gamma)
-    return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
-
-
-def shared_hidden(model, batch: Batch, gamma: int):
-    """Shared mode (with gradients): final main hidden states (B, W, h) and stream hidden states
-    (B, W, gamma, h) of the window, and the detached hidden states entering the pruning layer."""
-    cfg = model.adapter_config
-    tokens = mx.array(batch.tokens)
-    B, T = batch.tokens.shape
-    w0, w1 = batch.window
-    pos = mx.arange(T)
-    mask = causal_mask(T, 0) if T > 1 else None
-    msa = msa_start(model) if gamma else len(model.layers)  # gamma 0: the LoRA baseline
-    h = model.embed(tokens, pos)
-    h_prune = None
-    for i, layer in enumerate(model.layers[:msa]):
-        if i == cfg.prune_layer:
-            h_prune = h
-        h = layer(h, pos, mask, None)
-    if h_prune is None:
-        h_prune = h
-    if gamma == 0:
-        return h[:, w0:w1], None, mx.stop_gradient(h_prune[:, w0:w1])
-    s = model.adapter.init_streams(h[:, w0:w1], gamma)
-    x = mx.concatenate([h, s], axis=1)
-    pos_all, mask_all = shared_layout(batch, gamma)
-    for layer in model.layers[msa:]:
-        x = layer(x, pos_all, mask_all, None, n_main=T)
-    streams = x[:, T:].reshape(B, w1 - w0, gamma, -1)
-    return x[:, w0:w1], streams, mx.stop_gradient(h_prune[:, w0:w1])
-
-
-# -- losses and metrics ----------------------------------------------------------------------
-
-def _segments_of(batch: Batch, tc: TrainConfig) -> list[tuple[int, int] | None]:
-    """Lossless: the completion slots in segments; shared and LoRA: one pass (None)."""
-    return segments(batch.span, tc.segment_len) if tc.mode == "lossless" else [None]
-
-
-def _terms(model, batch: Batch, tc: TrainConfig, seg: tuple[int, int] | None, states=None):
-    """``(t, main_h, stream_h, prune_h)`` of one segment: the positions (B, L), final hidden states
-    of the main rows (None in lossless training), (B, L, gamma, h) of the stream rows, and the
-    hidden states entering the pruning layer. Lossless: stream rows of completion slots
-    ``[a, b)`` over the precomputed base ``states``, each row from its own last prompt token;
-    shared: the whole window in one pass."""
-    if seg is None:
-        w0, w1 = batch.window
-        t = np.broadcast_to(np.arange(w0, w1), (len(batch.tokens), w1 - w0))
-        return (t, *shared_hidden(model, batch, tc.gamma))
-    h_prune, h_msa, kvs = states[:3]
-    t = batch.at(*seg)
-    stream_h = stream_hidden_segment(model, h_msa, kvs, t, tc.gamma, batch.stream_rows(t, tc.gamma))
-    return t, None, stream_h, _rows(h_prune, t)
-
-
-def _take(x: mx.array, idx: np.ndarray) -> mx.array:
-    return x.reshape(-1, x.shape[-1])[mx.array(idx.astype(np.int32))]
-
-
-def _valid_logits(model, batch: Batch, t: np.ndarray, g: int, main_h, stream_h, prune_h) -> dict:
-    """Logits and targets of the rows that have a target, only (the LM head and the softmax,
-    the costly part over a large vocabulary, never run on the others): name -> (logits (n, V),
-    targets (n,), stream index of each row (streams only))."""
-    tm, ts, vm, vs = batch.targets(t, g)
-    out = {}
-    iv = np.flatnonzero(vs.reshape(-1))
-    if len(iv):
-        out["streams"] = (model.head(_take(stream_h, iv)), ts.reshape(-1)[iv], iv % g)
-    im = np.flatnonzero(vm.reshape(-1))
-    if len(im):
-        out["prune"] = (model.head(model.adapter.early_exit(_take(prune_h, im))), tm.reshape(-1)[im])
-        if main_h is not None:
-            out["main"] = (model.head(_take(main_h, im)), tm.reshape(-1)[im])
-    return out
-
-
-def _weighted_loss(model, batch, t, main_h, stream_h, prune_h, tc: TrainConfig,
-                   norms: np.ndarray) -> mx.array:
-    """Sum of the weighted CE terms of one segment, each normalised by its global count."""
-    alphas = np.asarray(tc.alphas, np.float64)
-    inv = np.where(norms > 0, 1.0 / np.maximum(norms, 1), 0.0)
-    if not (main_h is not None and alphas[0]):
-        main_h = None
-    terms = _valid_logits(model, batch, t, tc.gamma, main_h, stream_h, prune_h)
-    loss = mx.array(0.0)
-    if "streams" in terms:
-        logits, tgt, j = terms["streams"]
-        w = (alphas[1:] * inv[1:])[j].astype(np.float32)
-        loss = loss + (host_math.cross_entropy(logits, mx.array(tgt)) * mx.array(w)).sum()
-    if "prune" in terms and tc.prune_weight:
-        logits, tgt = terms["prune"]
-        loss = loss + host_math.cross_entropy(logits, mx.array(tgt)).sum() * float(tc.prune_weight * inv[0])
-    if "main" in terms:
-        logits, tgt = terms["main"]
-        loss = loss + host_math.cross_entropy(logits, mx.array(tgt)).sum() * float(alphas[0] * inv[0])
-    return loss
-
-
-def _zeros_like_trainable(model):
-    return tree_map(mx.zeros_like, model.trainable_parameters())
-
-
-@host_math.enabled()
-def _grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, states=None):
-    """Loss (this process's share) and gradients of one (shard of a) global batch; lossless
-    ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
-    if batch is None:
-        return mx.array(0.0), _zeros_like_trainable(model)
-    if tc.mode == "lossless" and states is None:
-        states = base_states(model, mx.array(batch.tokens))
-    total, grads = mx.array(0.0), None
-    for seg in _segments_of(batch, tc):
-        def loss_fn(seg=seg):
-            return _weighted_loss(model, batch, *_terms(model, batch, tc, seg, states), tc, norms)
-
-        loss, g = nn.value_and_grad(model, loss_fn)()
-        grads = g if grads is None else tree_map(mx.add, grads, g)
-        total = total + loss
-        mx.eval(total, grads)
-    return total, grads
-
-
-@host_math.enabled()
-def evaluate(model, dataset: Dataset, tc: TrainConfig, batch_size: int | None = None,
-             max_batches: int | None = None, group=None) -> dict:
-    """Validation loss, per-stream top-1 accuracy (stream j predicting token t+j+1), main-stream
-    and early-exit (pruning adapter) top-1 accuracy. Batches are shared out between processes."""
-    g = tc.gamma
-    bs = batch_size or tc.batch_size
-    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
-    idx = np.arange(len(dataset))
-    batches = [idx[i: i + bs] for i in range(0, len(idx), bs)]
-    if max_batches:
-        batches = batches[:max_batches]
-    # sums: ce_main, ce_prune, ce_s[g], ok_main, ok_prune, ok_s[g], n_main, n_s[g]
-    sums = np.zeros(3 * g + 5)
-    for k, ids in enumerate(batches):
-        if k % size != rank:
-            continue
-        batch = Batch.of([dataset.examples[i] for i in ids])
-        states = None
-        if tc.mode == "lossless":
-            states = base_states(model, mx.array(batch.tokens))
-        for seg in _segments_of(batch, tc):
-            t, main_h, stream_h, prune_h = _terms(model, batch, tc, seg, states)
-            if main_h is None:  # lossless: the main stream is the base's last hidden state
-                main_h = _rows(states[3], t)
-            terms = _valid_logits(model, batch, t, g, main_h, stream_h, prune_h)
-            if "main" in terms:
-                for i, name in ((0, "main"), (1, "prune")):
-                    logits, tgt = terms[name]
-                    tgt = mx.array(tgt)
-                    sums[i] += host_math.cross_entropy(logits, tgt).sum().item()
-                    sums[2 + g + i] += (mx.argmax(logits, -1) == tgt).sum().item()
-            if "streams" in terms:
-                logits, tgt, j = terms["streams"]
-                tgt = mx.array(tgt)
-                ce = np.array(host_math.cross_entropy(logits, tgt))
-                ok = np.array(mx.argmax(logits, -1) == tgt)
-                sums[2: 2 + g] += np.bincount(j, weights=ce, minlength=g)
-                sums[4 + g: 4 + 2 * g] += np.bincount(j, weights=ok, minlength=g)
-        sums[2 * g + 4:] += batch.counts(g)
-    if size > 1:
-        sums = np.array(group.all_sum(mx.array(sums.astype(np.float32))),
-                        dtype=np.float64)
-    ce_m, ce_p, ce_s = sums[0], sums[1], sums[2: 2 + g]
-    ok_m, ok_p, ok_s = sums[2 + g], sums[3 + g], sums[4 + g: 4 + 2 * g]
-    n_m, n_s = sums[4 + 2 * g], sums[5 + 2 * g:]
-
-    def div(x, n):
-        return float(x / n) if n else float("nan")
-
-    alphas = [float(a) for a in tc.alphas]
-    loss = sum(alphas[j + 1] * div(ce_s[j], n_s[j]) for j in range(g) if n_s[j])
-    loss += tc.prune_weight * div(ce_p, n_m) + (alphas[0] * div(ce_m, n_m) if alphas[0] else 0.0)
-    loss = float(loss)
-    return {
-        "loss": round(loss, 6),
-        "stream_loss": [round(div(ce_s[j], n_s[j]), 6) for j in range(g)],
-        "stream_acc": [round(div(ok_s[j], n_s[j]), 6) for j in range(g)],
-        "main_loss": round(div(ce_m, n_m), 6),
-        "main_acc": round(div(ok_m, n_m), 6),
-        "prune_loss": round(div(ce_p, n_m), 6),
-        "prune_acc": round(div(ok_p, n_m), 6),
-        "targets": int(n_m),
-    }
-
-
-def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[int], group=None
-               ) -> tuple[float, list[float]]:
-    """Mean accepted tokens per forward pass of greedy Speculative Streaming on ``prompts``,
-    through the engine's own decode loop, and each prompt's own. The drafts are the streams' and
-    prompt lookup's, without the n-gram table (written at the end, the same for every step): the
-    number judges the streams. The prompts are shared out between the processes of ``group``."""
-    from .engine import DecodeOptions, Decoder
-
-    rank, size = (group.rank(), group.size()) if group is not None else (0, 1)
-    table = np.zeros((len(prompts), 3))  # advanced, passes, mean: one process per row
-    for i in range(rank, len(prompts), size):
-        decoder = Decoder(model, prompts[i], DecodeOptions(max_tokens=max_tokens, eos_token_ids=eos,
-                                                                 ngrams=False))
-        for _ in decoder.steps():
-            pass
-        lengths = decoder.stats.accepted_lengths
-        table[i] = (sum(k * c for k, c in lengths.items()), sum(lengths.values()),
-                    round(decoder.stats.mean_accepted_tokens, 4))
-    if size > 1:
-        table = np.array(group.all_sum(mx.array(table.astype(np.float32))), dtype=np.float64)
-    advanced, passes = table[:, 0].sum(), table[:, 1].sum()
-    return (round(float(advanced / passes), 4) if passes else 0.0), [round(float(m), 4) for m in table[:, 2]]
-
-
-SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
-
-
-def drafts_better(new: dict, best: dict, by: str = "loss") -> bool:
-    """Whether an evaluation's adapter (``mean_accepted_tokens``, ``per_prompt``, and the loss
-    ``by``) replaces the best so far: more tokens per pass by more than the standard error of the
-    difference of the two means over prompts, or as many within that error and a lower
-    validation loss ``by``: the whole loss, or in shared mode, where the adapter writes the
-    output, the main stream's (``main_loss``), so that a tie in drafting goes to the better output.
-
-    The few validation prompts are a sample of the prompts the adapter will meet, and a noisy
-    one: on 8 of them an adapter of step 300 read 2.47 tokens per pass and that of step 1600 2.42,
-    while on 200 sql test prompts they drafted 2.42 and 2.52. Within that noise the validation
-    loss (hundreds of examples) decides; the paired per-prompt differences would not do, as most
-    prompts decode alike at neighbouring steps and one prompt's swing reads as significant.
-    """
-    if best["step"] is None:
-        return True
-    gain = new["mean_accepted_tokens"] - best["mean_accepted_tokens"]
-    se = math.sqrt(sum(np.var(p, ddof=1) / len(p) for p in (new["per_prompt"], best.get("per_prompt", []))
-                       if len(p) > 1))
-    if gain > se:
-        return True
-    return gain >= -se and new[by] < best.get(by, math.inf)
 
 
 # -- parameters and optimizer ----------------------------------------------------------------
@@ -581,25 +265,6 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     check_writable(out_dir.parent)
 
 
-def _digest(weights: dict[str, mx.array]) -> str:
-    import hashlib
-
-    h = hashlib.sha256()
-    for k in sorted(weights):
-        h.update(k.encode() + np.array(weights[k].astype(mx.float32)).tobytes())
-    return h.hexdigest()[:16]
-
-
-def _last_state(ckpt_dir: Path) -> tuple[Path, dict] | None:
-    """The last checkpoint whose state.json reads, and its recorded state (None without one)."""
-    for path in reversed(checkpoints(ckpt_dir)):
-        try:
-            return path, json.loads((path / "state.json").read_text())
-        except (OSError, ValueError):
-            continue
-    return None
-
-
 def run_settings(model_path: str | Path, out: str | Path) -> dict:
     """The settings (:class:`TrainConfig`'s fields) that the run to resume at ``out`` (an adapter
     name or directory of the model at ``model_path``) was started with, from its last readable
@@ -609,7 +274,7 @@ def run_settings(model_path: str | Path, out: str | Path) -> dict:
         out_dir = _resolve_out(out, Path(model_path))[0]
     except ValueError:
         return {}  # train says what is wrong with it
-    last = _last_state(out_dir.with_name(out_dir.name + ".train") / "checkpoints") if out_dir else None
+    last = last_state(out_dir.with_name(out_dir.name + ".train") / "checkpoints") if out_dir else None
     state = last[1] if last is not None else {}
     settings = dict(state.get("settings") or state.get("config") or {})  # "config" alone: before 2026-11-28
     accepted = inspect.signature(train).parameters  # its options (a TrainConfig field may be derived)
@@ -634,62 +299,6 @@ def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
     done = isinstance(report, dict) and report.get("iters") == iters and bool(report.get("history")) \
         and report["history"][-1].get("step") == iters
     return report if done else None
-
-
-def _check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tuple[str, ...]) -> None:
-    """An OptionError naming each setting in which a resumed run differs from its checkpoint's
-    (``recorded_only``: compared only where the checkpoint recorded them)."""
-    diff = {k: (recorded.get(k), v) for k, v in compat.items()
-            if recorded.get(k, v if k in recorded_only else None) != v}
-    if diff:
-        def now_said(k, then, now):  # a value alone where both read alone: "--batch-size 4 (now 8)"
-            return str(said_value(k, now)) if _plain(k, then) and _plain(k, now) else setting_said(k, now)
-
-        said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now {now_said(k, then, now)})"
-                for k, (then, now) in diff.items()]
-        raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
-                          + ". Resume it as it was started, or {overwrite=True} to start again",
-                          subject=str(path))
-
-
-_ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
-
-
-def said_value(name: str, value):
-    """A setting's value as its option takes it: alphas as ``1,0.1,0.1``, segment_len's None as 0."""
-    if value is None and name in _ZERO_IS_NONE:
-        return 0
-    return ",".join(f"{a:g}" for a in value) if isinstance(value, list) else value
-
-
-def setting_said(name: str, value) -> str:
-    """A setting as its option says it, in :class:`~mlx_specstream.errors.SaidInOptions`' notation:
-    ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False),
-    ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None."""
-    value = said_value(name, value)
-    return f"without {{{name}}}" if value is None or value is False else f"{{{name}={value}}}"
-
-
-def _plain(name: str, value) -> bool:
-    """Whether a value reads alone, as a number or a word (not a switch, None or a list)."""
-    return not isinstance(said_value(name, value), bool | type(None)) and not isinstance(value, list)
-
-
-# Settings a checkpoint records by digest, as a resumed run that differs in them is told
-_RUN_DIGESTS = {"data": "{data} holds other training examples", "valid_data": "other validation examples",
-                "over_weights": "the fine-tune under it ({over}) is another, or none"}
-
-
-def _examples_digest(ds: Dataset) -> str:
-    """A digest of a data set's examples (tokens, prompt lengths and which are text rows, which are
-    trained and measured otherwise), recorded in checkpoints."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for e in ds.examples:
-        h.update(np.asarray(e.tokens, np.int64).tobytes() + e.n_prompt.to_bytes(8, "little")
-                 + (b"text" if e.text else b""))  # (digests of runs before text rows unchanged)
-    return h.hexdigest()[:16]
 
 
 def _all_sum(tree, group):
@@ -721,7 +330,7 @@ def share_gradients(model, dataset: Dataset, ids: list[int], tc: TrainConfig, gr
     norms = Batch.of([dataset.examples[i] for i in ids]).counts(tc.gamma)  # the same on every process
     batch = Batch.of(examples) if examples else None
     states = cache.states(model, list(shard), examples) if cache is not None and examples else None
-    return _grad_step(model, batch, tc, norms, states)
+    return grad_step(model, batch, tc, norms, states)
 
 
 def _group(distributed):
@@ -923,7 +532,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_read} examples have an "
                 "empty completion: trained on as given, they teach the model to stop right after the "
                 "prompt (lossless mode's default self-distillation learns the model's own continuations)")
-    data_digest = _examples_digest(train_ds)  # the data as given: a resumed run must see the same
+    data_digest = examples_digest(train_ds)  # the data as given: a resumed run must see the same
     if valid_ds is None:
         train_ds, valid_ds = hold_out(train_ds, seed)
         say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
@@ -931,7 +540,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             else f"no valid.jsonl, and {len(train_ds)} examples are too few to hold some out ({HOLD_OUT_MIN} "
             "or more): no validation, so no tokens/pass measured and no best adapter kept; give a "
             "valid.jsonl to have them")
-    valid_digest = _examples_digest(valid_ds) if valid_ds is not None else None
+    valid_digest = examples_digest(valid_ds) if valid_ds is not None else None
 
     # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
     # leaves the model with the adapter it had; after that, with the one trained so far
@@ -947,7 +556,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             start_weights = read_adapter(model, init, model_path, check_base=False)[1]
         n_train = len(train_ds)
         steps_per_epoch = math.ceil(n_train / batch_size)
-        last = _last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+        last = last_state(ckpt_dir) if resume and ckpt_dir is not None else None
         resumed = last[1] if last is not None else None
         if resumed is not None and iters is None and epochs is None:
             iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
@@ -992,9 +601,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         compat["data"], compat["valid_data"] = data_digest, valid_digest
         # --over by what it holds (a name and a path to one adapter are the same); --init is not
         # compared: a resumed run's weights are the checkpoint's (its --init may be its own --out)
-        compat["over_weights"] = _digest(fine_tune) if fine_tune else None
+        compat["over_weights"] = weights_digest(fine_tune) if fine_tune else None
         if resumed is not None:  # refused before the work below (self-distillation: minutes)
-            _check_same_run(last[0], resumed["config"], compat, recorded_only)
+            check_same_run(last[0], resumed["config"], compat, recorded_only)
 
         # -- adapter, optimizer, resume --------------------------------------------------------------
         acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
@@ -1023,7 +632,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         if self_distill:
             # the model as attached writes them: the base, or the base with its fine-tune
             key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
-                   **({"fine_tune": _digest(fine_tune)} if fine_tune else {})}
+                   **({"fine_tune": weights_digest(fine_tune)} if fine_tune else {})}
             used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
                     "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
                     if valid_ds is not None else []}
@@ -1068,7 +677,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 found = found[: found.index(path) + 1]
                 if st.get("base_fingerprint") != base_fp:
                     raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-                _check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
+                check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
                 start = int(st["step"])
                 if start > iters:
                     raise OptionError(f": the run is already at step {start}, past {{iters={iters}}}",
@@ -1343,6 +952,6 @@ def measure_peak_memory(model, *, seq_len: int, gamma: int, batch_size: int = 4,
     batch = Batch.of(examples)
     mx.clear_cache()
     mx.reset_peak_memory()
-    loss, grads = _grad_step(model, batch, tc, batch.counts(gamma))
+    loss, grads = grad_step(model, batch, tc, batch.counts(gamma))
     mx.eval(loss, grads)
     return mx.get_peak_memory()

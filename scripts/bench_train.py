@@ -109,7 +109,8 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
                 ex = [data.examples[i] for i in b_ids]
                 b = module.Batch.of(ex)
                 states = cache.states(model, list(b_ids), ex) if cache is not None else None
-                loss, grads = module._grad_step(model, b, tc, b.counts(gamma), states)
+                step = getattr(module, "grad_step", None) or module._grad_step  # private before 2026-11-28
+                loss, grads = step(model, b, tc, b.counts(gamma), states)
             mx.eval(loss, grads)
         seconds = time.perf_counter() - t
     detach(model)

@@ -7,8 +7,8 @@ import pytest
 from mlx_specstream import layout, tree
 from mlx_specstream.data import Example
 from mlx_specstream.kernels import attention
+from mlx_specstream.objective import segment_layout, shared_layout
 from mlx_specstream.train_batches import Batch
-from mlx_specstream.trainer import segment_layout, shared_layout
 
 PARENTS = np.array([-1, 0, 0, 1, 1, 2, 3])
 DEPTHS = np.array([0, 1, 1, 2, 2, 2, 3])

@@ -33,15 +33,10 @@ from mlx_specstream.data import Dataset, Example
 from mlx_specstream.errors import AdapterError, OptionError
 from mlx_specstream.kv_cache import make_cache
 from mlx_specstream.lora import LoRALinear
+from mlx_specstream.objective import shared_hidden, shared_layout, stream_hidden_segment
 from mlx_specstream.streams import forward
 from mlx_specstream.train_batches import Batch, epoch_batches
-from mlx_specstream.trainer import (
-    measure_peak_memory,
-    shared_hidden,
-    shared_layout,
-    stream_hidden_segment,
-    train,
-)
+from mlx_specstream.trainer import measure_peak_memory, train
 from mlx_specstream.tree import chain
 
 
@@ -127,7 +122,8 @@ def test_lossless_step_equals_the_engine_forward(tmp_path):
 
     from mlx_specstream.adapter import AdapterConfig, attach
     from mlx_specstream.arch.base import causal_mask
-    from mlx_specstream.trainer import TrainConfig, _grad_step, _resolve_alphas, set_trainable
+    from mlx_specstream.objective import grad_step
+    from mlx_specstream.trainer import TrainConfig, _resolve_alphas, set_trainable
 
     g = 3
     model = tiny_model("llama", seed=4)
@@ -160,7 +156,7 @@ def test_lossless_step_equals_the_engine_forward(tmp_path):
     ref_loss, ref = nn.value_and_grad(model, oracle)()
     for seg in (None, 2):
         tc = TrainConfig(mode="lossless", gamma=g, msa_layers=2, alphas=list(alphas), segment_len=seg)
-        loss, got = _grad_step(model, batch, tc, norms)
+        loss, got = grad_step(model, batch, tc, norms)
         assert abs(loss.item() - ref_loss.item()) < 1e-5 * max(1.0, abs(ref_loss.item()))
         for (k, a), (_, b) in zip(tree_flatten(ref), tree_flatten(got)):
             np.testing.assert_allclose(np.array(b), np.array(a), atol=1e-6, rtol=1e-4, err_msg=k)
@@ -374,7 +370,7 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
 def test_a_tie_in_drafting_goes_to_the_better_output_in_shared_mode():
     """Within the noise of tokens per pass, the lower validation loss decides: the whole loss, or in
     shared mode (``by="main_loss"``), where the adapter writes the output, the main stream's."""
-    from mlx_specstream.trainer import drafts_better
+    from mlx_specstream.objective import drafts_better
 
     best = {"step": 3, "mean_accepted_tokens": 1.11, "per_prompt": [1.0, 1.2, 1.1],
             "loss": 6.83, "main_loss": 0.473}
@@ -1062,9 +1058,10 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
     """What ``--resume`` takes from a run (not what its mode ignores or sets itself, nor ``init``),
     said as options the command line has (a run's Python-only settings in Python's terms); what a
     resume that differs is told, in the caller's terms, None and switches included."""
+    from mlx_specstream.checkpoint import check_same_run
     from mlx_specstream.cli import _run_settings
     from mlx_specstream.errors import OptionError
-    from mlx_specstream.trainer import _check_same_run, run_settings
+    from mlx_specstream.trainer import run_settings
 
     step = tmp_path / "m" / "adapters" / "a.train" / "checkpoints" / "step-0000001"
     step.mkdir(parents=True)
@@ -1081,7 +1078,7 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
     assert ("resuming with the run's own settings: --batch-size 4 --chat-template --segment-len 0; set in "
             "Python: lora_alpha=32.0") in capsys.readouterr().err
     with pytest.raises(OptionError) as e:
-        _check_same_run(step, {"fine_tune_lr": None, "chat_template": False, "batch_size": 4},
+        check_same_run(step, {"fine_tune_lr": None, "chat_template": False, "batch_size": 4},
                         {"fine_tune_lr": 5e-4, "chat_template": True, "batch_size": 8}, ())
     assert e.value.render("cli").endswith(
         "started otherwise: without --fine-tune-lr (now --fine-tune-lr 0.0005); without --chat-template "
@@ -1089,7 +1086,7 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
         "again")
     assert "batch_size=4 (now 8)" in str(e.value) and "chat_template=True" in str(e.value)
     with pytest.raises(OptionError, match=r"segment_len=0 \(now 32\)"):
-        _check_same_run(step, {"segment_len": None}, {"segment_len": 32}, ())
+        check_same_run(step, {"segment_len": None}, {"segment_len": 32}, ())
 
 
 def test_cli_train_saves_named_adapter(tmp_path):
@@ -1215,7 +1212,8 @@ def test_base_state_cache_gives_the_same_step():
 
     from mlx_specstream.adapter import AdapterConfig, attach
     from mlx_specstream.base_states import BaseStateCache
-    from mlx_specstream.trainer import TrainConfig, _grad_step, set_trainable
+    from mlx_specstream.objective import grad_step
+    from mlx_specstream.trainer import TrainConfig, set_trainable
 
     rng = np.random.default_rng(3)
     model = tiny_model("llama", seed=2)
@@ -1228,8 +1226,8 @@ def test_base_state_cache_gives_the_same_step():
     cache.states(model, [0, 2, 4], [examples[i] for i in (0, 2, 4)])  # kept from an earlier batch
     ids = [4, 1, 0, 5]
     batch = Batch.of([examples[i] for i in ids])
-    ref_loss, ref = _grad_step(model, batch, tc, batch.counts(3))
-    loss, got = _grad_step(model, batch, tc, batch.counts(3),
+    ref_loss, ref = grad_step(model, batch, tc, batch.counts(3))
+    loss, got = grad_step(model, batch, tc, batch.counts(3),
                            cache.states(model, ids, [examples[i] for i in ids]))
     assert abs(loss.item() - ref_loss.item()) < 1e-5 * max(1.0, abs(ref_loss.item()))
     for (k, a), (_, b) in zip(tree_flatten(ref), tree_flatten(got)):
