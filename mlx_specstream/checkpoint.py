@@ -92,7 +92,8 @@ def load_checkpoint(model, optimizer, path: Path) -> dict:
 
 
 def weights_digest(weights: dict[str, mx.array]) -> str:
-    """A digest of an adapter's weights (the fine-tune a run starts over), recorded in checkpoints."""
+    """A digest of an adapter's weights (the fine-tune a run starts over): recorded in checkpoints,
+    and part of the key of the self-distilled data kept for the run."""
     h = hashlib.sha256()
     for k in sorted(weights):
         h.update(k.encode() + np.array(weights[k].astype(mx.float32)).tobytes())
@@ -121,14 +122,15 @@ def check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tupl
         said = [_RUN_DIGESTS.get(k) or f"{setting_said(k, then)} (now {now_said(k, then, now)})"
                 for k, (then, now) in diff.items()]
         raise OptionError(": the run to resume was started otherwise: " + "; ".join(said)
-                          + ". Resume it as it was started, or {overwrite=True} to start again",
+                          + ". Resume it as it was started, or {overwrite=True} without {resume=True} to "
+                          "start again",
                           subject=str(path))
 
 
 _ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
 
 
-def said_value(name: str, value):
+def said_value(name: str, value: object) -> object:
     """A setting's value as its option takes it: alphas as ``1,0.1,0.1``, segment_len's None as 0."""
     if value is None and name in _ZERO_IS_NONE:
         return 0
@@ -150,7 +152,7 @@ def _plain(name: str, value) -> bool:
 
 # Settings a checkpoint records by digest, as a resumed run that differs in them is told
 _RUN_DIGESTS = {"data": "{data} holds other training examples", "valid_data": "other validation examples",
-                 "over_weights": "the fine-tune under it ({over}) is another, or none"}
+                "over_weights": "the fine-tune under it ({over}) is another, or none"}
 
 
 def examples_digest(ds: Dataset) -> str:

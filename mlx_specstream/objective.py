@@ -1,4 +1,4 @@
-"""The training objective: the losses of both modes and the pruning adapter, the training
+"""The training objective: the losses of every mode and of the pruning adapter, the training
 passes they are computed on, one gradient step, and the validation metrics that choose the
 adapter kept.
 
@@ -113,7 +113,7 @@ def shared_layout(batch: Batch, gamma: int) -> tuple[mx.array, mx.array]:
     return mx.array(pos.astype(np.int32)), mx.array(mask[:, None])
 
 
-def shared_hidden(model, batch: Batch, gamma: int):
+def shared_hidden(model, batch: Batch, gamma: int) -> tuple[mx.array, mx.array | None, mx.array]:
     """Shared mode (with gradients): final main hidden states (B, W, h) and stream hidden states
     (B, W, gamma, h) of the window, and the detached hidden states entering the pruning layer."""
     cfg = model.adapter_config
@@ -213,7 +213,8 @@ def _zeros_like_trainable(model):
 
 
 @host_math.enabled()
-def grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, states=None):
+def grad_step(model, batch: Batch | None, tc: TrainConfig, norms: np.ndarray, states=None
+              ) -> tuple[mx.array, dict]:
     """Loss (this process's share) and gradients of one (shard of a) global batch; lossless
     ``states``: the base's ``(h_prune, h_msa, kvs)`` of the batch when already known."""
     if batch is None:
@@ -320,9 +321,6 @@ def acceptance(model, prompts: list[list[int]], max_tokens: int, eos: frozenset[
         table = np.array(group.all_sum(mx.array(table.astype(np.float32))), dtype=np.float64)
     advanced, passes = table[:, 0].sum(), table[:, 1].sum()
     return (round(float(advanced / passes), 4) if passes else 0.0), [round(float(m), 4) for m in table[:, 2]]
-
-
-SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
 
 
 def drafts_better(new: dict, best: dict, by: str = "loss") -> bool:

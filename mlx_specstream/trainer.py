@@ -69,7 +69,7 @@ from .distill import distill_dataset
 from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError, Said
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
-from .objective import SHARED_QUALITY_SLACK, acceptance, drafts_better, evaluate, grad_step
+from .objective import acceptance, drafts_better, evaluate, grad_step
 from .outputs import (
     Terminated,
     check_replaceable,
@@ -87,6 +87,7 @@ from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, ho
 
 REPORT_FILE = "training_report.json"
 MODES = ("lossless", "shared", "lora")
+SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
 # Options a mode ignores: ``lora`` drafts nothing; only lossless self-distillation builds
 # stream states in segments and continues prompts given alone
 _LOSSLESS_ONLY = ("segment_len", "state_cache_mb", "distill_tokens")
@@ -241,8 +242,9 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     return out_dir, out_dir.name, is_bare_name(out)
 
 
-def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
-    """Refuse to replace an adapter or a run unless asked to, or what this project did not write."""
+def _check_out(out_dir: Path, resume: bool, overwrite: bool, bare: bool) -> None:
+    """Refuse to replace an adapter or a run unless asked to, or what this project did not write;
+    refuse to resume where there is no run (``bare``: ``out`` named an adapter of the model)."""
     work = out_dir.with_name(out_dir.name + ".train")
     check_replaceable(out_dir, "adapter", True)  # first: neither flag may touch what is not ours
     if work.exists() or work.is_symlink():  # a dangling link too: said now, not after the work
@@ -255,13 +257,16 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool) -> None:
     if found and not (resume or overwrite):
         raise OutputExistsError(" holds checkpoints of an earlier run: {resume=True} continues it, "
                                 "{overwrite=True} starts again", subject=str(work / "checkpoints"))
-    if resume and not found and not overwrite:  # a run elsewhere (another model's): not a new run here
+    # a run stopped before its first checkpoint (its folder holds the data it made) starts again
+    if resume and not found and not overwrite and (out_dir.exists() or not work.exists()):
+        elsewhere = (" (a run keeps its checkpoints under the {model} it was started with: give that one)"
+                     if bare else "")  # another model's run, not a new one here
+        none = f"no checkpoint in {work / 'checkpoints'}"
         if out_dir.exists():
-            raise OutputExistsError(" to resume from; {overwrite=True} trains it again from step 0",
-                                    subject=f"{out_dir}: no checkpoint in {work / 'checkpoints'}")
-        raise OptionError(": no run to resume here (a run keeps its checkpoints under the {model} it was "
-                          "started with: give that one); {overwrite=True} with {resume=True} starts a run "
-                          "where there is none", subject=f"no checkpoint in {work / 'checkpoints'}")
+            raise OutputExistsError(" to resume from" + elsewhere + "; {overwrite=True} trains it again "
+                                    "from step 0", subject=f"{out_dir}: {none}")
+        raise OptionError(": no run to resume here" + elsewhere + "; {overwrite=True} with {resume=True} "
+                          "starts a run where there is none", subject=none)
     check_writable(out_dir.parent)
 
 
@@ -373,9 +378,9 @@ def _train_local(processes: int, arguments: dict) -> dict:
     if processes > arguments["batch_size"]:
         raise ValueError(f"processes ({processes}) must not exceed the batch size "
                          f"({arguments['batch_size']}): each process takes a share of every batch")
-    out_dir = _resolve_out(arguments["out"], Path(arguments["model"]))[0]
+    out_dir, _, bare = _resolve_out(arguments["out"], Path(arguments["model"]))
     if out_dir is not None:  # before the processes start: they load the model first
-        _check_out(out_dir, arguments["resume"], arguments["overwrite"])
+        _check_out(out_dir, arguments["resume"], arguments["overwrite"], bare)
     kwargs = {k: v for k, v in arguments.items() if k not in ("processes", "distributed")}
     return run_local(processes, train, kwargs, quiet=USER_ERRORS,
                      worker_kwargs={"progress": False, "callback": None, "log": None})
@@ -510,7 +515,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
-        _check_out(out_dir, resume, overwrite)
+        _check_out(out_dir, resume, overwrite, bare)
     barrier(group)  # every process waits for the checks above
 
     # -- data -------------------------------------------------------------------------------
@@ -673,7 +678,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                         say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
                 if st is None:
                     raise OptionError(": no readable checkpoint to resume from: start again with "
-                                      "{overwrite=True}", subject=str(ckpt_dir))
+                                      "{overwrite=True} without {resume=True}", subject=str(ckpt_dir))
                 found = found[: found.index(path) + 1]
                 if st.get("base_fingerprint") != base_fp:
                     raise ValueError(f"{found[-1]}: checkpoint was made on another base model")

@@ -52,24 +52,40 @@ from mlx_specstream.trainer import MODES, _resolve_alphas, set_trainable  # noqa
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def train_module_at(rev: str):
-    """The training module (``mlx_specstream/trainer.py``, ``train.py`` before 2026-11-28) as it
-    was at git revision ``rev``, imported inside the package (its relative imports resolve to
-    today's modules)."""
-    for name in ("trainer.py", "train.py"):
-        shown = subprocess.run(["git", "show", f"{rev}:mlx_specstream/{name}"], cwd=ROOT,
-                               capture_output=True, text=True)
-        if shown.returncode == 0:
-            break
-    else:
-        raise SystemExit(f"{rev}: no mlx_specstream/trainer.py or train.py")
-    src = shown.stdout
-    path = Path(tempfile.mkdtemp()) / "train_before.py"
-    path.write_text(src)
-    spec = importlib.util.spec_from_file_location("mlx_specstream._train_before", path)
+def _module_at(rev: str, name: str, as_name: str):
+    """``mlx_specstream/NAME`` as it was at git revision ``rev``, imported inside the package as
+    ``as_name`` (its relative imports resolve to today's modules); None where it did not exist."""
+    shown = subprocess.run(["git", "show", f"{rev}:mlx_specstream/{name}"], cwd=ROOT, capture_output=True,
+                           text=True)
+    if shown.returncode != 0:
+        return None
+    path = Path(tempfile.mkdtemp()) / name
+    path.write_text(shown.stdout)
+    spec = importlib.util.spec_from_file_location(f"mlx_specstream.{as_name}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up there
     spec.loader.exec_module(module)
+    return module
+
+
+def train_module_at(rev: str):
+    """The training module (``mlx_specstream/trainer.py``, ``train.py`` before 2026-11-28) as it
+    was at git revision ``rev``, with the objective it imports (``objective.py``, split out of it
+    on 2026-11-28) of the same revision; its other relative imports resolve to today's modules."""
+    objective = _module_at(rev, "objective.py", "_objective_before")
+    today = sys.modules.get("mlx_specstream.objective")
+    if objective is not None:  # the trainer of rev imports the objective of rev
+        sys.modules["mlx_specstream.objective"] = objective
+    try:
+        module = (_module_at(rev, "trainer.py", "_train_before")
+                  or _module_at(rev, "train.py", "_train_before"))
+    finally:
+        if today is not None:
+            sys.modules["mlx_specstream.objective"] = today
+        else:
+            sys.modules.pop("mlx_specstream.objective", None)
+    if module is None:
+        raise SystemExit(f"{rev}: no mlx_specstream/trainer.py or train.py")
     return module
 
 

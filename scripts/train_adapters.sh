@@ -14,7 +14,7 @@
 # stages ("600 2000": 600 iterations, then resumed to 2000, the cosine schedule restarting), or
 # were trained further from their finished weights (`further`: --init, a fresh optimizer and schedule).
 # Each adapter run keeps checkpoints in adapters/NAME.train/; RESUME=1 continues them (a `further`
-# run starts again from the adapter saved). The draft model is
+# run too, once begun; a finished run is left as it is). The draft model is
 # trained by scripts/train_base.py (same data, tokenizer and recipe as the base model, 2 layers x
 # 128 wide) within DRAFT_MINUTES and converted to MLX fp32. On a CPU `train` runs in two processes
 # by default (since 2026-11-25; the shipped adapters were trained in one, whose sums round
@@ -28,6 +28,11 @@ ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 [ -f data/sql/train.jsonl ] && [ -f data/code/train.jsonl ] || "$PY" scripts/make_data.py
 # RESUME=1: each adapter's run goes on from its checkpoints, or starts where it has none
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo "--resume --overwrite" || echo --overwrite)
+further_begun() {  # NAME: its last checkpoint is a `further` run's (one started with --init)
+  local last
+  last=$({ ls -d "$M/adapters/$1.train/checkpoints"/step-* 2>/dev/null || true; } | sort | tail -1)
+  [ -n "$last" ] && grep -q '"init": "' "$last/state.json"
+}
 # the sql adapters' decoding tree: 5 candidates a stream, 64 nodes (more tokens a pass where the
 # whole tree runs, the same speed on a CPU: results/adapters/base4/tree/)
 TREE="--branch 5 --tree-budget 64"
@@ -35,6 +40,7 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
   local name=$1 stages=${ITERS:-$2} lr=${LR:-$3} again=$AGAIN iters done=0
   shift 3
   if [ "${RESUME:-0}" = 1 ]; then
+    further_begun "$name" && return  # the stages are done: the checkpoints are the next run's
     done=$({ ls "$M/adapters/$name.train/checkpoints" 2>/dev/null || true; } |
       sed -n 's/^step-0*//p' | sort -n | tail -1)
   fi
@@ -47,11 +53,12 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
   done
 }
 further() {  # NAME iters lr args...: train the finished adapter NAME further (--init; a fresh optimizer)
-  local name=$1 iters=$2 lr=$3
+  local name=$1 iters=$2 lr=$3 again=--overwrite
   shift 3
+  if [ "${RESUME:-0}" = 1 ] && further_begun "$name"; then again="--resume --overwrite"; fi
   # shellcheck disable=SC2086
   "$SS" train --model "$M" --batch-size 8 --max-seq-len 384 \
-    --iters "$iters" --lr "$lr" --init "$name" --overwrite ${TRAIN_ARGS:-} --out "$name" "$@"
+    --iters "$iters" --lr "$lr" --init "$name" $again ${TRAIN_ARGS:-} --out "$name" "$@"
 }
 for what in $ONLY; do
   case $what in

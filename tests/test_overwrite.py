@@ -461,6 +461,29 @@ def test_sigterm_during_an_atomic_file_write_leaves_no_temporary_file(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old"
 
 
+def test_resume_where_there_is_no_run(tmp_path):
+    """``resume`` with no checkpoint is refused, before any work, rather than starting a new run (a
+    bare name hints at the model the run was started under); a run stopped before its first
+    checkpoint (its folder holds the data it made) starts again; ``overwrite`` with ``resume``
+    continues or starts."""
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.trainer import _check_out
+
+    hint = "a run keeps its checkpoints under the model it was started with"
+    with pytest.raises(OptionError, match=rf"a.train.checkpoints: no run to resume here \({hint}"):
+        _check_out(tmp_path / "a", resume=True, overwrite=False, bare=True)
+    with pytest.raises(OptionError) as e:
+        _check_out(tmp_path / "a", resume=True, overwrite=False, bare=False)  # a path: its own place
+    assert str(e.value).endswith("no run to resume here; overwrite=True with resume=True starts a run where "
+                                 "there is none") and hint not in str(e.value)
+    _check_out(tmp_path / "a", resume=True, overwrite=True, bare=True)
+    (tmp_path / "a.train" / "distilled").mkdir(parents=True)
+    _check_out(tmp_path / "a", resume=True, overwrite=False, bare=True)  # stopped before step 1
+    (tmp_path / "a").mkdir()  # a finished adapter without checkpoints: never replaced by a resume
+    with pytest.raises(FileExistsError, match=rf"a: no checkpoint in .* to resume from \({hint}"):
+        _check_out(tmp_path / "a", resume=True, overwrite=False, bare=True)
+
+
 def test_our_leftovers_and_links_in_an_adapters_place(tmp_path):
     """A temporary report or n-gram file a kill left in an adapter folder is the project's (the
     folder can be replaced); a dangling link where the run's folder goes is refused before any
@@ -476,7 +499,7 @@ def test_our_leftovers_and_links_in_an_adapters_place(tmp_path):
     save_adapter(model, tmp_path / "a", overwrite=True)
     (tmp_path / "b.train").symlink_to(tmp_path / "nowhere")
     with pytest.raises(FileExistsError, match="b.train"):
-        _check_out(tmp_path / "b", resume=False, overwrite=True)
+        _check_out(tmp_path / "b", resume=False, overwrite=True, bare=False)
     with pytest.raises(OSError) as e:
         with atomic_dir(tmp_path / "c", "adapter") as tmp:
             raise OSError(errno.ENOSPC, f"cannot write {tmp / 'adapter.safetensors'}: No space left")

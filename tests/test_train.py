@@ -1079,11 +1079,11 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
             "Python: lora_alpha=32.0") in capsys.readouterr().err
     with pytest.raises(OptionError) as e:
         check_same_run(step, {"fine_tune_lr": None, "chat_template": False, "batch_size": 4},
-                        {"fine_tune_lr": 5e-4, "chat_template": True, "batch_size": 8}, ())
+                       {"fine_tune_lr": 5e-4, "chat_template": True, "batch_size": 8}, ())
     assert e.value.render("cli").endswith(
         "started otherwise: without --fine-tune-lr (now --fine-tune-lr 0.0005); without --chat-template "
-        "(now --chat-template); --batch-size 4 (now 8). Resume it as it was started, or --overwrite to start "
-        "again")
+        "(now --chat-template); --batch-size 4 (now 8). Resume it as it was started, or --overwrite without "
+        "--resume to start again")
     assert "batch_size=4 (now 8)" in str(e.value) and "chat_template=True" in str(e.value)
     with pytest.raises(OptionError, match=r"segment_len=0 \(now 32\)"):
         check_same_run(step, {"segment_len": None}, {"segment_len": 32}, ())
@@ -1228,7 +1228,7 @@ def test_base_state_cache_gives_the_same_step():
     batch = Batch.of([examples[i] for i in ids])
     ref_loss, ref = grad_step(model, batch, tc, batch.counts(3))
     loss, got = grad_step(model, batch, tc, batch.counts(3),
-                           cache.states(model, ids, [examples[i] for i in ids]))
+                          cache.states(model, ids, [examples[i] for i in ids]))
     assert abs(loss.item() - ref_loss.item()) < 1e-5 * max(1.0, abs(ref_loss.item()))
     for (k, a), (_, b) in zip(tree_flatten(ref), tree_flatten(got)):
         assert np.allclose(np.array(a), np.array(b), atol=1e-5, rtol=1e-4), k
