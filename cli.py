@@ -11,6 +11,7 @@ import typer
 
 PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prompt-file", "--draft-model",
                 "--init", "--over", "--adapter")
+NAME_OPTIONS = ("--out", "--init", "--over", "--adapter")  # an adapter's name under the model, or a path
 
 
 # mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command, with what
@@ -46,6 +47,20 @@ def mlx_lm_flag(argv: list[str]) -> str | None:
     return None
 
 
+def empty_path(argv: list[str]) -> str | None:
+    """What to say of a path or name option given an empty value (``--adapter "$UNSET"``), which
+    would read as the current directory; None where there is none."""
+    spelt = {"-m": "--model", "-a": "--adapter"}
+    for arg, value in zip(argv, [*argv[1:], None]):
+        if arg == "--":
+            break
+        flag, eq, given = arg.partition("=")
+        flag = spelt.get(flag, flag)
+        if flag in PATH_OPTIONS and ((eq and not given) or (not eq and value == "")):
+            return f"{flag} is empty: give a {'name or ' * (flag in NAME_OPTIONS)}path"
+    return None
+
+
 def expand_home(argv: list[str]) -> list[str]:
     """``--out=~/x`` as the shell leaves it (it expands ``~`` only at the start of a word): the
     path options' values with the home directory in place of ``~/``, as ``--out ~/x`` gets it,
@@ -59,12 +74,27 @@ def expand_home(argv: list[str]) -> list[str]:
     return out
 
 
+def _flag(default: bool | None, *names: str, **options) -> typer.models.OptionInfo:
+    """A switch (``--x``, ``--x/--no-x``): its help shows no value to give, as it takes none."""
+    return typer.Option(default, *names, metavar="", **options)
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Speculative Streaming for MLX: import, train adapters, generate, export.")
 
 
+def _version(shown: bool) -> None:
+    if shown:
+        from mlx_specstream import __version__
+
+        typer.echo(f"specstream-mlx {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
-def _root() -> None:
+def _root(version: bool = _flag(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
     """The group's callback: every command a subcommand (the help text is ``app``'s)."""
 
 
@@ -138,31 +168,34 @@ def generate(
     prompt_file: Path | None = typer.Option(None, help="read the prompt from a file"),
     max_tokens: int = typer.Option(256, "--max-tokens", "-n", help="-1: until EOS or the end of the context"),
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
-    top_p: float = typer.Option(1.0, "--top-p"),
+    top_p: float = typer.Option(1.0, "--top-p", help="sampling: draw from the most likely tokens up to "
+                                "this total probability (1: all)"),
     seed: int | None = typer.Option(None, help="sampling seed (default: a fresh one each run)"),
     mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token; lookup: "
                              "prompt-lookup drafts (no adapter needed)"),
-    gamma: int | None = typer.Option(None, help="streams used for drafting"),
-    branch: int | None = typer.Option(None, help="candidates per stream (k)"),
-    tree_budget: int | None = typer.Option(None, help="max nodes per draft tree"),
-    prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold"),
+    gamma: int | None = typer.Option(None, help="streams used for drafting (default: all of the adapter's)"),
+    branch: int | None = typer.Option(None, help="candidates per stream (k; default: the adapter's own)"),
+    tree_budget: int | None = typer.Option(None, help="max nodes per draft tree (default: the adapter's "
+                                           "own; --mode lookup: 11)"),
+    prune_threshold: float | None = typer.Option(None, help="early-exit pruning threshold (default: the "
+                                                 "adapter's own)"),
     node_cost: float | None = typer.Option(None, help="cost of one more tree node relative to a "
                                            "one-node pass; 0: always the whole budget (default on a "
                                            "CPU: 0.07 with deferred streams, 0.22 with streams on every "
                                            "node, measured in docs/engine.md; 0 on a GPU)"),
-    lookup: bool | None = typer.Option(None, "--lookup/--no-lookup",
+    lookup: bool | None = _flag(None, "--lookup/--no-lookup",
                                        help="ss: prompt-lookup candidates beside the streams' (default on)"),
-    sql_names: bool = typer.Option(False, "--sql-names",
+    sql_names: bool = _flag(False, "--sql-names",
                                    help="write SQL naming only the tables and columns of the prompt's "
                                    "CREATE TABLE statements (besides keywords, literals and aliases)"),
     stop: list[str] | None = typer.Option(None, "--stop", help="stop where this text begins (not "
                                           "printed); may be given several times"),
-    chat_template: bool = typer.Option(False, "--chat-template",
+    chat_template: bool = _flag(False, "--chat-template",
                                        help="send the prompt as a user turn through the model's chat "
                                        "template, as train --chat-template trains on it"),
     system_prompt: str | None = typer.Option(None, "--system-prompt",
                                              help="with --chat-template: a system turn before the prompt"),
-    verbose: bool = typer.Option(False, "--verbose", "-v",
+    verbose: bool = _flag(False, "--verbose", "-v",
                                  help="on a terminal, colour accepted (green) and rejected (red) "
                                  "drafts; statistics"),
 ) -> None:
@@ -290,9 +323,9 @@ def bench(
     model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
     draft_model: Path | None = typer.Option(None, help="draft model for mlx-lm (default: MODEL/draft)"),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="per prompt (default 128; --quick: 64)"),
-    quick: bool = typer.Option(False, help="by default 8 prompts of 64 tokens: a few minutes"),
+    quick: bool = _flag(False, help="8 prompts of 64 tokens by default (a few minutes)"),
     repeats: int = typer.Option(3, "--repeats", help="runs of each method per prompt; the fastest counts"),
-    overwrite: bool = typer.Option(False, "--overwrite",
+    overwrite: bool = _flag(False, "--overwrite",
                                    help="replace the results of an earlier run in --out"),
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
@@ -319,14 +352,14 @@ def convert(
     mlx_path: Path | None = typer.Option(None, "--mlx-path",
                                          help="(--to mlx) output directory (must not exist)"),
     to: str = typer.Option("mlx", "--to", help="output format: mlx (import, the default) or coreml (export)"),
-    quantize: bool = typer.Option(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
+    quantize: bool = _flag(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
     q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (quantizes; "
                                                               "-q alone: 4)"),
     q_group_size: int | None = typer.Option(None, "--q-group-size",
                                             help="quantization group: 32, 64 or 128 (default 64)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing --mlx-path, or --out "
+    overwrite: bool = _flag(False, "--overwrite", help="replace an existing --mlx-path, or --out "
                                    "and its NAME.tokenizer"),
     model: Path | None = typer.Option(None, "--model", "-m",
                                       help="the model to convert: (--to coreml) an MLX model directory; "
@@ -342,7 +375,7 @@ def convert(
                                          help="(--to coreml) nodes per step (default: adapter's budget)"),
     chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
                                                            "(default 64)"),
-    sampling: bool = typer.Option(False, "--sampling", help="(--to coreml) also output full logits, "
+    sampling: bool = _flag(False, "--sampling", help="(--to coreml) also output full logits, "
                                                             "for --temp > 0 and --sql-names"),
 ) -> None:
     """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
@@ -412,23 +445,23 @@ def train(
         "--lr); lower keeps more of the fine-tune it starts from (--over)"),
     max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut or skipped"),
     length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
-    chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
-    self_distill: bool | None = typer.Option(
+    chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
+    self_distill: bool | None = _flag(
         None, "--self-distill/--no-self-distill",
         help="learn the base model's own greedy continuations (lossless mode: on by default)"),
     distill_tokens: int = typer.Option(64, "--distill-tokens",
                                        help="self-distillation: tokens written for a prompt given alone"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the last checkpoint"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace an existing adapter / run (with "
+    resume: bool = _flag(False, "--resume", help="continue from the last checkpoint"),
+    overwrite: bool = _flag(False, "--overwrite", help="replace an existing adapter / run (with "
                                    "--resume: continue a run that has checkpoints, else start again)"),
-    seed: int = typer.Option(0),
+    seed: int = typer.Option(0, help="seed of the adapter's initial weights and the data's order"),
     alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
     prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),
     segment_len: int = typer.Option(32, "--segment-len",
                                     help="completion positions per stream segment (0: all at once)"),
-    group_by_length: bool = typer.Option(True, "--group-by-length/--no-group-by-length",
+    group_by_length: bool = _flag(True, "--group-by-length/--no-group-by-length",
                                          help="batch examples of similar lengths together"),
-    val_every: int = typer.Option(100, "--val-every"),
+    val_every: int = typer.Option(100, "--val-every", help="steps between validations (0: only at the end)"),
     val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
     state_cache_mb: int = typer.Option(1024, "--state-cache-mb",
                                        help="lossless: memory for the base model's states kept "
@@ -444,14 +477,15 @@ def train(
     tree_budget: int = typer.Option(32, "--tree-budget", help="saved with the adapter as its decoding "
                                     "default: nodes per tree (the whole of it runs on a GPU)"),
     warmup: int | None = typer.Option(None, help="warmup steps (default: 5% of the steps, <= 100)"),
-    quiet: bool = typer.Option(False, "--quiet", help="no progress bars (messages and the summary stay)"),
+    quiet: bool = _flag(False, "--quiet", help="no progress bars (messages and the summary stay)"),
     processes: int | None = typer.Option(None, "--processes", "-j",
                                          help="train data-parallel in N processes on this machine, the "
                                          "cores shared out between them (default: 2 where MLX runs on "
                                          "a CPU of 2 or more cores, else 1)"),
 ) -> None:
-    """Train a speculative adapter (lossless or shared mode) on JSONL data; runs data-parallel
-    with --processes N, or under ``mlx.launch``."""
+    """Train a speculative adapter (lossless, shared or lora mode) on JSONL data.
+
+    Runs data-parallel with --processes N, or under mlx.launch."""
     import json as _json
 
     from tqdm import tqdm
@@ -514,11 +548,13 @@ def ngrams(
     data: Path = typer.Option(..., "--data", help="directory with the train.jsonl it was trained on"),
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut"),
-    chat_template: bool = typer.Option(False, "--chat-template", help="wrap prompts in the chat template"),
-    overwrite: bool = typer.Option(False, "--overwrite", help="replace the adapter's ngrams.npz"),
+    chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
+    overwrite: bool = _flag(False, "--overwrite", help="replace the adapter's ngrams.npz"),
 ) -> None:
-    """Give an adapter trained before n-gram drafts existed the drafts of its data (ngrams.npz;
-    ``train`` writes them itself): decoding then drafts what its outputs share beside the streams."""
+    """Write an adapter's n-gram drafts (ngrams.npz) from the data it was trained on.
+
+    For an adapter trained before n-gram drafts existed (train writes them itself): decoding then
+    drafts what its outputs share beside the streams."""
     from mlx_specstream.project import default_model
     from mlx_specstream.trainer import write_ngrams
 
@@ -539,8 +575,10 @@ def serve(
     name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory's "
                                     "name, the parent's for NAME/mlx)"),
 ) -> None:
-    """An OpenAI-compatible server (/v1/completions, /v1/chat/completions, /v1/models): one base
-    model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass together."""
+    """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models).
+
+    One base model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass
+    together."""
     from mlx_specstream.project import default_model
     from mlx_specstream.server import serve as run_server
 
@@ -559,7 +597,7 @@ def main() -> None:
 
     warnings.formatwarning = one_line_warning  # a warning is one line, as an error is
     sys.argv[1:] = expand_home(sys.argv[1:])
-    said = mlx_lm_flag(sys.argv[1:])
+    said = mlx_lm_flag(sys.argv[1:]) or empty_path(sys.argv[1:])
     if said:
         typer.echo(f"error: {said}", err=True)
         sys.exit(2)  # a usage error, as an unknown option's

@@ -404,6 +404,8 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
     (``sql``) is the model's adapter first, whatever directory of that name the current one holds
     (``./sql`` names that one, and only that one), as ``train --out sql`` writes under the model."""
+    if str(name_or_path) == "":  # an unset variable: not the current directory
+        raise AdapterError("the adapter's name is empty: give a name or a path")
     p = Path(name_or_path)
     bare = is_bare_name(name_or_path)
     q = Path(model_path) / "adapters" / str(name_or_path) if bare and model_path is not None else None
@@ -412,6 +414,8 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
             return candidate
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
+    if p.exists():
+        raise AdapterError(f"{p}: a file, not an adapter directory")
     if not bare:
         ours = model_path is not None and (Path(model_path) / "adapters" / p.name / CONFIG_FILE).is_file()
         hint = (f" (a Path is a directory; the string '{p.name}' names the model's adapter)"

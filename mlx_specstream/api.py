@@ -13,8 +13,8 @@ import numpy as np
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
-from .errors import check_keywords
-from .loader import load_model
+from .errors import OptionError, check_keywords
+from .loader import load_model, model_dir
 from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
 from .project import default_model
 from .runner import PassRequest, Runner
@@ -41,7 +41,7 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
 
     check_keywords("load", unknown, ("path", "adapter", "dtype", "quantize", "fuse"),
                    {"adapter_path": "{adapter}", "path_or_hf_repo": "{path}"})  # mlx-lm's names
-    path = Path(path) if path is not None else default_model()
+    path = model_dir(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
     if adapter is not None:
@@ -176,8 +176,10 @@ def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> lis
     if stop is not None and not isinstance(stop, str | list | tuple):
         raise TypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
     stop = [stop] if isinstance(stop, str) else list(stop or [])
-    if any(not isinstance(s, str) or not s for s in stop):
-        raise ValueError("stop strings must be non-empty strings")
+    if any(not isinstance(s, str) for s in stop):
+        raise TypeError("stop strings must be strings")
+    if not all(stop):
+        raise OptionError("{stop}: a stop string must not be empty")
     if stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
     return stop

@@ -82,13 +82,12 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
             with cache.open("a") as f:
                 f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
 
-    bar = tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,
-               disable=not progress or rank != 0 or not mine)  # no empty bar where all is reused
-    for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
-                                    eos, batch):
-        keep([(mine[j], out) for j, out in zip(ids, outs)])
-        bar.update(sum(budgets[mine[j]] for j in ids))
-    bar.close()
+    with tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,  # closed on Ctrl-C too
+              disable=not progress or rank != 0 or not mine) as bar:  # no empty bar where all is reused
+        for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
+                                        eos, batch):
+            keep([(mine[j], out) for j, out in zip(ids, outs)])
+            bar.update(sum(budgets[mine[j]] for j in ids))
     if size > 1:  # gather every process's continuations
         table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
         for i, c in fresh.items():  # each row is written by one process: the sum is that row

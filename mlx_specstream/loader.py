@@ -49,11 +49,16 @@ def read_config(path: Path) -> dict:
 def model_dir(path: str | Path, flag: str = "") -> Path:
     """``path`` as a Path, or a :class:`CheckpointError` when it is not a directory (``flag``,
     e.g. "--draft-model", names the option it came from)."""
+    said = flag + " " if flag else ""
+    if str(path) == "":  # an unset variable: not the current directory
+        raise CheckpointError(f"{said}the model's path is empty: give a model directory")
     path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise CheckpointError(f"{said}{path}: a file, not a model directory")
     if not path.is_dir():
-        raise CheckpointError(f"{flag + ' ' if flag else ''}{path}: no such model directory")
+        raise CheckpointError(f"{said}{path}: no such model directory")
     if path.suffix == ".mlpackage" and (path / "Manifest.json").is_file():
-        raise CheckpointError(f"{flag + ' ' if flag else ''}{path}: a Core ML package, not an MLX model "
+        raise CheckpointError(f"{said}{path}: a Core ML package, not an MLX model "
                               "directory: generate --model runs it; in Python, coreml_driver.load_package")
     return path
 

@@ -71,7 +71,6 @@ from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .objective import acceptance, drafts_better, evaluate, grad_step
 from .outputs import (
-    Terminated,
     check_replaceable,
     check_replaceable_file,
     check_writable,
@@ -189,7 +188,8 @@ _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those wei
            "val_batches": (0, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True), "batch_size": (1, True), "iters": (1, True),
-           "distill_tokens": (1, True), "branch": (1, True), "tree_budget": (1, True)}
+           "distill_tokens": (1, True), "branch": (1, True), "tree_budget": (1, True), "gamma": (1, True),
+           "rank": (1, True), "msa_layers": (1, True)}
 
 
 def _check_numbers(**values) -> None:
@@ -467,7 +467,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
-                   weight_decay=weight_decay, branch=branch, tree_budget=tree_budget)
+                   weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
+                   msa_layers=msa_layers, gamma=gamma if mode != "lora" else None)  # lora: no streams
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if isinstance(model, (str, Path)) and out is None and distributed is None:
@@ -505,6 +506,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          f"(this is {mode} mode: use lr)")
 
     # a bad setting is refused before any work, and before the attached adapter goes
+    if msa_layers > len(model.layers):
+        raise OptionError(f"{{msa_layers}} must be at most the model's {len(model.layers)} layers, not "
+                          f"{msa_layers}")
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
                   branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
@@ -771,8 +775,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         epochs_run = iters / steps_per_epoch
         said = [f"{mode}" + (f", γ = {gamma}" if gamma else ""), f"{n_params:,} trainable parameters",
                 f"{iters} steps ({epochs_run:.3g} epoch{'s' * (epochs_run != 1)} of {steps_per_epoch} "
-                f"batches of {batch_size})", f"lr {lr:g}, warmup {tc.warmup}",
-                (f"validation every {val_every} steps and at the end" if val_every < iters
+                f"batch{'es' * (steps_per_epoch != 1)} of {batch_size})", f"lr {lr:g}, warmup {tc.warmup}"
+                + (f" (cut to {iters - 1}: the run has {iters} steps)" if tc.warmup >= iters > 1 else ""),
+                (f"validation every {val_every} steps and at the end" if 0 < val_every < iters
                  else "validation at the end") if valid_ds is not None else "no validation"]
         say("train: " + ", ".join(said) + (f"; from step {start}" if start else "")
             + ("; the bar's loss: the main and stream losses weighted by alphas, and the early exit's"
@@ -818,9 +823,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             dest = save_checkpoint(model, optimizer, ckpt_dir, done,
                                    ckpt_state(elapsed0 + time.perf_counter() - t0), keep_checkpoints,
                                    best["weights"])
-            why = ("stopped" if isinstance(stop, PeerStopped) else
-                   "terminated" if isinstance(stop, Terminated) else "interrupted")
-            say(Said("; continue with {resume=True}", subject=f"{why}: saved {dest}"))
+            why = "stopped: " if isinstance(stop, PeerStopped) else ""  # a signal: the caller says it
+            say(Said("; continue with {resume=True}", subject=f"{why}saved {dest}"))
         raise
     bar.close()
     seconds = time.perf_counter() - t0

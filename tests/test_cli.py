@@ -49,6 +49,40 @@ def test_generate_errors(model_dir, tmp_path):
     assert_one_line_error(cli("generate", "--model", str(bad), "--prompt", "x"), "gpt-j")
 
 
+def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path):
+    """An empty path or name (an unset shell variable) is not read as the current directory, and a
+    file where a folder belongs is said to be one, from the command line and in Python; -h and
+    --version answer as users of other tools expect."""
+    from mlx_specstream.adapter import resolve_adapter
+    from mlx_specstream.api import load
+    from mlx_specstream.cli import empty_path
+    from mlx_specstream.errors import AdapterError
+    from mlx_specstream.loader import CheckpointError
+
+    res = cli("generate", "--model", str(model_dir), "--adapter", "", "--prompt", "x")
+    assert (res.returncode, res.stderr) == (2, "error: --adapter is empty: give a name or path\n")
+    assert empty_path(["generate", "-m=", "-p", "x"]) == "--model is empty: give a path"
+    assert empty_path(["train", "--data", "d", "--out", ""]) == "--out is empty: give a name or path"
+    assert empty_path(["generate", "-p", "", "--model", "."]) is None  # an empty prompt is said otherwise
+    assert empty_path(["generate", "--", "--model", ""]) is None
+    text = tmp_path / "notes.txt"
+    text.write_text("mine")
+    assert_one_line_error(cli("generate", "--model", str(text), "--prompt", "x"),
+                          f"{text}: a file, not a model directory")
+    assert_one_line_error(cli("generate", "--model", str(model_dir), "--adapter", str(text), "--prompt", "x"),
+                          f"{text}: a file, not an adapter directory")
+    with pytest.raises(CheckpointError, match="the model's path is empty"):
+        load("")
+    with pytest.raises(AdapterError, match="the adapter's name is empty"):
+        resolve_adapter(model_dir, "")
+    assert text.read_text() == "mine"
+    res = cli("-h")
+    assert res.returncode == 0 and "Usage: " in res.stdout and "train" in res.stdout
+    from mlx_specstream import __version__
+
+    assert cli("--version").stdout == f"specstream-mlx {__version__}\n"
+
+
 def test_blas_command():
     res = cli("blas")
     assert res.returncode == 0 and "active BLAS" in res.stdout

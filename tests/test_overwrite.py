@@ -343,6 +343,10 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     ("iters", 0, "iters must be a finite number >= 1, not 0"),
     ("accept_prompts", -1, "accept_prompts must be a finite number >= 0"),
     ("max_seq_len", 8192, "max_seq_len is 8192, beyond the"),
+    ("gamma", 0, "gamma must be a finite number >= 1, not 0"),
+    ("rank", 0, "rank must be a finite number >= 1, not 0"),
+    ("msa_layers", 0, "msa_layers must be a finite number >= 1, not 0"),
+    ("msa_layers", 99, "msa_layers must be at most the model's 4 layers, not 99"),
 ])
 def test_train_refuses_nonsense_numbers_before_anything(tmp_path, option, value, fragment):
     """A NaN learning rate used to train and save an adapter of NaN weights; each of these is

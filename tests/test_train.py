@@ -822,9 +822,13 @@ def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
                                                                   abs=1e-5)  # step 3's entry too
 
     model = tiny_model("llama", seed=0)
+    said = []
     with pytest.raises(KeyboardInterrupt):
-        train(model, (ds, None), out=tmp_path / "ctrl-c", callback=interrupt_at_3, **opts)
-    assert (tmp_path / "ctrl-c.train" / "checkpoints" / "step-0000003").is_dir()
+        train(model, (ds, None), out=tmp_path / "ctrl-c", callback=interrupt_at_3,
+              **{**opts, "log": said.append})
+    step3 = tmp_path / "ctrl-c.train" / "checkpoints" / "step-0000003"
+    assert step3.is_dir()  # and the interrupt is left to the caller to say ("interrupted")
+    assert said[-1] == f"saved {step3}; continue with resume=True", said
     # another training process stopped first (a SIGTERM to the whole group): rank 0 saves too
     from mlx_specstream.process_group import PeerStopped
 
@@ -1287,7 +1291,7 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "train.jsonl").write_text("not json\n")
-    with pytest.raises(AdapterError, match="gamma and rank must be >= 1"):  # not the data's error
+    with pytest.raises(OptionError, match="rank must be a finite number >= 1, not 0"):  # not the data's error
         train(tiny_model("llama", seed=0), tmp_path / "bad", rank=0, iters=1, progress=False)
     from mlx_specstream.adapter import save_adapter
 
@@ -1429,3 +1433,15 @@ def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
     tokens = sum(len(e.tokens) for e in ds.examples)  # 4 steps of 10: every example once
     assert rep["train"]["seconds"] > 1.2
     assert rep["train"]["tokens_per_second"] > 2 * tokens / rep["train"]["seconds"]
+
+
+def test_the_plan_line_says_what_the_run_will_do():
+    """The line a run starts with says the warmup it will have (cut to a short run's length) and
+    when it validates (--val-every 0: at the end only, as it does)."""
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(16, rng, length=10), arithmetic(4, rng, length=10)
+    said = []
+    train(tiny_model("llama", seed=0), (ds, valid), gamma=2, msa_layers=1, iters=2, warmup=100, val_every=0,
+          batch_size=8, accept_prompts=0, progress=False, log=said.append)
+    plan = next(m for m in said if m.startswith("train: "))
+    assert "warmup 100 (cut to 1: the run has 2 steps), validation at the end" in plan, plan

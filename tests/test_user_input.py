@@ -297,7 +297,7 @@ def test_stop_strings_cut_the_text_where_they_begin():
     *_, last = stream_generate(code, tok, prompt, max_tokens=32, stop=" None")
     assert last.finish_reason == "stop" and len(last.accepted) <= len(last.tokens)
     for bad in ([""], ["x", ""], ""):
-        with pytest.raises(ValueError, match="non-empty"):
+        with pytest.raises(ValueError, match="stop: a stop string must not be empty"):
             generate(model, tok, prompt, max_tokens=4, stop=bad)
     # a stop right after a character written as byte tokens, inside the token that completes it
     lossless, _ = load(adapter="sql-lossless")
