@@ -11,7 +11,9 @@ import typer
 
 PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prompt-file", "--draft-model",
                 "--init", "--over", "--adapter")
-NAME_OPTIONS = ("--out", "--init", "--over", "--adapter")  # an adapter's name under the model, or a path
+# the options that take an adapter's name under the model, or a path
+NAME_OPTIONS = {"train": ("--out", "--init", "--over"), "generate": ("--adapter",), "convert": ("--adapter",),
+                "ngrams": ("--adapter",)}
 
 
 # mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command, with what
@@ -29,36 +31,41 @@ def mlx_lm_flag(argv: list[str]) -> str | None:
     """What to say of an mlx-lm flag in ``argv`` (the command and its arguments) that this
     command spells otherwise, or None. The value of an option (``-p --train``) is no flag."""
     table = MLX_LM_FLAGS.get(argv[0], {}) if argv else {}
-    if not table:
-        return None
-    command = typer.main.get_command(app).commands[argv[0]]  # type: ignore[attr-defined]
-    takes_value = {o for p in command.params if not getattr(p, "is_flag", False) for o in p.opts}
-    args = iter(argv[1:])
-    for arg in args:
-        if arg == "--":
-            break
-        flag, eq, _ = arg.partition("=")
+    for flag, _, _ in _given(argv) if table else ():
         if flag in table:
             from mlx_specstream.errors import instead
 
             return f"{flag} is mlx-lm's; {instead(table[flag], 'cli')}"
-        if arg in takes_value and not eq:
-            next(args, None)  # its value
     return None
 
 
 def empty_path(argv: list[str]) -> str | None:
     """What to say of a path or name option given an empty value (``--adapter "$UNSET"``), which
     would read as the current directory; None where there is none."""
-    spelt = {"-m": "--model", "-a": "--adapter"}
-    for arg, value in zip(argv, [*argv[1:], None]):
-        if arg == "--":
-            break
-        flag, eq, given = arg.partition("=")
-        flag = spelt.get(flag, flag)
-        if flag in PATH_OPTIONS and ((eq and not given) or (not eq and value == "")):
-            return f"{flag} is empty: give a {'name or ' * (flag in NAME_OPTIONS)}path"
+    for _, value, param in _given(argv):
+        long = max(param.opts, key=len) if param is not None else None
+        if long in PATH_OPTIONS and value == "":
+            named = long in NAME_OPTIONS.get(argv[0], ())
+            return f"{long} is empty: give a {'name or ' * named}path"
     return None
+
+
+def _given(argv: list[str]):
+    """``(option as typed, its value or None, its parameter or None)`` for each word of a command
+    line (``argv``: the command and its arguments) up to ``--``; an option's value is read as its
+    value, not as an option (``-p --train``, ``-p --model=``)."""
+    command = typer.main.get_command(app).commands.get(argv[0]) if argv else None  # type: ignore[attr-defined]
+    params = {o: p for p in command.params for o in p.opts} if command is not None else {}
+    args = iter(argv[1:])
+    for arg in args:
+        if arg == "--":
+            return
+        flag, eq, value = arg.partition("=")
+        param = params.get(flag)
+        takes_value = param is not None and not getattr(param, "is_flag", False)
+        if takes_value and not eq:
+            value = next(args, None)
+        yield flag, value if (eq or takes_value) else None, param
 
 
 def expand_home(argv: list[str]) -> list[str]:

@@ -51,7 +51,7 @@ def model_dir(path: str | Path, flag: str = "") -> Path:
     e.g. "--draft-model", names the option it came from)."""
     said = flag + " " if flag else ""
     if str(path) == "":  # an unset variable: not the current directory
-        raise CheckpointError(f"{said}the model's path is empty: give a model directory")
+        raise CheckpointError(f"{flag or 'the model'}'s path is empty: give a model directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{said}{path}: a file, not a model directory")

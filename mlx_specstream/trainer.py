@@ -67,6 +67,7 @@ from .checkpoint import (
 from .data import Dataset, Example, load_datasets
 from .distill import distill_dataset
 from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError, Said
+from .loader import model_dir
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .objective import acceptance, drafts_better, evaluate, grad_step
@@ -469,6 +470,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
                    msa_layers=msa_layers, gamma=gamma if mode != "lora" else None)  # lora: no streams
+    if isinstance(model, str):
+        model_dir(model)  # an empty path (an unset variable) is said, not read as the current directory
+    if isinstance(data, str) and not data:
+        raise OptionError("{data} is empty: give a data directory")
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if isinstance(model, (str, Path)) and out is None and distributed is None:
@@ -776,7 +781,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         said = [f"{mode}" + (f", γ = {gamma}" if gamma else ""), f"{n_params:,} trainable parameters",
                 f"{iters} steps ({epochs_run:.3g} epoch{'s' * (epochs_run != 1)} of {steps_per_epoch} "
                 f"batch{'es' * (steps_per_epoch != 1)} of {batch_size})", f"lr {lr:g}, warmup {tc.warmup}"
-                + (f" (cut to {iters - 1}: the run has {iters} steps)" if tc.warmup >= iters > 1 else ""),
+                + ("" if tc.warmup < iters else " (none: the run has 1 step)" if iters == 1
+                   else f" (cut to {iters - 1}: the run has {iters} steps)"),
                 (f"validation every {val_every} steps and at the end" if 0 < val_every < iters
                  else "validation at the end") if valid_ds is not None else "no validation"]
         say("train: " + ", ".join(said) + (f"; from step {start}" if start else "")
@@ -836,7 +842,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         except (KeyboardInterrupt, PeerStopped):
             if ckpt_dir is not None and main_proc and (saved := checkpoints(ckpt_dir)):
                 say(Said(" holds the last step; {resume=True} finishes the run",
-                         subject=f"interrupted in the final evaluation: {saved[-1]}"))
+                         subject=f"the final evaluation was cut short: {saved[-1]}"))
             raise
     earlier = (best["weights"] is not None and best["step"] != iters  # an earlier adapter drafts better
                and "mean_accepted_tokens" in (final_eval or {}))

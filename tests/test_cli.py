@@ -49,15 +49,16 @@ def test_generate_errors(model_dir, tmp_path):
     assert_one_line_error(cli("generate", "--model", str(bad), "--prompt", "x"), "gpt-j")
 
 
-def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path):
+def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path, monkeypatch):
     """An empty path or name (an unset shell variable) is not read as the current directory, and a
     file where a folder belongs is said to be one, from the command line and in Python; -h and
     --version answer as users of other tools expect."""
     from mlx_specstream.adapter import resolve_adapter
     from mlx_specstream.api import load
     from mlx_specstream.cli import empty_path
-    from mlx_specstream.errors import AdapterError
+    from mlx_specstream.errors import AdapterError, OptionError
     from mlx_specstream.loader import CheckpointError
+    from mlx_specstream.trainer import train
 
     res = cli("generate", "--model", str(model_dir), "--adapter", "", "--prompt", "x")
     assert (res.returncode, res.stderr) == (2, "error: --adapter is empty: give a name or path\n")
@@ -65,6 +66,8 @@ def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path):
     assert empty_path(["train", "--data", "d", "--out", ""]) == "--out is empty: give a name or path"
     assert empty_path(["generate", "-p", "", "--model", "."]) is None  # an empty prompt is said otherwise
     assert empty_path(["generate", "--", "--model", ""]) is None
+    assert empty_path(["generate", "-p", "--model=", "--system-prompt", "--out="]) is None  # values, as typed
+    assert empty_path(["bench", "--out", ""]) == "--out is empty: give a path"  # no adapter there
     text = tmp_path / "notes.txt"
     text.write_text("mine")
     assert_one_line_error(cli("generate", "--model", str(text), "--prompt", "x"),
@@ -75,6 +78,14 @@ def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path):
         load("")
     with pytest.raises(AdapterError, match="the adapter's name is empty"):
         resolve_adapter(model_dir, "")
+    with pytest.raises(CheckpointError, match="the model's path is empty"):
+        train("", tmp_path, out="x")
+    with pytest.raises(OptionError, match="data is empty"):
+        train(str(model_dir), "", out="x")
+    assert not (model_dir / "adapters" / "x").exists()
+    monkeypatch.chdir(tmp_path)  # a bare name is the model's adapter's, whatever file is here
+    with pytest.raises(AdapterError, match="adapter 'notes.txt' not found .*this model has: a"):
+        resolve_adapter(model_dir, "notes.txt")
     assert text.read_text() == "mine"
     res = cli("-h")
     assert res.returncode == 0 and "Usage: " in res.stdout and "train" in res.stdout

@@ -1445,3 +1445,7 @@ def test_the_plan_line_says_what_the_run_will_do():
           batch_size=8, accept_prompts=0, progress=False, log=said.append)
     plan = next(m for m in said if m.startswith("train: "))
     assert "warmup 100 (cut to 1: the run has 2 steps), validation at the end" in plan, plan
+    said.clear()
+    train(tiny_model("llama", seed=0), (ds, valid), gamma=2, msa_layers=1, iters=1, warmup=3, val_every=0,
+          batch_size=8, accept_prompts=0, progress=False, log=said.append)
+    assert "warmup 3 (none: the run has 1 step)" in next(m for m in said if m.startswith("train: "))
