@@ -285,7 +285,7 @@ def new_adapter(model: nn.Module, mode: str = "lossless", gamma: int = 4, msa_la
 
     Every adapter parameter is random, so lossless tests exercise real stream computations.
     """
-    check_keywords("new_adapter", options, [f.name for f in fields(AdapterConfig)])
+    check_keywords("new_adapter", options, [f.name for f in fields(AdapterConfig)], {"lora_rank": "{rank}"})
     cfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, **options)
     attach(model, cfg, seed=seed, lora_scale=0.02)
     return cfg

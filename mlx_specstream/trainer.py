@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
@@ -229,6 +230,13 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if not any(alphas[1:]):
         raise ValueError("alphas: at least one stream weight must be > 0")
     return alphas
+
+
+def check_max_seq_len(model: nn.Module, max_seq_len: int) -> None:
+    """Refuse examples longer than the model holds (``train``, ``write_ngrams``)."""
+    if model.max_positions is not None and max_seq_len > model.max_positions:
+        raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
+                          "model holds")
 
 
 def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
@@ -496,9 +504,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         from .tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model_path)
-    if model.max_positions is not None and max_seq_len > model.max_positions:
-        raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
-                          "model holds")
+    check_max_seq_len(model, max_seq_len)
     group = _group(distributed)
     rank_id, world = (group.rank(), group.size()) if group is not None else (0, 1)
     main_proc = rank_id == 0
@@ -929,7 +935,9 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     cfg = read_config(path)
     if cfg.mode == "lora":
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
-    check_made_for(load_model(model_path), path, cfg)
+    model = load_model(model_path)
+    check_made_for(model, path, cfg)
+    check_max_seq_len(model, max_seq_len)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after

@@ -1,6 +1,7 @@
 """N-gram drafts from an adapter's data: the table (counted by hand here), its file beside the
 adapter, and decoding with it: lossless output stays plain AR's, and the drafts are used."""
 
+import json
 import subprocess
 import sys
 
@@ -185,4 +186,9 @@ def test_a_table_is_written_only_for_the_adapters_own_base(tmp_path):
     with pytest.raises(AdapterError, match="made for another base model"):
         write_ngrams(tmp_path / "other", tmp_path / "ad", tmp_path / "data")
     assert not (tmp_path / "ad" / NGRAMS_FILE).exists()
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 64}))
+    with pytest.raises(ValueError, match="max_seq_len is 65, beyond the 64 tokens"):  # as train says it
+        write_ngrams(model_dir, tmp_path / "ad", tmp_path / "data", max_seq_len=65)
+    (model_dir / "config.json").write_text(json.dumps(config))
     assert write_ngrams(model_dir, tmp_path / "ad", tmp_path / "data")[1] > 0
