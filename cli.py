@@ -101,7 +101,7 @@ def _version(shown: bool) -> None:
 
 @app.callback()
 def _root(version: bool = _flag(False, "--version", callback=_version, is_eager=True,
-                                       help="print the version and exit")) -> None:
+                                help="print the version and exit")) -> None:
     """The group's callback: every command a subcommand (the help text is ``app``'s)."""
 
 
@@ -191,20 +191,20 @@ def generate(
                                            "CPU: 0.07 with deferred streams, 0.22 with streams on every "
                                            "node, measured in docs/engine.md; 0 on a GPU)"),
     lookup: bool | None = _flag(None, "--lookup/--no-lookup",
-                                       help="ss: prompt-lookup candidates beside the streams' (default on)"),
+                                help="ss: prompt-lookup candidates beside the streams' (default on)"),
     sql_names: bool = _flag(False, "--sql-names",
-                                   help="write SQL naming only the tables and columns of the prompt's "
-                                   "CREATE TABLE statements (besides keywords, literals and aliases)"),
+                            help="write SQL naming only the tables and columns of the prompt's "
+                            "CREATE TABLE statements (besides keywords, literals and aliases)"),
     stop: list[str] | None = typer.Option(None, "--stop", help="stop where this text begins (not "
                                           "printed); may be given several times"),
     chat_template: bool = _flag(False, "--chat-template",
-                                       help="send the prompt as a user turn through the model's chat "
-                                       "template, as train --chat-template trains on it"),
+                                help="send the prompt as a user turn through the model's chat "
+                                "template, as train --chat-template trains on it"),
     system_prompt: str | None = typer.Option(None, "--system-prompt",
                                              help="with --chat-template: a system turn before the prompt"),
     verbose: bool = _flag(False, "--verbose", "-v",
-                                 help="on a terminal, colour accepted (green) and rejected (red) "
-                                 "drafts; statistics"),
+                          help="on a terminal, colour accepted (green) and rejected (red) "
+                          "drafts; statistics"),
 ) -> None:
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
     from mlx_specstream.api import load, stream_generate
@@ -333,7 +333,7 @@ def bench(
     quick: bool = _flag(False, help="8 prompts of 64 tokens by default (a few minutes)"),
     repeats: int = typer.Option(3, "--repeats", help="runs of each method per prompt; the fastest counts"),
     overwrite: bool = _flag(False, "--overwrite",
-                                   help="replace the results of an earlier run in --out"),
+                            help="replace the results of an earlier run in --out"),
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.bench import results_markdown, run_bench
@@ -367,7 +367,7 @@ def convert(
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
     overwrite: bool = _flag(False, "--overwrite", help="replace an existing --mlx-path, or --out "
-                                   "and its NAME.tokenizer"),
+                            "and its NAME.tokenizer"),
     model: Path | None = typer.Option(None, "--model", "-m",
                                       help="the model to convert: (--to coreml) an MLX model directory; "
                                            "(--to mlx) --hf-path, as in mlx_lm.convert"),
@@ -383,7 +383,7 @@ def convert(
     chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
                                                            "(default 64)"),
     sampling: bool = _flag(False, "--sampling", help="(--to coreml) also output full logits, "
-                                                            "for --temp > 0 and --sql-names"),
+                                                     "for --temp > 0 and --sql-names"),
 ) -> None:
     """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
 
@@ -460,14 +460,14 @@ def train(
                                        help="self-distillation: tokens written for a prompt given alone"),
     resume: bool = _flag(False, "--resume", help="continue from the last checkpoint"),
     overwrite: bool = _flag(False, "--overwrite", help="replace an existing adapter / run (with "
-                                   "--resume: continue a run that has checkpoints, else start again)"),
+                            "--resume: continue a run that has checkpoints, else start again)"),
     seed: int = typer.Option(0, help="seed of the adapter's initial weights and the data's order"),
     alphas: str | None = typer.Option(None, help="loss weights 'a0,a1,...,a_gamma' or 'a0,a_streams'"),
     prune_weight: float = typer.Option(1.0, "--prune-weight", help="weight of the pruning adapter loss"),
     segment_len: int = typer.Option(32, "--segment-len",
                                     help="completion positions per stream segment (0: all at once)"),
     group_by_length: bool = _flag(True, "--group-by-length/--no-group-by-length",
-                                         help="batch examples of similar lengths together"),
+                                  help="batch examples of similar lengths together"),
     val_every: int = typer.Option(100, "--val-every", help="steps between validations (0: only at the end)"),
     val_batches: int = typer.Option(25, "--val-batches", help="validation batches (0: all)"),
     state_cache_mb: int = typer.Option(1024, "--state-cache-mb",
