@@ -91,6 +91,22 @@ def load_checkpoint(model, optimizer, path: Path) -> dict:
     return state
 
 
+def load_last_checkpoint(model, optimizer, ckpt_dir: Path, say) -> tuple[Path, dict] | None:
+    """Load the last checkpoint of ``ckpt_dir`` that reads into ``model`` and ``optimizer``: a
+    damaged one (by the disk, by a hand) is passed over for the one kept before it, said through
+    ``say``. Returns its path and state; None where there is no checkpoint."""
+    found = checkpoints(ckpt_dir)
+    for path in reversed(found):
+        try:
+            return path, load_checkpoint(model, optimizer, path)
+        except CheckpointError as e:
+            say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
+    if found:
+        raise OptionError(": no readable checkpoint to resume from: start again with {overwrite=True} "
+                          "without {resume=True}", subject=str(ckpt_dir))
+    return None
+
+
 def weights_digest(weights: dict[str, mx.array]) -> str:
     """A digest of an adapter's weights (the fine-tune a run starts over): recorded in checkpoints,
     and part of the key of the self-distilled data kept for the run."""

@@ -56,12 +56,11 @@ from .adapter import (
 from .base_states import BaseStateCache
 from .checkpoint import (
     BEST_FILE,
-    CheckpointError,
     check_same_run,
     checkpoints,
     examples_digest,
     last_state,
-    load_checkpoint,
+    load_last_checkpoint,
     save_checkpoint,
     weights_digest,
 )
@@ -237,6 +236,42 @@ def check_max_seq_len(model: nn.Module, max_seq_len: int) -> None:
     if model.max_positions is not None and max_seq_len > model.max_positions:
         raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
                           "model holds")
+
+
+def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int, length_policy: str,
+              chat_template: bool, self_distill: bool, seed: int, progress: bool
+              ) -> tuple[Dataset, Dataset | None, dict[str, str | None]]:
+    """A run's training and validation sets (``data``: a directory, or a (train, valid) pair of
+    :class:`Dataset`), what there is to say of them said; where there is no validation set, a
+    share of the training set held out for it. Also the digests a resumed run is checked by
+    (``data``: the training set as given; ``valid_data``)."""
+    if isinstance(data, (tuple, list)):
+        if len(data) != 2 or not isinstance(data[0], Dataset) or not isinstance(data[1], Dataset | None):
+            raise ValueError("data: a directory, or a (train, valid) pair of Dataset (valid may be None)")
+        train_ds, valid_ds = data
+    elif not isinstance(data, (str, Path)):
+        raise ValueError(f"data: a directory, or a (train, valid) pair of Dataset; not {type(data).__name__}")
+    else:
+        train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
+                                           policy=length_policy, chat_template=chat_template,
+                                           vocab_size=vocab_size, progress=progress)
+    for ds in (train_ds, valid_ds):
+        for note in (ds.notes if ds is not None else []):
+            say(note)
+        if ds is not None and ds.n_empty and not self_distill:
+            say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_read} examples have an "
+                "empty completion: trained on as given, they teach the model to stop right after the "
+                "prompt (lossless mode's default self-distillation learns the model's own continuations)")
+    data_digest = examples_digest(train_ds)  # the data as given: a resumed run must see the same
+    if valid_ds is None:
+        train_ds, valid_ds = hold_out(train_ds, seed)
+        say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
+            "held out for validation (acceptance, best adapter)" if valid_ds is not None
+            else f"no valid.jsonl, and {len(train_ds)} examples are too few to hold some out ({HOLD_OUT_MIN} "
+            "or more): no validation, so no tokens/pass measured and no best adapter kept; give a "
+            "valid.jsonl to have them")
+    valid_digest = examples_digest(valid_ds) if valid_ds is not None else None
+    return train_ds, valid_ds, {"data": data_digest, "valid_data": valid_digest}
 
 
 def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
@@ -534,33 +569,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     barrier(group)  # every process waits for the checks above
 
     # -- data -------------------------------------------------------------------------------
-    if isinstance(data, (tuple, list)):
-        if len(data) != 2 or not isinstance(data[0], Dataset) or not isinstance(data[1], Dataset | None):
-            raise ValueError("data: a directory, or a (train, valid) pair of Dataset (valid may be None)")
-        train_ds, valid_ds = data
-    elif not isinstance(data, (str, Path)):
-        raise ValueError(f"data: a directory, or a (train, valid) pair of Dataset; not {type(data).__name__}")
-    else:
-        train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
-                                           policy=length_policy, chat_template=chat_template,
-                                           vocab_size=model.config.get("vocab_size"),
-                                           progress=progress and main_proc)
-    for ds in (train_ds, valid_ds):
-        for note in (ds.notes if ds is not None else []):
-            say(note)
-        if ds is not None and ds.n_empty and not self_distill:
-            say(f"{ds.path.name if ds.path else 'data'}: {ds.n_empty} of {ds.n_read} examples have an "
-                "empty completion: trained on as given, they teach the model to stop right after the "
-                "prompt (lossless mode's default self-distillation learns the model's own continuations)")
-    data_digest = examples_digest(train_ds)  # the data as given: a resumed run must see the same
-    if valid_ds is None:
-        train_ds, valid_ds = hold_out(train_ds, seed)
-        say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
-            "held out for validation (acceptance, best adapter)" if valid_ds is not None
-            else f"no valid.jsonl, and {len(train_ds)} examples are too few to hold some out ({HOLD_OUT_MIN} "
-            "or more): no validation, so no tokens/pass measured and no best adapter kept; give a "
-            "valid.jsonl to have them")
-    valid_digest = examples_digest(valid_ds) if valid_ds is not None else None
+    train_ds, valid_ds, digests = _run_data(data, tokenizer, model.config.get("vocab_size"), say=say,
+                                            max_seq_len=max_seq_len, length_policy=length_policy,
+                                            chat_template=chat_template, self_distill=self_distill, seed=seed,
+                                            progress=progress and main_proc)
 
     # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
     # leaves the model with the adapter it had; after that, with the one trained so far
@@ -618,7 +630,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                                                      "state_cache_mb", "over", "init")}
         recorded_only = ("data", "valid_data", "accept_prompts", "accept_tokens", "branch", "tree_budget",
                          "warmup", "val_batches", "over_weights")
-        compat["data"], compat["valid_data"] = data_digest, valid_digest
+        compat.update(digests)
         # --over by what it holds (a name and a path to one adapter are the same); --init is not
         # compared: a resumed run's weights are the checkpoint's (its --init may be its own --out)
         compat["over_weights"] = weights_digest(fine_tune) if fine_tune else None
@@ -681,40 +693,30 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         elapsed0 = 0.0
         # the adapter with the most accepted tokens per pass on the validation prompts so far
         best: dict = {"step": None, "mean_accepted_tokens": -1.0, "weights": None}
-        if resume and ckpt_dir is not None:
-            found = checkpoints(ckpt_dir)
-            if found:
-                st = None
-                for path in reversed(found):  # a damaged one (disk, a hand): the one kept before it
-                    try:
-                        st = load_checkpoint(model, optimizer, path)
-                        break
-                    except CheckpointError as e:
-                        say(f"{e}; trying the checkpoint before it" if path != found[0] else str(e))
-                if st is None:
-                    raise OptionError(": no readable checkpoint to resume from: start again with "
-                                      "{overwrite=True} without {resume=True}", subject=str(ckpt_dir))
-                found = found[: found.index(path) + 1]
-                if st.get("base_fingerprint") != base_fp:
-                    raise ValueError(f"{found[-1]}: checkpoint was made on another base model")
-                check_same_run(found[-1], st["config"], compat, recorded_only)  # the one loaded
-                start = int(st["step"])
-                if start > iters:
-                    raise OptionError(f": the run is already at step {start}, past {{iters={iters}}}",
-                                      subject=str(found[-1]))
-                history, val_history = st.get("history", []), st.get("val_history", [])
-                elapsed0 = float(st.get("seconds", 0.0))
-                if (found[-1] / BEST_FILE).is_file() and st.get("best"):
-                    best = {**st["best"], "weights": mx.load(str(found[-1] / BEST_FILE))}
-                saved = _finished_report(out_dir, iters) if start == iters else None
-                if saved is not None:
-                    say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
-                             "larger {iters} trains it further)", subject=str(out_dir)))
-                    load_adapter(model, out_dir)  # the model holds what the run saved (its best)
-                    return {**saved, "process_rank": rank_id}
-                say(f"resuming from {found[-1]} (step {start} of {iters})")
-            else:
-                say(f"no checkpoint in {ckpt_dir}: starting from step 0")
+        resumable = resume and ckpt_dir is not None
+        loaded = load_last_checkpoint(model, optimizer, ckpt_dir, say) if resumable else None
+        if loaded is not None:
+            path, st = loaded
+            if st.get("base_fingerprint") != base_fp:
+                raise ValueError(f"{path}: checkpoint was made on another base model")
+            check_same_run(path, st["config"], compat, recorded_only)  # the one loaded
+            start = int(st["step"])
+            if start > iters:
+                raise OptionError(f": the run is already at step {start}, past {{iters={iters}}}",
+                                  subject=str(path))
+            history, val_history = st.get("history", []), st.get("val_history", [])
+            elapsed0 = float(st.get("seconds", 0.0))
+            if (path / BEST_FILE).is_file() and st.get("best"):
+                best = {**st["best"], "weights": mx.load(str(path / BEST_FILE))}
+            saved = _finished_report(out_dir, iters) if start == iters else None
+            if saved is not None:
+                say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
+                         "larger {iters} trains it further)", subject=str(out_dir)))
+                load_adapter(model, out_dir)  # the model holds what the run saved (its best)
+                return {**saved, "process_rank": rank_id}
+            say(f"resuming from {path} (step {start} of {iters})")
+        elif resumable:
+            say(f"no checkpoint in {ckpt_dir}: starting from step 0")
 
     def ckpt_state(step_seconds: float) -> dict:
         return {"config": compat, "settings": asdict(tc), "iters": iters, "base_fingerprint": base_fp,
