@@ -274,6 +274,23 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
     return train_ds, valid_ds, {"data": data_digest, "valid_data": valid_digest}
 
 
+def _self_distilled(model, tokenizer, split: str, ds: Dataset | None, used: list[int], *, key: dict,
+                    work: Path | None, group, max_seq_len: int, distill_tokens: int, progress: bool,
+                    say) -> Dataset | None:
+    """``ds`` with the examples a run uses (``used``) continued by the model as attached, greedily
+    (``distill.py``), kept in ``work/distilled/SPLIT.jsonl`` for a resumed or longer run (``key``:
+    what wrote them). A text row has no prompt to continue: it is kept as given."""
+    if ds is None:
+        return None
+    cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
+    wanted = [i for i in used if not ds.examples[i].text]
+    if len(wanted) < len(used):
+        say(f"self-distill {split}: {len(used) - len(wanted)} text rows have no prompt for the base model "
+            "to continue: trained on as given")
+    return distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key, indices=wanted,
+                           cache=cache, group=group, desc=f"self-distill {split}", progress=progress, say=say)
+
+
 def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     """(directory, adapter name, whether ``out`` was a bare name)."""
     if out is None:
@@ -668,22 +685,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
                     "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
                     if valid_ds is not None else []}
-            for split, ds in (("train", train_ds), ("valid", valid_ds)):
-                if ds is None:
-                    continue
-                cache = work / "distilled" / f"{split}.jsonl" if work is not None else None
-                # a text row has no prompt to continue: it is kept as given
-                wanted = [i for i in used[split] if not ds.examples[i].text]
-                if len(wanted) < len(used[split]):
-                    say(f"self-distill {split}: {len(used[split]) - len(wanted)} text rows have no prompt "
-                        "for the base model to continue: trained on as given")
-                got = distill_dataset(model, ds, tokenizer, max_seq_len, distill_tokens, key=key,
-                                      indices=wanted, cache=cache, group=group,
-                                      desc=f"self-distill {split}", progress=progress, say=say)
-                if split == "train":
-                    train_ds = got
-                else:
-                    valid_ds = got
+            train_ds, valid_ds = (
+                _self_distilled(model, tokenizer, split, ds, used[split], key=key, work=work, group=group,
+                                max_seq_len=max_seq_len, distill_tokens=distill_tokens, progress=progress,
+                                say=say) for split, ds in (("train", train_ds), ("valid", valid_ds)))
         n_params = set_trainable(model)
         optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
         optimizer.init(model.trainable_parameters())
