@@ -310,10 +310,11 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
     """``convert --to coreml``: an MLX model (+ adapter) to a stateful Core ML package."""
     from mlx_specstream.convert.coreml_export import export_coreml
     from mlx_specstream.coreml_driver import PackageInfo
+    from mlx_specstream.project import default_model
 
-    if model is None or out is None:
-        raise ValueError("--to coreml needs --model (an MLX model dir) and --out NAME.mlpackage")
-    res = export_coreml(model, out, adapter=adapter, quantize=quantize, q_bits=q_bits,
+    if out is None:
+        raise ValueError("--to coreml needs --out NAME.mlpackage")
+    res = export_coreml(model or default_model(), out, adapter=adapter, quantize=quantize, q_bits=q_bits,
                         q_group_size=q_group_size, precision=precision, context=context,
                         tree_size=tree_size, chunk=chunk, sampling=sampling, overwrite=overwrite)
     info = PackageInfo.from_metadata(res.metadata, res.package)
@@ -369,7 +370,8 @@ def convert(
     overwrite: bool = _flag(False, "--overwrite", help="replace an existing --mlx-path, or --out "
                             "and its NAME.tokenizer"),
     model: Path | None = typer.Option(None, "--model", "-m",
-                                      help="the model to convert: (--to coreml) an MLX model directory; "
+                                      help="the model to convert: (--to coreml) an MLX model directory "
+                                           "(default: shipped); "
                                            "(--to mlx) --hf-path, as in mlx_lm.convert"),
     adapter: str | None = typer.Option(None, "--adapter", help="(--to coreml) adapter name or path"),
     out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),

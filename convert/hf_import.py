@@ -113,7 +113,9 @@ def _read_bin(f: Path) -> dict[str, mx.array]:
             ) from None
         raise CheckpointError(f"{f}: corrupt PyTorch checkpoint ({str(e).splitlines()[0]})") from None
     except Exception as e:  # zip/pickle corruption surfaces as RuntimeError, EOFError, ...
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        first = str(e).splitlines()[0] if str(e) else ""
+        if not first or first.isdigit():  # torch's bare error code says nothing to a user
+            first = "neither a zip archive nor a pickle"
         raise CheckpointError(f"{f}: corrupt PyTorch checkpoint ({first})") from None
     if isinstance(state, dict) and "state_dict" in state and isinstance(state["state_dict"], dict):
         state = state["state_dict"]

@@ -421,10 +421,11 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
         hint = (f" (a Path is a directory; the string '{p.name}' names the model's adapter)"
                 if ours and isinstance(name_or_path, Path) else "")
         raise AdapterError(f"adapter '{name_or_path}' not found: no such directory{hint}")
-    where = f" or {Path(model_path) / 'adapters'}" if model_path is not None else ""
+    where = f", nor under {Path(model_path) / 'adapters'}" if model_path is not None else ""
     found = available_adapters(model_path) if model_path is not None else []
     have = f"; this model has: {', '.join(found)}" if found else "; this model has none"
-    raise AdapterError(f"adapter '{name_or_path}' not found (looked for a directory{where}){have}")
+    raise AdapterError(f"adapter '{name_or_path}' not found (no directory '{name_or_path}' here{where})"
+                       + have)
 
 
 def read_config(path: Path) -> AdapterConfig:

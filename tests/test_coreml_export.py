@@ -462,8 +462,8 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
     assert_one_line_error(res, "cannot write")
     res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out", str(tmp_path / "o.mlmodel"))
     assert_one_line_error(res, "must end with .mlpackage")
-    res = cli("convert", "--to", "coreml", "--out", str(tmp_path / "o.mlpackage"))
-    assert_one_line_error(res, "needs --model")
+    res = cli("convert", "--to", "coreml", "--model", str(model_dir))
+    assert_one_line_error(res, "--to coreml needs --out NAME.mlpackage")
     assert sorted(os.listdir(tmp_path)) == ["file", "taken.mlpackage"]
     assert os.listdir(tmp_path / "taken.mlpackage") == []
 
