@@ -414,9 +414,9 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
             return candidate
     if p.is_dir():
         raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
-    if p.exists() and not bare:  # a bare name is the model's adapter's, whatever file is here
-        raise AdapterError(f"{p}: a file, not an adapter directory")
-    if not bare:
+    if not bare:  # a bare name is the model's adapter's, whatever file of that name is here
+        if p.exists():
+            raise AdapterError(f"{p}: a file, not an adapter directory")
         ours = model_path is not None and (Path(model_path) / "adapters" / p.name / CONFIG_FILE).is_file()
         hint = (f" (a Path is a directory; the string '{p.name}' names the model's adapter)"
                 if ours and isinstance(name_or_path, Path) else "")

@@ -34,6 +34,12 @@ def _set_path(tree, path: list[str], value) -> None:
         tree[last] = value
 
 
+def run_dir(out_dir: Path) -> Path:
+    """Where the run that writes the adapter ``out_dir`` keeps its checkpoints (``checkpoints/``)
+    and the data it made (``distilled/``): ``OUT.train`` beside it."""
+    return out_dir.with_name(out_dir.name + ".train")
+
+
 def checkpoints(ckpt_dir: Path) -> list[Path]:
     if not ckpt_dir.is_dir():
         return []

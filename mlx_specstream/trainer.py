@@ -61,6 +61,7 @@ from .checkpoint import (
     examples_digest,
     last_state,
     load_last_checkpoint,
+    run_dir,
     save_checkpoint,
     weights_digest,
 )
@@ -306,7 +307,7 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
 def _check_out(out_dir: Path, resume: bool, overwrite: bool, bare: bool) -> None:
     """Refuse to replace an adapter or a run unless asked to, or what this project did not write;
     refuse to resume where there is no run (``bare``: ``out`` named an adapter of the model)."""
-    work = out_dir.with_name(out_dir.name + ".train")
+    work = run_dir(out_dir)
     check_replaceable(out_dir, "adapter", True)  # first: neither flag may touch what is not ours
     if work.exists() or work.is_symlink():  # a dangling link too: said now, not after the work
         check_replaceable(work, "training run", True)
@@ -340,7 +341,7 @@ def run_settings(model_path: str | Path, out: str | Path) -> dict:
         out_dir = _resolve_out(out, Path(model_path))[0]
     except ValueError:
         return {}  # train says what is wrong with it
-    last = last_state(out_dir.with_name(out_dir.name + ".train") / "checkpoints") if out_dir else None
+    last = last_state(run_dir(out_dir) / "checkpoints") if out_dir else None
     state = last[1] if last is not None else {}
     settings = dict(state.get("settings") or state.get("config") or {})  # "config" alone: before 2026-11-28
     accepted = inspect.signature(train).parameters  # its options (a TrainConfig field may be derived)
@@ -579,7 +580,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         check_fine_tune(read_config(resolve_adapter(model_path, over)))
 
     # -- where things go, and what was there before ----------------------------------------
-    work = out_dir.with_name(out_dir.name + ".train") if out_dir is not None else None
+    work = run_dir(out_dir) if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:
         _check_out(out_dir, resume, overwrite, bare)
