@@ -207,12 +207,13 @@ def generate(
                           "drafts; statistics"),
 ) -> None:
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
-    from mlx_specstream.api import load, stream_generate
+    from mlx_specstream.api import load, stop_strings, stream_generate
     from mlx_specstream.engine import DecodeOptions, check_used
     from mlx_specstream.errors import OptionError
 
     if system_prompt is not None and not chat_template:
         raise OptionError("{system_prompt} is a turn of the chat template: give {chat_template} too")
+    stop_strings(stop)  # a bad one is said before the model loads
     text = _read_prompt(prompt, prompt_file)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))

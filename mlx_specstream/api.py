@@ -171,8 +171,9 @@ def _held(text: str, stop: list[str]) -> int:
     return longest
 
 
-def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> list[str]:
-    """Stop strings as a list: non-empty strings, with a tokenizer to read the text."""
+def stop_strings(stop: str | list[str] | tuple[str, ...] | None) -> list[str]:
+    """Stop strings as a list of non-empty strings (checked before a model loads, as the command
+    line does)."""
     if stop is not None and not isinstance(stop, str | list | tuple):
         raise TypeError(f"stop must be a string or a list of strings, not {type(stop).__name__}")
     stop = [stop] if isinstance(stop, str) else list(stop or [])
@@ -180,6 +181,12 @@ def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> lis
         raise TypeError("stop strings must be strings")
     if not all(stop):
         raise OptionError("{stop}: a stop string must not be empty")
+    return stop
+
+
+def check_stop(stop: str | list[str] | tuple[str, ...] | None, tokenizer) -> list[str]:
+    """Stop strings as a list (:func:`stop_strings`), with a tokenizer to read the text."""
+    stop = stop_strings(stop)
     if stop and tokenizer is None:
         raise ValueError("stop strings need a tokenizer")
     return stop

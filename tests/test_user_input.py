@@ -424,6 +424,9 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
         assert_one_line_error(cli("generate", "-m", d, "--mode", "ar", "--prompt", "x", "-n", n),
                               "--max-tokens must be >= 1")
     assert_one_line_error(cli("generate", "-m", d, "--adapter", "zzz", "--prompt", "x"), "this model has: a")
+    # an empty --stop is said before the model loads (here none could)
+    assert_one_line_error(cli("generate", "-m", str(tmp_path / "none"), "--stop", "", "--prompt", "x"),
+                          "--stop: a stop string must not be empty")
     ar = ("generate", "-m", d, "--mode", "ar")
     assert_one_line_error(cli(*ar, "--prompt-file", str(tmp_path)), "not a file")
     (tmp_path / "latin1.txt").write_bytes("caf\xe9".encode("latin-1"))
