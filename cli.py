@@ -86,7 +86,26 @@ def _flag(default: bool | None, *names: str, **options) -> typer.models.OptionIn
     return typer.Option(default, *names, metavar="", **options)
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+class _HelpSwitch:
+    """A command (or the command list) whose ``-h/--help`` shows no value to give, as :func:`_flag`'s
+    switches (typer's own help option shows ``<bool>``)."""
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        if option is not None:
+            option.metavar = ""
+        return option
+
+
+class _Command(_HelpSwitch, typer.core.TyperCommand):
+    pass
+
+
+class _Group(_HelpSwitch, typer.core.TyperGroup):
+    pass
+
+
+app = typer.Typer(cls=_Group, add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Speculative Streaming for MLX: import, train adapters, generate, export.")
 
@@ -105,7 +124,7 @@ def _root(version: bool = _flag(False, "--version", callback=_version, is_eager=
     """The group's callback: every command a subcommand (the help text is ``app``'s)."""
 
 
-@app.command()
+@app.command(cls=_Command)
 def blas() -> None:
     """Report which BLAS MLX's CPU backend uses in this process (and which would be preloaded)."""
     from mlx_specstream.blas import active_blas, find_blas, small_rows_active
@@ -164,7 +183,7 @@ def _show_stats(stats) -> None:
     typer.echo(f"{'finish_reason':>26}: {d['finish_reason']}{why}", err=True)
 
 
-@app.command()
+@app.command(cls=_Command)
 def generate(
     model: Path | None = typer.Option(None, "--model", "-m",
                                          help="MLX model dir or .mlpackage (default: shipped model)"),
@@ -324,7 +343,7 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
                + f"; {info.holds_said} holds {info.holds} tokens of prompt and text")
 
 
-@app.command()
+@app.command(cls=_Command)
 def bench(
     task: str = typer.Option("sql", help="sql or code"),
     n: int | None = typer.Option(None, "--n", help="test prompts (default 50; --quick: 8)"),
@@ -354,7 +373,7 @@ def bench(
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 
 
-@app.command()
+@app.command(cls=_Command)
 def convert(
     hf_path: Path | None = typer.Option(None, "--hf-path",
                                         help="(--to mlx) Hugging Face / PyTorch checkpoint directory"),
@@ -427,7 +446,7 @@ def convert(
                     chunk=chunk, sampling=sampling, overwrite=overwrite)
 
 
-@app.command()
+@app.command(cls=_Command)
 def train(
     ctx: typer.Context,
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
@@ -552,7 +571,7 @@ def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:
     return taken
 
 
-@app.command()
+@app.command(cls=_Command)
 def ngrams(
     adapter: str = typer.Option(..., "--adapter", "-a", help="adapter name (under MODEL/adapters/) or dir"),
     data: Path = typer.Option(..., "--data", help="directory with the train.jsonl it was trained on"),
@@ -573,7 +592,7 @@ def ngrams(
     typer.echo(f"wrote {path} ({n} contexts)")
 
 
-@app.command()
+@app.command(cls=_Command)
 def serve(
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     adapters: str | None = typer.Option(None, "--adapters", help="adapters to serve beside the base: "

@@ -89,6 +89,9 @@ def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path, monkeypatc
     assert text.read_text() == "mine"
     res = cli("-h")
     assert res.returncode == 0 and "Usage: " in res.stdout and "train" in res.stdout
+    for shown in (res.stdout, cli("train", "--help").stdout):  # a switch takes no value, -h included
+        assert "--overwrite" in shown or "--version" in shown
+        assert "<bool>" not in shown and "BOOLEAN" not in shown
     from mlx_specstream import __version__
 
     assert cli("--version").stdout == f"specstream-mlx {__version__}\n"
