@@ -130,3 +130,22 @@ def test_top_level_sources_are_linked_into_the_package_not_copied():
     for name in ("cli.py", "convert", "metal"):
         link = ROOT / "mlx_specstream" / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), name
+
+
+def test_every_module_is_in_the_design_module_table():
+    """docs/design.md's module table names every module of the package (one added without a row
+    is a module nobody can find by what it is), and names none that does not exist."""
+    text = DESIGN.read_text(encoding="utf-8")
+    table = text[text.index("| part | module |"):text.index("## Multi-stream architecture")]
+    named = set(re.findall(r"`([\w/]+\.(?:py|c))`", table))
+    package = ROOT / "mlx_specstream"
+    modules = {p.relative_to(package).as_posix() for p in package.rglob("*.py")
+               if p.name != "__init__.py" and "arch" not in p.parts and "convert" not in p.parts}
+    modules |= {f"convert/{p.name}" for p in (ROOT / "convert").glob("*.py") if p.name != "__init__.py"}
+    modules |= {p.name for p in package.glob("*.c")}
+    named_files = {n for n in named if not n.startswith("arch/")}
+    assert not modules - named_files, f"modules without a row: {sorted(modules - named_files)}"
+    assert not named_files - modules, f"rows naming no module: {sorted(named_files - modules)}"
+    families = {p.name for p in (package / "arch").glob("*.py")} - {"__init__.py", "base.py"}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert all(f.removesuffix(".py") in readme for f in families)  # the README's layout names them
