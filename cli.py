@@ -16,21 +16,20 @@ NAME_OPTIONS = {"train": ("--out", "--init", "--over"), "generate": ("--adapter"
                 "ngrams": ("--adapter",)}
 
 
-# mlx-lm's flags that are spelt otherwise here (or have no counterpart), per command, with what
-# stands for each here (errors.instead)
-MLX_LM_FLAGS = {
-    "train": {"--learning-rate": "{lr}", "--steps-per-eval": "{val_every}", "--adapter-path": "{out}",
-              "--resume-adapter-file": "{init} (a finished adapter's weights) or {resume} (a stopped run)",
-              "--fine-tune-type": "{mode}", "--train": "not needed here: train trains",
-              "--mask-prompt": "not needed here: the loss never covers the prompt"},
-    "generate": {"--adapter-path": "{adapter}"},
-}
+def _mlx_lm_flags(command: str) -> dict[str, str]:
+    """mlx-lm's flags of ``command`` that are spelt otherwise here (or have no counterpart), with
+    what stands for each here (errors.instead): ``train``'s are the Python API's names as flags."""
+    if command == "train":
+        from mlx_specstream.trainer import MLX_LM_NAMES
+
+        return {"--" + name.replace("_", "-"): said for name, said in MLX_LM_NAMES.items()}
+    return {"--adapter-path": "{adapter}"} if command == "generate" else {}
 
 
 def mlx_lm_flag(argv: list[str]) -> str | None:
     """What to say of an mlx-lm flag in ``argv`` (the command and its arguments) that this
     command spells otherwise, or None. The value of an option (``-p --train``) is no flag."""
-    table = MLX_LM_FLAGS.get(argv[0], {}) if argv else {}
+    table = _mlx_lm_flags(argv[0]) if argv else {}
     for flag, _, _ in _given(argv) if table else ():
         if flag in table:
             from mlx_specstream.errors import instead

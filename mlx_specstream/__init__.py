@@ -12,6 +12,8 @@ _API = {
     "load": "mlx_specstream.api",
     "generate": "mlx_specstream.api",
     "stream_generate": "mlx_specstream.api",
+    "GenerationResult": "mlx_specstream.api",  # what generate returns
+    "StreamResponse": "mlx_specstream.api",  # what stream_generate yields, pass by pass
     "new_adapter": "mlx_specstream.adapter",
     "load_adapter": "mlx_specstream.adapter",
     "save_adapter": "mlx_specstream.adapter",

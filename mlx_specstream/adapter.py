@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .arch.base import check_value
-from .errors import AdapterError, OptionError, check_keywords
+from .errors import AdapterError, OptionError, check_keywords, check_path_type, check_seed
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import save_safetensors
@@ -31,6 +31,9 @@ CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 
 @dataclass
 class AdapterConfig:
+    """An adapter's shape and decoding defaults (``adapter_config.json``), and the base it was made
+    for (its fingerprint and probes, set by :func:`attach`)."""
+
     mode: str = "lossless"  # "lossless" | "shared" | "lora" (next-token LoRA baseline, no streams)
     gamma: int = 4
     msa_layers: int = 4
@@ -243,7 +246,8 @@ def attach(model: nn.Module, config: AdapterConfig, seed: int = 0, lora_scale: f
     a frozen fine-tune, which main rows compute exactly; in a *split* shared adapter it trains
     with the streams (which keep low-rank capacity of their own)."""
     n = len(model.layers)
-    config.fit(n)  # before the attached adapter goes: a bad config leaves it in place
+    config.fit(n)  # before the attached adapter goes: a bad config or seed leaves it in place
+    check_seed(seed)
     detach(model)
     model.adapter_ngrams = None  # the n-gram drafts of its data (ngrams.py), set when there are
     config.base_fingerprint = fingerprint(model)
@@ -284,6 +288,8 @@ def new_adapter(model: nn.Module, mode: str = "lossless", gamma: int = 4, msa_la
     """Attach a new, seeded, untrained (but non-zero) adapter to ``model``; returns its config.
 
     Every adapter parameter is random, so lossless tests exercise real stream computations.
+    ``msa_layers`` defaults to 2, which every model has (``train``'s default is 4); ``options``:
+    the other fields of :class:`AdapterConfig`.
     """
     check_keywords("new_adapter", options, [f.name for f in fields(AdapterConfig)], {"lora_rank": "{rank}"})
     cfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, **options)
@@ -364,6 +370,9 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
     """Where an adapter given as ``name_or_path`` is written: a bare name under the model's
     ``adapters/`` (where :func:`resolve_adapter` looks for it first), a path as given (``.`` and
     ``x/..`` by the directory they stand for)."""
+    check_path_type(name_or_path, "the adapter's destination")
+    if str(name_or_path) == "":  # an unset variable: not the current directory
+        raise AdapterError("the adapter's destination is empty: give a name or a path")
     if is_bare_name(name_or_path):
         if model_path is None:
             raise ValueError(f"'{name_or_path}' is a bare adapter name: it goes under MODEL/adapters/, "
@@ -389,7 +398,9 @@ def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False)
     overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
     with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
-        (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.adapter_config), indent=2))
+        config = asdict(model.adapter_config)
+        config["name"] = config["name"] or dest.name  # one trained in memory: its folder's
+        (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:
             model.adapter_ngrams.save(tmp / NGRAMS_FILE)
     return dest
@@ -404,6 +415,7 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
     (``sql``) is the model's adapter first, whatever directory of that name the current one holds
     (``./sql`` names that one, and only that one), as ``train --out sql`` writes under the model."""
+    check_path_type(name_or_path, "the adapter")
     if str(name_or_path) == "":  # an unset variable: not the current directory
         raise AdapterError("the adapter's name is empty: give a name or a path")
     p = Path(name_or_path)

@@ -13,7 +13,7 @@ import numpy as np
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
-from .errors import OptionError, check_keywords
+from .errors import OptionError, check_keywords, check_switch
 from .loader import load_model, model_dir
 from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
 from .project import default_model
@@ -41,6 +41,7 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
 
     check_keywords("load", unknown, ("path", "adapter", "dtype", "quantize", "fuse"),
                    {"adapter_path": "{adapter}", "path_or_hf_repo": "{path}"})  # mlx-lm's names
+    check_switch("fuse", fuse)
     path = model_dir(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
     model.path = path
@@ -76,7 +77,9 @@ class StreamResponse:
 @dataclass
 class GenerationResult:
     """A whole generation: ``text`` is the detokenized ``tokens``, except at a stop string: the
-    text ends where it begins, the tokens with the one it begins in (what follows is in neither)."""
+    text ends where it begins, the tokens with the last one whose text is in it (the token the stop
+    string begins inside of; none of a token it begins at the start of). What follows is in
+    neither."""
 
     text: str
     tokens: list[int]
@@ -112,13 +115,16 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
     return [int(t) for t in items]
 
 
-def _check_model(model, tokenizer) -> None:
-    """A TypeError naming the argument that is not what :func:`load` returns (a path, the two
-    swapped), before the engine would fail on it deep down."""
+def check_model(model, tokenizer, paths: bool = False) -> None:
+    """A TypeError naming the argument that is not what :func:`load` returns (a path, the pair
+    itself, the two swapped), before the engine would fail on it deep down. ``paths``: the caller
+    also takes a model directory (``train``)."""
     if not isinstance(model, Runner) and not isinstance(getattr(model, "layers", None), list):
         hint = (": load it first, model, tokenizer = load(PATH)" if isinstance(model, str | Path)
+                else ": give the model of model, tokenizer = load(PATH)" if isinstance(model, tuple)
                 else ": model and tokenizer swapped?" if callable(getattr(model, "encode", None)) else "")
-        raise TypeError(f"model must be a model from load(), not {type(model).__name__}{hint}")
+        what = "a model directory or a model from load()" if paths else "a model from load()"
+        raise TypeError(f"model must be {what}, not {type(model).__name__}{hint}")
     if tokenizer is not None and not hasattr(tokenizer, "eos_token_ids"):  # what decoding reads of it
         raise TypeError(f"tokenizer must be a tokenizer from load() or None, not {type(tokenizer).__name__}")
 
@@ -130,7 +136,8 @@ def decoder(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prom
     or any :class:`~.runner.Runner` (a Core ML package's). EOS is the tokenizer's, else the
     runner's own (a package's metadata), else the model directory's (its config files).
     ``batched``: the server's, whose scheduler runs the passes (:class:`~.engine.PassRequest`)."""
-    _check_model(model, tokenizer)
+    check_model(model, tokenizer)
+    check_switch("sql_names", sql_names)
     ids = _prompt_ids(tokenizer, prompt)
     if tokenizer is not None:
         eos = frozenset(tokenizer.eos_token_ids)
@@ -264,7 +271,8 @@ def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
                     **options) -> Iterator[StreamResponse]:
     """Yield, per forward pass, the tokens accepted and their text.
 
-    ``prompt`` is text or token ids. Options: ``max_tokens`` (256), ``temperature`` (0: greedy),
+    ``prompt`` is text or token ids. Options: ``max_tokens`` (256; -1: until EOS or the end of
+    the context), ``temperature`` (0: greedy),
     ``top_p``, ``seed``, ``mode`` ("ss"; "ar": token by token through the same code path, the
     lossless reference; "lookup": prompt-lookup drafts alone), and the overrides ``gamma`` (streams
     used), ``branch`` (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams``
@@ -287,7 +295,12 @@ def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
 def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,
              stop: str | list[str] | None = None,
              **options) -> GenerationResult:
-    """Generate a whole completion; options as for :func:`stream_generate`."""
+    """Generate a whole completion (a :class:`GenerationResult`: text, tokens, statistics).
+
+    ``prompt`` is text or token ids; ``stop`` a string or a list of them. The options are those of
+    :func:`stream_generate` (``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``mode``,
+    ``gamma``, ``branch``, ``tree_budget``, ``prune_threshold``, ``streams``, ``node_cost``,
+    ``lookup``, ``ngrams``, ``sql_names``, ``constraint``), which says what each does."""
     _check_names(options, "generate")
     dec = decoder(model, tokenizer, prompt, **options)
     steps = list(responses(dec, tokenizer, check_stop(stop, tokenizer)))

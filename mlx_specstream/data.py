@@ -300,6 +300,30 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
+def _check_ids(tokens: list[int], vocab_size: int | None, where: str) -> None:
+    if vocab_size is not None and tokens and not 0 <= min(tokens) <= max(tokens) < vocab_size:
+        raise DataError(f"{where}: token id out of range for a vocabulary of {vocab_size}")
+
+
+def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: int) -> None:
+    """Refuse a :class:`Dataset` made in Python (``train(model, (train, valid))``) where reading a
+    file would have refused or cut it: no examples, a token id outside the vocabulary, a prompt
+    longer than the example, or more than ``max_seq_len`` tokens (a file's examples are cut or skipped by its
+    length policy; these are trained on as given)."""
+    if not ds.examples:
+        raise DataError(f"{where}: no examples")
+    for i, ex in enumerate(ds.examples):
+        at = f"{where}: example {i}"
+        if not _is_ids(list(ex.tokens)):
+            raise DataError(f"{at}: tokens must be a list of int token ids")
+        _check_ids(ex.tokens, vocab_size, at)
+        if not 0 <= ex.n_prompt <= len(ex.tokens):
+            raise DataError(f"{at}: n_prompt is {ex.n_prompt}, outside its {len(ex.tokens)} tokens")
+        if len(ex.tokens) > max_seq_len:
+            raise DataError(f"{at}: {len(ex.tokens)} tokens, more than max_seq_len={max_seq_len} (cut it, or "
+                            "give a larger max_seq_len)")
+
+
 def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = None,
                policy: str = "truncate", chat_template: bool = False, add_eos: bool = True,
                vocab_size: int | None = None, progress: bool = True) -> Dataset:
@@ -326,9 +350,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
             ds.n_read += 1
             ex = replace(encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
                                     where=f"{path}:{n}"), line=n)
-            if vocab_size is not None and ex.tokens \
-                    and not 0 <= min(ex.tokens) <= max(ex.tokens) < vocab_size:
-                raise DataError(f"{path}:{n}: token id out of range for a vocabulary of {vocab_size}")
+            _check_ids(ex.tokens, vocab_size, f"{path}:{n}")
             if max_seq_len is not None and len(ex.tokens) > max_seq_len:
                 if policy == "skip" or ex.n_prompt >= max_seq_len:
                     ds.n_skipped += 1

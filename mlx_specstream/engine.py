@@ -23,7 +23,7 @@ import numpy as np
 
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .device import on_gpu
-from .errors import ContextLengthError, OptionError
+from .errors import ContextLengthError, OptionError, check_seed, check_switch
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
@@ -33,6 +33,9 @@ from .verify import probabilities, sample, verify_greedy, verify_sampling
 
 @dataclass
 class DecodeOptions:
+    """The options of one generation: the keywords of :func:`~mlx_specstream.api.stream_generate`,
+    with their defaults (None: the adapter's own, or this machine's)."""
+
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
@@ -77,6 +80,9 @@ def default_node_costs() -> dict[str, float]:
 
 @dataclass
 class Stats:
+    """What one generation did: tokens, forward passes, their trees, time and acceptance
+    (:meth:`as_dict`: the fields results files and the server report)."""
+
     prompt_tokens: int = 0
     generated_tokens: int = 0
     calls: int = 0  # forward passes after prefill
@@ -92,7 +98,9 @@ class Stats:
 
     @property
     def mean_accepted_tokens(self) -> float:
-        """Tokens advanced per decode forward pass (1.0 for autoregressive decoding)."""
+        """Tokens advanced per decode forward pass (1.0 for autoregressive decoding), as verification
+        accepted them: tokens a stop string cuts from the output still count (``generated_tokens``
+        does not count them)."""
         n = sum(self.accepted_lengths.values())
         return sum(k * c for k, c in self.accepted_lengths.items()) / n if n else 0.0
 
@@ -234,10 +242,9 @@ class Decoder:
                               f"not {opts.max_tokens}")
         if not 0 <= opts.temperature < math.inf:  # NaN fails too
             raise OptionError(f"{{temperature}} must be a finite number >= 0, not {opts.temperature}")
-        seed = opts.seed  # None: a fresh one
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int | np.integer)
-                                 or seed < 0):
-            raise OptionError(f"{{seed}} must be a whole number >= 0, not {seed!r}")
+        check_seed(opts.seed, optional=True)  # None: a fresh one
+        check_switch("lookup", opts.lookup, optional=True)
+        check_switch("ngrams", opts.ngrams, optional=True)
         if opts.constraint is not None and not isinstance(opts.constraint, TokenConstraint):
             raise OptionError("{constraint} must be a TokenConstraint, not "
                               f"{type(opts.constraint).__name__}")

@@ -1,7 +1,10 @@
-"""Errors that mean "bad input" (shown to CLI users as one line, no traceback)."""
+"""Errors that mean "bad input" (shown to CLI users as one line, no traceback), and the checks of
+input that every entry point shares (keywords, paths, seeds, switches)."""
 
 from __future__ import annotations
 
+import numbers
+import os
 import re
 
 
@@ -151,6 +154,32 @@ def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = N
                 near = difflib.get_close_matches(name, known, n=1)
                 hint = f" (did you mean '{near[0]}'?)" if near else ""
             raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'{hint}")
+
+
+def check_path_type(value, what: str) -> None:
+    """A path is a str or a Path: another type (``load(5)``) is said as such, naming ``what`` it
+    stands for, not by pathlib deep down."""
+    if not isinstance(value, str | os.PathLike):
+        raise TypeError(f"{what} must be a str or a Path, not {type(value).__name__}")
+
+
+SEED_MAX = 2**64 - 1  # MLX's keys and NumPy's generators take 64-bit seeds
+
+
+def check_seed(seed, optional: bool = False) -> None:
+    """A seed is a whole number in ``0..2**64 - 1`` (``optional``: or None, a fresh one), said
+    before it reaches MLX, whose own error is a page of overloads."""
+    if optional and seed is None:
+        return
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= SEED_MAX:
+        raise OptionError(f"{{seed}} must be a whole number in 0..2**64 - 1, not {seed!r}")
+
+
+def check_switch(name: str, value, optional: bool = False) -> None:
+    """A switch is True or False (``optional``: or None, its default): ``lookup=0`` or
+    ``fuse="no"`` would otherwise read as on."""
+    if not isinstance(value, bool) and not (optional and value is None):
+        raise OptionError(f"{{{name}}} must be True or False{' (or None)' * optional}, not {value!r}")
 
 
 USER_ERRORS = (

@@ -20,6 +20,7 @@ from __future__ import annotations
 import inspect
 import json
 import math
+import numbers
 import shlex
 import shutil
 import sys
@@ -66,9 +67,19 @@ from .checkpoint import (
     save_checkpoint,
     weights_digest,
 )
-from .data import Dataset, Example, load_datasets
+from .data import Dataset, Example, check_dataset, load_datasets
 from .distill import distill_dataset
-from .errors import USER_ERRORS, AdapterError, OptionError, OutputExistsError, Said
+from .errors import (
+    USER_ERRORS,
+    AdapterError,
+    OptionError,
+    OutputExistsError,
+    Said,
+    check_keywords,
+    check_path_type,
+    check_seed,
+    check_switch,
+)
 from .loader import model_dir
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
@@ -88,6 +99,12 @@ from .tokenizer import eos_ids
 from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys
 
 REPORT_FILE = "training_report.json"
+# mlx-lm's training options spelt otherwise here (or with no counterpart), with what stands for
+# each here (errors.instead); the command line answers their flags (--learning-rate) from it too
+MLX_LM_NAMES = {"learning_rate": "{lr}", "steps_per_eval": "{val_every}", "adapter_path": "{out}",
+                "resume_adapter_file": "{init} (a finished adapter's weights) or {resume} (a stopped run)",
+                "fine_tune_type": "{mode}", "train": "not needed here: train trains",
+                "mask_prompt": "not needed here: the loss never covers the prompt"}
 MODES = ("lossless", "shared", "lora")
 SHARED_QUALITY_SLACK = 0.01  # a shared adapter kept for its drafts may predict at most 1 % worse
 # Options a mode ignores: ``lora`` drafts nothing; only lossless self-distillation builds
@@ -187,20 +204,28 @@ def make_optimizer(tc: TrainConfig, fine_tune: set[str] = frozenset()) -> optim.
 # number; None where the option may be None (its default meaning)
 _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those weights stay as they start
            "epochs": (0, False), "prune_weight": (0, True),
-           "warmup": (0, True), "seed": (0, True), "segment_len": (0, True), "val_every": (0, True),
+           "warmup": (0, True), "segment_len": (0, True), "val_every": (0, True),
            "val_batches": (0, True), "save_every": (0, True), "accept_prompts": (0, True),
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True), "batch_size": (1, True), "iters": (1, True),
            "distill_tokens": (1, True), "branch": (1, True), "tree_budget": (1, True), "gamma": (1, True),
-           "rank": (1, True), "msa_layers": (1, True)}
+           "rank": (1, True), "msa_layers": (1, True), "keep_checkpoints": (0, True)}
+# those that count something: whole numbers (iters=2.5 would fail deep in the schedule)
+_WHOLE = {"warmup", "segment_len", "val_every", "val_batches", "save_every", "accept_prompts",
+          "accept_tokens", "state_cache_mb", "batch_size", "iters", "distill_tokens", "branch",
+          "tree_budget", "gamma", "rank", "msa_layers", "keep_checkpoints"}
 
 
 def _check_numbers(**values) -> None:
-    """Refuse NaN, infinities and values below an option's range (:data:`_RANGES`), naming it:
-    a NaN learning rate trains an adapter of NaN weights, and saves it."""
+    """Refuse values of another type, NaN, infinities and values below an option's range
+    (:data:`_RANGES`), naming it: a NaN learning rate trains an adapter of NaN weights, and saves it."""
     for name, value in values.items():
         if value is None:
             continue
+        whole = name in _WHOLE
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+            kind = "a whole number" if whole else "a number"
+            raise OptionError(f"{{{name}}} must be {kind}, not {value!r}")
         least, inclusive = _RANGES[name]
         if not math.isfinite(value) or value < least or (value == least and not inclusive):
             bound = f">= {least}" if inclusive else f"> {least}"
@@ -251,6 +276,9 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
         if len(data) != 2 or not isinstance(data[0], Dataset) or not isinstance(data[1], Dataset | None):
             raise ValueError("data: a directory, or a (train, valid) pair of Dataset (valid may be None)")
         train_ds, valid_ds = data
+        for where, ds in (("data[0] (train)", train_ds), ("data[1] (valid)", valid_ds)):
+            if ds is not None:
+                check_dataset(ds, where, vocab_size, max_seq_len)
     elif not isinstance(data, (str, Path)):
         raise ValueError(f"data: a directory, or a (train, valid) pair of Dataset; not {type(data).__name__}")
     else:
@@ -297,6 +325,7 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     """(directory, adapter name, whether ``out`` was a bare name)."""
     if out is None:
         return None, "", False
+    check_path_type(out, "out")
     if str(out) == "":
         raise OptionError("{out} is empty: give an adapter name (saved under MODEL/adapters/) or a path")
     out_dir = adapter_destination(out, model_path)
@@ -420,8 +449,9 @@ def default_processes(model, tokenizer, batch_size: int, distributed=None) -> in
     the CPU of a machine with 2 or more cores, else 1. On a 2-core CPU two processes (one BLAS
     thread each) make a step faster than one process with both cores in every mode measured
     (docs/training.md, "Cost of a step"): MLX runs its element-wise work on one core per process. On
-    a GPU one process has the device. Also 1 where other processes cannot be started for the run: a loaded
-    model or a tokenizer object given, a batch of one, a group given or ``mlx.launch``."""
+    a GPU one process has the device. Also 1 where the run is not one a directory describes (a loaded
+    model, which other processes cannot share, or a tokenizer object given: ``processes=2`` takes
+    the latter), a batch of one, a group given or ``mlx.launch``."""
     if (not isinstance(model, (str, Path)) or tokenizer is not None or batch_size < 2
             or distributed not in (None, True) or mx.default_device().type != mx.DeviceType.cpu):
         return 1
@@ -465,7 +495,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           branch: int = AdapterConfig.branch, tree_budget: int = AdapterConfig.tree_budget,
           over: str | Path | None = None, init: str | Path | None = None, tokenizer=None,
           model_path: str | Path | None = None, progress: bool = True,
-          processes: int | None = 1, distributed=None, callback=None, log=None) -> dict:
+          processes: int | None = 1, distributed=None, callback=None, log=None, **unknown) -> dict:
     """Train a speculative adapter and return a report (also saved as ``training_report.json``).
 
     ``model``: a model directory (loaded with its tokenizer) or a loaded model (``tokenizer``
@@ -481,7 +511,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
-    Options that ``mode`` does not use are ignored (:func:`check_used` refuses them).
+    Options that ``mode`` does not use are ignored (:func:`check_used` refuses them, as the
+    command line does), their values still checked; ``over``, ``fine_tune_lr`` and ``self_distill``,
+    which change what a run trains, are refused where the mode has no use for them.
     ``over``: a ``lora``-mode adapter of this model (name or path), a next-token fine-tune. In
     lossless mode, the fine-tune whose output the new adapter keeps exactly: its streams learn to
     draft the fine-tuned model, and the adapter carries the fine-tune, frozen (a *tuned* adapter:
@@ -496,7 +528,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``fine_tune_lr`` (shared mode): the every-row LoRA's peak learning rate where it should move
     more slowly than the streams (``lr``), as when it starts from a gentler fine-tune (``over``).
     ``segment_len``: completion positions whose streams are built at once (lossless; 0 or None: all).
-    ``val_batches``: validation batches per evaluation (0 or None: all).
+    ``val_batches``: validation batches per evaluation (0 or None: all). A checkpoint every
+    ``save_every`` steps (0: at the end only) under ``OUT.train/checkpoints``, of which the last
+    ``keep_checkpoints`` stay (0: all).
     ``branch``, ``tree_budget``: the decoding defaults saved with the adapter (candidates per
     stream, nodes per tree; decoding may override them), also those the acceptance is measured with.
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
@@ -511,6 +545,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``mx.distributed`` group).
     """
     arguments = dict(locals())
+    del arguments["unknown"]
+    check_keywords("train", unknown, arguments, MLX_LM_NAMES)
     from tqdm import tqdm
 
     say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
@@ -527,13 +563,25 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     self_distill = mode == "lossless" if self_distill is None else self_distill
     _check_numbers(batch_size=batch_size, iters=iters, distill_tokens=distill_tokens, lr=lr,
                    fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
-                   warmup=warmup, seed=seed, segment_len=segment_len, val_every=val_every,
+                   warmup=warmup, segment_len=segment_len, val_every=val_every,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
-                   msa_layers=msa_layers, gamma=gamma if mode != "lora" else None)  # lora: no streams
-    if isinstance(model, str):
+                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints,
+                   gamma=gamma if mode != "lora" else None)  # lora: no streams
+    check_seed(seed)
+    check_switch("self_distill", self_distill, optional=True)
+    for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
+                        ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+        check_switch(name, value)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function of (step, info), not {type(callback).__name__}")
+    if isinstance(model, (str, Path)):
         model_dir(model)  # an empty path (an unset variable) is said, not read as the current directory
+    else:
+        from .api import check_model
+
+        check_model(model, tokenizer, paths=True)
     if isinstance(data, str) and not data:
         raise OptionError("{data} is empty: give a data directory")
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
@@ -543,8 +591,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          "is not returned): give out=NAME or DIR, or a loaded model")
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
-    if processes < 1:
-        raise ValueError(f"processes must be at least 1, not {processes}")
+    if isinstance(processes, bool) or not isinstance(processes, numbers.Integral) or processes < 1:
+        raise ValueError(f"processes must be a whole number, at least 1, not {processes!r}")
     if processes > 1:
         return _train_local(processes, arguments)
     if isinstance(model, (str, Path)):
@@ -748,10 +796,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
         # in memory too: save_adapter writes them
         model.adapter_ngrams = ngram_table(train_ds, run.eos)
+    base = recorded_path(model_path) if model_path is not None else None  # where it was trained
+    # the run's record, in memory too: save_adapter writes it
+    model.adapter_config.training = {"iters": iters, "mode": mode, "self_distill": self_distill,
+                                     "over": tc.over, "init": tc.init, "base_model": base}
     if out_dir is not None and main_proc:
-        base = recorded_path(model_path) if model_path is not None else None  # where it was trained
-        model.adapter_config.training = {"iters": iters, "mode": mode, "self_distill": self_distill,
-                                         "over": tc.over, "init": tc.init, "base_model": base}
         with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
             save_adapter(model, out_dir, overwrite=True)
             write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))

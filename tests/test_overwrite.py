@@ -69,6 +69,16 @@ def test_save_adapter_writes_a_bare_name_where_load_adapter_reads_it(tmp_path, m
     model.path = None
     with pytest.raises(ValueError, match="bare adapter name"):
         save_adapter(model, "sql")
+    # an empty destination (an unset variable) is said, not read as the current directory
+    (tmp_path / "empty").mkdir()
+    monkeypatch.chdir(tmp_path / "empty")
+    with pytest.raises(ValueError, match="the adapter's destination is empty"):
+        save_adapter(model, "")
+    assert not any(Path.cwd().iterdir())
+    with pytest.raises(TypeError, match="the adapter's destination must be a str or a Path, not NoneType"):
+        save_adapter(model, None)
+    # an adapter saved without a name (new_adapter, a run in memory) takes its folder's
+    assert json.loads((tmp_path / "p" / "adapter_config.json").read_text())["name"] == "p"
 
 
 def test_outputs_get_the_permissions_of_any_new_directory(tmp_path):
@@ -335,7 +345,7 @@ def test_train_keeps_the_earlier_run_until_its_inputs_are_read(tmp_path):
     ("prune_weight", -1.0, "prune_weight must be a finite number >= 0"),
     ("alphas", "0,nan", "alphas must be finite numbers >= 0"),
     ("epochs", float("inf"), "epochs must be a finite number > 0"),
-    ("seed", -1, "seed must be a finite number >= 0"),
+    ("seed", -1, r"seed must be a whole number in 0\.\.2\*\*64 - 1, not -1"),
     ("warmup", -1, "warmup must be a finite number >= 0"),
     ("segment_len", -1, "segment_len must be a finite number >= 0"),
     ("val_batches", -1, "val_batches must be a finite number >= 0"),

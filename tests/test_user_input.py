@@ -122,7 +122,11 @@ def test_api_options_of_the_wrong_type_or_name():
                               ({"prune_threshold": "0"}, "prune_threshold must be a number"),
                               ({"constraint": "x"}, "constraint must be a TokenConstraint"),
                               ({"seed": "1", "temperature": 0.5},
-                               "seed must be a whole number >= 0, not '1'"),
+                               "seed must be a whole number in 0..2**64 - 1, not '1'"),
+                              ({"seed": 2**64}, "seed must be a whole number in 0..2**64 - 1"),
+                              ({"lookup": 0}, "lookup must be True or False (or None), not 0"),
+                              ({"ngrams": "false"}, "ngrams must be True or False (or None), not 'false'"),
+                              ({"sql_names": "yes"}, "sql_names must be True or False, not 'yes'"),
                               ({"ngrams": True, "lookup": False}, "drop lookup=False")):
         with pytest.raises(OptionError, match=re.escape(fragment)):
             generate(model, None, [1, 2, 3], **options)
@@ -213,6 +217,11 @@ def test_new_adapter_refuses_a_config_decoding_would_refuse():
         with pytest.raises(AdapterError, match=re.escape(fragment)):
             new_adapter(model, **options)
     assert getattr(model, "adapter_config", None) is None
+    had = new_adapter(model, seed=1)
+    for seed in (-1, 1.5, 2**64):  # said before the adapter the model had goes
+        with pytest.raises(OptionError, match=re.escape("seed must be a whole number in 0..2**64 - 1")):
+            new_adapter(model, seed=seed)
+        assert model.adapter_config is had
     # NumPy scalars are taken as the numbers they are (and save as JSON)
     cfg = new_adapter(model, gamma=np.int64(2), branch=np.int64(5), prune_threshold=np.float32(0.5))
     assert (cfg.gamma, cfg.branch, cfg.prune_threshold) == (2, 5, 0.5) and type(cfg.gamma) is int
@@ -555,6 +564,43 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
             train(with_adapter(), data, iters=1, progress=False)
     with pytest.raises(ValueError, match="without out= would lose the adapter"):
         train(str(tmp_path), str(tmp_path), iters=1, progress=False)
+    # each bad value is said by its option, before any work; the model keeps the adapter it had
+    model = with_adapter()
+    had = model.adapter_config
+    pair = (Dataset(examples), None)
+    for options, error, fragment in (
+            ({"iters": 2.5}, OptionError, "iters must be a whole number, not 2.5"),
+            ({"batch_size": 2.5}, OptionError, "batch_size must be a whole number"),
+            ({"lr": "1e-3"}, OptionError, "lr must be a number, not '1e-3'"),
+            ({"keep_checkpoints": -1}, OptionError, "keep_checkpoints must be a finite number >= 0"),
+            ({"seed": 1.5}, OptionError, "seed must be a whole number in 0..2**64 - 1"),
+            ({"seed": 2**64}, OptionError, "seed must be a whole number in 0..2**64 - 1"),
+            ({"resume": "no"}, OptionError, "resume must be True or False, not 'no'"),
+            ({"self_distill": 1}, OptionError, "self_distill must be True or False (or None)"),
+            ({"callback": 5}, TypeError, "callback must be a function of (step, info), not int"),
+            ({"out": 5}, TypeError, "out must be a str or a Path, not int")):
+        with pytest.raises(error, match=re.escape(fragment)):
+            train(model, pair, progress=False, **options)
+        assert model.adapter_config is had
+    for bad, fragment in (((model, None), "not tuple: give the model of model, tokenizer = load(PATH)"),
+                          (None, "model must be a model directory or a model from load(), not NoneType")):
+        with pytest.raises(TypeError, match=re.escape(fragment)):
+            train(bad, pair, progress=False)
+    with pytest.raises(TypeError, match=re.escape("train() got an unexpected keyword argument "
+                                                  "'learning_rate' (did you mean 'lr'?)")):
+        train(model, pair, learning_rate=1e-3)  # mlx-lm's name
+    # a Dataset made in Python is checked as a file's rows are
+    for ds, fragment in ((Dataset([]), "data[0] (train): no examples"),
+                         (Dataset([Example([1, 99999, 3], 1)]), "data[0] (train): example 0: token id out of "
+                          "range for a vocabulary of"),
+                         (Dataset([Example([1, 2, 3], 5)]), "example 0: n_prompt is 5, outside its 3 tokens"),
+                         (Dataset([Example(list(range(1, 40)), 2)]), "example 0: 39 tokens, more than "
+                          "max_seq_len=32")):
+        with pytest.raises(ValueError, match=re.escape(fragment)):
+            train(model, (ds, None), max_seq_len=32, progress=False)
+    with pytest.raises(ValueError, match=re.escape("data[1] (valid): no examples")):
+        train(model, (Dataset(examples), Dataset([])), progress=False)
+    assert model.adapter_config is had
 
 
 def test_train_in_memory_uses_the_models_tokenizer_and_keeps_its_ngrams(tmp_path):
@@ -571,6 +617,10 @@ def test_train_in_memory_uses_the_models_tokenizer_and_keeps_its_ngrams(tmp_path
                    val_every=0, accept_prompts=0, progress=False, msa_layers=2)
     assert report["process_rank"] == 0 and report["config"]["rank"] == 8
     assert model.adapter_ngrams is not None and model.adapter_ngrams.next
+    # saved afterwards, it records its run as one trained with out= does
+    saved = json.loads((save_adapter(model, tmp_path / "mine") / "adapter_config.json").read_text())
+    assert saved["name"] == "mine" and saved["training"]["iters"] == 1
+    assert saved["training"]["base_model"] == "models/specstream-tiny/mlx"
 
 
 def test_accepted_drafts_are_those_in_the_output():
