@@ -23,6 +23,7 @@ counted in :class:`Dataset` and reported.
 from __future__ import annotations
 
 import json
+import numbers
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -314,8 +315,10 @@ def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: 
         raise DataError(f"{where}: no examples")
     for i, ex in enumerate(ds.examples):
         at = f"{where}: example {i}"
-        if not _is_ids(list(ex.tokens)):
-            raise DataError(f"{at}: tokens must be a list of int token ids")
+        if not ex.tokens:
+            raise DataError(f"{at}: no tokens")
+        if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ex.tokens):
+            raise DataError(f"{at}: tokens must be whole-number token ids")
         _check_ids(ex.tokens, vocab_size, at)
         if not 0 <= ex.n_prompt <= len(ex.tokens):
             raise DataError(f"{at}: n_prompt is {ex.n_prompt}, outside its {len(ex.tokens)} tokens")

@@ -26,7 +26,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import mlx.core as mx
@@ -162,6 +162,13 @@ class TrainConfig:
     over: str | None = None  # the fine-tune (a lora-mode adapter): lossless drafts it, shared starts from it
     init: str | None = None  # the adapter whose weights the run starts from
 
+    def __post_init__(self):
+        """NumPy scalars given as options (``iters=np.int64(10)``) as the Python numbers they are:
+        the config is saved as JSON with every checkpoint and report."""
+        for f in fields(self):
+            if isinstance(value := getattr(self, f.name), np.generic):
+                setattr(self, f.name, value.item())
+
 
 # -- parameters and optimizer ----------------------------------------------------------------
 
@@ -229,7 +236,8 @@ def _check_numbers(**values) -> None:
         least, inclusive = _RANGES[name]
         if not math.isfinite(value) or value < least or (value == least and not inclusive):
             bound = f">= {least}" if inclusive else f"> {least}"
-            raise OptionError(f"{{{name}}} must be a finite number {bound}, not {value}")
+            kind = "a whole number" if whole else "a finite number"
+            raise OptionError(f"{{{name}}} must be {kind} {bound}, not {value}")
 
 
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
@@ -512,8 +520,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
     Options that ``mode`` does not use are ignored (:func:`check_used` refuses them, as the
-    command line does), their values still checked; ``over``, ``fine_tune_lr`` and ``self_distill``,
-    which change what a run trains, are refused where the mode has no use for them.
+    command line does), though a value no mode could take is still refused; ``over``,
+    ``fine_tune_lr`` and ``self_distill``, which change what a run trains, are refused where the
+    mode has no use for them.
     ``over``: a ``lora``-mode adapter of this model (name or path), a next-token fine-tune. In
     lossless mode, the fine-tune whose output the new adapter keeps exactly: its streams learn to
     draft the fine-tuned model, and the adapter carries the fine-tune, frozen (a *tuned* adapter:
@@ -550,10 +559,15 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     from tqdm import tqdm
 
     say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
+    check_switch("self_distill", self_distill, optional=True)
+    for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
+                        ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+        check_switch(name, value)
+    for name, value in (("over", over), ("init", init)):
+        if value is not None:
+            check_path_type(value, name)
     if mode not in MODES:
         raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
-    if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
-        gamma = 0
     if iters is not None and epochs is not None:
         raise OptionError("give either {iters} or {epochs}, not both")
     if over is not None and mode == "lora":
@@ -567,13 +581,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
-                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints,
-                   gamma=gamma if mode != "lora" else None)  # lora: no streams
+                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints, gamma=gamma)
+    if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
+        gamma = 0
     check_seed(seed)
-    check_switch("self_distill", self_distill, optional=True)
-    for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
-                        ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
-        check_switch(name, value)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be a function of (step, info), not {type(callback).__name__}")
     if isinstance(model, (str, Path)):
@@ -581,7 +592,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     else:
         from .api import check_model
 
-        check_model(model, tokenizer, paths=True)
+        check_model(model, None, paths=True)
+    if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):  # what data reads
+        raise TypeError("tokenizer must be a tokenizer (one with encode) or None, not "
+                        f"{type(tokenizer).__name__}")
     if isinstance(data, str) and not data:
         raise OptionError("{data} is empty: give a data directory")
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
@@ -765,9 +779,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         "adapter": str(out_dir) if out_dir is not None else None,
         "name": name,
         "mode": mode,
-        "iters": iters,
+        "iters": tc.iters,
         "start_step": run.start,
-        "epochs": round(iters / steps_per_epoch, 4),  # passes over the data (the last may be partial)
+        "epochs": round(tc.iters / steps_per_epoch, 4),  # passes over the data (the last may be partial)
         "world_size": world,
         "process_rank": rank_id,  # this process's, among world_size (the LoRA rank: config.rank)
         "trainable_parameters": int(n_params),
@@ -798,7 +812,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         model.adapter_ngrams = ngram_table(train_ds, run.eos)
     base = recorded_path(model_path) if model_path is not None else None  # where it was trained
     # the run's record, in memory too: save_adapter writes it
-    model.adapter_config.training = {"iters": iters, "mode": mode, "self_distill": self_distill,
+    model.adapter_config.training = {"iters": tc.iters, "mode": mode, "self_distill": self_distill,
                                      "over": tc.over, "init": tc.init, "base_model": base}
     if out_dir is not None and main_proc:
         with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
@@ -874,7 +888,8 @@ class _Run:
         """A checkpoint of ``step``, ``seconds`` into this process's share of the run."""
         state = {"config": self.compat, "settings": asdict(self.tc), "iters": self.tc.iters,
                  "base_fingerprint": self.base_fp, "history": self.history, "val_history": self.val_history,
-                 "seconds": self.seconds + seconds, "world_size": self.group.size() if self.group else 1,
+                 "seconds": self.seconds + seconds,
+                 "world_size": self.group.size() if self.group is not None else 1,
                  "best": {k: v for k, v in self.best.items() if k != "weights"}}
         return save_checkpoint(self.model, self.optimizer, self.ckpt_dir, step, state, self.keep_checkpoints,
                                self.best["weights"])

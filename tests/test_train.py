@@ -966,11 +966,17 @@ def test_options_are_checked(tmp_path):
     with pytest.raises(ValueError, match="bare adapter name"):
         train(model, (ds, None), out="sql", **quiet)
     for name in ("branch", "tree_budget"):
-        with pytest.raises(OptionError, match=f"{name} must be a finite number >= 1, not 0"):
+        with pytest.raises(OptionError, match=f"{name} must be a whole number >= 1, not 0"):
             train(model, (ds, None), **{name: 0}, **quiet)
     rep = train(model, (ds, None), gamma=2, msa_layers=2, alphas="0,0.5", epochs=2, batch_size=3,
                 **quiet)
     assert rep["iters"] == 6 and rep["config"]["alphas"] == [0.0, 0.5, 0.5] and rep["adapter"] is None
+    # NumPy scalars are the numbers they are: checkpoints and the report are written as JSON
+    rep = train(model, (ds, None), gamma=2, msa_layers=2, iters=np.int64(2), batch_size=np.int64(3),
+                lr=np.float32(1e-3), seed=np.uint64(1), save_every=1, out=tmp_path / "np", **quiet)
+    saved = json.loads((tmp_path / "np" / "training_report.json").read_text())
+    assert saved["iters"] == 2 and saved["config"]["batch_size"] == 3 and saved["config"]["seed"] == 1
+    assert (tmp_path / "np.train" / "checkpoints" / "step-0000002" / "state.json").is_file()
     import inspect
 
     import mlx_specstream
@@ -1292,7 +1298,7 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "train.jsonl").write_text("not json\n")
-    with pytest.raises(OptionError, match="rank must be a finite number >= 1, not 0"):  # not the data's error
+    with pytest.raises(OptionError, match="rank must be a whole number >= 1, not 0"):  # not the data's error
         train(tiny_model("llama", seed=0), tmp_path / "bad", rank=0, iters=1, progress=False)
     from mlx_specstream.adapter import save_adapter
 

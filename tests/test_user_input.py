@@ -125,6 +125,7 @@ def test_api_options_of_the_wrong_type_or_name():
                                "seed must be a whole number in 0..2**64 - 1, not '1'"),
                               ({"seed": 2**64}, "seed must be a whole number in 0..2**64 - 1"),
                               ({"lookup": 0}, "lookup must be True or False (or None), not 0"),
+                              ({"mode": "ar", "gamma": 0}, "gamma must be >= 1, not 0"),  # any mode
                               ({"ngrams": "false"}, "ngrams must be True or False (or None), not 'false'"),
                               ({"sql_names": "yes"}, "sql_names must be True or False, not 'yes'"),
                               ({"ngrams": True, "lookup": False}, "drop lookup=False")):
@@ -572,7 +573,7 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
             ({"iters": 2.5}, OptionError, "iters must be a whole number, not 2.5"),
             ({"batch_size": 2.5}, OptionError, "batch_size must be a whole number"),
             ({"lr": "1e-3"}, OptionError, "lr must be a number, not '1e-3'"),
-            ({"keep_checkpoints": -1}, OptionError, "keep_checkpoints must be a finite number >= 0"),
+            ({"keep_checkpoints": -1}, OptionError, "keep_checkpoints must be a whole number >= 0"),
             ({"seed": 1.5}, OptionError, "seed must be a whole number in 0..2**64 - 1"),
             ({"seed": 2**64}, OptionError, "seed must be a whole number in 0..2**64 - 1"),
             ({"resume": "no"}, OptionError, "resume must be True or False, not 'no'"),
