@@ -176,9 +176,6 @@ class _Args:
     def __init__(self, op, env, state):
         self.op, self.env, self.state = op, env, state
 
-    def has(self, name: str) -> bool:
-        return self.op.inputs.get(name) is not None
-
     def __call__(self, name: str, default=None):
         var = self.op.inputs.get(name)
         if var is None:

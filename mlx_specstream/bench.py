@@ -63,7 +63,6 @@ class Method:
     run: Callable[[list[int], int], tuple]
     extra_params: int = 0
     reproduces: str | None = None  # the AR method whose output this one must equal, token for token
-    task_model: str = "base"  # which model's outputs the task metric measures
     plain_ar: bool = False  # a plain autoregressive decoder: a candidate for the speed reference
     records: list = field(default_factory=list)  # per prompt: the fastest run, and every run's time
 
@@ -263,23 +262,23 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     if (adapters / shared_name).exists():
         m, _ = load(model_path, adapter=shared_name)
         n = adapter_size(m)
-        methods.append(Method("ss-shared", our_decoder(m, tok), n, task_model="shared"))
+        methods.append(Method("ss-shared", our_decoder(m, tok), n))
         shared_ar = load(model_path, adapter=shared_name)[0]
-        methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n, task_model="shared"))
+        methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n))
     else:
         skipped["ss-shared"] = f"no adapter {recorded_path(adapters / shared_name)}"
     fine_tune = None
     if (adapters / f"{task}-lora").exists():
         m, _ = load(model_path, adapter=f"{task}-lora")
         n, fine_tune = adapter_size(m), fine_tune_weights(m)
-        methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n, task_model="lora"))
+        methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n))
     else:
         skipped["lora-ar"] = f"no adapter {recorded_path(adapters / f'{task}-lora')}"
     if (adapters / f"{task}-tuned").exists():
         m, _ = load(model_path, adapter=f"{task}-tuned")
         same = fine_tune is not None and _equal(fine_tune_weights(m), fine_tune)
         methods.append(Method("ss-tuned", our_decoder(m, tok), adapter_size(m),
-                              reproduces="lora-ar" if same else None, task_model="lora"))
+                              reproduces="lora-ar" if same else None))
         if not same:
             skipped["ss-tuned output check"] = f"its fine-tune is not {task}-lora's"
     else:

@@ -50,10 +50,10 @@ def main() -> None:
         for t in [0.0, *map(float, args.prune.split(","))]:
             run = our_decoder(model, tok, branch=3, prune_threshold=t)
             tag = f" prune {t:g}" if t else ""
-            methods.append(Method(f"{label} adaptive{tag}", run, n, ar, task_model=name))
+            methods.append(Method(f"{label} adaptive{tag}", run, n, ar))
         for b in map(int, args.budgets.split(",")):
             run = our_decoder(model, tok, branch=3, tree_budget=b, node_cost=0.0, prune_threshold=0.0)
-            methods.append(Method(f"{label} budget {b}", run, n, ar, task_model=name))
+            methods.append(Method(f"{label} budget {b}", run, n, ar))
     out = args.out or ROOT / "results" / f"tree-size-{args.task}"
     run_bench(args.model, args.task, args.n, args.max_tokens, out,
               methods=methods, overwrite=args.overwrite, repeats=args.repeats)
