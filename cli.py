@@ -377,7 +377,8 @@ def convert(
     hf_path: Path | None = typer.Option(None, "--hf-path",
                                         help="(--to mlx) Hugging Face / PyTorch checkpoint directory"),
     mlx_path: Path | None = typer.Option(None, "--mlx-path",
-                                         help="(--to mlx) output directory (must not exist)"),
+                                         help="(--to mlx) output directory (new, or one convert wrote, with "
+                                         "--overwrite)"),
     to: str = typer.Option("mlx", "--to", help="output format: mlx (import, the default) or coreml (export)"),
     quantize: bool = _flag(False, "--quantize", "-q", help="group-wise int4/int8 weights"),
     q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (quantizes; "

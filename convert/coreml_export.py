@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import shutil
 import sys
 import time
@@ -36,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import SaidInOptions, verbatim
+from ..errors import MissingPackageError, SaidInOptions, verbatim
 from ..loader import model_name
 from ..ngrams import NGRAMS_FILE
 from ..outputs import (
@@ -51,6 +50,7 @@ from ..outputs import (
     umask_modes,
 )
 from ..streams import check_prune_threshold
+from .mil_eval import coremltools
 
 FORMAT_VERSION = "1"
 MAX_CONTEXT = 32768
@@ -180,12 +180,15 @@ def resolve_sizes(model, context: int | None, tree_size: int | None, chunk: int 
 
 
 # -- the conversion ------------------------------------------------------------------------------
-def _quiet_coremltools():
-    logging.getLogger("coremltools").setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        import coremltools as ct
-    return ct
+def _export_tools():
+    """coremltools (:func:`~.mil_eval.coremltools`), once torch is there too: both are the
+    ``coreml`` extra's, said in one line before any work where either is missing."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise MissingPackageError("Core ML export needs torch: pip install "
+                                  "'mlx-specstream[coreml]'") from None
+    return coremltools("Core ML export")
 
 
 def _convert_function(ct, graph, mode: str, precision: str):
@@ -401,6 +404,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 
     t0 = time.perf_counter()
     say = progress or (lambda msg: None)
+    ct = _export_tools()
     out = _check_out(Path(out), overwrite)
     _check_precision(precision)
     if prune_threshold is not None:
@@ -422,7 +426,6 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
         + (f", quantized by MLX to int{q_bits} (groups of {q_group_size})" if q_bits else ""))
     say(f"building the torch graph: {gc.n_layers} layers, gamma={gc.gamma}, N_s={gc.msa_layers}, "
         f"tree {gc.tree_size}, context {gc.context}, chunk {gc.chunk}, {precision}")
-    ct = _quiet_coremltools()
     graph = SpecStreamGraph(model, gc).eval()
     qweights = graph.quantized_weights()
     adapter_name = getattr(getattr(model, "adapter_config", None), "name", "") or (

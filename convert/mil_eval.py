@@ -19,6 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..errors import MissingPackageError
+
 
 class UnsupportedOpError(NotImplementedError):
     """The package uses a MIL op that the reference evaluator does not implement."""
@@ -28,19 +30,25 @@ class PackageError(ValueError):
     """Not a readable Core ML ML-program package."""
 
 
-def _quiet_import_ct():
+def coremltools(feature: str = "reading a Core ML package"):
+    """coremltools, imported without its start-up warnings and logs; where it is not installed,
+    one line saying that ``feature`` needs it and how to install it."""
     import logging
 
     logging.getLogger("coremltools").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        import coremltools as ct
+        try:
+            import coremltools as ct
+        except ImportError:
+            raise MissingPackageError(f"{feature} needs coremltools: pip install "
+                                      "'mlx-specstream[coreml]'") from None
     return ct
 
 
 def read_metadata(path: str | Path) -> dict[str, str]:
     """The package's user-defined metadata (strings)."""
-    ct = _quiet_import_ct()
+    ct = coremltools()
     spec = _load_spec(ct, Path(path))
     return dict(spec.description.metadata.userDefined)
 
@@ -83,7 +91,7 @@ class Package:
     """A saved .mlpackage, loaded back from disk and evaluated function by function."""
 
     def __init__(self, path: str | Path):
-        ct = _quiet_import_ct()
+        ct = coremltools()
         from coremltools.converters.mil.frontend.milproto.load import load as load_mil
 
         self.path = Path(path)

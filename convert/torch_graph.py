@@ -117,13 +117,13 @@ def _np(a) -> np.ndarray:
 def check_exportable(layer) -> None:
     """An UnsupportedModelError unless Core ML can carry ``layer``: a quantized layer affine, 4 or
     8 bits (an mlx-lm mixed-bit model may hold 6-bit layers); no fine-tune left under an
-    adapter's LoRA (a tuned adapter's, which ``fuse`` folds into float weights only)."""
+    adapter's LoRA (a tuned or split shared adapter's, which ``fuse`` folds into float weights only)."""
     from ..lora import LoRALinear
 
     if isinstance(layer, LoRALinear) and isinstance(layer.base, LoRALinear):
-        raise UnsupportedModelError("a tuned adapter's fine-tune must be folded into float weights "
-                                    "before export (convert from the float model, with --q-bits to "
-                                    "quantize)")
+        raise UnsupportedModelError("an adapter with a fine-tune under its streams (a tuned or split "
+                                    "shared adapter) must have it folded into float weights before "
+                                    "export: export from the float model, with --q-bits to quantize")
     if getattr(layer, "bits", None) is None:
         return
     mode = getattr(layer, "mode", "affine")

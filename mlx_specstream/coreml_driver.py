@@ -132,13 +132,13 @@ class PackageRunner(Runner):
         if backend not in ("coreml", "reference"):
             raise PackageError(f"backend must be 'coreml', 'reference' or 'auto', not '{backend}'")
         self.backend = backend
-        from .convert.mil_eval import Package, read_metadata
+        from .convert.mil_eval import Package, coremltools, read_metadata
 
         if backend == "reference":
             self._pkg = Package(self.path)
             self.metadata = self._pkg.metadata
         else:
-            import coremltools as ct
+            ct = coremltools("running a Core ML package")
 
             units = {"cpu_and_gpu": ct.ComputeUnit.CPU_AND_GPU, "cpu_only": ct.ComputeUnit.CPU_ONLY,
                      "all": ct.ComputeUnit.ALL, "cpu_and_ne": ct.ComputeUnit.CPU_AND_NE}

@@ -182,7 +182,12 @@ def check_switch(name: str, value, optional: bool = False) -> None:
         raise OptionError(f"{{{name}}} must be True or False{' (or None)' * optional}, not {value!r}")
 
 
+class MissingPackageError(ImportError):
+    """An optional package a feature needs is not installed (said with the pip command)."""
+
+
 USER_ERRORS = (
+    MissingPackageError,
     AdapterError,
     CheckpointError,
     UnsupportedModelError,

@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .errors import CheckpointError, OptionError, SaidInOptions, check_path_type, verbatim
+from .errors import CheckpointError, OptionError, SaidInOptions, check_path_type, check_switch, verbatim
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -92,6 +92,7 @@ def asked_quantization(quantize: bool, bits: int | None, group_size: int | None)
     """The (bits, group size) a command asks to quantize with, checked, or None for float weights:
     ``quantize`` (``-q``), ``bits`` or ``group_size`` given asks for it; 4 bits in groups of 64
     unless given."""
+    check_switch("quantize", quantize)
     if not (quantize or bits is not None or group_size is not None):
         return None
     asked = (4 if bits is None else bits, 64 if group_size is None else group_size)
@@ -105,13 +106,19 @@ def _either(values) -> str:
     return f"{', '.join(most)} or {last}" if most else last
 
 
+def _one_of(value, allowed) -> bool:
+    """``value`` is an int among ``allowed`` (not ``4.0``, which MLX's quantize refuses, nor True)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value in allowed
+
+
 def check_quantization(bits: int, group_size: int) -> None:
     """Refuse settings outside :data:`Q_BITS` / :data:`Q_GROUP_SIZES` (``q_bits`` in Python,
     ``--q-bits`` on the command line)."""
-    if bits not in Q_BITS:
-        raise OptionError(f"{{q_bits}} must be {_either(Q_BITS)}, not {bits}")
-    if group_size not in Q_GROUP_SIZES:
-        raise OptionError(f"{{q_group_size}} must be {_either(Q_GROUP_SIZES)}, not {group_size}")
+    if not _one_of(bits, Q_BITS):
+        raise OptionError(f"{{q_bits}} must be {_either(Q_BITS)}, not {verbatim(repr(bits))}")
+    if not _one_of(group_size, Q_GROUP_SIZES):
+        raise OptionError(f"{{q_group_size}} must be {_either(Q_GROUP_SIZES)}, "
+                          f"not {verbatim(repr(group_size))}")
 
 
 def check_dtype(dtype: str | None) -> None:
@@ -194,9 +201,11 @@ def load_model(path: str | Path, dtype: str | None = None,
     """
     path = model_dir(path)
     if quantize is not None and not (isinstance(quantize, tuple | list) and len(quantize) == 2
-                                     and quantize[0] in Q_BITS and quantize[1] in Q_GROUP_SIZES):
-        raise ValueError(f"quantize must be (bits, group_size) with bits {_either(Q_BITS)} and group_size "
-                         f"{_either(Q_GROUP_SIZES)}, e.g. (4, 64); not {quantize!r}")
+                                     and _one_of(quantize[0], Q_BITS)
+                                     and _one_of(quantize[1], Q_GROUP_SIZES)):
+        raise OptionError(f"{{quantize}} must be (bits, group_size) with bits {_either(Q_BITS)} and "
+                          f"group_size {_either(Q_GROUP_SIZES)}, e.g. (4, 64); "
+                          f"not {verbatim(repr(quantize))}")
     check_dtype(dtype)
     cfg = read_config(path)
     files = sorted(glob.glob(str(path / "*.safetensors")))
@@ -211,7 +220,8 @@ def load_model(path: str | Path, dtype: str | None = None,
                               "whole-number bits and group_size")
     if q:
         if quantize is not None:
-            raise ValueError(f"{path} is already quantized ({q['bits']} bits)")
+            raise OptionError(f" is already quantized ({q['bits']} bits): drop {{quantize}}",
+                              subject=str(path))
         # Quantized layers are the ones stored with scales (ours and mlx-lm's); mlx-lm may
         # also list per-layer settings (False, or a dict of parameters) by module path.
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),

@@ -331,7 +331,7 @@ def test_a_directory_quantized_at_import_is_carried_as_quantized(model_dir, tmp_
     model = load_model(tmp_path / "q8")
     new_adapter(model, mode="lossless", gamma=2, msa_layers=2, main_rank=4)
     save_adapter(model, tmp_path / "q8" / "adapters" / "tuned")
-    with pytest.raises(ExportError, match="tuned adapter's fine-tune must be folded into float weights"):
+    with pytest.raises(ExportError, match=r"shared adapter\) must have it folded into float weights"):
         load_for_export(tmp_path / "q8", "tuned")
 
 
@@ -536,3 +536,33 @@ def test_a_package_holds_no_more_than_the_model():
     roomy = PackageInfo.from_metadata({**meta, "specstream.context": str(engine.limit - 9),
                                        "specstream.max_positions": str(engine.limit)}, "p.mlpackage")
     assert roomy.holds == engine.limit - 8 and roomy.holds_said.startswith("the package's context")
+
+
+@pytest.mark.parametrize("missing", ["coremltools", "torch"])
+def test_missing_coreml_extra_is_one_line_before_any_work(packages, model_dir, tmp_path, missing):
+    """Without the ``coreml`` extra, export and running a package each say what is missing and
+    how to install it, in one line, before any progress line (no traceback, nothing written)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "block").mkdir()
+    (tmp_path / "block" / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        f"        if name.split('.')[0] == {missing!r}:\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}')\n"
+        "sys.meta_path.insert(0, Block())\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "block")}
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "mlx_specstream.cli", *args], capture_output=True,
+                              text=True, timeout=600, env=env)
+
+    out = tmp_path / "o.mlpackage"
+    res = run("convert", "--to", "coreml", "--model", str(model_dir), "--out", str(out))
+    assert_one_line_error(res, f"Core ML export needs {missing}: pip install 'mlx-specstream[coreml]'")
+    assert not out.exists()
+    if missing == "coremltools":  # a package is read with coremltools alone
+        res = run("generate", "-m", str(packages["f32"].package), "--prompt", "x", "-n", "2")
+        assert_one_line_error(res, "reading a Core ML package needs coremltools")

@@ -7,6 +7,7 @@ Run this file directly to print the numbers documented in docs/import.md:
 """
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -186,6 +187,17 @@ def test_load_time_quantization_of_a_quantized_model_fails(dirs):
         load_model(dirs[4], quantize=(8, GROUP))
     with pytest.raises(ValueError, match=r"quantize must be \(bits, group_size\) with bits 4 or 8"):
         load_model(dirs["f32"], quantize=(3, GROUP))
+    # a float that equals one (4.0) is no bit width MLX takes: said here, not by MLX's overloads
+    with pytest.raises(ValueError, match=r"quantize must be .*not \(4\.0, 64\)"):
+        load_model(dirs["f32"], quantize=(4.0, 64))
+    from mlx_specstream.loader import asked_quantization
+
+    for bits, size, said in ((4.0, 64, "q_bits must be 4 or 8, not 4.0"), ("4", 64, "not '4'"),
+                             (4, 64.0, "q_group_size must be 32, 64 or 128, not 64.0")):
+        with pytest.raises(ValueError, match=re.escape(said)):
+            asked_quantization(False, bits, size)
+    with pytest.raises(ValueError, match="quantize must be True or False, not 'yes'"):
+        asked_quantization("yes", None, None)
 
 
 def _measure():
