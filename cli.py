@@ -365,7 +365,7 @@ def bench(
     n = n if n is not None else 8 if quick else 50  # --quick sets defaults, not what is given
     max_tokens = max_tokens if max_tokens is not None else 64 if quick else 128
     model = model or default_model()
-    draft = model_dir(draft_model, "--draft-model") if draft_model is not None else model / "draft"
+    draft = model_dir(draft_model, "--draft-model") if draft_model is not None else None  # None: MODEL/draft
     res = run_bench(model, task, n, max_tokens, out, draft_path=draft,
                     overwrite=overwrite, repeats=repeats)
     typer.echo(results_markdown(res["meta"], res["results"]))
@@ -584,11 +584,13 @@ def ngrams(
 
     For an adapter trained before n-gram drafts existed (train writes them itself): decoding then
     drafts what its outputs share beside the streams."""
+    from mlx_specstream.errors import said_in
     from mlx_specstream.project import default_model
     from mlx_specstream.trainer import write_ngrams
 
     path, n = write_ngrams(model or default_model(), adapter, data, max_seq_len=max_seq_len,
-                           chat_template=chat_template, overwrite=overwrite)
+                           chat_template=chat_template, overwrite=overwrite,
+                           say=lambda msg: typer.echo(said_in(msg, "cli"), err=True))
     typer.echo(f"wrote {path} ({n} contexts)")
 
 

@@ -34,8 +34,8 @@ from mlx.utils import tree_flatten
 from .adapter import adapter_size, fine_tune_weights
 from .api import decoder, load
 from .engine import default_node_costs
-from .errors import OptionError
-from .loader import model_dir
+from .errors import CheckpointError, OptionError
+from .loader import model_dir, model_name
 from .outputs import (
     check_replaceable_file,
     check_writable,
@@ -224,7 +224,11 @@ def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
 
 
 def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple[list[Method], dict]:
-    """The methods that can run with what exists, and the reasons the others are skipped."""
+    """The methods that can run with what exists, and the reasons the others are skipped.
+    ``draft_path``: mlx-lm's draft model, which must load where it is given; None: the model's
+    own ``draft/``, skipped where it is missing or unreadable."""
+    given = draft_path is not None
+    draft_path = draft_path if given else model_path / "draft"
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
     dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
@@ -235,14 +239,20 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
                               plain_ar=True))
     except Exception as e:  # mlx-lm cannot read this model
         skipped["mlx-lm ar"] = skipped["mlx-lm draft"] = f"mlx-lm failed to load the model: {e}"
-    else:
+    else:  # a draft model asked for is said before the run where it cannot run, not skipped in its table
         try:
-            if not (draft_path and draft_path.exists()):
+            if not draft_path.exists():
+                if given:
+                    raise CheckpointError(f"{draft_path}: no such draft model directory")
                 skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
             else:
                 run, n = _mlx_lm(model_path, draft_path, eos, dtype)
                 methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
+        except CheckpointError:
+            raise
         except Exception as e:  # mlx-lm cannot read the draft model
+            if given:
+                raise CheckpointError(f"{draft_path}: mlx-lm cannot load this draft model: {e}") from None
             skipped["mlx-lm draft"] = f"mlx-lm failed to load the draft model {draft_path}: {e}"
     methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))
 
@@ -424,6 +434,11 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _count(n: int, noun: str) -> str:
+    """``1 prompt``, ``8 prompts``."""
+    return f"{n} {noun}{'s' * (n != 1)}"
+
+
 def results_markdown(meta: dict, results: list[dict]) -> str:
     """``results.md``: the run in one line, the table, the warnings and what was skipped."""
     keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup", "95% interval", "exact_match"]
@@ -436,8 +451,9 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
              f"{meta.get('processor')}, {meta['machine']}, {device}MLX {meta['mlx']}, "
              f"mlx-lm {versions.get('mlx-lm', '?')}, BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load "
              f"before/after: {meta.get('load_average_1m')}); source {meta.get('commit')}; "
-             f"{meta['prompts']} prompts, max {meta['max_tokens']} tokens, best of {meta['repeats']} runs "
-             f"per prompt; speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)",
+             f"{_count(meta['prompts'], 'prompt')}, max {meta['max_tokens']} tokens, "
+             f"{'best of ' * (meta['repeats'] != 1)}{_count(meta['repeats'], 'run')} per prompt; "
+             f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)",
              ""]
     cells = []
     for r in results:
@@ -508,8 +524,9 @@ def results_plot(meta: dict, results: list[dict]) -> bytes | None:
     axes[1].set_xlabel("mean tokens per forward pass")
     for ax in axes:
         ax.invert_yaxis()
-    fig.suptitle(f"{meta['task']}, {Path(str(meta.get('model'))).name}: {meta['prompts']} prompts, "
-                 f"{meta['date']}, {meta.get('processor')}, BLAS {meta['blas']}")
+    fig.suptitle(f"{meta['task']}, {model_name(str(meta.get('model')))}: "
+                 f"{_count(meta['prompts'], 'prompt')}, {meta['date']}, {meta.get('processor')}, "
+                 f"BLAS {meta['blas']}")
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)

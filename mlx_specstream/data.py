@@ -417,9 +417,10 @@ def make_project_train_split(data_dir: Path, say=print) -> bool:
 
 
 def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool = False,
-                  say=print, **options) -> tuple[Dataset, Dataset | None]:
-    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``);
-    the project's own train splits are made on first use (:func:`make_project_train_split`)."""
+                  valid: bool = True, say=print, **options) -> tuple[Dataset, Dataset | None]:
+    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``; not read
+    with ``valid=False``); the project's own train splits are made on first use
+    (:func:`make_project_train_split`)."""
     data_dir = Path(data_dir)
     if data_dir.is_file():
         raise DataError(f"{data_dir} is a file: give the directory that holds {TRAIN_FILE} "
@@ -429,9 +430,8 @@ def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool =
     if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):
         raise DataError(f"{data_dir}: no {TRAIN_FILE}")
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
-    valid = None
-    if (data_dir / VALID_FILE).is_file():
-        valid = load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
-    elif require_valid:
+    if valid and (data_dir / VALID_FILE).is_file():
+        return train, load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
+    if require_valid:
         raise DataError(f"{data_dir}: no {VALID_FILE}")
-    return train, valid
+    return train, None

@@ -171,12 +171,14 @@ def check_replaceable_file(dest: str | Path, overwrite: bool, ours) -> None:
 
 
 def is_results_json(path: Path) -> bool:
-    """A benchmark ``results.json`` (its ``meta`` names the command that wrote it)."""
+    """A results file of this project's: its ``meta`` (:func:`run_meta`) names the command, the
+    date and the machine, as every one has since the first (not a user's JSON with a "command")."""
     try:
         data = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         return False
-    return isinstance(data, dict) and isinstance(data.get("meta"), dict) and "command" in data["meta"]
+    meta = data.get("meta") if isinstance(data, dict) else None
+    return isinstance(meta, dict) and {"command", "date", "machine"} <= meta.keys()
 
 
 def recorded_path(path: str | Path) -> str:

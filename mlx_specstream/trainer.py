@@ -1064,12 +1064,15 @@ def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,
-                 chat_template: bool = False, overwrite: bool = False) -> tuple[Path, int]:
+                 chat_template: bool = False, overwrite: bool = False, say=None) -> tuple[Path, int]:
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
-    contexts. The adapter must have been made for the model (its drafts are in the model's tokens)."""
+    contexts. The adapter must have been made for the model (its drafts are in the model's tokens).
+    What reading the data cut or skipped is said (``say``; default: on stderr), as ``train`` says it."""
     from .loader import load_model
+
+    say = say or (lambda msg: print(msg, file=sys.stderr))
     from .loader import read_config as read_model_config
     from .tokenizer import load_tokenizer
 
@@ -1085,8 +1088,10 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     check_writable(path, "the n-gram table")  # before the data is read, not after
     tokenizer = load_tokenizer(Path(model_path))
     vocab_size = read_model_config(Path(model_path)).get("vocab_size")
-    train_ds, _ = load_datasets(data, tokenizer, max_seq_len=max_seq_len, chat_template=chat_template,
-                                vocab_size=vocab_size)
+    train_ds, _ = load_datasets(data, tokenizer, valid=False, say=say, max_seq_len=max_seq_len,
+                                chat_template=chat_template, vocab_size=vocab_size)
+    for note in train_ds.notes:
+        say(note)
     table = ngram_table(train_ds, eos_ids(tokenizer))
     if not table.next:
         raise ValueError(f"{data}: no n-gram occurs often enough in its completions to draft "

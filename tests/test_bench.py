@@ -280,17 +280,23 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
 
 
 def test_a_draft_model_mlx_lm_cannot_read_skips_that_method_by_name(tmp_path):
+    """The model's own draft/ that mlx-lm cannot read skips that method, named in the table; a
+    draft model asked for (--draft-model) that it cannot read is refused before the run."""
     from mlx_specstream.bench import build_methods
+    from mlx_specstream.errors import CheckpointError
 
     model = tmp_path / "model"
     model.mkdir()
     for f in DEFAULT_MODEL.iterdir():
         if f.is_file():
             (model / f.name).symlink_to(f.resolve())
-    (tmp_path / "empty").mkdir()
-    methods, info = build_methods(model, "sql", tmp_path / "empty")
+    (model / "draft").mkdir()
+    methods, info = build_methods(model, "sql", None)
     assert "mlx-lm ar" in [m.name for m in methods] and "mlx-lm ar" not in info["skipped"]
     assert "failed to load the draft model" in info["skipped"]["mlx-lm draft"]
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="empty: mlx-lm cannot load this draft model"):
+        build_methods(model, "sql", tmp_path / "empty")
 
 
 def test_bench_command_prints_its_table(tmp_path, monkeypatch):

@@ -141,6 +141,15 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
     (tmp_path / "far" / "train.jsonl").write_text('{"prompt": [1, 2], "completion": [3, 99999]}\n')
     with pytest.raises(ValueError, match="token id out of range"):  # as train refuses the same data
         write_ngrams(model_dir, "arith", tmp_path / "far", overwrite=True)
+    # only the train split is read (a broken valid.jsonl is not its concern), and what reading it cut
+    # or skipped is said, as train says it
+    (tmp_path / "data" / "valid.jsonl").write_text("{not json\n")
+    said = []
+    write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, max_seq_len=8, say=said.append)
+    assert any("train.jsonl: truncated" in str(m) or "train.jsonl: skipped" in str(m) for m in said), said
+    r = subprocess.run([*cmd, "--data", str(tmp_path / "data"), "--overwrite", "--max-seq-len", "8"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and "train.jsonl: " in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("config,fragment", [("[]", "not a JSON object"),

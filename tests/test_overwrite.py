@@ -188,7 +188,8 @@ def test_bench_out(tmp_path):
     for overwrite in (False, True):  # not a hint to --overwrite, which would be refused too
         with pytest.raises(FileExistsError, match="not a file mlx-specstream wrote"):
             check_out_dir(out, overwrite=overwrite)
-    (out / "results.json").write_text(json.dumps({"meta": {"command": "bench"}, "results": []}))
+    (out / "results.json").write_text(json.dumps({"meta": {"command": "bench", "date": "today",
+                                                           "machine": "Linux"}, "results": []}))
     with pytest.raises(FileExistsError, match="use overwrite=True"):  # Python's terms
         check_out_dir(out, overwrite=False)
     check_out_dir(out, overwrite=True)
@@ -528,7 +529,7 @@ def test_bench_results_are_written_together_and_judged_one_by_one(tmp_path, monk
     from mlx_specstream import bench
 
     meta = {"command": "bench", "reference": "ar", "task": "sql", "model": "m", "prompts": 1,
-            "date": "today", "blas": "x"}
+            "date": "today", "machine": "Linux", "blas": "x"}
     results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
     monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
     out = tmp_path / "r"
@@ -546,6 +547,11 @@ def test_bench_results_are_written_together_and_judged_one_by_one(tmp_path, monk
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, whole
     (out / "results.md").write_text("my own notes, not a table")
     with pytest.raises(FileExistsError, match="results.md: not a file mlx-specstream wrote"):
+        check_out_dir(out, overwrite=True)
+    # a user's own results.json (a "command" in its meta, but no run's date and machine) is no run's
+    (out / "results.md").unlink()
+    (out / "results.json").write_text(json.dumps({"meta": {"command": "my experiment"}, "results": [1]}))
+    with pytest.raises(FileExistsError, match="results.json: not a file mlx-specstream wrote"):
         check_out_dir(out, overwrite=True)
 
 
@@ -586,7 +592,7 @@ def test_results_of_earlier_versions_a_failed_rename_and_a_plot_the_new_set_lack
         return real(src, dst)
 
     meta = {"command": "bench", "reference": "ar", "task": "sql", "model": "m", "prompts": 1, "date": "now",
-            "blas": "x"}
+            "machine": "Linux", "blas": "x"}
     results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
     monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
     monkeypatch.setattr(outputs.os, "replace", failing)
@@ -639,7 +645,7 @@ def test_an_existing_output_is_said_in_the_callers_terms(tmp_path, capsys):
         save_adapter(model, tmp_path / "a")
     assert str(e.value) == f"{tmp_path / 'a'} already exists (use overwrite=True to replace it)"
     assert e.value.render("cli") == f"{tmp_path / 'a'} already exists (use --overwrite to replace it)"
-    (tmp_path / "r.json").write_text(results_text({"command": "x"}, []))
+    (tmp_path / "r.json").write_text(results_text({"command": "x", "date": "now", "machine": "Linux"}, []))
     with pytest.raises(SystemExit):
         parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", str(tmp_path / "r.json")])
     assert capsys.readouterr().err.endswith("r.json already exists (use --overwrite to replace it)\n")
