@@ -44,6 +44,7 @@ from .outputs import (
     recorded_path,
     results_text,
     run_meta,
+    terminate_cleanly,
     write_files_atomic,
 )
 from .project import project_data
@@ -370,7 +371,8 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
         print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
               "noisy, though the ratios between methods hold better", file=sys.stderr)
     prompts = [tok.encode(r["prompt"]) for r in rows]
-    time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task}")
+    with terminate_cleanly():  # SIGTERM stops the run as Ctrl-C does: said, its bar closed
+        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task}")
     results = summarize(methods, task, [r["completion"] for r in rows], tok.decode)
     meta = run_meta(
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
