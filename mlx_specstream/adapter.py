@@ -19,7 +19,7 @@ import mlx.nn as nn
 import numpy as np
 
 from .arch.base import check_value
-from .errors import AdapterError, OptionError, check_keywords, check_path_type, check_seed
+from .errors import AdapterError, OptionError, check_keywords, check_path, check_seed
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import save_safetensors
@@ -370,9 +370,7 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
     """Where an adapter given as ``name_or_path`` is written: a bare name under the model's
     ``adapters/`` (where :func:`resolve_adapter` looks for it first), a path as given (``.`` and
     ``x/..`` by the directory they stand for)."""
-    check_path_type(name_or_path, "the adapter's destination")
-    if str(name_or_path) == "":  # an unset variable: not the current directory
-        raise AdapterError("the adapter's destination is empty: give a name or a path")
+    check_path(name_or_path, "the adapter's destination", AdapterError, "give a name or a path")
     if is_bare_name(name_or_path):
         if model_path is None:
             raise ValueError(f"'{name_or_path}' is a bare adapter name: it goes under MODEL/adapters/, "
@@ -415,9 +413,7 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
     (``sql``) is the model's adapter first, whatever directory of that name the current one holds
     (``./sql`` names that one, and only that one), as ``train --out sql`` writes under the model."""
-    check_path_type(name_or_path, "the adapter")
-    if str(name_or_path) == "":  # an unset variable: not the current directory
-        raise AdapterError("the adapter's name is empty: give a name or a path")
+    check_path(name_or_path, "the adapter's name", AdapterError, "give a name or a path")
     p = Path(name_or_path)
     bare = is_bare_name(name_or_path)
     q = Path(model_path) / "adapters" / str(name_or_path) if bare and model_path is not None else None

@@ -230,6 +230,8 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
     own ``draft/``, skipped where it is missing or unreadable."""
     given = draft_path is not None
     draft_path = draft_path if given else model_path / "draft"
+    if given and not draft_path.exists():  # one asked for is said before the run, not skipped in its table
+        raise CheckpointError(f"{draft_path}: no such draft model directory")
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
     dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
@@ -240,17 +242,13 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
                               plain_ar=True))
     except Exception as e:  # mlx-lm cannot read this model
         skipped["mlx-lm ar"] = skipped["mlx-lm draft"] = f"mlx-lm failed to load the model: {e}"
-    else:  # a draft model asked for is said before the run where it cannot run, not skipped in its table
+    else:
         try:
             if not draft_path.exists():
-                if given:
-                    raise CheckpointError(f"{draft_path}: no such draft model directory")
                 skipped["mlx-lm draft"] = f"no draft model at {draft_path}"
             else:
                 run, n = _mlx_lm(model_path, draft_path, eos, dtype)
                 methods.append(Method("mlx-lm draft", run, n, reproduces="ar"))
-        except CheckpointError:
-            raise
         except Exception as e:  # mlx-lm cannot read the draft model
             if given:
                 raise CheckpointError(f"{draft_path}: mlx-lm cannot load this draft model: {e}") from None

@@ -156,11 +156,16 @@ def check_keywords(caller: str, given, known, aliases: dict[str, str] | None = N
             raise TypeError(f"{caller}() got an unexpected keyword argument '{name}'{hint}")
 
 
-def check_path_type(value, what: str) -> None:
-    """A path is a str or a Path: another type (``load(5)``) is said as such, naming ``what`` it
-    stands for, not by pathlib deep down."""
+def check_path(value, what: str, error: type[Exception], give: str) -> None:
+    """A path (or an adapter's name) is a str or a Path, said by ``what`` it stands for where it is
+    another type (``load(5)``: not by pathlib deep down), and not empty: an unset variable would
+    read as the current directory (``error``, saying what to ``give``). ``what`` may be an option
+    (``"{out}"``), said in the caller's terms by an :class:`OptionError`."""
     if not isinstance(value, str | os.PathLike):
-        raise TypeError(f"{what} must be a str or a Path, not {type(value).__name__}")
+        said = f"{what} must be a str or a Path, not {type(value).__name__}"
+        raise TypeError(render_options(said, "python"))
+    if str(value) == "":
+        raise error(f"{what} is empty: {give}")
 
 
 SEED_MAX = 2**64 - 1  # MLX's keys and NumPy's generators take 64-bit seeds

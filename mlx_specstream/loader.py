@@ -18,7 +18,7 @@ import mlx.nn as nn
 
 from .arch import CausalLM, build_model
 from .device import on_gpu
-from .errors import CheckpointError, OptionError, SaidInOptions, check_path_type, check_switch, verbatim
+from .errors import CheckpointError, OptionError, SaidInOptions, check_path, check_switch, verbatim
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -50,9 +50,7 @@ def model_dir(path: str | Path, flag: str = "") -> Path:
     """``path`` as a Path, or a :class:`CheckpointError` when it is not a directory (``flag``,
     e.g. "--draft-model", names the option it came from)."""
     said = flag + " " if flag else ""
-    check_path_type(path, flag or "the model's path")
-    if str(path) == "":  # an unset variable: not the current directory
-        raise CheckpointError(f"{flag or 'the model'}'s path is empty: give a model directory")
+    check_path(path, f"{flag or 'the model'}'s path", CheckpointError, "give a model directory")
     path = Path(path)
     if path.exists() and not path.is_dir():
         raise CheckpointError(f"{said}{path}: a file, not a model directory")

@@ -76,7 +76,7 @@ from .errors import (
     OutputExistsError,
     Said,
     check_keywords,
-    check_path_type,
+    check_path,
     check_seed,
     check_switch,
 )
@@ -216,11 +216,11 @@ _RANGES = {"lr": (0, True), "fine_tune_lr": (0, True),  # a rate of 0: those wei
            "accept_tokens": (1, True), "state_cache_mb": (0, True), "grad_clip": (0, True),
            "weight_decay": (0, True), "batch_size": (1, True), "iters": (1, True),
            "distill_tokens": (1, True), "branch": (1, True), "tree_budget": (1, True), "gamma": (1, True),
-           "rank": (1, True), "msa_layers": (1, True), "keep_checkpoints": (0, True)}
+           "rank": (1, True), "msa_layers": (1, True), "keep_checkpoints": (0, True), "processes": (1, True)}
 # those that count something: whole numbers (iters=2.5 would fail deep in the schedule)
 _WHOLE = {"warmup", "segment_len", "val_every", "val_batches", "save_every", "accept_prompts",
           "accept_tokens", "state_cache_mb", "batch_size", "iters", "distill_tokens", "branch",
-          "tree_budget", "gamma", "rank", "msa_layers", "keep_checkpoints"}
+          "tree_budget", "gamma", "rank", "msa_layers", "keep_checkpoints", "processes"}
 
 
 def _check_numbers(**values) -> None:
@@ -333,9 +333,7 @@ def _resolve_out(out, model_path: Path | None) -> tuple[Path | None, str, bool]:
     """(directory, adapter name, whether ``out`` was a bare name)."""
     if out is None:
         return None, "", False
-    check_path_type(out, "out")
-    if str(out) == "":
-        raise OptionError("{out} is empty: give an adapter name (saved under MODEL/adapters/) or a path")
+    check_path(out, "{out}", OptionError, "give an adapter name (saved under MODEL/adapters/) or a path")
     out_dir = adapter_destination(out, model_path)
     if not out_dir.name or out_dir.name in (".", ".."):
         raise OptionError(": {out} names no folder to save an adapter in", subject=str(out))
@@ -565,7 +563,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         check_switch(name, value)
     for name, value in (("over", over), ("init", init)):
         if value is not None:
-            check_path_type(value, name)
+            check_path(value, f"{{{name}}}", OptionError, "give an adapter name or a path")
     if mode not in MODES:
         raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
     if iters is not None and epochs is not None:
@@ -581,7 +579,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                    val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                    accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
                    weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
-                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints, gamma=gamma)
+                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints, gamma=gamma,
+                   processes=processes)  # None: default_processes, below
     if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
         gamma = 0
     check_seed(seed)
@@ -596,8 +595,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):  # what data reads
         raise TypeError("tokenizer must be a tokenizer (one with encode) or None, not "
                         f"{type(tokenizer).__name__}")
-    if isinstance(data, str) and not data:
-        raise OptionError("{data} is empty: give a data directory")
+    if isinstance(data, (str, Path)):
+        check_path(data, "{data}", OptionError, "give a data directory")
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
     if isinstance(model, (str, Path)) and out is None and distributed is None:
@@ -605,8 +604,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          "is not returned): give out=NAME or DIR, or a loaded model")
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
-    if isinstance(processes, bool) or not isinstance(processes, numbers.Integral) or processes < 1:
-        raise ValueError(f"processes must be a whole number, at least 1, not {processes!r}")
     if processes > 1:
         return _train_local(processes, arguments)
     if isinstance(model, (str, Path)):
