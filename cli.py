@@ -13,7 +13,7 @@ PATH_OPTIONS = ("--out", "--mlx-path", "--hf-path", "--model", "--data", "--prom
                 "--init", "--over", "--adapter")
 # the options that take an adapter's name under the model, or a path
 NAME_OPTIONS = {"train": ("--out", "--init", "--over"), "generate": ("--adapter",), "convert": ("--adapter",),
-                "ngrams": ("--adapter",)}
+                "ngrams": ("--adapter",), "bench": ("--adapter",)}
 
 
 def _mlx_lm_flags(command: str) -> dict[str, str]:
@@ -344,7 +344,17 @@ def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None
 
 @app.command(cls=_Command)
 def bench(
-    task: str = typer.Option("sql", help="sql or code"),
+    task: str | None = typer.Option(None, help="sql or code: the project's test prompts, adapters and "
+                                    "metric for that task (default sql; with --data, plain exact match "
+                                    "and edit similarity)"),
+    adapter: list[str] | None = typer.Option(None, "--adapter", help="time this adapter (name under "
+                                             "MODEL/adapters or path) instead of the project's; may be "
+                                             "given several times"),
+    data: Path | None = typer.Option(None, "--data", help="prompts to time: a JSONL file, or a directory "
+                                     "with test.jsonl (else valid.jsonl), rows as train reads them"),
+    chat_template: bool = _flag(False, "--chat-template",
+                                help="send --data's text prompts through the model's chat template, "
+                                "as train --chat-template trains on them"),
     n: int | None = typer.Option(None, "--n", help="test prompts (default 50; --quick: 8)"),
     out: Path = typer.Option(Path("bench-results"), help="output directory"),
     model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
@@ -360,14 +370,12 @@ def bench(
     from mlx_specstream.loader import model_dir
     from mlx_specstream.project import default_model
 
-    if task not in ("sql", "code"):
-        raise ValueError("--task must be sql or code")
     n = n if n is not None else 8 if quick else 50  # --quick sets defaults, not what is given
     max_tokens = max_tokens if max_tokens is not None else 64 if quick else 128
     model = model or default_model()
     draft = model_dir(draft_model, "--draft-model") if draft_model is not None else None  # None: MODEL/draft
-    res = run_bench(model, task, n, max_tokens, out, draft_path=draft,
-                    overwrite=overwrite, repeats=repeats)
+    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, data=data, adapters=adapter,
+                    chat_template=chat_template, overwrite=overwrite, repeats=repeats)
     typer.echo(results_markdown(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 

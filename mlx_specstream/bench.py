@@ -12,6 +12,9 @@ Methods (each skipped, with the reason recorded, when its model or adapter is mi
 model), ``lookup`` (prompt lookup), ``ss-lossless chain|tree|tree+prune`` (the lossless
 adapter), ``ss-shared`` (the shared adapter), ``lora-ar`` (the next-token LoRA baseline),
 ``ss-tuned`` (the tuned lossless adapter over that baseline: its output must equal ``lora-ar``'s).
+With ``adapters`` (``bench --adapter NAME``, a user's own), those replace the project's adapters
+(:func:`adapter_methods`); with ``data`` (``--data DIR``), the prompts are a user's own
+(:func:`read_prompts`).
 """
 
 from __future__ import annotations
@@ -31,10 +34,11 @@ import mlx.core as mx
 import numpy as np
 from mlx.utils import tree_flatten
 
-from .adapter import adapter_size, fine_tune_weights
+from .adapter import adapter_name, adapter_size, fine_tune_weights, resolve_adapter
 from .api import decoder, load
+from .data import VALID_FILE, DataError, encode_row, read_jsonl
 from .engine import default_node_costs
-from .errors import CheckpointError, OptionError
+from .errors import CheckpointError, OptionError, check_switch
 from .loader import model_dir, model_name
 from .outputs import (
     check_replaceable_file,
@@ -204,18 +208,23 @@ def _mlx_lm(path: Path, draft: Path | None, eos: set[int], dtype: mx.Dtype, num_
     return run, n
 
 
-def exact_match(task: str, output: str, ref: str) -> bool:
+TASKS = ("sql", "code")  # the project's data sets and adapter sets (data/TASK, MODEL/adapters/TASK-…)
+TEST_FILE = "test.jsonl"
+
+
+def exact_match(task: str | None, output: str, ref: str) -> bool:
     """The project's exact match: SQL with whitespace runs and a final ";" normalised (case kept:
-    a string literal's case matters), code on the stripped text. ``scripts/train_base.py``'s
-    evaluation, which runs without MLX, keeps its own copy of the SQL rule (tested equal)."""
+    a string literal's case matters), code and a user's data (``task`` None) on the stripped
+    text. ``scripts/train_base.py``'s evaluation, which runs without MLX, keeps its own copy of
+    the SQL rule (tested equal)."""
     if task == "sql":
         return " ".join(output.strip().rstrip(";").split()) == " ".join(ref.strip().rstrip(";").split())
     return output.strip() == ref.strip()
 
 
-def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
-    """Exact match (:func:`exact_match`); code also edit similarity (difflib ratio) on the
-    stripped text."""
+def task_metrics(task: str | None, outputs: list[str], refs: list[str]) -> dict:
+    """Exact match (:func:`exact_match`); for code and a user's data (``task`` None) also edit
+    similarity (difflib ratio) on the stripped text."""
     em = sum(exact_match(task, o, r) for o, r in zip(outputs, refs)) / len(refs)
     if task == "sql":
         return {"exact_match": round(em, 4)}
@@ -224,10 +233,12 @@ def task_metrics(task: str, outputs: list[str], refs: list[str]) -> dict:
     return {"exact_match": round(em, 4), "edit_similarity": round(sim, 4)}
 
 
-def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple[list[Method], dict]:
+def build_methods(model_path: Path, task: str, draft_path: Path | None,
+                  adapters: list[str] | None = None) -> tuple[list[Method], dict[str, str]]:
     """The methods that can run with what exists, and the reasons the others are skipped.
     ``draft_path``: mlx-lm's draft model, which must load where it is given; None: the model's
-    own ``draft/``, skipped where it is missing or unreadable."""
+    own ``draft/``, skipped where it is missing or unreadable. ``adapters``: a user's, timed in
+    place of the project's adapters for ``task`` (:func:`adapter_methods`)."""
     given = draft_path is not None
     draft_path = draft_path if given else model_path / "draft"
     if given and not draft_path.exists():  # one asked for is said before the run, not skipped in its table
@@ -254,7 +265,48 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
                 raise CheckpointError(f"{draft_path}: mlx-lm cannot load this draft model: {e}") from None
             skipped["mlx-lm draft"] = f"mlx-lm failed to load the draft model {draft_path}: {e}"
     methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))
+    if adapters is not None:
+        for name in adapters:
+            methods += adapter_methods(model_path, name, tok)
+        return methods, skipped
+    methods += _project_adapter_methods(model_path, task, tok, skipped)
+    return methods, skipped
 
+
+def adapter_methods(model_path: Path, adapter: str, tok) -> list[Method]:
+    """A user's adapter as ``bench --adapter NAME`` times it: ``ss NAME`` decodes with Speculative
+    Streaming as ``generate --adapter NAME`` does (its own tree and defaults); where the adapter
+    carries a fine-tune (shared and lora modes, a tuned lossless one), ``ar NAME`` decodes the same
+    model one token a pass. A lossless adapter's output must equal the plain decoding under it: the
+    base's (``ar``) or its fine-tune's (``ar NAME``)."""
+    m, _ = load(model_path, adapter=adapter)
+    cfg, n = m.adapter_config, adapter_size(m)
+    fine_tuned = cfg.mode != "lossless" or cfg.main_rank > 0
+    methods = [Method(f"ar {cfg.name}", our_decoder(m, tok, mode="ar"), n)] if fine_tuned else []
+    if cfg.gamma:
+        under = f"ar {cfg.name}" if fine_tuned else "ar"
+        methods.append(Method(f"ss {cfg.name}", our_decoder(m, tok), n,
+                              reproduces=None if cfg.mode == "shared" else under))
+    return methods
+
+
+def check_adapters(model_path: Path, adapters: list[str]) -> None:
+    """Before anything loads: each adapter there, and each name once (the table tells them apart
+    by their names, their folders')."""
+    if isinstance(adapters, str) or not adapters:
+        raise OptionError("{adapter} takes a list of adapter names or paths, one at least")
+    names = [adapter_name(resolve_adapter(model_path, a)) for a in adapters]
+    twice = next((x for x in names if names.count(x) > 1), None)
+    if twice is not None:
+        raise OptionError(f"{{adapter}}: two adapters named '{twice}' (the table tells them apart by "
+                          "name: give each once, from folders of different names)")
+
+
+def _project_adapter_methods(model_path: Path, task: str, tok, skipped: dict) -> list[Method]:
+    """The project's adapters for ``task`` under their table names (``ss-lossless chain|tree|
+    tree+prune``, ``ss-shared``, ``ss-shared ar``, ``lora-ar``, ``ss-tuned``); each one missing is
+    recorded in ``skipped``."""
+    methods = []
     adapters = model_path / "adapters"
     lossless_name, shared_name = f"{task}-lossless", task
     if task == "code":
@@ -292,7 +344,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None) -> tuple
             skipped["ss-tuned output check"] = f"its fine-tune is not {task}-lora's"
     else:
         skipped["ss-tuned"] = f"no adapter {recorded_path(adapters / f'{task}-tuned')}"
-    return methods, {"tokenizer": tok, "skipped": skipped}
+    return methods
 
 
 def _equal(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
@@ -332,12 +384,61 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     check_writable(out_dir, "the results")
 
 
-def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Path,
-              draft_path: Path | None = None, data_dir: Path | None = None,
-              command: str | None = None, methods: list[Method] | None = None, overwrite: bool = False,
-              repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter) -> dict:
+def prompts_file(data: Path) -> Path:
+    """The JSONL file ``bench --data`` reads: ``data`` itself, or in a data directory its
+    ``test.jsonl``, else its ``valid.jsonl`` (said: held out from training, though it may have chosen
+    the adapter kept)."""
+    data = Path(data)
+    if data.is_file():
+        return data
+    if not data.is_dir():
+        raise DataError(f"{data}: no such data file or directory")
+    for name in (TEST_FILE, VALID_FILE):
+        if (data / name).is_file():
+            if name != TEST_FILE:
+                print(f"bench: {data} has no {TEST_FILE}: timing the prompts of {name}", file=sys.stderr)
+            return data / name
+    raise DataError(f"{data}: no {TEST_FILE} or {VALID_FILE} (give a directory that holds one, or a "
+                    "JSONL file)")
+
+
+def read_prompts(path: Path, tok, n: int, chat_template: bool = False) -> tuple[list[list[int]], list[str]]:
+    """The first ``n`` prompts of a JSONL file and the completions they are judged against, in
+    the formats ``train`` reads (``prompt``/``completion`` as text or token ids, ``messages``: the
+    conversation up to its last reply; ``chat_template`` wraps text prompts in a user turn, as
+    ``train``/``generate --chat-template`` do). A ``text`` row has no prompt: skipped, and said."""
+    prompts, refs, plain = [], [], 0
+    for line, row in read_jsonl(path):
+        if len(prompts) == n:
+            break
+        if isinstance(row, dict) and "text" in row and not {"prompt", "completion", "messages"} & set(row):
+            plain += 1
+            continue
+        ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=f"{path}:{line}")
+        prompts.append(ex.tokens[:ex.n_prompt])
+        completion = row.get("completion")
+        refs.append(completion if isinstance(completion, str) else tok.decode(ex.tokens[ex.n_prompt:]))
+    if plain:
+        print(f"bench: {path.name}: skipped {_count(plain, 'text row')} (no prompt to time)", file=sys.stderr)
+    if not prompts:
+        raise DataError(f"{path}: no prompts (bench reads 'prompt'/'completion' and 'messages' rows)")
+    if len(prompts) < n:
+        print(f"bench: {recorded_path(path)} has {_count(len(prompts), 'prompt')}, fewer than the {n} "
+              "asked for: running all of them", file=sys.stderr)
+    return prompts, refs
+
+
+def run_bench(model_path: Path, task: str | None, n: int, max_tokens: int, out_dir: Path,
+              draft_path: Path | None = None, data: Path | None = None, adapters: list[str] | None = None,
+              chat_template: bool = False, command: str | None = None, methods: list[Method] | None = None,
+              overwrite: bool = False, repeats: int = REPEATS,
+              clock: Callable[[], float] = time.perf_counter) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
+    ``task``: the project's data set and adapters (``sql``, ``code``) and its metric; None: ``sql``'s
+    adapters where ``adapters`` are not given, and plain exact match and edit similarity. ``data``:
+    a user's prompts (:func:`prompts_file`, :func:`read_prompts`) instead of the task's test split.
+    ``adapters``: a user's adapters instead of the project's (:func:`adapter_methods`).
     ``methods`` replaces the standard set (those marked ``plain_ar`` compete for the speed
     reference; a method's ``reproduces`` names the one whose output it must equal); ``overwrite``
     replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
@@ -346,37 +447,35 @@ def run_bench(model_path: Path, task: str, n: int, max_tokens: int, out_dir: Pat
     for name, value in (("n", n), ("max_tokens", max_tokens)):
         if value < 1:
             raise OptionError(f"{{{name}}} must be >= 1, not {value}")
+    if task not in (None, *TASKS):
+        raise OptionError(f"{{task}} must be {' or '.join(TASKS)}, not {task!r}")
+    if adapters is not None:
+        check_adapters(model_dir(model_path), adapters)
+    check_switch("chat_template", chat_template)
     check_out_dir(Path(out_dir), overwrite)
-
-    data_dir = data_dir or project_data(task)
-    test = data_dir / "test.jsonl"
+    test = prompts_file(data) if data is not None else project_data(task or "sql") / TEST_FILE
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
-    rows = [json.loads(line) for line in test.read_text().splitlines() if line.strip()][:n]
-    if len(rows) < n:
-        print(f"bench: {recorded_path(test)} has {len(rows)} prompts, fewer than the {n} asked for: "
-              "running all of them", file=sys.stderr)
-    if load_tokenizer(model_dir(model_path)) is None:
+    tok = load_tokenizer(model_dir(model_path))
+    if tok is None:
         raise FileNotFoundError(f"{model_path}: no tokenizer files (tokenizer.json ...): the benchmark "
                                 "needs them to encode its prompts")
+    prompts, refs = read_prompts(test, tok, n, chat_template)  # a bad file is said before the models load
+    skipped = {}
     if methods is None:
-        methods, info = build_methods(model_path, task, draft_path)
-    else:
-        info = {"tokenizer": load_tokenizer(model_path), "skipped": {}}
-    tok = info["tokenizer"]
+        methods, skipped = build_methods(model_path, task or "sql", draft_path, adapters)
     load_before = os.getloadavg()[0]
     if load_before > 0.5:
         print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
               "noisy, though the ratios between methods hold better", file=sys.stderr)
-    prompts = [tok.encode(r["prompt"]) for r in rows]
     with terminate_cleanly():  # SIGTERM stops the run as Ctrl-C does: said, its bar closed
-        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task}")
-    results = summarize(methods, task, [r["completion"] for r in rows], tok.decode)
+        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task or test.parent.name}")
+    results = summarize(methods, task, refs, tok.decode)
     meta = run_meta(
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
-        versions=_versions(), model=recorded_path(model_path), task=task, prompts=len(rows),
-        max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
-        bootstrap=BOOTSTRAP, skipped=info["skipped"],
+        versions=_versions(), model=recorded_path(model_path), task=task, data=recorded_path(test),
+        prompts=len(prompts), max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
+        bootstrap=BOOTSTRAP, skipped=skipped,
         node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)
     meta = write_results(out_dir, meta, results)
     return {"meta": meta, "results": results}
@@ -439,6 +538,13 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}{'s' * (n != 1)}"
 
 
+def _subject(meta: dict) -> str:
+    """What a run timed: its task and its prompts' file (runs before 2026-11-28 recorded the task
+    alone; a user's data has no task)."""
+    return ", ".join(f"{said} {meta[key]}" for key, said in (("task", "task"), ("data", "prompts"))
+                     if meta.get(key))
+
+
 def results_markdown(meta: dict, results: list[dict]) -> str:
     """``results.md``: the run in one line, the table, the warnings and what was skipped."""
     keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup", "95% interval", "exact_match"]
@@ -447,7 +553,7 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
     device = "" if meta.get("device", "cpu") == "cpu" else f"{meta['device']}, "
     versions = meta.get("versions", {})
-    lines = [f"`{meta['command']}` — {meta['date']}; task {meta.get('task')}, model {meta.get('model')}; "
+    lines = [f"`{meta['command']}` — {meta['date']}; {_subject(meta)}, model {meta.get('model')}; "
              f"{meta.get('processor')}, {meta['machine']}, {device}MLX {meta['mlx']}, "
              f"mlx-lm {versions.get('mlx-lm', '?')}, BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load "
              f"before/after: {meta.get('load_average_1m')}); source {meta.get('commit')}; "
@@ -524,7 +630,7 @@ def results_plot(meta: dict, results: list[dict]) -> bytes | None:
     axes[1].set_xlabel("mean tokens per forward pass")
     for ax in axes:
         ax.invert_yaxis()
-    fig.suptitle(f"{meta['task']}, {model_name(str(meta.get('model')))}: "
+    fig.suptitle(f"{_subject(meta)}, {model_name(str(meta.get('model')))}: "
                  f"{_count(meta['prompts'], 'prompt')}, {meta['date']}, {meta.get('processor')}, "
                  f"BLAS {meta['blas']}")
     fig.tight_layout()

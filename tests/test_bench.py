@@ -21,6 +21,9 @@ from mlx_specstream.bench import (
     task_metrics,
     time_methods,
 )
+from mlx_specstream.data import DataError
+from mlx_specstream.errors import AdapterError
+from mlx_specstream.project import PROJECT_DATA
 from mlx_specstream.tokenizer import load_tokenizer
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").exists(), reason="no default model")
@@ -73,6 +76,41 @@ def test_run_bench_all_methods(model_dir, tmp_path):
     assert (tmp_path / "results.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_bench_times_a_users_adapters_on_a_users_prompts(model_dir, tmp_path, capsys):
+    """``bench --adapter A --adapter B --data DIR``: each adapter by its mode (``ss NAME``, and
+    ``ar NAME`` where it carries a fine-tune), each lossless one checked against the plain decoding
+    under it; the prompts and references read from the user's file (here valid.jsonl, said), in the
+    formats train reads, text rows skipped and said; exact match against plain greedy decoding."""
+    from mlx_specstream.api import generate
+
+    base, tok = load(model_dir)
+    prompts = [json.loads(line)["prompt"] for line in (PROJECT_DATA / "sql" / "test.jsonl").open()][:2]
+    expected = generate(base, tok, prompts[0], max_tokens=10, mode="ar").text  # what plain decoding writes
+    data = tmp_path / "mine"
+    data.mkdir()
+    rows = [{"prompt": prompts[0], "completion": expected}, {"text": "no prompt here"},
+            {"prompt": tok.encode(prompts[1]), "completion": tok.encode(" nothing like it")}]
+    (data / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = run_bench(model_dir, None, 5, 10, tmp_path / "out", data=data, repeats=1, command="test",
+                    adapters=["sql-lossless", "sql", "sql-lora", "sql-tuned"])
+    err = capsys.readouterr().err
+    assert "has no test.jsonl: timing the prompts of valid.jsonl" in err and "skipped 1 text row" in err
+    by = {r["method"]: r for r in res["results"]}
+    assert list(by) == ["ar", "mlx-lm ar", "mlx-lm draft", "lookup", "ss sql-lossless", "ar sql", "ss sql",
+                        "ar sql-lora", "ar sql-tuned", "ss sql-tuned"]
+    assert by["ss sql-lossless"]["identical_to_ar"] and by["ss sql-lossless"]["compared_with"] == "ar"
+    assert by["ss sql-tuned"]["identical_to_ar"] and by["ss sql-tuned"]["compared_with"] == "ar sql-tuned"
+    assert "identical_to_ar" not in by["ss sql"] and "identical_to_ar" not in by["ar sql-lora"]
+    # the tuned adapter carries sql-lora's fine-tune: its plain decoding is that fine-tune's
+    assert by["ar sql-tuned"]["per_prompt"] == [{**p, "best_s": q["best_s"], "times_s": q["times_s"]}
+                                                for p, q in zip(by["ar sql-lora"]["per_prompt"],
+                                                                by["ar sql-tuned"]["per_prompt"])]
+    assert by["ar"]["exact_match"] == 0.5 and "edit_similarity" in by["ar"]  # a user's data: no task
+    assert res["meta"]["task"] is None and res["meta"]["data"].endswith("mine/valid.jsonl")
+    assert res["meta"]["prompts"] == 2 and res["meta"]["skipped"] == {}
+    assert f"prompts {res['meta']['data']}, model" in (tmp_path / "out" / "results.md").read_text()
+
+
 def test_task_metrics():
     assert task_metrics("sql", ["SELECT a FROM t;", "select b", "SELECT a FROM t WHERE c = 'X'"],
                         ["SELECT  a\nFROM t", "SELECT b", "SELECT a FROM t WHERE c = 'x'"]) == {
@@ -92,6 +130,10 @@ def test_bench_cli_errors(tmp_path):
     assert_one_line_error(cli("bench", "--n", "-1", "--out", str(tmp_path)), "--n must be >= 1")
     assert_one_line_error(cli("bench", "--draft-model", str(tmp_path / "typo"), "--out", str(tmp_path)),
                           "--draft-model")
+    assert_one_line_error(cli("bench", "--adapter", "typo", "--out", str(tmp_path)),
+                          "adapter 'typo' not found")
+    assert_one_line_error(cli("bench", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path)),
+                          "nowhere: no such data file or directory")
 
 
 def test_bench_refuses_before_it_runs(tmp_path):
@@ -104,6 +146,22 @@ def test_bench_refuses_before_it_runs(tmp_path):
         run_bench(DEFAULT_MODEL, "sql", 1, 0, tmp_path / "out", methods=[])
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
+    # a user's adapters and prompts: each adapter there and named once, the data there and readable
+    with pytest.raises(ValueError, match="two adapters named 'sql'"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters=["sql", "sql"], methods=[])
+    with pytest.raises(ValueError, match="a list of adapter names"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters="sql", methods=[])
+    with pytest.raises(AdapterError, match="adapter 'typo' not found"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters=["sql", "typo"], methods=[])
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DataError, match="no test.jsonl or valid.jsonl"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    (tmp_path / "mine" / "test.jsonl").write_text('{"text": "a"}\n{"prompt": "b"}\n')
+    with pytest.raises(DataError, match="test.jsonl:2: has 'prompt' but no 'completion'"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    (tmp_path / "mine" / "test.jsonl").write_text('{"text": "a"}\n')
+    with pytest.raises(DataError, match="no prompts"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
 
 
 def test_too_few_prompts_flag_the_interval(tmp_path, capsys):
@@ -121,7 +179,7 @@ def test_too_few_prompts_flag_the_interval(tmp_path, capsys):
     data.mkdir()
     (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
                                              for x in texts))
-    res = run_bench(DEFAULT_MODEL, "sql", n + 3, 16, tmp_path / "out", data_dir=data, methods=methods,
+    res = run_bench(DEFAULT_MODEL, "sql", n + 3, 16, tmp_path / "out", data=data, methods=methods,
                     clock=clock)  # more asked for than there are: all of them, and said
     assert f"has {n} prompts, fewer than the {n + 3} asked for" in capsys.readouterr().err
     by = {r["method"]: r for r in res["results"]}
@@ -252,7 +310,7 @@ def test_results_json_and_the_wide_interval_warning(tmp_path):
     data.mkdir()
     (data / "test.jsonl").write_text("".join(json.dumps({"prompt": x, "completion": "x"}) + "\n"
                                              for x in texts))
-    res = run_bench(DEFAULT_MODEL, "sql", n, 16, tmp_path / "out", data_dir=data, command="test",
+    res = run_bench(DEFAULT_MODEL, "sql", n, 16, tmp_path / "out", data=data, command="test",
                     methods=methods, clock=clock)
     meta, by = res["meta"], {r["method"]: r for r in res["results"]}
     assert meta["reference"] == "mlx-lm ar" and meta["repeats"] == 3 and meta["command"] == "test"
@@ -291,9 +349,9 @@ def test_a_draft_model_mlx_lm_cannot_read_skips_that_method_by_name(tmp_path):
         if f.is_file():
             (model / f.name).symlink_to(f.resolve())
     (model / "draft").mkdir()
-    methods, info = build_methods(model, "sql", None)
-    assert "mlx-lm ar" in [m.name for m in methods] and "mlx-lm ar" not in info["skipped"]
-    assert "failed to load the draft model" in info["skipped"]["mlx-lm draft"]
+    methods, skipped = build_methods(model, "sql", None)
+    assert "mlx-lm ar" in [m.name for m in methods] and "mlx-lm ar" not in skipped
+    assert "failed to load the draft model" in skipped["mlx-lm draft"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(CheckpointError, match="empty: mlx-lm cannot load this draft model"):
         build_methods(model, "sql", tmp_path / "empty")
@@ -313,7 +371,10 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
 
     def run_bench(model, task, n, max_tokens, *a, **k):
         asked.append((n, max_tokens))
+        given.append((task, k["adapters"], k["data"], k["chat_template"]))
         return stored
+
+    given = []
 
     monkeypatch.setattr(bench, "run_bench", run_bench)
     res = CliRunner().invoke(app, ["bench", "--quick", "--out", str(tmp_path / "out")])
@@ -323,3 +384,8 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
     CliRunner().invoke(app, ["bench", "--quick", "--n", "20", "--out", str(tmp_path / "o2")])
     CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "o3")])
     assert asked == [(8, 64), (20, 64), (50, 128)]  # --quick sets defaults, not what is given
+    assert given == [(None, None, None, False)] * 3
+    res = CliRunner().invoke(app, ["bench", "--adapter", "a", "--adapter", "./b", "--data", "mine.jsonl",
+                                   "--chat-template", "--out", str(tmp_path / "o4")])
+    assert res.exit_code == 0, repr(res.exception)
+    assert given[-1] == (None, ["a", "./b"], Path("mine.jsonl"), True)

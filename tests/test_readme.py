@@ -111,7 +111,7 @@ def test_readme_block_runs(index, tmp_path):
     model = tmp_path / "model" if converts else model_copy(tmp_path / "model", adapters=not trains)
     subs = {"MODEL_DIR": str(model), "HF_DIR": str(DEFAULT_MODEL.parent / "hf"),
             "PROMPT.txt": str(tmp_path / "PROMPT.txt"), "SQL.mlpackage": str(tmp_path / "SQL.mlpackage"),
-            "results/bench-sql": str(tmp_path / "bench")}
+            "results/bench-sql": str(tmp_path / "bench"), "my-bench": str(tmp_path / "my-bench")}
     for key, value in subs.items():
         block = block.replace(key, value)
     if lang == "python":
