@@ -38,7 +38,7 @@ import mlx_specstream  # noqa: E402,F401  (first: the optimized BLAS before MLX)
 import mlx.core as mx  # noqa: E402
 import numpy as np  # noqa: E402
 
-from mlx_specstream import outputs  # noqa: E402
+from mlx_specstream import outputs, training_run  # noqa: E402
 from mlx_specstream import trainer as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
@@ -115,12 +115,12 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
         for b_ids in ids:
             if profile:
                 c = time.perf_counter()
-                loss, grads = current.share_gradients(model, data, b_ids, tc, distributed, cache)
+                loss, grads = training_run.share_gradients(model, data, b_ids, tc, distributed, cache)
                 mx.eval(loss, grads)
                 computing += time.perf_counter() - c
-                grads, loss = current._all_sum([grads, loss], distributed)
+                grads, loss = training_run._all_sum([grads, loss], distributed)
             elif module is current:
-                loss, grads = current.batch_gradients(model, data, b_ids, tc, distributed, cache)
+                loss, grads = training_run.batch_gradients(model, data, b_ids, tc, distributed, cache)
             else:
                 ex = [data.examples[i] for i in b_ids]
                 b = module.Batch.of(ex)

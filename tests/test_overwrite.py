@@ -393,7 +393,7 @@ def test_train_stops_when_the_loss_diverges(tmp_path, monkeypatch):
     """A loss that turns NaN ends the run with an error and no adapter saved."""
     import mlx.core as mx
 
-    from mlx_specstream import trainer as train_module
+    from mlx_specstream import training_run as train_module
 
     real = train_module.batch_gradients
 

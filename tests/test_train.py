@@ -347,7 +347,7 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
     """The adapter saved is the one that drafts best at an evaluation, not necessarily the last:
     more tokens per pass by more than the per-prompt noise wins; within it, the lower validation
     loss (``drafts_better``)."""
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     model, train_ds, valid_ds = synthetic
     scores, losses, evaluate = iter(scores), iter(losses), train_mod.evaluate
@@ -864,7 +864,7 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
     """Ctrl-C while step 2's validation decodes saves the checkpoint of step 2 without that
     evaluation: the resumed run evaluates step 2 first, so it chooses its adapter among the same
     steps as a run never stopped; it refuses other validation prompts than the best was chosen on."""
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
@@ -893,7 +893,7 @@ def test_a_stop_during_a_validation_runs_it_on_resume(tmp_path, monkeypatch):
 def test_a_stop_in_the_final_evaluation_says_how_to_finish(tmp_path, monkeypatch):
     """Ctrl-C while the last step is evaluated: the run says its last checkpoint holds that step
     and that resuming finishes it, which it does."""
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
@@ -1256,7 +1256,7 @@ def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatc
     """A shared adapter writes the output: an earlier checkpoint that drafts more is kept only if its
     main stream predicts the validation data within 1 % of the final one's (a lossless adapter's
     main stream is the base's, so there drafting alone decides)."""
-    from mlx_specstream import trainer as train_module
+    from mlx_specstream import training_run as train_module
 
     at = {2: (3.0, early_main_loss), 4: (1.5, 1.0)}  # step: (tokens per pass, main-stream loss)
     step = {"now": 0}
@@ -1361,7 +1361,7 @@ def test_a_new_user_is_told_early_and_exactly(tmp_path, monkeypatch):
 def test_a_finished_run_asked_again_gives_the_model_its_saved_adapter(tmp_path, monkeypatch):
     """Resuming a finished run does nothing but leaves the model with the adapter the run saved,
     its best (here the first evaluation's), not its last checkpoint's weights."""
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     monkeypatch.setattr(train_mod, "drafts_better", lambda new, best, by="loss": best["step"] is None)
     rng = np.random.default_rng(0)
@@ -1379,7 +1379,7 @@ def test_text_rows_are_trained_as_given_and_measured_from_their_first_half(tmp_p
     """Self-distillation continues prompts: a text row has none (its first token only), so it is
     kept as given, said once, instead of becoming the base model's continuation of a bare BOS;
     its acceptance is measured from its first half, not from that one token."""
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     rng = np.random.default_rng(0)
     rows = arithmetic(16, rng, length=12).examples
@@ -1424,7 +1424,7 @@ def test_validation_time_is_not_training_throughput(tmp_path, monkeypatch):
     four calls) leaves them where they are."""
     import time
 
-    import mlx_specstream.trainer as train_mod
+    import mlx_specstream.training_run as train_mod
 
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(8, rng, length=10)
