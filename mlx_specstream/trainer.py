@@ -448,6 +448,47 @@ def _train_local(processes: int, arguments: dict) -> dict:
                      worker_kwargs={"progress": False, "callback": None, "log": None})
 
 
+def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback,
+                     tokenizer, distributed, chat_template, group_by_length, resume, overwrite, progress,
+                     **numbers) -> None:
+    """:func:`train`'s arguments, each of its type and in its range and all of them together one
+    run, before any work (and before the model's adapter goes)."""
+    check_switch("self_distill", self_distill, optional=True)
+    for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
+                        ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
+        check_switch(name, value)
+    for name, value in (("over", over), ("init", init)):
+        if value is not None:
+            check_path(value, f"{{{name}}}", OptionError, "give an adapter name or a path")
+    if mode not in MODES:
+        raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
+    if iters is not None and epochs is not None:
+        raise OptionError("give either {iters} or {epochs}, not both")
+    if over is not None and mode == "lora":
+        raise ValueError("over (a fine-tune under the streams) is for lossless and shared mode")
+    if self_distill and mode != "lossless":
+        raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
+    # in the order of train's signature; processes None: the default
+    _check_numbers(iters=iters, epochs=epochs, **{k: v for k, v in numbers.items() if k in _RANGES})
+    check_seed(seed)
+    if callback is not None and not callable(callback):
+        raise TypeError(f"callback must be a function of (step, info), not {type(callback).__name__}")
+    if isinstance(model, (str, Path)):
+        model_dir(model)  # an empty path (an unset variable) is said, not read as the current directory
+    else:
+        from .api import check_model
+
+        check_model(model, None, paths=True)
+    if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):  # what data reads
+        raise TypeError("tokenizer must be a tokenizer (one with encode) or None, not "
+                        f"{type(tokenizer).__name__}")
+    if isinstance(data, (str, Path)):
+        check_path(data, "{data}", OptionError, "give a data directory")
+    if isinstance(model, (str, Path)) and out is None and distributed is None:
+        raise ValueError("train(MODEL_DIR, ...) without out= would lose the adapter (the model it loads "
+                         "is not returned): give out=NAME or DIR, or a loaded model")
+
+
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
           msa_layers: int = TrainConfig.msa_layers, rank: int = 8, iters: int | None = None,
           epochs: float | None = None, batch_size: int = 8, lr: float = TrainConfig.lr,
@@ -520,51 +561,12 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     from tqdm import tqdm
 
     say = log or (lambda msg: tqdm.write(msg, file=sys.stderr))
-    check_switch("self_distill", self_distill, optional=True)
-    for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
-                        ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
-        check_switch(name, value)
-    for name, value in (("over", over), ("init", init)):
-        if value is not None:
-            check_path(value, f"{{{name}}}", OptionError, "give an adapter name or a path")
-    if mode not in MODES:
-        raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
-    if iters is not None and epochs is not None:
-        raise OptionError("give either {iters} or {epochs}, not both")
-    if over is not None and mode == "lora":
-        raise ValueError("over (a fine-tune under the streams) is for lossless and shared mode")
-    if self_distill and mode != "lossless":
-        raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
+    _check_arguments(**arguments)
     self_distill = mode == "lossless" if self_distill is None else self_distill
-    _check_numbers(batch_size=batch_size, iters=iters, distill_tokens=distill_tokens, lr=lr,
-                   fine_tune_lr=fine_tune_lr, epochs=epochs, prune_weight=prune_weight,
-                   warmup=warmup, segment_len=segment_len, val_every=val_every,
-                   val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                   accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, grad_clip=grad_clip,
-                   weight_decay=weight_decay, branch=branch, tree_budget=tree_budget, rank=rank,
-                   msa_layers=msa_layers, keep_checkpoints=keep_checkpoints, gamma=gamma,
-                   processes=processes)  # None: default_processes, below
     if mode == "lora":  # the next-token LoRA baseline: shared-mode LoRA, no streams
         gamma = 0
-    check_seed(seed)
-    if callback is not None and not callable(callback):
-        raise TypeError(f"callback must be a function of (step, info), not {type(callback).__name__}")
-    if isinstance(model, (str, Path)):
-        model_dir(model)  # an empty path (an unset variable) is said, not read as the current directory
-    else:
-        from .api import check_model
-
-        check_model(model, None, paths=True)
-    if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):  # what data reads
-        raise TypeError("tokenizer must be a tokenizer (one with encode) or None, not "
-                        f"{type(tokenizer).__name__}")
-    if isinstance(data, (str, Path)):
-        check_path(data, "{data}", OptionError, "give a data directory")
     val_batches = val_batches or None  # 0: all, as the command line's --val-batches 0
     segment_len = segment_len or None  # 0 and None both mean all at once; one spelling in the config
-    if isinstance(model, (str, Path)) and out is None and distributed is None:
-        raise ValueError("train(MODEL_DIR, ...) without out= would lose the adapter (the model it loads "
-                         "is not returned): give out=NAME or DIR, or a loaded model")
     if processes is None:
         processes = default_processes(model, tokenizer, batch_size, distributed)
     if processes > 1:
