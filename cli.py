@@ -367,15 +367,14 @@ def bench(
 ) -> None:
     """Compare SS with AR, mlx-lm (plain and draft-model) and prompt lookup on the same prompts."""
     from mlx_specstream.bench import results_markdown, run_bench
-    from mlx_specstream.loader import model_dir
+    from mlx_specstream.errors import said_in
     from mlx_specstream.project import default_model
 
     n = n if n is not None else 8 if quick else 50  # --quick sets defaults, not what is given
     max_tokens = max_tokens if max_tokens is not None else 64 if quick else 128
-    model = model or default_model()
-    draft = model_dir(draft_model, "--draft-model") if draft_model is not None else None  # None: MODEL/draft
-    res = run_bench(model, task, n, max_tokens, out, draft_path=draft, data=data, adapters=adapter,
-                    chat_template=chat_template, overwrite=overwrite, repeats=repeats)
+    res = run_bench(model or default_model(), task, n, max_tokens, out, draft_path=draft_model, data=data,
+                    adapters=adapter, chat_template=chat_template, overwrite=overwrite, repeats=repeats,
+                    say=lambda msg: typer.echo(f"bench: {said_in(msg, 'cli')}", err=True))
     typer.echo(results_markdown(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
 

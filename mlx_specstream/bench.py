@@ -23,8 +23,10 @@ import difflib
 import hashlib
 import io
 import json
+import numbers
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -36,10 +38,12 @@ from mlx.utils import tree_flatten
 
 from .adapter import adapter_name, adapter_size, fine_tune_weights, resolve_adapter
 from .api import decoder, load
-from .data import VALID_FILE, DataError, encode_row, read_jsonl
+from .data import VALID_FILE, DataError, check_ids, encode_row, has_chat_template, read_jsonl
 from .engine import default_node_costs
-from .errors import CheckpointError, OptionError, check_switch
+from .errors import CheckpointError, OptionError, Said, check_path, check_switch
 from .loader import model_dir, model_name
+from .loader import read_config as read_model_config
+from .machine import cores
 from .outputs import (
     check_replaceable_file,
     check_writable,
@@ -59,6 +63,7 @@ REPEATS = 3  # runs of each (prompt, method); the fastest counts
 BOOTSTRAP = {"resamples": 2000, "seed": 0}
 MAX_HALF_WIDTH = 0.10  # an interval wider than +-10% of its speed-up is flagged in the table
 MIN_BOOTSTRAP_PROMPTS = 5  # a bootstrap over fewer prompts bounds nothing: its interval is flagged too
+BUSY_LOAD_PER_CORE = 0.25  # a 1-minute load average above this a core: other work competes for the CPU
 
 
 @dataclass
@@ -84,9 +89,10 @@ def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple]:
     return run
 
 
-def check_repeats(repeats: int) -> None:
-    if repeats < 1:
-        raise OptionError(f"{{repeats}} must be >= 1, not {repeats}")
+def check_count(name: str, value) -> None:
+    """A count (``repeats``, ``n``, ``max_tokens``) is a whole number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise OptionError(f"{{{name}}} must be a whole number >= 1, not {value!r}")
 
 
 def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int,
@@ -98,7 +104,7 @@ def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: in
     and the peak memory."""
     from tqdm import tqdm
 
-    check_repeats(repeats)
+    check_count("repeats", repeats)
     for m in methods:  # warm up (compilation, allocation) outside the timings
         m.run(prompts[0], 4)
     with tqdm(total=len(prompts) * repeats * len(methods), desc=desc, unit="run") as bar:
@@ -123,7 +129,7 @@ def best_time(fn: Callable[[], object], repeats: int = REPEATS,
               clock: Callable[[], float] = time.perf_counter) -> float:
     """Seconds of the fastest of ``repeats`` calls of ``fn`` after one warm-up call: the rule of
     :func:`time_methods` for a single operation (a forward pass, a kernel)."""
-    check_repeats(repeats)
+    check_count("repeats", repeats)
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -224,7 +230,12 @@ def exact_match(task: str | None, output: str, ref: str) -> bool:
 
 def task_metrics(task: str | None, outputs: list[str], refs: list[str]) -> dict:
     """Exact match (:func:`exact_match`); for code and a user's data (``task`` None) also edit
-    similarity (difflib ratio) on the stripped text."""
+    similarity (difflib ratio) on the stripped text. Over the prompts with a reference: an empty
+    one (a prompt given alone, as lossless training takes them) judges nothing; none, no metric."""
+    judged = [(o, r) for o, r in zip(outputs, refs) if r.strip()]
+    if not judged:
+        return {}
+    outputs, refs = zip(*judged)
     em = sum(exact_match(task, o, r) for o, r in zip(outputs, refs)) / len(refs)
     if task == "sql":
         return {"exact_match": round(em, 4)}
@@ -290,16 +301,20 @@ def adapter_methods(model_path: Path, adapter: str, tok) -> list[Method]:
     return methods
 
 
-def check_adapters(model_path: Path, adapters: list[str]) -> None:
-    """Before anything loads: each adapter there, and each name once (the table tells them apart
-    by their names, their folders')."""
+def check_adapters(model_path: Path, adapters: list[str]) -> list[str]:
+    """Before anything loads: each adapter there, and no two of one name (the table tells them
+    apart by their names, their folders'). One adapter named twice (by name and by path) is timed
+    once, as ``serve --adapters`` serves it once; returns the adapters to time."""
     if isinstance(adapters, str) or not adapters:
         raise OptionError("{adapter} takes a list of adapter names or paths, one at least")
-    names = [adapter_name(resolve_adapter(model_path, a)) for a in adapters]
-    twice = next((x for x in names if names.count(x) > 1), None)
-    if twice is not None:
-        raise OptionError(f"{{adapter}}: two adapters named '{twice}' (the table tells them apart by "
-                          "name: give each once, from folders of different names)")
+    found: dict[str, Path] = {}
+    for adapter in adapters:
+        path = resolve_adapter(model_path, adapter)
+        name = adapter_name(path)
+        if found.setdefault(name, path).resolve() != path.resolve():
+            raise OptionError(f"{{adapter}}: two adapters named '{name}' ({found[name]} and {path}): the "
+                              "table tells them apart by name: rename one")
+    return [str(path) for path in found.values()]
 
 
 def _project_adapter_methods(model_path: Path, task: str, tok, skipped: dict) -> list[Method]:
@@ -384,10 +399,11 @@ def check_out_dir(out_dir: Path, overwrite: bool) -> None:
     check_writable(out_dir, "the results")
 
 
-def prompts_file(data: Path) -> Path:
+def prompts_file(data: str | Path, say: Callable[[str], None] = print) -> Path:
     """The JSONL file ``bench --data`` reads: ``data`` itself, or in a data directory its
     ``test.jsonl``, else its ``valid.jsonl`` (said: held out from training, though it may have chosen
     the adapter kept)."""
+    check_path(data, "{data}", OptionError, "give a JSONL file or a data directory")
     data = Path(data)
     if data.is_file():
         return data
@@ -396,43 +412,63 @@ def prompts_file(data: Path) -> Path:
     for name in (TEST_FILE, VALID_FILE):
         if (data / name).is_file():
             if name != TEST_FILE:
-                print(f"bench: {data} has no {TEST_FILE}: timing the prompts of {name}", file=sys.stderr)
+                say(f"{data} has no {TEST_FILE}: timing the prompts of {name}")
             return data / name
     raise DataError(f"{data}: no {TEST_FILE} or {VALID_FILE} (give a directory that holds one, or a "
                     "JSONL file)")
 
 
-def read_prompts(path: Path, tok, n: int, chat_template: bool = False) -> tuple[list[list[int]], list[str]]:
+def _data_name(path: Path) -> str:
+    """A user's data set by name: its directory's for ``test.jsonl``/``valid.jsonl``, else the file's."""
+    return path.parent.name if path.name in (TEST_FILE, VALID_FILE) else path.stem
+
+
+def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_size: int | None = None,
+                 say: Callable[[str], None] = print) -> tuple[list[list[int]], list[str]]:
     """The first ``n`` prompts of a JSONL file and the completions they are judged against, in
     the formats ``train`` reads (``prompt``/``completion`` as text or token ids, ``messages``: the
     conversation up to its last reply; ``chat_template`` wraps text prompts in a user turn, as
-    ``train``/``generate --chat-template`` do). A ``text`` row has no prompt: skipped, and said."""
-    prompts, refs, plain = [], [], 0
+    ``train``/``generate --chat-template`` do), each row checked as ``train`` checks it (token ids
+    in the model's ``vocab_size``), so a bad row is said with its line before anything is timed.
+    A ``text`` row has no prompt: skipped, and said (``say``), as prompts outside the model's chat
+    template and prompts without a completion to judge them against are."""
+    prompts, refs, skipped, plain = [], [], 0, 0
     for line, row in read_jsonl(path):
         if len(prompts) == n:
             break
         if isinstance(row, dict) and "text" in row and not {"prompt", "completion", "messages"} & set(row):
-            plain += 1
+            skipped += 1
             continue
-        ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=f"{path}:{line}")
+        where = f"{path}:{line}"
+        ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=where)
+        check_ids(ex.tokens, vocab_size, where)
         prompts.append(ex.tokens[:ex.n_prompt])
         completion = row.get("completion")
         refs.append(completion if isinstance(completion, str) else tok.decode(ex.tokens[ex.n_prompt:]))
-    if plain:
-        print(f"bench: {path.name}: skipped {_count(plain, 'text row')} (no prompt to time)", file=sys.stderr)
+        plain += isinstance(row.get("prompt"), str) and not chat_template
+    if skipped:
+        say(f"{path}: skipped {_count(skipped, 'text row')} (no prompt to time)")
     if not prompts:
         raise DataError(f"{path}: no prompts (bench reads 'prompt'/'completion' and 'messages' rows)")
     if len(prompts) < n:
-        print(f"bench: {recorded_path(path)} has {_count(len(prompts), 'prompt')}, fewer than the {n} "
-              "asked for: running all of them", file=sys.stderr)
+        say(f"{path} has {_count(len(prompts), 'prompt')}, fewer than the {n} asked for: running all of them")
+    if plain and has_chat_template(tok):
+        say(Said(f": the model has a chat template, and {plain} of these prompts are not in it: "
+                 "{chat_template} wraps each in a user turn, as a chat client's requests are",
+                 subject=str(path)))
+    if unjudged := sum(not r.strip() for r in refs):
+        say(f"{path}: {unjudged} of {_count(len(refs), 'prompt')} have no completion to judge the "
+            + ("outputs against: no exact match" if unjudged == len(refs) else "output against: exact match "
+               f"over the other {len(refs) - unjudged}"))
     return prompts, refs
 
 
-def run_bench(model_path: Path, task: str | None, n: int, max_tokens: int, out_dir: Path,
-              draft_path: Path | None = None, data: Path | None = None, adapters: list[str] | None = None,
-              chat_template: bool = False, command: str | None = None, methods: list[Method] | None = None,
-              overwrite: bool = False, repeats: int = REPEATS,
-              clock: Callable[[], float] = time.perf_counter) -> dict:
+def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int, out_dir: str | Path,
+              draft_path: str | Path | None = None, data: str | Path | None = None,
+              adapters: list[str] | None = None, chat_template: bool = False, command: str | None = None,
+              methods: list[Method] | None = None, overwrite: bool = False, repeats: int = REPEATS,
+              clock: Callable[[], float] = time.perf_counter,
+              say: Callable[[str], None] = lambda msg: print(f"bench: {msg}", file=sys.stderr)) -> dict:
     """Run every method on the first ``n`` test prompts; write results.json, results.md, PNG.
 
     ``task``: the project's data set and adapters (``sql``, ``code``) and its metric; None: ``sql``'s
@@ -442,34 +478,40 @@ def run_bench(model_path: Path, task: str | None, n: int, max_tokens: int, out_d
     ``methods`` replaces the standard set (those marked ``plain_ar`` compete for the speed
     reference; a method's ``reproduces`` names the one whose output it must equal); ``overwrite``
     replaces the results of an earlier run in ``out_dir``; ``repeats`` runs per (prompt, method),
-    timed by ``clock``."""
-    check_repeats(repeats)
-    for name, value in (("n", n), ("max_tokens", max_tokens)):
-        if value < 1:
-            raise OptionError(f"{{{name}}} must be >= 1, not {value}")
+    timed by ``clock``; ``say`` takes the notes (a data set's skipped rows, a busy machine).
+    Everything is checked before a model loads."""
+    for name, value in (("repeats", repeats), ("n", n), ("max_tokens", max_tokens)):
+        check_count(name, value)
     if task not in (None, *TASKS):
         raise OptionError(f"{{task}} must be {' or '.join(TASKS)}, not {task!r}")
+    model_path = model_dir(model_path)
+    check_path(out_dir, "{out_dir}", OptionError, "give a directory for the results")
+    out_dir = Path(out_dir)
+    if draft_path is not None:
+        draft_path = model_dir(draft_path, "--draft-model")
     if adapters is not None:
-        check_adapters(model_dir(model_path), adapters)
+        adapters = check_adapters(model_path, adapters)
     check_switch("chat_template", chat_template)
-    check_out_dir(Path(out_dir), overwrite)
-    test = prompts_file(data) if data is not None else project_data(task or "sql") / TEST_FILE
+    check_out_dir(out_dir, overwrite)
+    test = prompts_file(data, say) if data is not None else project_data(task or "sql") / TEST_FILE
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
-    tok = load_tokenizer(model_dir(model_path))
+    tok = load_tokenizer(model_path)
     if tok is None:
         raise FileNotFoundError(f"{model_path}: no tokenizer files (tokenizer.json ...): the benchmark "
                                 "needs them to encode its prompts")
-    prompts, refs = read_prompts(test, tok, n, chat_template)  # a bad file is said before the models load
+    vocab_size = read_model_config(model_path).get("vocab_size")
+    # a bad row is said before the models load
+    prompts, refs = read_prompts(test, tok, n, chat_template, vocab_size, say)
     skipped = {}
     if methods is None:
         methods, skipped = build_methods(model_path, task or "sql", draft_path, adapters)
     load_before = os.getloadavg()[0]
-    if load_before > 0.5:
-        print(f"bench: the machine is busy (1-minute load average {load_before:.1f}); timings will be "
-              "noisy, though the ratios between methods hold better", file=sys.stderr)
+    if load_before > BUSY_LOAD_PER_CORE * cores():
+        say(f"the machine is busy (1-minute load average {load_before:.1f} on {_count(cores(), 'core')}); "
+            "timings will be noisy, though the ratios between methods hold better")
     with terminate_cleanly():  # SIGTERM stops the run as Ctrl-C does: said, its bar closed
-        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task or test.parent.name}")
+        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task or _data_name(test)}")
     results = summarize(methods, task, refs, tok.decode)
     meta = run_meta(
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
@@ -553,7 +595,8 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
     keys += ["extra_params", "peak_memory_mb", "identical_to_ar"]
     device = "" if meta.get("device", "cpu") == "cpu" else f"{meta['device']}, "
     versions = meta.get("versions", {})
-    lines = [f"`{meta['command']}` — {meta['date']}; {_subject(meta)}, model {meta.get('model')}; "
+    ran_in = f" (in {meta['cwd']})" if meta.get("cwd", ".") != "." else ""  # where the command runs again
+    lines = [f"`{meta['command']}`{ran_in} — {meta['date']}; {_subject(meta)}, model {meta.get('model')}; "
              f"{meta.get('processor')}, {meta['machine']}, {device}MLX {meta['mlx']}, "
              f"mlx-lm {versions.get('mlx-lm', '?')}, BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load "
              f"before/after: {meta.get('load_average_1m')}); source {meta.get('commit')}; "
@@ -630,9 +673,10 @@ def results_plot(meta: dict, results: list[dict]) -> bytes | None:
     axes[1].set_xlabel("mean tokens per forward pass")
     for ax in axes:
         ax.invert_yaxis()
-    fig.suptitle(f"{_subject(meta)}, {model_name(str(meta.get('model')))}: "
-                 f"{_count(meta['prompts'], 'prompt')}, {meta['date']}, {meta.get('processor')}, "
-                 f"BLAS {meta['blas']}")
+    said = [f"model {model_name(str(meta.get('model')))}", _subject(meta), _count(meta["prompts"], "prompt")]
+    lines = ["; ".join(filter(None, said)),
+             f"{meta['date']}, {meta.get('processor')}, BLAS {meta['blas']}"]
+    fig.suptitle("\n".join(textwrap.fill(line, 120) for line in lines), fontsize=9)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)

@@ -301,7 +301,8 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
     return rows
 
 
-def _check_ids(tokens: list[int], vocab_size: int | None, where: str) -> None:
+def check_ids(tokens: list[int], vocab_size: int | None, where: str) -> None:
+    """Token ids within the model's vocabulary (``where``: the row, said in the error)."""
     if vocab_size is not None and tokens and not 0 <= min(tokens) <= max(tokens) < vocab_size:
         raise DataError(f"{where}: token id out of range for a vocabulary of {vocab_size}")
 
@@ -319,7 +320,7 @@ def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: 
             raise DataError(f"{at}: no tokens")
         if not all(isinstance(t, numbers.Integral) and not isinstance(t, bool) for t in ex.tokens):
             raise DataError(f"{at}: tokens must be whole-number token ids")
-        _check_ids(ex.tokens, vocab_size, at)
+        check_ids(ex.tokens, vocab_size, at)
         if not 0 <= ex.n_prompt <= len(ex.tokens):
             raise DataError(f"{at}: n_prompt is {ex.n_prompt}, outside its {len(ex.tokens)} tokens")
         if len(ex.tokens) > max_seq_len:
@@ -353,7 +354,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
             ds.n_read += 1
             ex = replace(encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
                                     where=f"{path}:{n}"), line=n)
-            _check_ids(ex.tokens, vocab_size, f"{path}:{n}")
+            check_ids(ex.tokens, vocab_size, f"{path}:{n}")
             if max_seq_len is not None and len(ex.tokens) > max_seq_len:
                 if policy == "skip" or ex.n_prompt >= max_seq_len:
                     ds.n_skipped += 1

@@ -183,25 +183,31 @@ def is_results_json(path: Path) -> bool:
 
 def recorded_path(path: str | Path) -> str:
     """``path`` as a results file records it: relative to the repository when inside it, so a
-    committed result names no directory of the machine that wrote it (tests/test_docs.py)."""
+    committed result names no directory of the machine that wrote it (tests/test_docs.py), else
+    absolute (a path relative to where a command ran says nothing once it is read elsewhere)."""
     full = Path(path).resolve()
-    return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(path)
+    return str(full.relative_to(REPOSITORY)) if full.is_relative_to(REPOSITORY) else str(full)
 
 
 def recorded_command(argv: list[str]) -> str:
-    """``argv`` as a results file records the command: quoted as a shell would need it, and every
-    absolute path (``/x/y``, ``--out=/x/y``) through :func:`recorded_path`."""
+    """``argv`` as a results file records the command: quoted as a shell would need it; run from
+    the repository's root, every absolute path (``/x/y``, ``--out=/x/y``) through
+    :func:`recorded_path`, so that it runs again there. Run elsewhere it is kept as typed, and
+    ``meta.cwd`` (:func:`run_meta`) says where it runs again."""
+    at_root = Path.cwd().resolve() == REPOSITORY
+
     def arg(a: str) -> str:
         flag, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
-        return flag + eq + (recorded_path(value) if os.path.isabs(value) else value)
+        return flag + eq + (recorded_path(value) if at_root and os.path.isabs(value) else value)
 
     return shlex.join([arg(Path(argv[0]).as_posix()), *map(arg, argv[1:])])
 
 
 def run_meta(command: str | None = None, **extra) -> dict:
     """The ``meta`` every results file starts with: the command as typed (``command`` overrides
-    it), the UTC date and time, the machine, the device (CPU or which GPU), the source commit, and
-    the versions and BLAS that were timed; ``extra`` adds what the run was (model, task, settings)."""
+    it) and the directory it ran in (``.``: the repository's root), the UTC date and time, the
+    machine, the device (CPU or which GPU), the source commit, and the versions and BLAS that were
+    timed; ``extra`` adds what the run was (model, task, settings)."""
     import platform
     import sys
     from datetime import datetime, timezone
@@ -212,7 +218,7 @@ def run_meta(command: str | None = None, **extra) -> dict:
     from .device import device_label
     from .machine import cores
 
-    return {"command": command or recorded_command(sys.argv),
+    return {"command": command or recorded_command(sys.argv), "cwd": recorded_path(Path.cwd()),
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "machine": platform.platform(), "processor": cpu_name(),
             "cpus": cores(), "python": platform.python_version(), "mlx": mx.__version__,

@@ -4,6 +4,7 @@ timing harness (repeats, best run, reference, bootstrap interval, warning) runs 
 whose times the tests set."""
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,34 @@ def test_bench_times_a_users_adapters_on_a_users_prompts(model_dir, tmp_path, ca
     assert f"prompts {res['meta']['data']}, model" in (tmp_path / "out" / "results.md").read_text()
 
 
+def test_bench_takes_paths_as_text_and_says_prompts_without_a_reference(tmp_path, capsys):
+    """str paths, as load and train take them; prompts given alone (``"completion": ""``, as
+    lossless training takes them) judge nothing: the metrics are over the others, and said."""
+    clock, tok = FakeClock(), load_tokenizer(DEFAULT_MODEL)
+    texts = [f"SELECT {p}" for p in range(3)]
+    index = {tuple(tok.encode(x)): p for p, x in enumerate(texts)}.__getitem__
+    x = {p: list(tok.encode("x", add_special_tokens=False)) for p in range(3)}  # every output "x"
+
+    def methods():
+        return [fake_method(clock, "ar", {p: [1.0] * 3 for p in range(3)}, tokens=x,
+                            index=lambda ids: index(tuple(ids)), plain_ar=True)]
+
+    data = tmp_path / "mine.jsonl"
+    data.write_text("".join(json.dumps({"prompt": x, "completion": c}) + "\n"
+                            for x, c in zip(texts, ["", "x", "nothing"])))
+    res = run_bench(str(DEFAULT_MODEL), None, 3, 16, str(tmp_path / "out"), data=str(data), methods=methods(),
+                    clock=clock)
+    assert "1 of 3 prompts have no completion to judge the output against: exact match over the other 2" \
+        in capsys.readouterr().err
+    assert res["results"][0]["exact_match"] == 0.5  # the fake decoder writes "x"
+    assert (tmp_path / "out" / "results.json").is_file()
+    data.write_text("".join(json.dumps({"prompt": x, "completion": ""}) + "\n" for x in texts))
+    res = run_bench(DEFAULT_MODEL, None, 3, 16, tmp_path / "out2", data=data, methods=methods(), clock=clock)
+    assert "3 of 3 prompts have no completion to judge the outputs against: no exact match" \
+        in capsys.readouterr().err
+    assert "exact_match" not in res["results"][0] and "edit_similarity" not in res["results"][0]
+
+
 def test_task_metrics():
     assert task_metrics("sql", ["SELECT a FROM t;", "select b", "SELECT a FROM t WHERE c = 'X'"],
                         ["SELECT  a\nFROM t", "SELECT b", "SELECT a FROM t WHERE c = 'x'"]) == {
@@ -126,8 +155,9 @@ def test_bench_cli_errors(tmp_path):
     assert_one_line_error(cli("bench", "--task", "poetry", "--out", str(tmp_path)), "sql or code")
     assert_one_line_error(cli("bench", "--model", str(tmp_path / "nope"), "--out", str(tmp_path)),
                           "no such model directory")
-    assert_one_line_error(cli("bench", "--repeats", "0", "--out", str(tmp_path)), "--repeats must be >= 1")
-    assert_one_line_error(cli("bench", "--n", "-1", "--out", str(tmp_path)), "--n must be >= 1")
+    assert_one_line_error(cli("bench", "--repeats", "0", "--out", str(tmp_path)),
+                          "--repeats must be a whole number >= 1")
+    assert_one_line_error(cli("bench", "--n", "-1", "--out", str(tmp_path)), "--n must be a whole number")
     assert_one_line_error(cli("bench", "--draft-model", str(tmp_path / "typo"), "--out", str(tmp_path)),
                           "--draft-model")
     assert_one_line_error(cli("bench", "--adapter", "typo", "--out", str(tmp_path)),
@@ -142,13 +172,21 @@ def test_bench_refuses_before_it_runs(tmp_path):
     (tmp_path / "afile").write_text("x")
     with pytest.raises(PermissionError, match="cannot write the results to"):
         run_bench(DEFAULT_MODEL, "sql", 1, 8, tmp_path / "afile" / "sub", methods=[])
-    with pytest.raises(ValueError, match="max_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_tokens must be a whole number >= 1"):
         run_bench(DEFAULT_MODEL, "sql", 1, 0, tmp_path / "out", methods=[])
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
-    # a user's adapters and prompts: each adapter there and named once, the data there and readable
+    for name, value in (("n", 2.5), ("n", True), ("repeats", 1.5), ("max_tokens", "8")):
+        with pytest.raises(ValueError, match=f"^{name} must be a whole number >= 1, not {value!r}$"):
+            run_bench(DEFAULT_MODEL, "sql", **{"n": 1, "max_tokens": 8, name: value},
+                      out_dir=tmp_path / "out", methods=[])
+    with pytest.raises(TypeError, match="out_dir must be a str or a Path, not int"):
+        run_bench(DEFAULT_MODEL, "sql", 1, 8, 5, methods=[])
+    # a user's adapters and prompts: each adapter there, no two of one name, the data there and readable
+    shutil.copytree(DEFAULT_MODEL / "adapters" / "sql", tmp_path / "x" / "sql")
     with pytest.raises(ValueError, match="two adapters named 'sql'"):
-        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters=["sql", "sql"], methods=[])
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters=["sql", tmp_path / "x" / "sql"],
+                  methods=[])
     with pytest.raises(ValueError, match="a list of adapter names"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters="sql", methods=[])
     with pytest.raises(AdapterError, match="adapter 'typo' not found"):
@@ -162,6 +200,10 @@ def test_bench_refuses_before_it_runs(tmp_path):
     (tmp_path / "mine" / "test.jsonl").write_text('{"text": "a"}\n')
     with pytest.raises(DataError, match="no prompts"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    (tmp_path / "mine" / "test.jsonl").write_text('{"prompt": [1, 2], "completion": [3]}\n'
+                                                  '{"prompt": [1, 4096], "completion": [3]}\n')
+    with pytest.raises(DataError, match="test.jsonl:2: token id out of range for a vocabulary of 4096"):
+        run_bench(DEFAULT_MODEL, None, 2, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
 
 
 def test_too_few_prompts_flag_the_interval(tmp_path, capsys):
@@ -227,7 +269,7 @@ def test_each_prompt_runs_every_method_repeatedly_interleaved_and_the_fastest_ru
     assert log == [(m, p, r) for p in (0, 1) for r in range(3) for m in "ab"]
     assert [r["time"] for r in a.records] == [1.0, 4.0] and [r["time"] for r in b.records] == [0.5, 2.0]
     assert a.records[1]["times"] == [5.0, 6.0, 4.0]
-    with pytest.raises(ValueError, match="repeats must be >= 1"):
+    with pytest.raises(ValueError, match="repeats must be a whole number >= 1"):
         time_methods([a], [[0]], 16, repeats=0, clock=clock)
 
 

@@ -92,12 +92,13 @@ def test_cited_design_sections_exist():
     assert not missing, "cited sections missing from docs/design.md:\n" + "\n".join(missing)
 
 
-def test_results_record_paths_inside_the_repository_relative_to_it(tmp_path):
+def test_results_record_paths_inside_the_repository_relative_to_it(tmp_path, monkeypatch):
     from mlx_specstream.api import DEFAULT_MODEL
     from mlx_specstream.outputs import recorded_path
 
     assert recorded_path(DEFAULT_MODEL.resolve()) == "models/specstream-tiny/mlx"
-    assert recorded_path(tmp_path / "m") == str(tmp_path / "m")  # outside: as given
+    monkeypatch.chdir(tmp_path)
+    assert recorded_path("m") == str(tmp_path.resolve() / "m")  # outside: absolute, wherever it is read
 
 
 def test_results_meta_names_the_command_time_machine_and_versions(monkeypatch):

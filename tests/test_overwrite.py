@@ -438,14 +438,23 @@ def test_every_script_checks_its_results_file_before_the_work():
     assert [p.name for p in writers if "outputs.parse_script_args(ap" not in p.read_text()] == []
 
 
-def test_a_recorded_command_names_no_directory_of_the_machine():
-    from mlx_specstream.outputs import recorded_command
+def test_a_recorded_command_names_no_directory_of_the_machine(tmp_path, monkeypatch):
+    """Run from the repository's root, its paths are recorded relative to it (the command runs
+    again there); run elsewhere, as typed, with the directory it ran in (it runs again there)."""
+    from mlx_specstream.outputs import recorded_command, run_meta
     from mlx_specstream.project import REPOSITORY
 
     argv = [f"{REPOSITORY}/.venv/bin/specstream-mlx", "bench", "--out", f"{REPOSITORY}/results/x",
             f"--model={REPOSITORY}/models/m", "--task", "a b", "/elsewhere/y"]
+    monkeypatch.chdir(REPOSITORY)
     assert recorded_command(argv) == (".venv/bin/specstream-mlx bench --out results/x --model=models/m "
                                       "--task 'a b' /elsewhere/y")
+    assert run_meta("c")["cwd"] == "."
+    monkeypatch.chdir(tmp_path)  # a relative --data here and an absolute --adapter: both run again here
+    argv = [f"{REPOSITORY}/.venv/bin/specstream-mlx", "bench", "--data", "mine",
+            "--adapter", f"{REPOSITORY}/models/m/adapters/a"]
+    assert recorded_command(argv) == " ".join(argv)
+    assert run_meta("c")["cwd"] == str(tmp_path.resolve())
 
 
 def test_a_failed_atomic_write_names_the_file_asked_for(tmp_path):
