@@ -19,6 +19,7 @@ import mlx.nn as nn
 from .arch import CausalLM, build_model
 from .device import on_gpu
 from .errors import CheckpointError, OptionError, SaidInOptions, check_path, check_switch, verbatim
+from .machine import warn
 from .outputs import (
     WEIGHTS_MARK,
     check_replaceable,
@@ -136,10 +137,8 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
                          f"{group_size}, so nothing would be quantized"
                          + ("" if group_size == min(Q_GROUP_SIZES) else " (try a smaller group size)"))
     if fits < len(layers):
-        import warnings
-
-        warnings.warn(f"{len(layers) - fits} of {len(layers)} layers stay in float: their input sizes do "
-                      f"not divide into groups of {group_size}", stacklevel=2)
+        warn(f"{len(layers) - fits} of {len(layers)} layers stay in float: their input sizes do not divide "
+             f"into groups of {group_size}")
     nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantize_predicate(group_size))
     return fits
 

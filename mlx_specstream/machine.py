@@ -20,11 +20,27 @@ def one_line_warning(message: Warning | str, category: type[Warning], filename: 
     return f"warning: {message}\n"
 
 
-def warn(message: str, stacklevel: int = 3) -> None:
-    """A RuntimeWarning in :func:`one_line_warning`'s format (filters and handlers apply as usual)."""
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _first_caller_outside() -> int:
+    """The stack level, for a ``warnings.warn`` in :func:`warn`, of the first frame outside this
+    package: the user's line that led to the warning (Python 3.12's ``skip_file_prefixes``, which
+    3.10 and 3.11 lack)."""
+    import sys
+
+    frame, level = sys._getframe(2), 2  # 1: warn itself
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def warn(message: str) -> None:
+    """A RuntimeWarning in :func:`one_line_warning`'s format (filters and handlers apply as usual),
+    attributed to the first line outside this package that led to it."""
     previous, warnings.formatwarning = warnings.formatwarning, one_line_warning
     try:
-        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel)
+        warnings.warn(message, RuntimeWarning, stacklevel=_first_caller_outside())
     finally:
         warnings.formatwarning = previous
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import math
 import os
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -357,11 +356,10 @@ def _metal_passes_self_check() -> bool:
             err = float(mx.abs(a - b).max())
             _self_check["ok"] = err < 1e-3
             if not _self_check["ok"]:
-                warnings.warn(f"the tree-attention Metal kernel differs from the dense path by {err:.2e} "
-                              "on this device; using the dense path", stacklevel=3)
+                machine.warn(f"the tree-attention Metal kernel differs from the dense path by {err:.2e} "
+                             "on this device; using the dense path")
         except Exception as e:  # compile or launch failure: keep decoding on the dense path
-            warnings.warn(f"the tree-attention Metal kernel failed on this device ({e}); using the "
-                          "dense path", stacklevel=3)
+            machine.warn(f"the tree-attention Metal kernel failed on this device ({e}); using the dense path")
             _self_check["ok"] = False
     return _self_check["ok"]
 
