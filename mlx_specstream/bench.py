@@ -38,7 +38,8 @@ from mlx.utils import tree_flatten
 
 from .adapter import adapter_name, adapter_size, fine_tune_weights, resolve_adapter
 from .api import decoder, load
-from .data import VALID_FILE, DataError, check_ids, encode_row, has_chat_template, read_jsonl
+from .arch.base import max_positions
+from .data import VALID_FILE, DataError, check_ids, encode_row, has_chat_template, message_text, read_jsonl
 from .engine import default_node_costs
 from .errors import CheckpointError, OptionError, Said, check_path, check_switch
 from .loader import model_dir, model_name
@@ -95,26 +96,27 @@ def check_count(name: str, value) -> None:
         raise OptionError(f"{{{name}}} must be a whole number >= 1, not {value!r}")
 
 
-def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int,
+def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int | list[int],
                  repeats: int = REPEATS, clock: Callable[[], float] = time.perf_counter,
                  desc: str = "bench") -> None:
     """Run every method ``repeats`` times on each prompt, interleaved (prompt by prompt, round
-    robin over the methods); append to each method's ``records`` the fastest run per prompt
-    (tokens, passes, time, and the decoder's statistics for our decoders) with every run's time
-    and the peak memory."""
+    robin over the methods), for at most ``max_tokens`` tokens (or each prompt's own); append to
+    each method's ``records`` the fastest run per prompt (tokens, passes, time, and the decoder's
+    statistics for our decoders) with every run's time and the peak memory."""
     from tqdm import tqdm
 
     check_count("repeats", repeats)
     for m in methods:  # warm up (compilation, allocation) outside the timings
         m.run(prompts[0], 4)
     with tqdm(total=len(prompts) * repeats * len(methods), desc=desc, unit="run") as bar:
-        for ids in prompts:
+        budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
+        for ids, most in zip(prompts, budgets):
             runs: dict[str, list] = {m.name: [] for m in methods}
             for _ in range(repeats):
                 for m in methods:
                     mx.reset_peak_memory()
                     t = clock()
-                    tokens, calls, *stats = m.run(ids, max_tokens)
+                    tokens, calls, *stats = m.run(ids, most)
                     dt = clock() - t
                     runs[m.name].append({"tokens": tokens, "calls": calls, "time": dt,
                                          "peak": mx.get_peak_memory(), "stats": (stats or [None])[0]})
@@ -424,12 +426,14 @@ def _data_name(path: Path) -> str:
 
 
 def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_size: int | None = None,
-                 say: Callable[[str], None] = print) -> tuple[list[list[int]], list[str]]:
+                 limit: int | None = None, say: Callable[[str], None] = print
+                 ) -> tuple[list[list[int]], list[str]]:
     """The first ``n`` prompts of a JSONL file and the completions they are judged against, in
     the formats ``train`` reads (``prompt``/``completion`` as text or token ids, ``messages``: the
     conversation up to its last reply; ``chat_template`` wraps text prompts in a user turn, as
     ``train``/``generate --chat-template`` do), each row checked as ``train`` checks it (token ids
-    in the model's ``vocab_size``), so a bad row is said with its line before anything is timed.
+    in the model's ``vocab_size``, the prompt and a token within the ``limit`` it holds), so a bad
+    row is said with its line before anything is timed.
     A ``text`` row has no prompt: skipped, and said (``say``), as prompts outside the model's chat
     template and prompts without a completion to judge them against are."""
     prompts, refs, skipped, plain = [], [], 0, 0
@@ -442,9 +446,14 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
         where = f"{path}:{line}"
         ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=where)
         check_ids(ex.tokens, vocab_size, where)
+        if limit is not None and ex.n_prompt >= limit:
+            raise DataError(f"{where}: the prompt has {ex.n_prompt} tokens, and at most {limit - 1} fit: the "
+                            f"model holds {limit} tokens, the prompt and one generated")
         prompts.append(ex.tokens[:ex.n_prompt])
-        completion = row.get("completion")
-        refs.append(completion if isinstance(completion, str) else tok.decode(ex.tokens[ex.n_prompt:]))
+        # the reply's text: a chat row's tokens end its turn as the template does (<|im_end|>)
+        reply = row["messages"][-1]["content"] if "messages" in row else row.get("completion")
+        refs.append(tok.decode(reply) if isinstance(reply, list) and "messages" not in row
+                    else message_text(reply, where))
         plain += isinstance(row.get("prompt"), str) and not chat_template
     if skipped:
         say(f"{path}: skipped {_count(skipped, 'text row')} (no prompt to time)")
@@ -500,9 +509,12 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     if tok is None:
         raise FileNotFoundError(f"{model_path}: no tokenizer files (tokenizer.json ...): the benchmark "
                                 "needs them to encode its prompts")
-    vocab_size = read_model_config(model_path).get("vocab_size")
+    config = read_model_config(model_path)
+    limit = max_positions(config)
     # a bad row is said before the models load
-    prompts, refs = read_prompts(test, tok, n, chat_template, vocab_size, say)
+    prompts, refs = read_prompts(test, tok, n, chat_template, config.get("vocab_size"), limit, say)
+    # every method stops where the model's context ends (ours do; mlx-lm's would run on past it)
+    budgets = [min(max_tokens, limit - len(p)) if limit else max_tokens for p in prompts]
     skipped = {}
     if methods is None:
         methods, skipped = build_methods(model_path, task or "sql", draft_path, adapters)
@@ -511,7 +523,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
         say(f"the machine is busy (1-minute load average {load_before:.1f} on {_count(cores(), 'core')}); "
             "timings will be noisy, though the ratios between methods hold better")
     with terminate_cleanly():  # SIGTERM stops the run as Ctrl-C does: said, its bar closed
-        time_methods(methods, prompts, max_tokens, repeats, clock, desc=f"bench {task or _data_name(test)}")
+        time_methods(methods, prompts, budgets, repeats, clock, desc=f"bench {task or _data_name(test)}")
     results = summarize(methods, task, refs, tok.decode)
     meta = run_meta(
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],

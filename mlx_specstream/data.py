@@ -111,7 +111,7 @@ def _encode_pair(tokenizer, prompt: str | list[int], completion: str) -> tuple[l
     return p, c
 
 
-def _text_content(content, where: str) -> str:
+def message_text(content, where: str) -> str:
     """A message's content: a string, or OpenAI's list of parts whose text parts are joined (as
     the server reads them)."""
     if isinstance(content, str):
@@ -128,10 +128,12 @@ def has_chat_template(tokenizer) -> bool:
     return hasattr(tokenizer, "apply_chat_template") and bool(getattr(tokenizer, "chat_template", True))
 
 
-def _chat_prompt(tokenizer, messages: list[dict], where: str, tools: list | None = None) -> str | list[int]:
-    """The chat template's rendering of ``messages`` (and ``tools``) with the assistant's turn
-    begun: its text (tokenizers of this package) or ids (others); a row the template refuses is a
-    DataError."""
+def _render(tokenizer, messages: list[dict], where: str, tools: list | None = None,
+            reply: bool = False) -> list[int]:
+    """The chat template's rendering of ``messages`` (and ``tools``) as token ids (as
+    ``transformers`` and mlx-lm tokenize it: no BOS but the template's): the assistant's turn begun
+    after them, or with ``reply`` the conversation as it stands, its last reply ended as the
+    template ends a turn. A row the template refuses is a DataError."""
     if not has_chat_template(tokenizer):
         from .errors import OptionError
 
@@ -143,7 +145,7 @@ def _chat_prompt(tokenizer, messages: list[dict], where: str, tools: list | None
 
     keywords = inspect.signature(tokenizer.apply_chat_template).parameters
     takes = "add_generation_prompt" in keywords or any(k.kind == k.VAR_KEYWORD for k in keywords.values())
-    options = {"add_generation_prompt": True} if takes else {}  # (mlx-lm's wrapper: through **kwargs)
+    options = {"add_generation_prompt": not reply} if takes else {}  # (mlx-lm's wrapper: through **kwargs)
     if tools is not None:
         options["tools"] = tools
     try:
@@ -151,15 +153,32 @@ def _chat_prompt(tokenizer, messages: list[dict], where: str, tools: list | None
     except Exception as e:  # any tokenizer's template error is this row's
         said = str(e) if isinstance(e, TokenizerError) else f"chat template: {e}"
         raise DataError(f"{where}: {said}") from None
-    return out if isinstance(out, str) else [int(t) for t in out]
+    if isinstance(out, str):  # a tokenizer whose template gives text: tokenized as transformers does
+        out = tokenizer.encode(out, add_special_tokens=False)
+    return [int(t) for t in out]
+
+
+def _chat_pair(tokenizer, messages: list[dict], where: str, tools: list | None = None
+               ) -> tuple[list[int], list[int] | None]:
+    """Prompt and reply tokens of a conversation ending with the assistant's reply, as mlx-lm
+    trains on chat rows: the prompt is the template's rendering of the messages before the reply,
+    the assistant's turn begun; the reply, what the whole conversation's rendering adds to it (the
+    template's own spacing and end of turn, ``<|im_end|>`` for ChatML). None for the reply where
+    that rendering does not begin with the prompt's (a template that rewrites earlier turns) or the
+    reply is empty (a prompt given alone): the caller encodes the reply text alone, with EOS."""
+    prompt = _render(tokenizer, messages[:-1], where, tools)
+    if not messages[-1]["content"]:
+        return prompt, None
+    whole = _render(tokenizer, messages, where, tools, reply=True)
+    return prompt, whole[len(prompt):] if whole[:len(prompt)] == prompt and len(whole) > len(prompt) else None
 
 
 def chat_prompt(tokenizer, prompt: str, *, system: str | None = None, tools: list | None = None,
-                where: str = "prompt") -> str | list[int]:
+                where: str = "prompt") -> list[int]:
     """A prompt as a chat client sends it: one user turn (after ``system``'s), run through the chat
     template with the assistant's turn begun; what ``--chat-template`` trains on and decodes."""
     system_turn = [{"role": "system", "content": system}] if system is not None else []
-    return _chat_prompt(tokenizer, [*system_turn, {"role": "user", "content": prompt}], where, tools)
+    return _render(tokenizer, [*system_turn, {"role": "user", "content": prompt}], where, tools)
 
 
 def assistant_turns(row: dict) -> list[dict]:
@@ -208,8 +227,9 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                             "(or both lists of token ids)")
         _need_tokenizer(tokenizer, where)
         _check_text(where, prompt=prompt, completion=completion)
-        if chat_template:
-            prompt = chat_prompt(tokenizer, prompt, tools=tools, where=where)
+        if chat_template:  # one user turn and the assistant's reply
+            turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+            return _chat_example(tokenizer, turns, where, tools, add_eos)
         p, c = _encode_pair(tokenizer, prompt, completion)
         if not p:
             raise DataError(f"{where}: the prompt encodes to no tokens")
@@ -224,12 +244,11 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
             raise DataError(f"{where}: 'messages' rows need the model's chat template, and its tokenizer "
                             "has none: give prompt/completion rows")
         # earlier messages' contents may be None (OpenAI's tool calls): the template reads them
-        msgs = [{**m, "content": _text_content(m.get("content"), where)}
+        msgs = [{**m, "content": message_text(m.get("content"), where)}
                 if i == len(msgs) - 1 or m.get("content") is not None else m for i, m in enumerate(msgs)]
         _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)
                               if isinstance(m.get("content"), str)})
-        p, c = _encode_pair(tokenizer, _chat_prompt(tokenizer, msgs[:-1], where, tools), msgs[-1]["content"])
-        return Example(p + c + (_eos(tokenizer) if add_eos else []), len(p))
+        return _chat_example(tokenizer, msgs, where, tools, add_eos)
     if "text" in row:
         text = row["text"]
         if _is_ids(text):
@@ -243,6 +262,19 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
     keys = ", ".join(sorted(row)) or "none"
     raise DataError(f"{where}: expected keys 'prompt' and 'completion', 'messages', or 'text' "
                     f"(found: {keys})")
+
+
+def _chat_example(tokenizer, messages: list[dict], where: str, tools: list | None, add_eos: bool) -> Example:
+    """A conversation ending with the assistant's reply as an :class:`Example` (:func:`_chat_pair`):
+    the reply as the template ends it, or its text alone; EOS after it (``add_eos``) unless the
+    template's end of turn is one of the model's EOS tokens (ChatML's ``<|im_end|>`` where the model
+    stops at it), so decoding learns to stop whatever the template."""
+    p, c = _chat_pair(tokenizer, messages, where, tools)
+    if c is None:
+        c = list(tokenizer.encode(messages[-1]["content"], add_special_tokens=False))
+    if add_eos and not set(c) & set(getattr(tokenizer, "eos_token_ids", None) or _eos(tokenizer)):
+        c += _eos(tokenizer)
+    return Example(p + c, len(p))
 
 
 def _check_text(where: str, **texts: str) -> None:

@@ -310,11 +310,15 @@ class Tokenizer:
         return StreamingDetokenizer(self, skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            **kwargs) -> str:
-        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's chat template.
+                            tokenize: bool = True, **kwargs) -> list[int] | str:
+        """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's chat template:
+        its token ids, or with ``tokenize=False`` its text (``transformers``' and mlx-lm's
+        signature and defaults).
 
         The template (jinja2, run sandboxed) sees ``messages``, ``add_generation_prompt``, the
-        special tokens (``bos_token``, ``eos_token``, ...) and ``kwargs``.
+        special tokens (``bos_token``, ``eos_token``, ...) and ``kwargs``. Its text is tokenized
+        as ``transformers`` tokenizes it: special tokens' strings are those tokens, and no BOS is
+        added (a template that wants one writes ``{{ bos_token }}``: ChatML does not).
         """
         if not self.chat_template:
             raise TokenizerError(
@@ -340,12 +344,21 @@ class Tokenizer:
         env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
         try:
             template = env.from_string(self.chat_template)
-            return template.render(messages=messages, add_generation_prompt=add_generation_prompt,
+            text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                    **{**self.special_tokens, **kwargs})
         except TokenizerError:  # the template's own raise_exception
             raise
         except Exception as e:  # a template's error is the messages' (None + str, say)
             raise TokenizerError(f"chat template: {e}") from None
+        return self._rendered_ids(text) if tokenize else text
+
+    def _rendered_ids(self, text: str) -> list[int]:
+        """A chat template's text as ids, as ``transformers`` tokenizes it: no BOS added, the
+        special tokens' strings parsed (SentencePiece parses none: a leading BOS string is its id)."""
+        bos, bos_id = self.bos_token, self.bos_token_id
+        if self.kind == "sentencepiece" and bos and bos_id is not None and text.startswith(bos):
+            return [bos_id, *self._backend.encode(text[len(bos):], add_special_tokens=False)]
+        return self._backend.encode(text, add_special_tokens=False)
 
 
 def _chat_template(path: Path, cfg: dict) -> str | None:

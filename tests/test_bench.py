@@ -140,6 +140,24 @@ def test_bench_takes_paths_as_text_and_says_prompts_without_a_reference(tmp_path
     assert "exact_match" not in res["results"][0] and "edit_similarity" not in res["results"][0]
 
 
+def test_every_method_stops_where_the_context_ends(tmp_path):
+    """A prompt near the end of the model's context: every method is asked for the tokens that fit
+    (ours stop there; mlx-lm's would run on past it, and read as not identical)."""
+    limit = json.loads((DEFAULT_MODEL / "config.json").read_text())["max_position_embeddings"]
+    asked = []
+
+    def run(ids, max_tokens):
+        asked.append((len(ids), max_tokens))
+        return [7] * max_tokens, max_tokens
+
+    data = tmp_path / "near.jsonl"
+    data.write_text(json.dumps({"prompt": [5] * (limit - 3), "completion": [3]}) + "\n"
+                    + json.dumps({"prompt": [5, 6], "completion": [3]}) + "\n")
+    run_bench(DEFAULT_MODEL, None, 2, 8, tmp_path / "out", data=data, repeats=1,
+              methods=[Method("ar", run, plain_ar=True)])
+    assert asked[1:] == [(limit - 3, 3), (2, 8)]  # after the warm-up
+
+
 def test_task_metrics():
     assert task_metrics("sql", ["SELECT a FROM t;", "select b", "SELECT a FROM t WHERE c = 'X'"],
                         ["SELECT  a\nFROM t", "SELECT b", "SELECT a FROM t WHERE c = 'x'"]) == {
@@ -203,6 +221,11 @@ def test_bench_refuses_before_it_runs(tmp_path):
     (tmp_path / "mine" / "test.jsonl").write_text('{"prompt": [1, 2], "completion": [3]}\n'
                                                   '{"prompt": [1, 4096], "completion": [3]}\n')
     with pytest.raises(DataError, match="test.jsonl:2: token id out of range for a vocabulary of 4096"):
+        run_bench(DEFAULT_MODEL, None, 2, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    limit = json.loads((DEFAULT_MODEL / "config.json").read_text())["max_position_embeddings"]
+    long_row = json.dumps({"prompt": [5] * limit, "completion": [3]})
+    (tmp_path / "mine" / "test.jsonl").write_text('{"prompt": [1, 2], "completion": [3]}\n' + long_row)
+    with pytest.raises(DataError, match=f"test.jsonl:2: the prompt has {limit} tokens, and at most"):
         run_bench(DEFAULT_MODEL, None, 2, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
 
 

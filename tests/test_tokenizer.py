@@ -225,13 +225,55 @@ def test_eos_ids(sp_dir, bpe_dir):
 def test_chat_template(bpe_dir, sp_dir):
     tok = load_tokenizer(bpe_dir)
     msgs = [{"role": "user", "content": "Hi é"}]
-    text = tok.apply_chat_template(msgs)
+    text = tok.apply_chat_template(msgs, tokenize=False)
     assert text == "<|bos|><|user|>Hi é<|eos|><|assistant|>"
-    assert tok.apply_chat_template(msgs, add_generation_prompt=False).endswith("<|eos|>")
-    ids = tok.encode(text)
-    assert ids.count(tok.bos_token_id) == 1 and 1 in ids  # special tokens parsed, one BOS
+    assert tok.apply_chat_template(msgs, add_generation_prompt=False, tokenize=False).endswith("<|eos|>")
+    ids = tok.apply_chat_template(msgs)  # ids by default, as transformers and mlx-lm give them
+    assert ids == tok.encode(text) and ids.count(tok.bos_token_id) == 1 and 1 in ids  # parsed, one BOS
     with pytest.raises(TokenizerError, match="no chat template"):
         load_tokenizer(sp_dir).apply_chat_template(msgs)
+
+
+CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CHATML_EOS = CHATML.replace("<|im_end|>", "{{ eos_token }}")  # its turns ended by EOS, as Qwen's <|im_end|>
+
+
+@pytest.mark.parametrize("which,template",
+                         [("llama_json", CHATML), ("bpe", CHATML_EOS), ("bpe", CHAT_TEMPLATE)])
+def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_path, which, template):
+    """A template's ids are transformers' (tokenize=True): no BOS added where the template writes
+    none (ChatML on a tokenizer that adds BOS to text), one where it does; a chat row trains on
+    what mlx-lm's chat data set does: the whole conversation as the template renders it, the
+    prompt the rendering of the turns before the reply with the assistant's turn begun."""
+    from transformers import AutoTokenizer
+
+    from mlx_specstream.data import encode_row
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    for f in {"llama_json": llama_json_dir, "bpe": bpe_dir}[which].iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg = {k: v["content"] if isinstance(v, dict) else v for k, v in cfg.items()}  # as transformers reads it
+    (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": template}))
+    ref, tok = AutoTokenizer.from_pretrained(str(d)), load_tokenizer(d)
+    assert tok.encode("Hello")[0] == tok.bos_token_id  # a text prompt gets a BOS: a rendering does not
+    convo = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello world"},
+             {"role": "assistant", "content": "Café crème"}]
+
+    def hf(messages, generation):
+        return ref.apply_chat_template(messages, add_generation_prompt=generation, return_dict=False)
+
+    prompt = tok.apply_chat_template(convo[:-1])
+    assert prompt == hf(convo[:-1], True)
+    assert (prompt[0] == tok.bos_token_id) == template.startswith("{{ bos_token }}")
+    # the reply as the template ends its turn, and EOS after it where that turn's end is not one
+    eos = [] if "eos_token" in template else [tok.eos_token_id]
+    ex = encode_row({"messages": convo}, tok)
+    assert ex.tokens == hf(convo, False) + eos and ex.n_prompt == len(prompt)
+    ex = encode_row({"prompt": "Hello world", "completion": "Café crème"}, tok, chat_template=True)
+    assert ex.tokens == hf(convo[1:], False) + eos and ex.n_prompt == len(hf(convo[1:2], True))
 
 
 def test_chat_template_file(bpe_dir, tmp_path):
@@ -239,7 +281,7 @@ def test_chat_template_file(bpe_dir, tmp_path):
         (tmp_path / name).write_bytes((bpe_dir / name).read_bytes())
     (tmp_path / "chat_template.jinja").write_text("{% for m in messages %}[{{ m.content }}]{% endfor %}")
     tok = load_tokenizer(tmp_path)
-    assert tok.apply_chat_template([{"role": "user", "content": "x"}]) == "[x]"
+    assert tok.apply_chat_template([{"role": "user", "content": "x"}], tokenize=False) == "[x]"
     assert tok.bos_token_id is None and tok.encode("Hello") == tok.encode("Hello", add_special_tokens=False)
 
 

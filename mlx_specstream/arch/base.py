@@ -336,6 +336,12 @@ def activation(name: str):
     return ACTIVATIONS[name]
 
 
+def max_positions(config: dict) -> int | None:
+    """Tokens a model of ``config`` can hold (prompt + generated), or None where it sets none."""
+    n = config.get("max_position_embeddings")
+    return int(n) if n else None
+
+
 class CausalLM(nn.Module):
     """The interface the engine relies on; each architecture fills in embed/layers/head."""
 
@@ -344,8 +350,7 @@ class CausalLM(nn.Module):
     @property
     def max_positions(self) -> int | None:
         """Tokens the model can hold (prompt + generated), or None when its config sets none."""
-        n = self.config.get("max_position_embeddings")
-        return int(n) if n else None
+        return max_positions(self.config)
 
     def embed(self, tokens: mx.array, positions: mx.array) -> mx.array:
         raise NotImplementedError
