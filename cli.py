@@ -469,7 +469,8 @@ def train(
         None, "--init", help="start from this adapter's weights (same mode and shape: name or dir), "
         "to train it further, also one made for an earlier version of this base"),
     gamma: int = typer.Option(4, help="speculative streams"),
-    msa_layers: int = typer.Option(4, "--msa-layers", help="top layers with multi-stream attention"),
+    msa_layers: int | None = typer.Option(None, "--msa-layers", help="top layers with multi-stream "
+                                          "attention (default 4, or every layer of a smaller model)"),
     rank: int = typer.Option(8, help="LoRA rank of the stream adapters (shared: of every layer)"),
     iters: int | None = typer.Option(None, help="optimizer steps"),
     epochs: float | None = typer.Option(
@@ -479,7 +480,8 @@ def train(
     fine_tune_lr: float | None = typer.Option(
         None, "--fine-tune-lr", help="shared mode: peak learning rate of the every-row LoRA (default: "
         "--lr); lower keeps more of the fine-tune it starts from (--over)"),
-    max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut or skipped"),
+    max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="longer sequences are cut or "
+                                           "skipped (default 512, or what the model holds if less)"),
     length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
     chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
     self_distill: bool | None = _flag(
@@ -564,14 +566,17 @@ def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:
 
     from mlx_specstream.checkpoint import setting_said
     from mlx_specstream.errors import render_options
-    from mlx_specstream.trainer import train
+    from mlx_specstream.trainer import TrainConfig, train
 
     defaults = {k: p.default for k, p in inspect.signature(train).parameters.items()}
     skip = {"iters", "warmup", *given}
     taken = {k: v for k, v in recorded.items() if k not in skip and options.get(k, defaults.get(k)) != v}
-    if taken:
-        flags = " ".join(setting_said(k, v) for k, v in taken.items() if k in options)
-        python = ", ".join(setting_said(k, v) for k, v in taken.items() if k not in options)
+    # --max-seq-len and --msa-layers left out fit the model: said where the run's is not the usual default
+    fitted = {"max_seq_len": TrainConfig.max_seq_len, "msa_layers": TrainConfig.msa_layers}
+    said = {k: v for k, v in taken.items() if not (options.get(k) is None and fitted.get(k, object()) == v)}
+    if said:
+        flags = " ".join(setting_said(k, v) for k, v in said.items() if k in options)
+        python = ", ".join(setting_said(k, v) for k, v in said.items() if k not in options)
         said = render_options(flags, "cli") + ("; " if flags and python else "") + (
             f"set in Python: {render_options(python, 'python')}" if python else "")
         typer.echo(f"resuming with the run's own settings: {said}", err=True)
@@ -583,7 +588,8 @@ def ngrams(
     adapter: str = typer.Option(..., "--adapter", "-a", help="adapter name (under MODEL/adapters/) or dir"),
     data: Path = typer.Option(..., "--data", help="directory with the train.jsonl it was trained on"),
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
-    max_seq_len: int = typer.Option(512, "--max-seq-len", help="longer sequences are cut"),
+    max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="longer sequences are cut "
+                                           "(default 512, or what the model holds if less)"),
     chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
     overwrite: bool = _flag(False, "--overwrite", help="replace the adapter's ngrams.npz"),
 ) -> None:

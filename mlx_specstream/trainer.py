@@ -261,11 +261,27 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     return alphas
 
 
-def check_max_seq_len(model: nn.Module, max_seq_len: int) -> None:
-    """Refuse examples longer than the model holds (``train``, ``write_ngrams``)."""
+def fit_max_seq_len(model: nn.Module, max_seq_len: int | None) -> int:
+    """The longest example of a run (``train``, ``write_ngrams``): ``max_seq_len``, refused where it
+    is longer than the model holds; None: :data:`TrainConfig.max_seq_len`, or what the model holds
+    where that is less (a small model's defaults fit it)."""
+    if max_seq_len is None:
+        return min(TrainConfig.max_seq_len, model.max_positions or TrainConfig.max_seq_len)
     if model.max_positions is not None and max_seq_len > model.max_positions:
         raise OptionError(f"{{max_seq_len}} is {max_seq_len}, beyond the {model.max_positions} tokens the "
                           "model holds")
+    return max_seq_len
+
+
+def fit_msa_layers(model: nn.Module, msa_layers: int | None) -> int:
+    """A run's multi-stream layers: ``msa_layers``, refused where the model has fewer layers;
+    None: :data:`TrainConfig.msa_layers`, or every layer of a model with fewer."""
+    if msa_layers is None:
+        return min(TrainConfig.msa_layers, len(model.layers))
+    if msa_layers > len(model.layers):
+        raise OptionError(f"{{msa_layers}} must be at most the model's {len(model.layers)} layers, not "
+                          f"{msa_layers}")
+    return msa_layers
 
 
 def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int, length_policy: str,
@@ -490,9 +506,9 @@ def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_
 
 
 def train(model, data, *, mode: str = "lossless", out: str | Path | None = None, gamma: int = 4,
-          msa_layers: int = TrainConfig.msa_layers, rank: int = 8, iters: int | None = None,
+          msa_layers: int | None = None, rank: int = 8, iters: int | None = None,
           epochs: float | None = None, batch_size: int = 8, lr: float = TrainConfig.lr,
-          fine_tune_lr: float | None = None, max_seq_len: int = 512,
+          fine_tune_lr: float | None = None, max_seq_len: int | None = None,
           length_policy: str = "truncate", chat_template: bool = False,
           self_distill: bool | None = None, distill_tokens: int = TrainConfig.distill_tokens,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
@@ -582,7 +598,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         from .tokenizer import load_tokenizer
 
         tokenizer = load_tokenizer(model_path)
-    check_max_seq_len(model, max_seq_len)
+    max_seq_len, msa_layers = fit_max_seq_len(model, max_seq_len), fit_msa_layers(model, msa_layers)
     group = _group(distributed)
     rank_id, world = (group.rank(), group.size()) if group is not None else (0, 1)
     main_proc = rank_id == 0
@@ -595,9 +611,6 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          f"(this is {mode} mode: use lr)")
 
     # a bad setting is refused before any work, and before the attached adapter goes
-    if msa_layers > len(model.layers):
-        raise OptionError(f"{{msa_layers}} must be at most the model's {len(model.layers)} layers, not "
-                          f"{msa_layers}")
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
                   branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
@@ -795,8 +808,9 @@ def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable
                             if not (e.n_targets == 1 and e.tokens[-1] in eos_ids))
 
 
-def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *, max_seq_len: int = 512,
-                 chat_template: bool = False, overwrite: bool = False, say=None) -> tuple[Path, int]:
+def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *,
+                 max_seq_len: int | None = None, chat_template: bool = False, overwrite: bool = False,
+                 say=None) -> tuple[Path, int]:
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
@@ -814,7 +828,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
     model = load_model(model_path)
     check_made_for(model, path, cfg)
-    check_max_seq_len(model, max_seq_len)
+    max_seq_len = fit_max_seq_len(model, max_seq_len)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after

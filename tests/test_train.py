@@ -1456,3 +1456,21 @@ def test_the_plan_line_says_what_the_run_will_do():
     train(tiny_model("llama", seed=0), (ds, valid), gamma=2, msa_layers=1, iters=1, warmup=3, val_every=0,
           batch_size=8, accept_prompts=0, progress=False, log=said.append)
     assert "warmup 3 (none: the run has 1 step)" in next(m for m in said if m.startswith("train: "))
+
+
+def test_defaults_fit_a_small_model():
+    """Left out, the longest example and the multi-stream layers fit the model (what it holds,
+    every layer of a model with fewer than 4); given, beyond it, they are refused by name."""
+    rng = np.random.default_rng(0)
+    ds = arithmetic(8, rng, length=10)
+    small = tiny_model("llama", num_hidden_layers=2, max_position_embeddings=24)
+    rep = train(small, (ds, None), iters=1, batch_size=4, self_distill=False, progress=False,
+                log=lambda m: None)
+    assert (rep["config"]["max_seq_len"], rep["config"]["msa_layers"]) == (24, 2)
+    with pytest.raises(OptionError, match="msa_layers must be at most the model's 2 layers, not 3"):
+        train(small, (ds, None), iters=1, msa_layers=3, progress=False, log=lambda m: None)
+    with pytest.raises(OptionError, match="max_seq_len is 32, beyond the 24 tokens the model holds"):
+        train(small, (ds, None), iters=1, max_seq_len=32, progress=False, log=lambda m: None)
+    rep = train(tiny_model("llama"), (ds, None), iters=1, batch_size=4, self_distill=False, progress=False,
+                log=lambda m: None)  # no limit of its own, 4 layers: the usual defaults
+    assert (rep["config"]["max_seq_len"], rep["config"]["msa_layers"]) == (512, 4)
