@@ -107,7 +107,7 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
                          f"not {prompt!r}") from None
     bad = [t for t in items if isinstance(t, bool) or not isinstance(t, int | np.integer)]
     if bad and all(isinstance(t, dict) for t in items):
-        raise ValueError("a prompt is text or token ids: turn chat messages into text with "
+        raise ValueError("a prompt is text or token ids: turn chat messages into the prompt's ids with "
                          "tokenizer.apply_chat_template(messages)")
     if bad:
         raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not "
