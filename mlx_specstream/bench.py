@@ -39,9 +39,18 @@ from mlx.utils import tree_flatten
 from .adapter import adapter_name, adapter_size, fine_tune_weights, resolve_adapter
 from .api import decoder, load
 from .arch.base import max_positions
-from .data import VALID_FILE, DataError, check_ids, encode_row, has_chat_template, message_text, read_jsonl
+from .data import (
+    VALID_FILE,
+    DataError,
+    check_ids,
+    encode_row,
+    has_chat_template,
+    message_text,
+    outside_template,
+    read_jsonl,
+)
 from .engine import default_node_costs
-from .errors import CheckpointError, OptionError, Said, check_path, check_switch
+from .errors import CheckpointError, OptionError, check_path, check_switch, prompt_too_long
 from .loader import model_dir, model_name
 from .loader import read_config as read_model_config
 from .machine import cores
@@ -106,10 +115,10 @@ def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: in
     from tqdm import tqdm
 
     check_count("repeats", repeats)
+    budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
     for m in methods:  # warm up (compilation, allocation) outside the timings
-        m.run(prompts[0], 4)
+        m.run(prompts[0], min(4, budgets[0]))
     with tqdm(total=len(prompts) * repeats * len(methods), desc=desc, unit="run") as bar:
-        budgets = max_tokens if isinstance(max_tokens, list) else [max_tokens] * len(prompts)
         for ids, most in zip(prompts, budgets):
             runs: dict[str, list] = {m.name: [] for m in methods}
             for _ in range(repeats):
@@ -447,13 +456,16 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
         ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=where)
         check_ids(ex.tokens, vocab_size, where)
         if limit is not None and ex.n_prompt >= limit:
-            raise DataError(f"{where}: the prompt has {ex.n_prompt} tokens, and at most {limit - 1} fit: the "
-                            f"model holds {limit} tokens, the prompt and one generated")
+            raise DataError(f"{where}: {prompt_too_long(ex.n_prompt, limit)}")
         prompts.append(ex.tokens[:ex.n_prompt])
         # the reply's text: a chat row's tokens end its turn as the template does (<|im_end|>)
         reply = row["messages"][-1]["content"] if "messages" in row else row.get("completion")
-        refs.append(tok.decode(reply) if isinstance(reply, list) and "messages" not in row
-                    else message_text(reply, where))
+        if isinstance(reply, list) and "messages" not in row:  # token ids: an EOS ends them, not the text
+            while reply and reply[-1] in tok.eos_token_ids:
+                reply = reply[:-1]
+            refs.append(tok.decode(reply))
+        else:
+            refs.append(message_text(reply, where))
         plain += isinstance(row.get("prompt"), str) and not chat_template
     if skipped:
         say(f"{path}: skipped {_count(skipped, 'text row')} (no prompt to time)")
@@ -462,9 +474,7 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
     if len(prompts) < n:
         say(f"{path} has {_count(len(prompts), 'prompt')}, fewer than the {n} asked for: running all of them")
     if plain and has_chat_template(tok):
-        say(Said(f": the model has a chat template, and {plain} of these prompts are not in it: "
-                 "{chat_template} wraps each in a user turn, as a chat client's requests are",
-                 subject=str(path)))
+        say(outside_template(str(path), plain))
     if unjudged := sum(not r.strip() for r in refs):
         say(f"{path}: {unjudged} of {_count(len(refs), 'prompt')} have no completion to judge the "
             + ("outputs against: no exact match" if unjudged == len(refs) else "output against: exact match "
@@ -493,6 +503,8 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
         check_count(name, value)
     if task not in (None, *TASKS):
         raise OptionError(f"{{task}} must be {' or '.join(TASKS)}, not {task!r}")
+    if data is None:  # the project's prompts: their task's, judged by its rule
+        task = task or "sql"
     model_path = model_dir(model_path)
     check_path(out_dir, "{out_dir}", OptionError, "give a directory for the results")
     out_dir = Path(out_dir)
@@ -502,7 +514,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
         adapters = check_adapters(model_path, adapters)
     check_switch("chat_template", chat_template)
     check_out_dir(out_dir, overwrite)
-    test = prompts_file(data, say) if data is not None else project_data(task or "sql") / TEST_FILE
+    test = prompts_file(data, say) if data is not None else project_data(task) / TEST_FILE
     if not test.is_file():
         raise FileNotFoundError(f"{test}: no test data (run scripts/make_data.py)")
     tok = load_tokenizer(model_path)

@@ -8,14 +8,15 @@ Each line is one JSON object, in one of these forms:
 * ``{"text": "..."}``: the loss covers every token after the first (EOS appended).
 * ``{"messages": [{"role": ..., "content": ...}, ...]}``, run through the chat template (the
   model needs one): the last message must be the assistant's. Every assistant reply is learned:
-  a conversation is one example per reply (its text the completion, the conversation before it
-  rendered as a chat client sends it the prompt; :func:`assistant_turns`). ``"tools"`` beside
+  a conversation is one example per reply (:func:`assistant_turns`), as mlx-lm's chat data set
+  renders it: the prompt the conversation before it as a chat client sends it, the reply what the
+  template adds for it (its spacing and end of turn; :func:`_chat_pair`). ``"tools"`` beside
   ``"messages"`` (or a prompt with the chat template) go to the template, as in mlx-lm.
 * Pre-tokenized: ``"prompt"``/``"completion"``/``"text"`` given as lists of token ids are used
   as they are (no BOS or EOS added). Tests and synthetic data use this form.
 
-Other keys (``"meta"``, ...) are ignored. With ``chat_template=True`` a prompt becomes a user
-message run through the tokenizer's chat template (generation prompt appended). Sequences longer
+Other keys (``"meta"``, ...) are ignored. With ``chat_template=True`` a prompt and its completion
+become a user message and the assistant's reply, rendered as a ``messages`` row is. Sequences longer
 than ``max_seq_len`` are truncated (the completion is cut) or skipped, as asked; how many is
 counted in :class:`Dataset` and reported.
 """
@@ -123,6 +124,13 @@ def message_text(content, where: str) -> str:
                     f"not {content!r:.60}")
 
 
+def outside_template(source: str, plain: int) -> Said:
+    """The note on ``plain`` text prompts of ``source`` not in the model's chat template, though it
+    has one (``train``, ``bench``): a chat client's requests would be in it."""
+    return Said(f": the model has a chat template, and {plain} prompts are not in it: {{chat_template}} "
+                "wraps each in a user turn, as a chat client's requests are", subject=source)
+
+
 def has_chat_template(tokenizer) -> bool:
     """Whether ``tokenizer`` renders chat messages (ours: when the model ships a template)."""
     return hasattr(tokenizer, "apply_chat_template") and bool(getattr(tokenizer, "chat_template", True))
@@ -146,6 +154,8 @@ def _render(tokenizer, messages: list[dict], where: str, tools: list | None = No
     keywords = inspect.signature(tokenizer.apply_chat_template).parameters
     takes = "add_generation_prompt" in keywords or any(k.kind == k.VAR_KEYWORD for k in keywords.values())
     options = {"add_generation_prompt": not reply} if takes else {}  # (mlx-lm's wrapper: through **kwargs)
+    if "return_dict" in keywords:  # transformers' own tokenizers: ids, not a BatchEncoding
+        options["return_dict"] = False
     if tools is not None:
         options["tools"] = tools
     try:
@@ -270,9 +280,12 @@ def _chat_example(tokenizer, messages: list[dict], where: str, tools: list | Non
     template's end of turn is one of the model's EOS tokens (ChatML's ``<|im_end|>`` where the model
     stops at it), so decoding learns to stop whatever the template."""
     p, c = _chat_pair(tokenizer, messages, where, tools)
+    if not p:
+        raise DataError(f"{where}: the chat template renders no prompt before the reply")
     if c is None:
         c = list(tokenizer.encode(messages[-1]["content"], add_special_tokens=False))
-    if add_eos and not set(c) & set(getattr(tokenizer, "eos_token_ids", None) or _eos(tokenizer)):
+    # the end of turn: the last two tokens (ChatML's "<|im_end|>\n"), not an EOS the reply's text holds
+    if add_eos and not set(c[-2:]) & set(getattr(tokenizer, "eos_token_ids", None) or _eos(tokenizer)):
         c += _eos(tokenizer)
     return Example(p + c, len(p))
 
@@ -399,9 +412,7 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
                 continue
             ds.examples.append(ex)
     if plain and tokenizer is not None and has_chat_template(tokenizer):
-        ds.notes.append(Said(f": the model has a chat template, and {plain} prompts are not in it: "
-                             "{chat_template} wraps each in a user turn, as a chat client's requests are",
-                             subject=path.name))
+        ds.notes.append(outside_template(path.name, plain))
     if ds.n_truncated:
         ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")

@@ -23,7 +23,7 @@ import numpy as np
 
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .device import on_gpu
-from .errors import ContextLengthError, OptionError, check_seed, check_switch
+from .errors import ContextLengthError, OptionError, check_seed, check_switch, prompt_too_long
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
@@ -256,9 +256,7 @@ class Decoder:
         vocab = runner.vocab_size
         check_prompt_ids(prompt, vocab)
         if self.limit is not None and len(prompt) >= self.limit:
-            raise ContextLengthError(
-                f"the prompt has {len(prompt)} tokens, and at most {self.limit - 1} fit: "
-                f"{runner.limit_source} holds {self.limit} tokens, the prompt and one generated")
+            raise ContextLengthError(prompt_too_long(len(prompt), self.limit, runner.limit_source))
         if opts.max_tokens == -1:  # no limit of its own, as mlx-lm's -1
             opts = replace(opts, max_tokens=sys.maxsize)
         self.prompt, self.opts, self.batched = list(prompt), opts, batched

@@ -25,6 +25,12 @@ class ContextLengthError(ValueError):
     ``context_length_exceeded``)."""
 
 
+def prompt_too_long(n_prompt: int, limit: int, holder: str = "the model's context") -> str:
+    """What a prompt that leaves no room for one generated token is told (decoding, ``bench``)."""
+    return (f"the prompt has {n_prompt} tokens, and at most {limit - 1} fit: {holder} holds {limit} tokens, "
+            "the prompt and one generated")
+
+
 class AdapterError(ValueError):
     """An adapter is missing, corrupt, or made for another base model."""
 

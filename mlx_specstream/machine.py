@@ -25,8 +25,8 @@ _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 def _first_caller_outside() -> int:
     """The stack level, for a ``warnings.warn`` in :func:`warn`, of the first frame outside this
-    package: the user's line that led to the warning (Python 3.12's ``skip_file_prefixes``, which
-    3.10 and 3.11 lack)."""
+    package: the user's line that led to the warning (what Python 3.12's ``skip_file_prefixes``
+    does, found by hand: 3.10 and 3.11 lack it)."""
     import sys
 
     frame, level = sys._getframe(2), 2  # 1: warn itself

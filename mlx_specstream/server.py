@@ -125,6 +125,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 def _chat_prompt(body: dict, tokenizer) -> str:
+    """The chat's messages as the template renders them (text: its size is checked before it is
+    tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -149,7 +151,7 @@ def _chat_prompt(body: dict, tokenizer) -> str:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")
     try:
-        return tokenizer.apply_chat_template(flat, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False)
     except TokenizerError as e:
         raise APIError(str(e), "messages") from None
 
@@ -239,7 +241,9 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         raise APIError(f"the prompt ({len(prompt)} characters) is longer than the model's context of "
                        f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
     try:
-        ids = tok.encode(prompt) if isinstance(prompt, str) else prompt
+        ids = prompt
+        if isinstance(prompt, str):  # a chat's rendering as transformers takes it (no BOS but the template's)
+            ids = tok.rendered_ids(prompt) if chat else tok.encode(prompt)
         asked = len(ids) + options["max_tokens"]
         if limit and len(ids) < limit and body.get(max_key) is not None and asked > limit:
             # asked for explicitly (the default is cut to the context): OpenAI's 400, not a silent cut

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import functools
 import json
+import re
 from pathlib import Path
 
 
@@ -350,15 +351,25 @@ class Tokenizer:
             raise
         except Exception as e:  # a template's error is the messages' (None + str, say)
             raise TokenizerError(f"chat template: {e}") from None
-        return self._rendered_ids(text) if tokenize else text
+        return self.rendered_ids(text) if tokenize else text
 
-    def _rendered_ids(self, text: str) -> list[int]:
+    def rendered_ids(self, text: str) -> list[int]:
         """A chat template's text as ids, as ``transformers`` tokenizes it: no BOS added, the
-        special tokens' strings parsed (SentencePiece parses none: a leading BOS string is its id)."""
-        bos, bos_id = self.bos_token, self.bos_token_id
-        if self.kind == "sentencepiece" and bos and bos_id is not None and text.startswith(bos):
-            return [bos_id, *self._backend.encode(text[len(bos):], add_special_tokens=False)]
-        return self._backend.encode(text, add_special_tokens=False)
+        special tokens' strings (``<s>``, ``</s>``, ``<|im_end|>``) those tokens. A SentencePiece
+        model parses none itself: the text is cut at the special tokens' strings here."""
+        if self.kind != "sentencepiece":
+            return self._backend.encode(text, add_special_tokens=False)
+        ids_of = {t: i for t in self.special_tokens.values() if t
+                  if (i := self._backend.token_to_id(t)) is not None}
+        if not ids_of:
+            return self._backend.encode(text, add_special_tokens=False)
+        out, specials = [], "|".join(map(re.escape, sorted(ids_of, key=len, reverse=True)))
+        for piece in re.split(f"({specials})", text):
+            if piece in ids_of:
+                out.append(ids_of[piece])
+            elif piece:
+                out += self._backend.encode(piece, add_special_tokens=False)
+        return out
 
 
 def _chat_template(path: Path, cfg: dict) -> str | None:

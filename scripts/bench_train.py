@@ -42,11 +42,12 @@ from mlx_specstream import outputs, training_run  # noqa: E402
 from mlx_specstream import trainer as current  # noqa: E402
 from mlx_specstream.adapter import AdapterConfig, attach, detach  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, load  # noqa: E402
+from mlx_specstream.base_states import BaseStateCache  # noqa: E402
 from mlx_specstream.data import load_jsonl  # noqa: E402
 from mlx_specstream.kernels import host_math  # noqa: E402
 from mlx_specstream.outputs import markdown_table, recorded_path, run_meta, write_results_file  # noqa: E402
 from mlx_specstream.process_group import run_local  # noqa: E402
-from mlx_specstream.train_batches import epoch_batches, length_keys  # noqa: E402
+from mlx_specstream.train_batches import epoch_batches, length_keys, segments  # noqa: E402
 from mlx_specstream.trainer import MODES, _resolve_alphas, set_trainable  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -105,7 +106,8 @@ def time_row(model, data, ids: list[list[int]], mode: str, keep: bool, module, m
     attach(model, AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa), seed=0)
     set_trainable(model)
     tc = module.TrainConfig(mode=mode, gamma=gamma, msa_layers=msa, alphas=_resolve_alphas(None, mode, gamma))
-    cache = module.BaseStateCache(4 << 30) if keep else None
+    # an earlier trainer's own state cache where it had one (today's lives in base_states.py)
+    cache = getattr(module, "BaseStateCache", BaseStateCache)(4 << 30) if keep else None
     for _ in range(2):  # the first pass warms up and fills the cache
         mx.reset_peak_memory()
         if distributed is not None:  # every process starts the timed pass together
@@ -142,7 +144,7 @@ def stream_rows(data, batches: list[list[int]], processes: int, gamma: int = 4,
     for ids in batches:
         for rank in range(processes):
             batch = current.Batch.of([data.examples[i] for i in ids[rank::processes]])
-            for seg in current.segments(batch.span, segment_len):
+            for seg in segments(batch.span, segment_len):
                 t = batch.at(*seg)
                 every += t.size * gamma
                 needed += len(batch.tokens) * len(batch.stream_rows(t, gamma))

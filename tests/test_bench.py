@@ -158,6 +158,17 @@ def test_every_method_stops_where_the_context_ends(tmp_path):
     assert asked[1:] == [(limit - 3, 3), (2, 8)]  # after the warm-up
 
 
+def test_the_projects_prompts_are_judged_by_their_tasks_rule(tmp_path):
+    """No --task and no --data: the project's sql prompts, judged by the SQL rule, recorded so."""
+    def run(ids, max_tokens):
+        return [7] * min(max_tokens, 2), 2
+
+    res = run_bench(DEFAULT_MODEL, None, 2, 8, tmp_path / "out", repeats=1,
+                    methods=[Method("ar", run, plain_ar=True)])
+    assert res["meta"]["task"] == "sql" and res["meta"]["data"] == "data/sql/test.jsonl"
+    assert "edit_similarity" not in res["results"][0]  # the SQL rule: exact match alone
+
+
 def test_task_metrics():
     assert task_metrics("sql", ["SELECT a FROM t;", "select b", "SELECT a FROM t WHERE c = 'X'"],
                         ["SELECT  a\nFROM t", "SELECT b", "SELECT a FROM t WHERE c = 'x'"]) == {

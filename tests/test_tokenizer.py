@@ -232,6 +232,12 @@ def test_chat_template(bpe_dir, sp_dir):
     assert ids == tok.encode(text) and ids.count(tok.bos_token_id) == 1 and 1 in ids  # parsed, one BOS
     with pytest.raises(TokenizerError, match="no chat template"):
         load_tokenizer(sp_dir).apply_chat_template(msgs)
+    sp = load_tokenizer(sp_dir)  # SentencePiece parses no special token: cut at their strings here
+    sp.chat_template = "{{ bos_token }}[INST] {{ messages[0]['content'] }} [/INST]ok{{ eos_token }}[INST]"
+    ids = sp.apply_chat_template(msgs)
+    eos = sp.special_tokens["eos_token"]
+    assert ids == [sp.bos_token_id, *sp.encode("[INST] Hi é [/INST]ok", add_special_tokens=False),
+                   sp.token_to_id(eos), *sp.encode("[INST]", add_special_tokens=False)]
 
 
 CHATML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -248,7 +254,7 @@ def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_pa
     prompt the rendering of the turns before the reply with the assistant's turn begun."""
     from transformers import AutoTokenizer
 
-    from mlx_specstream.data import encode_row
+    from mlx_specstream.data import DataError, encode_row
 
     d = tmp_path / "tok"
     d.mkdir()
@@ -274,6 +280,11 @@ def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_pa
     assert ex.tokens == hf(convo, False) + eos and ex.n_prompt == len(prompt)
     ex = encode_row({"prompt": "Hello world", "completion": "Café crème"}, tok, chat_template=True)
     assert ex.tokens == hf(convo[1:], False) + eos and ex.n_prompt == len(hf(convo[1:2], True))
+    said = [*convo[:-1], {"role": "assistant", "content": f"a {tok.special_tokens['eos_token']} b"}]
+    assert encode_row({"messages": said}, tok).tokens == hf(said, False) + eos  # its end of turn decides
+    with pytest.raises(DataError, match="x:1: the chat template renders no prompt before the reply"):
+        tok.chat_template = "{% if not add_generation_prompt %}{{ messages[-1]['content'] }}{% endif %}"
+        encode_row({"messages": convo}, tok, where="x:1")
 
 
 def test_chat_template_file(bpe_dir, tmp_path):
