@@ -23,7 +23,6 @@ import difflib
 import hashlib
 import io
 import json
-import numbers
 import os
 import sys
 import textwrap
@@ -50,7 +49,7 @@ from .data import (
     read_jsonl,
 )
 from .engine import default_node_costs
-from .errors import CheckpointError, OptionError, check_path, check_switch, prompt_too_long
+from .errors import CheckpointError, OptionError, check_number, check_path, check_switch, prompt_too_long
 from .loader import model_dir, model_name
 from .loader import read_config as read_model_config
 from .machine import cores
@@ -101,8 +100,7 @@ def our_decoder(model, tokenizer, **opts) -> Callable[[list[int], int], tuple]:
 
 def check_count(name: str, value) -> None:
     """A count (``repeats``, ``n``, ``max_tokens``) is a whole number >= 1."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise OptionError(f"{{{name}}} must be a whole number >= 1, not {value!r}")
+    check_number(name, value, 1, whole=True)
 
 
 def time_methods(methods: list[Method], prompts: list[list[int]], max_tokens: int | list[int],

@@ -3,6 +3,7 @@ input that every entry point shares (keywords, paths, seeds, switches)."""
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import re
@@ -184,6 +185,18 @@ def check_seed(seed, optional: bool = False) -> None:
         return
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed <= SEED_MAX:
         raise OptionError(f"{{seed}} must be a whole number in 0..2**64 - 1, not {seed!r}")
+
+
+def check_number(name: str, value, least: float, *, inclusive: bool = True, whole: bool = False) -> None:
+    """A number option (``{name}``) of its type (``whole``: an integer; never a bool) and finite, at
+    least ``least`` (``inclusive``) or above it; said by name: a NaN learning rate trains an
+    adapter of NaN weights, and saves it."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+        raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a number'}, not {value!r}")
+    if not math.isfinite(value) or value < least or (value == least and not inclusive):
+        bound = f">= {least}" if inclusive else f"> {least}"
+        raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a finite number'} {bound}, "
+                          f"not {value}")
 
 
 def check_switch(name: str, value, optional: bool = False) -> None:

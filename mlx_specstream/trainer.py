@@ -21,7 +21,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import numbers
 import shlex
 import shutil
 import sys
@@ -72,6 +71,7 @@ from .errors import (
     OutputExistsError,
     Said,
     check_keywords,
+    check_number,
     check_path,
     check_seed,
     check_switch,
@@ -219,20 +219,12 @@ _WHOLE = {"warmup", "segment_len", "val_every", "val_batches", "save_every", "ac
 
 
 def _check_numbers(**values) -> None:
-    """Refuse values of another type, NaN, infinities and values below an option's range
-    (:data:`_RANGES`), naming it: a NaN learning rate trains an adapter of NaN weights, and saves it."""
+    """Each of ``values`` (None: its default) of its type and within its range (:data:`_RANGES`,
+    :data:`_WHOLE`; :func:`~mlx_specstream.errors.check_number`)."""
     for name, value in values.items():
-        if value is None:
-            continue
-        whole = name in _WHOLE
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
-            kind = "a whole number" if whole else "a number"
-            raise OptionError(f"{{{name}}} must be {kind}, not {value!r}")
-        least, inclusive = _RANGES[name]
-        if not math.isfinite(value) or value < least or (value == least and not inclusive):
-            bound = f">= {least}" if inclusive else f"> {least}"
-            kind = "a whole number" if whole else "a finite number"
-            raise OptionError(f"{{{name}}} must be {kind} {bound}, not {value}")
+        if value is not None:
+            least, inclusive = _RANGES[name]
+            check_number(name, value, least, inclusive=inclusive, whole=name in _WHOLE)
 
 
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:

@@ -205,8 +205,8 @@ def test_bench_refuses_before_it_runs(tmp_path):
         run_bench(DEFAULT_MODEL, "sql", 1, 0, tmp_path / "out", methods=[])
     with pytest.raises(FileNotFoundError, match="no tokenizer files"):
         run_bench(tmp_path, "sql", 1, 8, tmp_path / "out", methods=[])
-    for name, value in (("n", 2.5), ("n", True), ("repeats", 1.5), ("max_tokens", "8")):
-        with pytest.raises(ValueError, match=f"^{name} must be a whole number >= 1, not {value!r}$"):
+    for name, value in (("n", 2.5), ("n", True), ("repeats", 1.5), ("max_tokens", "8"), ("n", 0)):
+        with pytest.raises(ValueError, match=f"^{name} must be a whole number( >= 1)?, not {value!r}$"):
             run_bench(DEFAULT_MODEL, "sql", **{"n": 1, "max_tokens": 8, name: value},
                       out_dir=tmp_path / "out", methods=[])
     with pytest.raises(TypeError, match="out_dir must be a str or a Path, not int"):
