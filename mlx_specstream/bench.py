@@ -259,10 +259,8 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None,
     ``draft_path``: mlx-lm's draft model, which must load where it is given; None: the model's
     own ``draft/``, skipped where it is missing or unreadable. ``adapters``: a user's, timed in
     place of the project's adapters for ``task`` (:func:`adapter_methods`)."""
-    given = draft_path is not None
-    draft_path = draft_path if given else model_path / "draft"
-    if given and not draft_path.exists():  # one asked for is said before the run, not skipped in its table
-        raise CheckpointError(f"{draft_path}: no such draft model directory")
+    given = draft_path is not None  # one asked for is said before the run, not skipped in its table
+    draft_path = model_dir(draft_path, "--draft-model") if given else model_path / "draft"
     base, tok = load(model_path)
     eos = set(tok.eos_token_ids)
     dtype = next(v.dtype for _, v in tree_flatten(base.parameters()) if mx.issubdtype(v.dtype, mx.floating))
@@ -506,8 +504,6 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     model_path = model_dir(model_path)
     check_path(out_dir, "{out_dir}", OptionError, "give a directory for the results")
     out_dir = Path(out_dir)
-    if draft_path is not None:
-        draft_path = model_dir(draft_path, "--draft-model")
     if adapters is not None:
         adapters = check_adapters(model_path, adapters)
     check_switch("chat_template", chat_template)
