@@ -241,20 +241,19 @@ class Tokenizer:
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, with the BOS token first when ``add_special_tokens`` (the name
-        of ``transformers`` and mlx-lm) and the model uses one.
+        of ``transformers`` and mlx-lm) and the model uses one. A special token's string in the
+        text (``</s>``, ``<|im_end|>``) is that token, as in ``transformers``.
 
         A text that already starts with the BOS token's string (e.g. from a chat template)
         does not get a second one.
         """
         bos, bos_id = self.bos_token, self.bos_token_id
         if add_special_tokens and bos and bos_id is not None and text.startswith(bos):
-            if self.kind == "sentencepiece":  # SentencePiece does not parse special tokens
-                return [bos_id, *self._backend.encode(text[len(bos):], add_special_tokens=False)]
-            return self._backend.encode(text, add_special_tokens=False)
+            return self.rendered_ids(text)
         if self.add_bos_token is None:
             # No explicit setting: the tokenizer's own post-processor decides (tokenizer.json).
             return self._backend.encode(text, add_special_tokens=add_special_tokens)
-        ids = self._backend.encode(text, add_special_tokens=False)
+        ids = self.rendered_ids(text)
         if add_special_tokens and self.add_bos_token and bos_id is not None:
             ids = [bos_id, *ids]
         return ids
@@ -354,9 +353,10 @@ class Tokenizer:
         return self.rendered_ids(text) if tokenize else text
 
     def rendered_ids(self, text: str) -> list[int]:
-        """A chat template's text as ids, as ``transformers`` tokenizes it: no BOS added, the
-        special tokens' strings (``<s>``, ``</s>``, ``<|im_end|>``) those tokens. A SentencePiece
-        model parses none itself: the text is cut at the special tokens' strings here."""
+        """A text as ids, as ``transformers`` tokenizes a chat template's rendering: no BOS
+        added, the special tokens' strings (``<s>``, ``</s>``, ``<|im_end|>``) those tokens. A
+        SentencePiece model parses none itself: the text is cut at the special tokens' strings
+        here."""
         if self.kind != "sentencepiece":
             return self._backend.encode(text, add_special_tokens=False)
         ids_of = {t: i for t in self.special_tokens.values() if t
@@ -436,20 +436,13 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
     special = {name: _token_text(cfg.get(name)) or _token_text(special_map.get(name))
                for name in ("bos_token", "eos_token", "unk_token", "pad_token")}
     sp = backend.sp if backend.kind == "sentencepiece" else None
-
+    if sp is not None:  # a SentencePiece model names its own, where the config does not
+        for name, i in (("bos_token", sp.bos_id()), ("eos_token", sp.eos_id()), ("unk_token", sp.unk_id())):
+            if i >= 0 and (not special[name] or backend.token_to_id(special[name]) is None):
+                special[name] = sp.id_to_piece(i)
     bos_id = backend.token_to_id(special["bos_token"]) if special["bos_token"] else None
-    if bos_id is None and sp is not None and sp.bos_id() >= 0:
-        bos_id = sp.bos_id()
-        special["bos_token"] = sp.id_to_piece(bos_id)
-
-    eos: set[int] = set()
     eos_id = backend.token_to_id(special["eos_token"]) if special["eos_token"] else None
-    if eos_id is None and sp is not None and sp.eos_id() >= 0:
-        eos_id = sp.eos_id()
-        special["eos_token"] = sp.id_to_piece(eos_id)
-    if eos_id is not None:
-        eos.add(eos_id)
-    eos = {i for i in eos | config_eos_ids(path) if 0 <= i < backend.vocab_size}
+    eos = {i for i in {eos_id} | config_eos_ids(path) if i is not None and 0 <= i < backend.vocab_size}
 
     add_bos = cfg.get("add_bos_token")
     if add_bos is None and sp is not None:

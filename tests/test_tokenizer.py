@@ -214,6 +214,19 @@ def test_matches_transformers(which, bpe_dir, llama_json_dir):
         assert tok.decode(ids) == ref.decode(ids)
 
 
+def test_sentencepiece_parses_special_tokens_as_transformers(sp_dir):
+    """A SentencePiece model parses no special token: their strings in a text are those tokens
+    here, as transformers (and so mlx-lm) gives them; BOS is added once, not before a text that
+    starts with it."""
+    from transformers import AutoTokenizer
+
+    ref, tok = AutoTokenizer.from_pretrained(str(sp_dir)), load_tokenizer(sp_dir)
+    for text in ["<s>[INST] hi </s> x", "hi </s> x", "<s>hi", " <s>hi", "a<unk>b", "plain"]:
+        ids = ref.encode(text, add_special_tokens=False)
+        assert tok.encode(text, add_special_tokens=False) == ids
+        assert tok.encode(text) == (ids if text.startswith("<s>") else [tok.bos_token_id, *ids])
+
+
 def test_eos_ids(sp_dir, bpe_dir):
     sp = load_tokenizer(sp_dir)
     assert sp.eos_token_ids == {2, 7} and sp.bos_token_id == 1  # sentencepiece + generation_config
