@@ -64,6 +64,7 @@ from .outputs import (
     terminate_cleanly,
     write_files_atomic,
 )
+from .pool import with_adapter
 from .project import project_data
 from .tokenizer import load_tokenizer
 
@@ -285,19 +286,20 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None,
     methods.append(Method("lookup", our_decoder(base, tok, mode="lookup"), reproduces="ar"))
     if adapters is not None:
         for name in adapters:
-            methods += adapter_methods(model_path, name, tok)
+            methods += adapter_methods(base, name, tok)
         return methods, skipped
-    methods += _project_adapter_methods(model_path, task, tok, skipped)
+    methods += _project_adapter_methods(base, task, tok, skipped)
     return methods, skipped
 
 
-def adapter_methods(model_path: Path, adapter: str, tok) -> list[Method]:
+def adapter_methods(base, adapter: str, tok) -> list[Method]:
     """A user's adapter as ``bench --adapter NAME`` times it: ``ss NAME`` decodes with Speculative
     Streaming as ``generate --adapter NAME`` does (its own tree and defaults); where the adapter
     carries a fine-tune (shared and lora modes, a tuned lossless one), ``ar NAME`` decodes the same
     model one token a pass. A lossless adapter's output must equal the plain decoding under it: the
-    base's (``ar``) or its fine-tune's (``ar NAME``)."""
-    m, _ = load(model_path, adapter=adapter)
+    base's (``ar``) or its fine-tune's (``ar NAME``). The model is ``base``'s arrays with the
+    adapter attached (fused, as ``generate`` loads it): no second copy of the base."""
+    m = with_adapter(base, adapter, fuse=True)
     cfg, n = m.adapter_config, adapter_size(m)
     fine_tuned = cfg.mode != "lossless" or cfg.main_rank > 0
     methods = [Method(f"ar {cfg.name}", our_decoder(m, tok, mode="ar"), n)] if fine_tuned else []
@@ -324,17 +326,17 @@ def check_adapters(model_path: Path, adapters: list[str]) -> list[str]:
     return [str(path) for path in found.values()]
 
 
-def _project_adapter_methods(model_path: Path, task: str, tok, skipped: dict) -> list[Method]:
+def _project_adapter_methods(base, task: str, tok, skipped: dict) -> list[Method]:
     """The project's adapters for ``task`` under their table names (``ss-lossless chain|tree|
     tree+prune``, ``ss-shared``, ``ss-shared ar``, ``lora-ar``, ``ss-tuned``); each one missing is
     recorded in ``skipped``."""
     methods = []
-    adapters = model_path / "adapters"
+    adapters = base.path / "adapters"
     lossless_name, shared_name = f"{task}-lossless", task
     if task == "code":
         lossless_name, shared_name = "code", "code-shared"
     if (adapters / lossless_name).exists():
-        m, _ = load(model_path, adapter=lossless_name)
+        m = with_adapter(base, lossless_name, fuse=True)
         n = adapter_size(m)
         # "tree": the adapter's own (branch, budget), as users decode it
         for label, opts in (("chain", dict(branch=1)), ("tree", dict(prune_threshold=0.0)),
@@ -343,22 +345,21 @@ def _project_adapter_methods(model_path: Path, task: str, tok, skipped: dict) ->
     else:
         skipped["ss-lossless"] = f"no adapter {recorded_path(adapters / lossless_name)}"
     if (adapters / shared_name).exists():
-        m, _ = load(model_path, adapter=shared_name)
+        m = with_adapter(base, shared_name, fuse=True)
         n = adapter_size(m)
         methods.append(Method("ss-shared", our_decoder(m, tok), n))
-        shared_ar = load(model_path, adapter=shared_name)[0]
-        methods.append(Method("ss-shared ar", our_decoder(shared_ar, tok, mode="ar"), n))
+        methods.append(Method("ss-shared ar", our_decoder(m, tok, mode="ar"), n))
     else:
         skipped["ss-shared"] = f"no adapter {recorded_path(adapters / shared_name)}"
     fine_tune = None
     if (adapters / f"{task}-lora").exists():
-        m, _ = load(model_path, adapter=f"{task}-lora")
+        m = with_adapter(base, f"{task}-lora", fuse=True)
         n, fine_tune = adapter_size(m), fine_tune_weights(m)
         methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n))
     else:
         skipped["lora-ar"] = f"no adapter {recorded_path(adapters / f'{task}-lora')}"
     if (adapters / f"{task}-tuned").exists():
-        m, _ = load(model_path, adapter=f"{task}-tuned")
+        m = with_adapter(base, f"{task}-tuned", fuse=True)
         same = fine_tune is not None and _equal(fine_tune_weights(m), fine_tune)
         methods.append(Method("ss-tuned", our_decoder(m, tok), adapter_size(m),
                               reproduces="lora-ar" if same else None))
@@ -683,8 +684,8 @@ def results_plot(meta: dict, results: list[dict]) -> bytes | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     names = [r["method"] for r in results]
     speed = np.array([r["speedup"] for r in results])
-    err = np.abs(np.array([r["speedup_ci95"] for r in results]).T - speed)
-    axes[0].barh(names, speed, xerr=err, color="tab:blue", ecolor="black", capsize=3)
+    err = np.abs(np.array([r["speedup_ci95"] for r in results]).T - speed)  # rows: below, above
+    axes[0].barh(names, speed, xerr=err.tolist(), color="tab:blue", ecolor="black", capsize=3)
     axes[0].axvline(1.0, color="gray", lw=1)
     axes[0].set_xlabel(f"speed-up vs {meta['reference']} (same run, 95% interval)")
     axes[1].barh(names, [r["mean_accepted_tokens"] for r in results], color="tab:green")

@@ -41,6 +41,20 @@ def share_base(model: nn.Module) -> nn.Module:
     return clone(model)
 
 
+def with_adapter(base: nn.Module, adapter: str | Path, fuse: bool = False) -> nn.Module:
+    """``base`` (as :func:`~mlx_specstream.api.load` gave it) with ``adapter`` attached, over
+    the base's own arrays: ``load(path, adapter, fuse)``'s model, but only the adapter's
+    parameters are new, and with ``fuse`` (``generate``'s speed) the layers its fine-tune folds
+    into."""
+    from .adapter import fuse as fuse_adapter
+
+    model = share_base(base)
+    load_adapter(model, adapter, model_path=base.path)
+    if fuse:
+        fuse_adapter(model)
+    return model
+
+
 class ModelPool:
     """The base model and the requested adapters over it, by model id (``base``, ``base:ADAPTER``)."""
 
@@ -64,8 +78,8 @@ class ModelPool:
             if where in served:  # named twice ("sql,sql", or by name and by path): served once; a
                 continue  # symlinked alias of another name is an id of its own
             served.add(where)
-            model = share_base(self.base)
-            cfg = load_adapter(model, adapter, model_path=self.path)
+            model = with_adapter(self.base, adapter)
+            cfg = model.adapter_config
             model_id = f"{self.base_id}:{cfg.name}"
             if model_id in self.models:
                 raise ValueError(f"two adapters named '{cfg.name}' ({adapter} and an earlier one): "

@@ -465,3 +465,28 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
                                    "--chat-template", "--out", str(tmp_path / "o4")])
     assert res.exit_code == 0, repr(res.exception)
     assert given[-1] == (None, ["a", "./b"], Path("mine.jsonl"), True)
+
+
+def test_an_adapter_over_the_base_arrays_decodes_as_its_own_load():
+    """bench times every adapter over one copy of the base (pool.with_adapter): fused as
+    ``load(path, adapter)`` fuses it, with the same tokens as that load, the base left as it was,
+    and only the layers a fine-tune folds into held apart."""
+    from mlx.utils import tree_flatten
+
+    from mlx_specstream.api import generate
+    from mlx_specstream.pool import with_adapter
+
+    base, tok = load(DEFAULT_MODEL)
+    prompt = "CREATE TABLE ship (name TEXT, tonnage INTEGER)\n-- Names of ships over 500 tonnes?\nSELECT"
+    before = generate(base, tok, prompt, max_tokens=24, mode="ar").tokens
+    arrays = {id(v) for _, v in tree_flatten(base.parameters())}
+    for name, mode in (("sql-lossless", "ss"), ("sql", "ss"), ("sql", "ar")):
+        model = with_adapter(base, name, fuse=True)
+        own, _ = load(DEFAULT_MODEL, adapter=name)
+        assert (generate(model, tok, prompt, max_tokens=24, mode=mode).tokens
+                == generate(own, tok, prompt, max_tokens=24, mode=mode).tokens)
+        shared = sum(id(v) in arrays for _, v in tree_flatten(model.parameters()))
+        fused = getattr(model, "fused_lora", 0)  # the shared sql adapter folds into every linear layer
+        assert shared == len(arrays) if not fused else 0 < shared < len(arrays)
+        assert model.model.embed_tokens.weight is base.model.embed_tokens.weight
+    assert generate(base, tok, prompt, max_tokens=24, mode="ar").tokens == before
