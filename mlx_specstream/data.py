@@ -124,6 +124,17 @@ def message_text(content, where: str) -> str:
                     f"not {content!r:.60}")
 
 
+def chat_messages(messages: list[dict], where: str) -> list[dict]:
+    """OpenAI chat messages as the chat template gets them, one rule for training rows and the
+    server's requests: each content as text (:func:`message_text`), an assistant's tool-calling
+    turn without one as "" (so a template's ``{{ message['content'] }}`` writes no "None" that
+    the served model would never see), all of it valid Unicode."""
+    out = [{**m, "content": message_text("" if m.get("content") is None and m.get("role") == "assistant"
+                                         else m.get("content"), where)} for m in messages]
+    _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(out)})
+    return out
+
+
 def outside_template(source: str, plain: int) -> Said:
     """The note on ``plain`` text prompts of ``source`` not in the model's chat template, though it
     has one (``train``, ``bench``): a chat client's requests would be in it."""
@@ -253,12 +264,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
         if not has_chat_template(tokenizer):
             raise DataError(f"{where}: 'messages' rows need the model's chat template, and its tokenizer "
                             "has none: give prompt/completion rows")
-        # earlier messages' contents may be None (OpenAI's tool calls): the template reads them
-        msgs = [{**m, "content": message_text(m.get("content"), where)}
-                if i == len(msgs) - 1 or m.get("content") is not None else m for i, m in enumerate(msgs)]
-        _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(msgs)
-                              if isinstance(m.get("content"), str)})
-        return _chat_example(tokenizer, msgs, where, tools, add_eos)
+        message_text(msgs[-1].get("content"), where)  # the reply to learn is text, not only a tool call
+        return _chat_example(tokenizer, chat_messages(msgs, where), where, tools, add_eos)
     if "text" in row:
         text = row["text"]
         if _is_ids(text):

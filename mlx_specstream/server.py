@@ -26,6 +26,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from .api import StreamResponse, decoder, responses
+from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
@@ -130,23 +131,16 @@ def _chat_prompt(body: dict, tokenizer) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
-    flat = []
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise APIError("each message must be an object with a 'role' and a 'content'", "messages")
         if m["role"] not in ROLES:
             raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
                            "messages")
-        content = m.get("content")
-        if content is None and m["role"] == "assistant":  # a tool-calling turn has no text
-            content = ""
-        if isinstance(content, list):  # content parts: only text is understood
-            if any(not isinstance(p, dict) or p.get("type") != "text" for p in content):
-                raise APIError("only text content parts are supported", "messages")
-            content = "".join(str(p.get("text", "")) for p in content)
-        if not isinstance(content, str):
-            raise APIError("a message's 'content' must be a string or a list of text parts", "messages")
-        flat.append({**m, "content": _text(content, "messages")})
+    try:
+        flat = chat_messages(messages, "messages")
+    except DataError as e:
+        raise APIError(str(e), "messages") from None
     if not tokenizer.chat_template:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")

@@ -173,8 +173,8 @@ def test_every_assistant_reply_of_a_conversation_is_learned(tmp_path):
             {"role": "assistant", "content": [{"type": "text", "text": "a3"}]}]
     f = write(tmp_path / "train.jsonl", [{"messages": chat}, {"prompt": "p", "completion": "c"}])
     ds = load_jsonl(f, tok)
-    expected = [("<s><system>s<user>q1<assistant>", "a1"),
-                ("<s><system>s<user>q1<assistant>a1<user>q2<assistant>None<tool>42<assistant><user>q3"
+    expected = [("<s><system>s<user>q1<assistant>", "a1"),  # a tool call's None content is "", as served
+                ("<s><system>s<user>q1<assistant>a1<user>q2<assistant><tool>42<assistant><user>q3"
                  "<assistant>", "a3"), ("p", "c")]
     assert [(e.tokens[: e.n_prompt], e.tokens[e.n_prompt:]) for e in ds.examples] == [
         (tok.encode(p), tok.encode(c, add_special_tokens=False) + [2]) for p, c in expected]
@@ -269,16 +269,17 @@ def test_message_contents_and_text_are_checked(tmp_path):
 
 
 def test_a_row_the_chat_template_refuses_names_its_file_and_line(tmp_path):
-    """A Llama-2-style template raises on roles that do not alternate and fails on a None content
-    (``+`` of a string and None): either is one DataError naming the row, not a traceback."""
+    """A Llama-2-style template raises on roles that do not alternate and fails on a None it adds to text
+    (``+`` of a string and a None field): either is one DataError naming the row, not a traceback."""
     tok = shipped_tokenizer_copy(tmp_path / "tok")
     tok.chat_template = ("{% for m in messages %}{% if (m['role'] == 'user') != (loop.index0 % 2 == 0) %}"
                          "{{ raise_exception('Conversation roles must alternate') }}{% endif %}"
-                         "{{ '[' + m['role'] + '] ' + m['content'] }}{% endfor %}")
+                         "{{ '[' + m['role'] + '] ' + m['content'] }}"
+                         "{% if 'n' in m %}{{ '' + m['n'] }}{% endif %}{% endfor %}")
     ok = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     turns = {"messages": [{"role": "user", "content": "q"}, {"role": "user", "content": "q"},
                           {"role": "assistant", "content": "a"}]}
-    none = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None},
+    none = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a", "n": None},
                          {"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]}
     f = write(tmp_path / "train.jsonl", [ok, ok, turns])
     with pytest.raises(DataError, match=r"train.jsonl:3: chat template: Conversation roles must alternate$"):
@@ -298,3 +299,21 @@ def test_a_chat_template_taking_keywords_through_kwargs_begins_the_assistants_tu
     row = {"prompt": "hi", "completion": "yo"}
     assert encode_row(row, Wrapped(), chat_template=True).tokens == encode_row(
         row, CharTokenizer(), chat_template=True).tokens
+
+
+def test_a_tool_calling_history_trains_on_what_the_server_renders(tmp_path):
+    """An assistant turn that only calls a tool (content None) reads as "" in a training row and in
+    a request to the server alike: the prompt learned is the server's prompt for that history."""
+    from mlx_specstream.server import _chat_prompt
+
+    tok = shipped_tokenizer_copy(tmp_path / "tok")
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    served = _chat_prompt({"messages": history}, tok)
+    assert served == "[user]hi[assistant][tool]42[assistant]"  # no "None"
+    ex = encode_row({"messages": [*history, {"role": "assistant", "content": "It is 42."}]}, tok)
+    assert ex.tokens[: ex.n_prompt] == tok.rendered_ids(served)
