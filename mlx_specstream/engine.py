@@ -23,7 +23,7 @@ import numpy as np
 
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .device import on_gpu
-from .errors import ContextLengthError, OptionError, check_seed, check_switch, prompt_too_long
+from .errors import ContextLengthError, OptionError, check_kind, check_seed, check_switch, prompt_too_long
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
@@ -204,12 +204,10 @@ def check_used(opts: DecodeOptions) -> None:
                           + ("it" if len(idle) == 1 else "them"))
 
 
-_KINDS = {"a whole number": int | np.integer, "a number": int | float | np.number}
-# Numeric options: what each must be, and whether None (the default) is allowed
-_TYPED_OPTIONS = {"max_tokens": ("a whole number", False), "temperature": ("a number", False),
-                  "top_p": ("a number", False), "gamma": ("a whole number", True),
-                  "branch": ("a whole number", True), "tree_budget": ("a whole number", True),
-                  "node_cost": ("a number", True), "prune_threshold": ("a number", True)}
+# Numeric options: whether each is a whole number, and whether None (the default) is allowed
+_TYPED_OPTIONS = {"max_tokens": (True, False), "temperature": (False, False), "top_p": (False, False),
+                  "gamma": (True, True), "branch": (True, True), "tree_budget": (True, True),
+                  "node_cost": (False, True), "prune_threshold": (False, True)}
 
 
 def check_prompt_ids(prompt: list[int], vocab: int | None) -> None:
@@ -232,11 +230,9 @@ class Decoder:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
             raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
-        for name, (what, optional) in _TYPED_OPTIONS.items():
-            value = getattr(opts, name)
-            if not (optional and value is None) and (isinstance(value, bool)
-                                                     or not isinstance(value, _KINDS[what])):
-                raise OptionError(f"{{{name}}} must be {what}, not {value!r}")
+        for name, (whole, optional) in _TYPED_OPTIONS.items():
+            if not (optional and getattr(opts, name) is None):
+                check_kind(name, getattr(opts, name), whole)
         if opts.max_tokens < 1 and opts.max_tokens != -1:
             raise OptionError(f"{{max_tokens}} must be >= 1 (or -1: until EOS or the end of the context), "
                               f"not {opts.max_tokens}")

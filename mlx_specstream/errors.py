@@ -8,6 +8,8 @@ import numbers
 import os
 import re
 
+import numpy as np
+
 
 class CheckpointError(ValueError):
     """A checkpoint directory is missing files, tensors, or has corrupt or mismatched ones."""
@@ -191,18 +193,27 @@ def check_number(name: str, value, least: float, *, inclusive: bool = True, whol
     """A number option (``{name}``) of its type (``whole``: an integer; never a bool) and finite, at
     least ``least`` (``inclusive``) or above it; said by name: a NaN learning rate trains an
     adapter of NaN weights, and saves it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral if whole else numbers.Real):
-        raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a number'}, not {value!r}")
+    check_kind(name, value, whole)
     if not math.isfinite(value) or value < least or (value == least and not inclusive):
         bound = f">= {least}" if inclusive else f"> {least}"
         raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a finite number'} {bound}, "
                           f"not {value}")
 
 
+def check_kind(name: str, value, whole: bool = False) -> None:
+    """A number option (``{name}``) is a number (``whole``: an integer; NumPy's too), never a bool."""
+    if _is_bool(value) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+        raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a number'}, not {value!r}")
+
+
+def _is_bool(value) -> bool:
+    return isinstance(value, bool | np.bool_)
+
+
 def check_switch(name: str, value, optional: bool = False) -> None:
-    """A switch is True or False (``optional``: or None, its default): ``lookup=0`` or
+    """A switch is True or False, NumPy's too (``optional``: or None, its default): ``lookup=0`` or
     ``fuse="no"`` would otherwise read as on."""
-    if not isinstance(value, bool) and not (optional and value is None):
+    if not _is_bool(value) and not (optional and value is None):
         raise OptionError(f"{{{name}}} must be True or False{' (or None)' * optional}, not {value!r}")
 
 

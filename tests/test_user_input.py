@@ -131,6 +131,11 @@ def test_api_options_of_the_wrong_type_or_name():
                               ({"ngrams": True, "lookup": False}, "drop lookup=False")):
         with pytest.raises(OptionError, match=re.escape(fragment)):
             generate(model, None, [1, 2, 3], **options)
+    numpy = dict(max_tokens=np.int64(4), temperature=np.float32(0.0), lookup=np.bool_(False))  # a notebook's
+    assert generate(model, None, [1, 2, 3], **numpy).tokens == generate(
+        model, None, [1, 2, 3], max_tokens=4, temperature=0.0, lookup=False).tokens
+    with pytest.raises(OptionError, match=re.escape("max_tokens must be a whole number, not np.True_")):
+        generate(model, None, [1, 2, 3], max_tokens=np.bool_(True))
     with pytest.raises(OptionError, match="max_tokens must be >= 1"):  # at the call, not at the first pass
         stream_generate(model, None, [1, 2, 3], max_tokens=-5)
     shared = tiny_model("llama", scale=3.0)
