@@ -436,6 +436,10 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
                        + have)
 
 
+# What an adapter's weights are: every config has them (``save_adapter`` writes every field)
+REQUIRED_KEYS = ("mode", "gamma", "msa_layers", "rank")
+
+
 def read_config(path: Path) -> AdapterConfig:
     """The configuration saved in adapter directory ``path`` (keys of other versions ignored)."""
     try:
@@ -447,6 +451,10 @@ def read_config(path: Path) -> AdapterConfig:
     known = [f for f in fields(AdapterConfig) if f.name in raw]
     for f in known:
         check_value(f.name, raw[f.name], f.type, source=str(path / CONFIG_FILE), error=AdapterError)
+    missing = ", ".join(repr(k) for k in REQUIRED_KEYS if k not in raw)
+    if missing:  # a default would read a shared adapter as lossless, say
+        raise AdapterError(f"{path / CONFIG_FILE}: unreadable adapter config (no {missing}: an adapter's "
+                           "config says what its weights are)")
 
     def numbers(x) -> bool:
         return isinstance(x, list) and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in x)

@@ -165,6 +165,12 @@ def test_adapter_errors(tmp_path):
         (tmp_path / key / "adapter_config.json").write_text(json.dumps({**cfg, key: value}))
         with pytest.raises(AdapterError, match=f"unreadable adapter config \\('{key}' must be"):
             load_adapter(model, tmp_path / key)
+    shutil.copytree(tmp_path / "ok", tmp_path / "no_mode")  # a shared adapter would read as lossless
+    cfg = json.loads((tmp_path / "no_mode" / "adapter_config.json").read_text())
+    (tmp_path / "no_mode" / "adapter_config.json").write_text(json.dumps({k: v for k, v in cfg.items()
+                                                                         if k != "mode"}))
+    with pytest.raises(AdapterError, match=r"adapter_config.json: unreadable adapter config \(no 'mode'"):
+        load_adapter(model, tmp_path / "no_mode")
     shutil.copytree(tmp_path / "ok", tmp_path / "extra")
     weights = mx.load(str(tmp_path / "extra" / "adapter.safetensors"))
     mx.save_safetensors(str(tmp_path / "extra" / "adapter.safetensors"), {**weights, "stray": mx.zeros(2)})
