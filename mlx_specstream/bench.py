@@ -45,6 +45,7 @@ from .data import (
     encode_row,
     has_chat_template,
     message_text,
+    no_file,
     outside_template,
     read_jsonl,
 )
@@ -422,8 +423,7 @@ def prompts_file(data: str | Path, say: Callable[[str], None] = print) -> Path:
             if name != TEST_FILE:
                 say(f"{data} has no {TEST_FILE}: timing the prompts of {name}")
             return data / name
-    raise DataError(f"{data}: no {TEST_FILE} or {VALID_FILE} (give a directory that holds one, or a "
-                    "JSONL file)")
+    raise no_file(data, TEST_FILE, VALID_FILE, hint=" (give a directory that holds one, or a JSONL file)")
 
 
 def _data_name(path: Path) -> str:

@@ -479,10 +479,20 @@ def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool =
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory")
     if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):
-        raise DataError(f"{data_dir}: no {TRAIN_FILE}")
+        raise no_file(data_dir, TRAIN_FILE)
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
     if valid and (data_dir / VALID_FILE).is_file():
         return train, load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
-    if require_valid:
-        raise DataError(f"{data_dir}: no {VALID_FILE}")
+    if require_valid or valid and (data_dir / VALID_FILE).exists():  # a folder of that name is none
+        raise no_file(data_dir, VALID_FILE)
     return train, None
+
+
+def no_file(data_dir: Path, *names: str, hint: str = "") -> DataError:
+    """The error of a data directory without the file ``names`` (one of them) asks for; a
+    directory of that name is said as what it is, not as missing."""
+    there = [data_dir / n for n in names if (data_dir / n).exists()]
+    if there:
+        what = "a directory" if there[0].is_dir() else "not a regular file"
+        return DataError(f"{there[0]} is {what}: {' or '.join(names)} must be a JSONL file")
+    return DataError(f"{data_dir}: no {' or '.join(names)}{hint}")

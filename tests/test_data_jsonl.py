@@ -132,6 +132,10 @@ def test_load_datasets(tmp_path):
         load_datasets(tmp_path / "nope")
     with pytest.raises(DataError, match="no train.jsonl"):
         load_datasets(tmp_path)
+    (tmp_path / "train.jsonl").mkdir()  # there, but no file: said as what it is
+    with pytest.raises(DataError, match="train.jsonl is a directory: train.jsonl must be a JSONL file"):
+        load_datasets(tmp_path)
+    (tmp_path / "train.jsonl").rmdir()
     write(tmp_path / "train.jsonl", [{"text": [1, 2, 3]}])
     with pytest.raises(DataError, match="is a file: give the directory that holds train.jsonl"):
         load_datasets(tmp_path / "train.jsonl")
@@ -139,6 +143,11 @@ def test_load_datasets(tmp_path):
     assert len(train) == 1 and valid is None
     with pytest.raises(DataError, match="no valid.jsonl"):
         load_datasets(tmp_path, require_valid=True)
+    (tmp_path / "valid.jsonl").mkdir()
+    with pytest.raises(DataError, match="valid.jsonl is a directory"):
+        load_datasets(tmp_path)
+    assert load_datasets(tmp_path, valid=False)[1] is None
+    (tmp_path / "valid.jsonl").rmdir()
     write(tmp_path / "valid.jsonl", [{"text": [1, 2]}, {"text": [3, 4]}])
     train, valid = load_datasets(tmp_path)
     assert len(valid) == 2
