@@ -15,6 +15,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adapter import adapter_name, adapter_size, available_adapters, load_adapter, resolve_adapter
+from .errors import OptionError
 from .loader import model_name
 
 
@@ -61,6 +62,8 @@ class ModelPool:
     def __init__(self, path: str | Path, adapters: str | list[str] | None = None, name: str | None = None):
         from .api import load
 
+        if name is not None and (not isinstance(name, str) or not name.strip() or name != name.strip()):
+            raise OptionError(f"{{name}} must be a model id (text, no space at either end), not {name!r}")
         self.path = Path(path)
         self.base, self.tokenizer = load(self.path)
         self.base_id = name or model_name(self.path)

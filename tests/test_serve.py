@@ -606,6 +606,9 @@ def test_adapter_ids_are_their_directory_names(tmp_path):
     assert [m["id"] for m in ModelPool(d, twice).describe()] == ["specstream-tiny", "specstream-tiny:code"]
     with pytest.raises(ValueError, match="--adapters names no adapter"):
         ModelPool(d, " , ")
+    for name in ("", " ", " tiny"):  # an id no client could name
+        with pytest.raises(ValueError, match="name must be a model id"):
+            ModelPool(d, name=name)
     (tmp_path / "aliases").mkdir()
     (tmp_path / "aliases" / "latest").symlink_to(d / "adapters" / "code")  # another name: an id of its own
     assert [m["id"] for m in ModelPool(d, f"code,{tmp_path / 'aliases' / 'latest'}").describe()] == [
