@@ -134,7 +134,13 @@ def blas() -> None:
                f"{'on' if small_rows_active() else 'off'}")
 
 
-def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
+def _end_of_file(text: str) -> str:
+    return text.removesuffix("\n").removesuffix("\r")
+
+
+def _read_prompt(prompt: str | None, prompt_file: Path | None, turn: bool = False) -> str:
+    """The prompt's text; ``turn`` (a chat template wraps it): a file's or standard input's final
+    newline (an editor's, ``echo``'s) is not part of the user's turn, whose end the template writes."""
     if prompt is not None and prompt_file is not None:
         raise ValueError("give either --prompt or --prompt-file, not both")
     if prompt_file is not None:
@@ -145,7 +151,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             text = prompt_file.read_text(encoding="utf-8-sig")  # a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
-        return _nonempty(text, f"--prompt-file {prompt_file}")
+        return _nonempty(_end_of_file(text) if turn else text, f"--prompt-file {prompt_file}")
     source = "--prompt"
     if prompt is not None and prompt != "-":  # as mlx_lm.generate: typed escapes are characters
         prompt = prompt.replace("\\n", "\n").replace("\\t", "\t")
@@ -157,6 +163,7 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None) -> str:
             prompt = sys.stdin.read().removeprefix("\ufeff")  # a byte-order mark is not text
         except UnicodeDecodeError as e:
             raise ValueError(f"{source}: not UTF-8 text (byte {e.start})") from None
+        prompt = _end_of_file(prompt) if turn else prompt
     try:
         prompt.encode("utf-8")  # bytes that are not UTF-8 arrive as lone surrogates
     except UnicodeEncodeError as e:
@@ -232,7 +239,7 @@ def generate(
     if system_prompt is not None and not chat_template:
         raise OptionError("{system_prompt} is a turn of the chat template: give {chat_template} too")
     stop_strings(stop)  # a bad one is said before the model loads
-    text = _read_prompt(prompt, prompt_file)
+    text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
     if model is not None and model.name.endswith(".mlpackage"):

@@ -234,6 +234,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                         "prompts when asked (--chat-template, chat_template=True): "
                         + ("ask for it, or drop them" if can else "drop them from this row"))
     has_pc = "prompt" in row or "completion" in row
+    if has_pc and "messages" in row:
+        raise DataError(f"{where}: give 'messages' or 'prompt' and 'completion', not both")
     if has_pc:
         if "prompt" not in row or "completion" not in row:
             have, missing = ("prompt", "completion") if "prompt" in row else ("completion", "prompt")

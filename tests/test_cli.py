@@ -142,6 +142,10 @@ def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
     res = cli("generate", "--model", str(d), "--mode", "ar", "-p", question, "-n", "12", "--chat-template",
               "--system-prompt", "Answer in SQL.")
     assert res.returncode == 0 and res.stdout == ref + "\n", res.stderr
+    (tmp_path / "q.txt").write_text(question + "\n")  # an editor's last newline is not in the turn
+    res = cli("generate", "--model", str(d), "--mode", "ar", "--prompt-file", str(tmp_path / "q.txt"),
+              "-n", "12", "--chat-template", "--system-prompt", "Answer in SQL.")
+    assert res.returncode == 0 and res.stdout == ref + "\n", res.stderr
     stop = ref.split()[1]  # a word the text holds
     res = cli("generate", "--model", str(d), "--mode", "ar", "-p", question, "-n", "12", "--chat-template",
               "--system-prompt", "Answer in SQL.", "--stop", "zzz", "--stop", stop)

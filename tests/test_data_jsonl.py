@@ -269,6 +269,8 @@ def test_message_contents_and_text_are_checked(tmp_path):
                           {"role": "tool", "content": "42"}, {"role": "assistant", "content": "a"}]}
     tail = tok.encode("a", add_special_tokens=False) + [2]
     assert encode_row(tools, tok, chat_template=True).tokens[-2:] == tail
+    with pytest.raises(DataError, match="x.jsonl:4: give 'messages' or 'prompt' and 'completion', not both"):
+        encode_row({**msgs, "prompt": "a", "completion": "b"}, tok, where="x.jsonl:4")
     f = write(tmp_path / "sur.jsonl", ['{"prompt": "a\\ud800", "completion": "b"}'])
     with pytest.raises(DataError, match=r"sur.jsonl:1: 'prompt' is not valid Unicode text"):
         load_jsonl(f, tok)
