@@ -596,8 +596,11 @@ def ngrams(
     data: Path = typer.Option(..., "--data", help="directory with the train.jsonl it was trained on"),
     model: Path | None = typer.Option(None, "--model", "-m", help="MLX model dir (default: shipped)"),
     max_seq_len: int | None = typer.Option(None, "--max-seq-len", help="longer sequences are cut "
-                                           "(default 512, or what the model holds if less)"),
-    chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
+                                           "(default: as the adapter was trained, else 512 or what the "
+                                           "model holds if less)"),
+    chat_template: bool | None = _flag(None, "--chat-template/--no-chat-template",
+                                       help="wrap prompts in the chat template (default: as the adapter "
+                                       "was trained, where its training_report.json says)"),
     overwrite: bool = _flag(False, "--overwrite", help="replace the adapter's ngrams.npz"),
 ) -> None:
     """Write an adapter's n-gram drafts (ngrams.npz) from the data it was trained on.

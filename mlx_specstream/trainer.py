@@ -60,6 +60,7 @@ from .checkpoint import (
     last_state,
     load_last_checkpoint,
     run_dir,
+    setting_said,
     weights_digest,
 )
 from .data import Dataset, Example, check_dataset, load_datasets
@@ -405,6 +406,15 @@ def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
     done = isinstance(report, dict) and report.get("iters") == iters and bool(report.get("history")) \
         and report["history"][-1].get("step") == iters
     return report if done else None
+
+
+def _trained_settings(adapter_dir: Path, **given) -> dict:
+    """Of ``given``'s settings left None, those the adapter's training report records."""
+    try:
+        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config", {})
+    except (OSError, ValueError, AttributeError):  # none, unreadable or not an object: nothing taken
+        return {}
+    return {k: config[k] for k, v in given.items() if v is None and k in config}
 
 
 def _group(distributed):
@@ -801,12 +811,14 @@ def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *,
-                 max_seq_len: int | None = None, chat_template: bool = False, overwrite: bool = False,
+                 max_seq_len: int | None = None, chat_template: bool | None = None, overwrite: bool = False,
                  say=None) -> tuple[Path, int]:
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
     contexts. The adapter must have been made for the model (its drafts are in the model's tokens).
+    ``max_seq_len`` and ``chat_template`` left None are the adapter's training run's where its
+    report records them (said), so the prompts are read as it read them.
     What reading the data cut or skipped is said (``say``; default: on stderr), as ``train`` says it."""
     from .loader import load_model
 
@@ -820,7 +832,12 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
     model = load_model(model_path)
     check_made_for(model, path, cfg)
-    max_seq_len = fit_max_seq_len(model, max_seq_len)
+    trained = _trained_settings(path, max_seq_len=max_seq_len, chat_template=chat_template)
+    if trained:
+        say(Said("as the adapter was trained: "
+                       + " ".join(setting_said(k, v) for k, v in trained.items())))
+    max_seq_len = fit_max_seq_len(model, trained.get("max_seq_len", max_seq_len))
+    chat_template = bool(trained.get("chat_template", chat_template))
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after

@@ -150,6 +150,19 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
     r = subprocess.run([*cmd, "--data", str(tmp_path / "data"), "--overwrite", "--max-seq-len", "8"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and "train.jsonl: " in r.stderr, r.stderr
+    # the settings left out are the adapter's training run's, where its report records them (said)
+    cut = NgramTable.load(model_dir / "adapters" / "arith" / NGRAMS_FILE).next
+    (model_dir / "adapters" / "arith" / "training_report.json").write_text(
+        json.dumps({"config": {"max_seq_len": 8, "chat_template": False, "lr": 1e-3}}))
+    said = []
+    write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, say=said.append)
+    assert NgramTable.load(model_dir / "adapters" / "arith" / NGRAMS_FILE).next == cut
+    assert said[0] == "as the adapter was trained: max_seq_len=8 without chat_template", said
+    r = subprocess.run([*cmd, "--data", str(tmp_path / "data"), "--overwrite", "--chat-template"],
+                       capture_output=True, text=True, timeout=120)
+    assert "as the adapter was trained: --max-seq-len 8\n" in r.stderr, r.stderr
+    write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, max_seq_len=64, chat_template=False)
+    assert NgramTable.load(model_dir / "adapters" / "arith" / NGRAMS_FILE).next != cut
 
 
 @pytest.mark.parametrize("config,fragment", [("[]", "not a JSON object"),
