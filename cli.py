@@ -233,11 +233,10 @@ def generate(
 ) -> None:
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
     from mlx_specstream.api import load, stop_strings, stream_generate
+    from mlx_specstream.data import check_system_prompt
     from mlx_specstream.engine import DecodeOptions, check_used
-    from mlx_specstream.errors import OptionError
 
-    if system_prompt is not None and not chat_template:
-        raise OptionError("{system_prompt} is a turn of the chat template: give {chat_template} too")
+    check_system_prompt(system_prompt, chat_template)
     stop_strings(stop)  # a bad one is said before the model loads
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
@@ -362,6 +361,8 @@ def bench(
     chat_template: bool = _flag(False, "--chat-template",
                                 help="send --data's text prompts through the model's chat template, "
                                 "as train --chat-template trains on them"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="with --chat-template: a system "
+                                             "turn before each text prompt, as generate sends it"),
     n: int | None = typer.Option(None, "--n", help="test prompts (default 50; --quick: 8)"),
     out: Path = typer.Option(Path("bench-results"), help="output directory"),
     model: Path | None = typer.Option(None, "--model", "-m", help="model dir (default: shipped)"),
@@ -380,7 +381,8 @@ def bench(
     n = n if n is not None else 8 if quick else 50  # --quick sets defaults, not what is given
     max_tokens = max_tokens if max_tokens is not None else 64 if quick else 128
     res = run_bench(model or default_model(), task, n, max_tokens, out, draft_path=draft_model, data=data,
-                    adapters=adapter, chat_template=chat_template, overwrite=overwrite, repeats=repeats,
+                    adapters=adapter, chat_template=chat_template, system_prompt=system_prompt,
+                    overwrite=overwrite, repeats=repeats,
                     say=lambda msg: typer.echo(f"bench: {said_in(msg, 'cli')}", err=True))
     typer.echo(results_markdown(res["meta"], res["results"]))
     typer.echo(f"wrote {out}/results.json, results.md, results.png")
@@ -491,6 +493,8 @@ def train(
                                            "skipped (default 512, or what the model holds if less)"),
     length_policy: str = typer.Option("truncate", "--length-policy", help="truncate or skip"),
     chat_template: bool = _flag(False, "--chat-template", help="wrap prompts in the chat template"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="with --chat-template: a "
+                                             "system turn before each text prompt, as generate sends it"),
     self_distill: bool | None = _flag(
         None, "--self-distill/--no-self-distill",
         help="learn the base model's own greedy continuations (lossless mode: on by default)"),
@@ -544,7 +548,8 @@ def train(
     options = dict(mode=mode, out=out, gamma=gamma, msa_layers=msa_layers, rank=rank, iters=iters,
                    epochs=epochs, batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
                    max_seq_len=max_seq_len, length_policy=length_policy, chat_template=chat_template,
-                   self_distill=self_distill, distill_tokens=distill_tokens, resume=resume,
+                   system_prompt=system_prompt, self_distill=self_distill, distill_tokens=distill_tokens,
+                   resume=resume,
                    overwrite=overwrite, seed=seed, over=over, init=init, alphas=alphas,
                    prune_weight=prune_weight, segment_len=segment_len, group_by_length=group_by_length,
                    val_every=val_every, val_batches=val_batches, save_every=save_every,
@@ -601,6 +606,9 @@ def ngrams(
     chat_template: bool | None = _flag(None, "--chat-template/--no-chat-template",
                                        help="wrap prompts in the chat template (default: as the adapter "
                                        "was trained, where its training_report.json says)"),
+    system_prompt: str | None = typer.Option(None, "--system-prompt", help="with --chat-template: a system "
+                                             "turn before each text prompt (default: as the adapter was "
+                                             "trained)"),
     overwrite: bool = _flag(False, "--overwrite", help="replace the adapter's ngrams.npz"),
 ) -> None:
     """Write an adapter's n-gram drafts (ngrams.npz) from the data it was trained on.
@@ -612,7 +620,7 @@ def ngrams(
     from mlx_specstream.trainer import write_ngrams
 
     path, n = write_ngrams(model or default_model(), adapter, data, max_seq_len=max_seq_len,
-                           chat_template=chat_template, overwrite=overwrite,
+                           chat_template=chat_template, system_prompt=system_prompt, overwrite=overwrite,
                            say=lambda msg: typer.echo(said_in(msg, "cli"), err=True))
     typer.echo(f"wrote {path} ({n} contexts)")
 

@@ -42,6 +42,7 @@ from .data import (
     VALID_FILE,
     DataError,
     check_ids,
+    check_system_prompt,
     encode_row,
     has_chat_template,
     message_text,
@@ -432,14 +433,14 @@ def _data_name(path: Path) -> str:
 
 
 def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_size: int | None = None,
-                 limit: int | None = None, say: Callable[[str], None] = print
-                 ) -> tuple[list[list[int]], list[str]]:
+                 limit: int | None = None, say: Callable[[str], None] = print,
+                 system_prompt: str | None = None) -> tuple[list[list[int]], list[str]]:
     """The first ``n`` prompts of a JSONL file and the completions they are judged against, in
     the formats ``train`` reads (``prompt``/``completion`` as text or token ids, ``messages``: the
-    conversation up to its last reply; ``chat_template`` wraps text prompts in a user turn, as
-    ``train``/``generate --chat-template`` do), each row checked as ``train`` checks it (token ids
-    in the model's ``vocab_size``, the prompt and a token within the ``limit`` it holds), so a bad
-    row is said with its line before anything is timed.
+    conversation up to its last reply; ``chat_template`` wraps text prompts in a user turn, after
+    ``system_prompt``'s, as ``train``/``generate --chat-template`` do), each row checked as
+    ``train`` checks it (token ids in the model's ``vocab_size``, the prompt and a token within the
+    ``limit`` it holds), so a bad row is said with its line before anything is timed.
     A ``text`` row has no prompt: skipped, and said (``say``), as prompts outside the model's chat
     template and prompts without a completion to judge them against are."""
     prompts, refs, skipped, plain = [], [], 0, 0
@@ -450,7 +451,8 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
             skipped += 1
             continue
         where = f"{path}:{line}"
-        ex = encode_row(row, tok, chat_template=chat_template, add_eos=False, where=where)
+        ex = encode_row(row, tok, chat_template=chat_template, system=system_prompt, add_eos=False,
+                        where=where)
         check_ids(ex.tokens, vocab_size, where)
         if limit is not None and ex.n_prompt >= limit:
             raise DataError(f"{where}: {prompt_too_long(ex.n_prompt, limit)}")
@@ -481,7 +483,8 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
 
 def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int, out_dir: str | Path,
               draft_path: str | Path | None = None, data: str | Path | None = None,
-              adapters: list[str] | None = None, chat_template: bool = False, command: str | None = None,
+              adapters: list[str] | None = None, chat_template: bool = False,
+              system_prompt: str | None = None, command: str | None = None,
               methods: list[Method] | None = None, overwrite: bool = False, repeats: int = REPEATS,
               clock: Callable[[], float] = time.perf_counter,
               say: Callable[[str], None] = lambda msg: print(f"bench: {msg}", file=sys.stderr)) -> dict:
@@ -489,7 +492,8 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
 
     ``task``: the project's data set and adapters (``sql``, ``code``) and its metric; None: ``sql``'s
     adapters where ``adapters`` are not given, and plain exact match and edit similarity. ``data``:
-    a user's prompts (:func:`prompts_file`, :func:`read_prompts`) instead of the task's test split.
+    a user's prompts (:func:`prompts_file`, :func:`read_prompts`, with ``chat_template`` and
+    ``system_prompt`` as ``train`` reads them) instead of the task's test split.
     ``adapters``: a user's adapters instead of the project's (:func:`adapter_methods`).
     ``methods`` replaces the standard set (those marked ``plain_ar`` compete for the speed
     reference; a method's ``reproduces`` names the one whose output it must equal); ``overwrite``
@@ -508,6 +512,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     if adapters is not None:
         adapters = check_adapters(model_path, adapters)
     check_switch("chat_template", chat_template)
+    check_system_prompt(system_prompt, chat_template)
     check_out_dir(out_dir, overwrite)
     test = prompts_file(data, say) if data is not None else project_data(task) / TEST_FILE
     if not test.is_file():
@@ -519,7 +524,8 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     config = read_model_config(model_path)
     limit = max_positions(config)
     # a bad row is said before the models load
-    prompts, refs = read_prompts(test, tok, n, chat_template, config.get("vocab_size"), limit, say)
+    prompts, refs = read_prompts(test, tok, n, chat_template, config.get("vocab_size"), limit, say,
+                                 system_prompt)
     # every method stops where the model's context ends (ours do; mlx-lm's would run on past it)
     budgets = [min(max_tokens, limit - len(p)) if limit else max_tokens for p in prompts]
     skipped = {}
@@ -535,6 +541,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     meta = run_meta(
         command, load_average_1m=[round(load_before, 2), round(os.getloadavg()[0], 2)],
         versions=_versions(), model=recorded_path(model_path), task=task, data=recorded_path(test),
+        chat_template=chat_template, system_prompt=system_prompt,
         prompts=len(prompts), max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
         bootstrap=BOOTSTRAP, skipped=skipped,
         node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)

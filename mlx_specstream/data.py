@@ -198,8 +198,24 @@ def chat_prompt(tokenizer, prompt: str, *, system: str | None = None, tools: lis
                 where: str = "prompt") -> list[int]:
     """A prompt as a chat client sends it: one user turn (after ``system``'s), run through the chat
     template with the assistant's turn begun; what ``--chat-template`` trains on and decodes."""
-    system_turn = [{"role": "system", "content": system}] if system is not None else []
-    return _render(tokenizer, [*system_turn, {"role": "user", "content": prompt}], where, tools)
+    return _render(tokenizer, [*system_turn(system), {"role": "user", "content": prompt}], where, tools)
+
+
+def system_turn(system: str | None) -> list[dict]:
+    """The messages a system prompt puts before a user turn: none for None."""
+    return [{"role": "system", "content": system}] if system is not None else []
+
+
+def check_system_prompt(system_prompt, chat_template: bool) -> None:
+    """A system prompt is text, and a turn of the chat template: asked for with it."""
+    from .errors import OptionError
+
+    if system_prompt is None:
+        return
+    if not isinstance(system_prompt, str):
+        raise OptionError(f"{{system_prompt}} must be text, not {system_prompt!r:.40}")
+    if not chat_template:
+        raise OptionError("{system_prompt} is a turn of the chat template: give {chat_template} too")
 
 
 def assistant_turns(row: dict) -> list[dict]:
@@ -218,8 +234,8 @@ def assistant_turns(row: dict) -> list[dict]:
     return [{**row, "messages": msgs[: i + 1]} for i in replies] + [row]
 
 
-def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bool = True,
-               where: str = "") -> Example:
+def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str | None = None,
+               add_eos: bool = True, where: str = "") -> Example:
     """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``); a
     conversation's last reply (:func:`assistant_turns` gives the others)."""
     if not isinstance(row, dict):
@@ -250,8 +266,9 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, add_eos: bo
                             "(or both lists of token ids)")
         _need_tokenizer(tokenizer, where)
         _check_text(where, prompt=prompt, completion=completion)
-        if chat_template:  # one user turn and the assistant's reply
-            turns = [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
+        if chat_template:  # one user turn (after the system's) and the assistant's reply
+            turns = [*system_turn(system), {"role": "user", "content": prompt},
+                     {"role": "assistant", "content": completion}]
             return _chat_example(tokenizer, turns, where, tools, add_eos)
         p, c = _encode_pair(tokenizer, prompt, completion)
         if not p:
@@ -383,9 +400,10 @@ def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: 
 
 
 def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = None,
-               policy: str = "truncate", chat_template: bool = False, add_eos: bool = True,
-               vocab_size: int | None = None, progress: bool = True) -> Dataset:
-    """Read and encode one JSONL file, applying the length policy."""
+               policy: str = "truncate", chat_template: bool = False, system: str | None = None,
+               add_eos: bool = True, vocab_size: int | None = None, progress: bool = True) -> Dataset:
+    """Read and encode one JSONL file, applying the length policy (``chat_template``, ``system``:
+    as :func:`encode_row` reads a row)."""
     if policy not in POLICIES:
         raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
     if max_seq_len is not None and max_seq_len < 2:
@@ -406,8 +424,8 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         plain += isinstance(row, dict) and isinstance(row.get("prompt"), str) and not chat_template
         for one in assistant_turns(row):
             ds.n_read += 1
-            ex = replace(encode_row(one, tokenizer, chat_template=chat_template, add_eos=add_eos,
-                                    where=f"{path}:{n}"), line=n)
+            ex = replace(encode_row(one, tokenizer, chat_template=chat_template, system=system,
+                                    add_eos=add_eos, where=f"{path}:{n}"), line=n)
             check_ids(ex.tokens, vocab_size, f"{path}:{n}")
             if max_seq_len is not None and len(ex.tokens) > max_seq_len:
                 if policy == "skip" or ex.n_prompt >= max_seq_len:

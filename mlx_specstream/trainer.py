@@ -63,7 +63,7 @@ from .checkpoint import (
     setting_said,
     weights_digest,
 )
-from .data import Dataset, Example, check_dataset, load_datasets
+from .data import Dataset, Example, check_dataset, check_system_prompt, load_datasets
 from .distill import distill_dataset
 from .errors import (
     USER_ERRORS,
@@ -140,6 +140,7 @@ class TrainConfig:
     max_seq_len: int = 512
     length_policy: str = "truncate"
     chat_template: bool = False
+    system_prompt: str | None = None  # with chat_template: a system turn before each text prompt
     self_distill: bool = False
     distill_tokens: int = 64  # self-distillation: tokens the base writes for a prompt given alone
     seed: int = 0
@@ -278,7 +279,7 @@ def fit_msa_layers(model: nn.Module, msa_layers: int | None) -> int:
 
 
 def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int, length_policy: str,
-              chat_template: bool, self_distill: bool, seed: int, progress: bool
+              chat_template: bool, system_prompt: str | None, self_distill: bool, seed: int, progress: bool
               ) -> tuple[Dataset, Dataset | None, dict[str, str | None]]:
     """A run's training and validation sets (``data``: a directory, or a (train, valid) pair of
     :class:`Dataset`), what there is to say of them said; where there is no validation set, a
@@ -296,7 +297,7 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
     else:
         train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
                                            policy=length_policy, chat_template=chat_template,
-                                           vocab_size=vocab_size, progress=progress)
+                                           system=system_prompt, vocab_size=vocab_size, progress=progress)
     for ds in (train_ds, valid_ds):
         for note in (ds.notes if ds is not None else []):
             say(note)
@@ -467,14 +468,15 @@ def _train_local(processes: int, arguments: dict) -> dict:
 
 
 def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback,
-                     tokenizer, distributed, chat_template, group_by_length, resume, overwrite, progress,
-                     **numbers) -> None:
+                     tokenizer, distributed, chat_template, system_prompt, group_by_length, resume, overwrite,
+                     progress, **numbers) -> None:
     """:func:`train`'s arguments, each of its type and in its range and all of them together one
     run, before any work (and before the model's adapter goes)."""
     check_switch("self_distill", self_distill, optional=True)
     for name, value in (("chat_template", chat_template), ("group_by_length", group_by_length),
                         ("resume", resume), ("overwrite", overwrite), ("progress", progress)):
         check_switch(name, value)
+    check_system_prompt(system_prompt, chat_template)
     for name, value in (("over", over), ("init", init)):
         if value is not None:
             check_path(value, f"{{{name}}}", OptionError, "give an adapter name or a path")
@@ -511,7 +513,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
           msa_layers: int | None = None, rank: int = 8, iters: int | None = None,
           epochs: float | None = None, batch_size: int = 8, lr: float = TrainConfig.lr,
           fine_tune_lr: float | None = None, max_seq_len: int | None = None,
-          length_policy: str = "truncate", chat_template: bool = False,
+          length_policy: str = "truncate", chat_template: bool = False, system_prompt: str | None = None,
           self_distill: bool | None = None, distill_tokens: int = TrainConfig.distill_tokens,
           resume: bool = False, overwrite: bool = False, seed: int = 0, alphas=None,
           prune_weight: float = 1.0, segment_len: int | None = 32, group_by_length: bool = True,
@@ -536,6 +538,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     over the data (by default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
     numbers: alpha_0 and one alpha for every stream); defaults: lossless ``[0, 1, ...]``, shared
     ``[1, 0.1, ...]``.
+    ``chat_template``: text prompts become a user turn of the model's chat template, after a system
+    turn of ``system_prompt`` where one is given (as ``generate --system-prompt`` sends it).
     ``self_distill`` (lossless only; the default there): the streams learn the base model's own
     greedy continuations of the prompts (what verification accepts) instead of the completions
     as given; ``distill_tokens`` for a prompt given without a completion.
@@ -629,7 +633,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # -- data -------------------------------------------------------------------------------
     train_ds, valid_ds, digests = _run_data(data, tokenizer, model.config.get("vocab_size"), say=say,
                                             max_seq_len=max_seq_len, length_policy=length_policy,
-                                            chat_template=chat_template, self_distill=self_distill, seed=seed,
+                                            chat_template=chat_template, system_prompt=system_prompt,
+                                            self_distill=self_distill, seed=seed,
                                             progress=progress and main_proc)
 
     # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
@@ -674,8 +679,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                          warmup=warmup if warmup is not None else min(100, iters // 20),
                          weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
                          length_policy=length_policy, chat_template=chat_template,
-                         self_distill=self_distill, distill_tokens=distill_tokens, seed=seed, alphas=alphas,
-                         prune_weight=prune_weight,
+                         system_prompt=system_prompt, self_distill=self_distill,
+                         distill_tokens=distill_tokens, seed=seed, alphas=alphas, prune_weight=prune_weight,
                          segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
                          val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
                          accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
@@ -811,14 +816,14 @@ def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable
 
 
 def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, *,
-                 max_seq_len: int | None = None, chat_template: bool | None = None, overwrite: bool = False,
-                 say=None) -> tuple[Path, int]:
+                 max_seq_len: int | None = None, chat_template: bool | None = None,
+                 system_prompt: str | None = None, overwrite: bool = False, say=None) -> tuple[Path, int]:
     """Give an adapter the n-gram drafts of ``data``'s train split (``train`` writes them for the
     adapters it trains): ``ADAPTER/ngrams.npz``, written atomically; an existing one is replaced
     only with ``overwrite``, and never by an empty table. Returns its path and its number of
     contexts. The adapter must have been made for the model (its drafts are in the model's tokens).
-    ``max_seq_len`` and ``chat_template`` left None are the adapter's training run's where its
-    report records them (said), so the prompts are read as it read them.
+    ``max_seq_len``, ``chat_template`` and ``system_prompt`` left None are the adapter's training
+    run's where its report records them (said), so the prompts are read as it read them.
     What reading the data cut or skipped is said (``say``; default: on stderr), as ``train`` says it."""
     from .loader import load_model
 
@@ -832,19 +837,21 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
     model = load_model(model_path)
     check_made_for(model, path, cfg)
-    trained = _trained_settings(path, max_seq_len=max_seq_len, chat_template=chat_template)
+    trained = _trained_settings(path, max_seq_len=max_seq_len, chat_template=chat_template,
+                                system_prompt=system_prompt)
     if trained:
-        say(Said("as the adapter was trained: "
-                       + " ".join(setting_said(k, v) for k, v in trained.items())))
+        say(Said("as the adapter was trained: " + " ".join(setting_said(k, v) for k, v in trained.items())))
     max_seq_len = fit_max_seq_len(model, trained.get("max_seq_len", max_seq_len))
     chat_template = bool(trained.get("chat_template", chat_template))
+    system_prompt = trained.get("system_prompt", system_prompt)
+    check_system_prompt(system_prompt, chat_template)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after
     tokenizer = load_tokenizer(Path(model_path))
     vocab_size = read_model_config(Path(model_path)).get("vocab_size")
     train_ds, _ = load_datasets(data, tokenizer, valid=False, say=say, max_seq_len=max_seq_len,
-                                chat_template=chat_template, vocab_size=vocab_size)
+                                chat_template=chat_template, system=system_prompt, vocab_size=vocab_size)
     for note in train_ds.notes:
         say(note)
     table = ngram_table(train_ds, eos_ids(tokenizer))

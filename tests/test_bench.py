@@ -218,6 +218,8 @@ def test_bench_refuses_before_it_runs(tmp_path):
                   methods=[])
     with pytest.raises(ValueError, match="a list of adapter names"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters="sql", methods=[])
+    with pytest.raises(ValueError, match="system_prompt is a turn of the chat template"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", system_prompt="Be brief.", methods=[])
     with pytest.raises(AdapterError, match="adapter 'typo' not found"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", adapters=["sql", "typo"], methods=[])
     (tmp_path / "mine").mkdir()
@@ -447,7 +449,7 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
 
     def run_bench(model, task, n, max_tokens, *a, **k):
         asked.append((n, max_tokens))
-        given.append((task, k["adapters"], k["data"], k["chat_template"]))
+        given.append((task, k["adapters"], k["data"], k["chat_template"], k["system_prompt"]))
         return stored
 
     given = []
@@ -460,11 +462,12 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
     CliRunner().invoke(app, ["bench", "--quick", "--n", "20", "--out", str(tmp_path / "o2")])
     CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "o3")])
     assert asked == [(8, 64), (20, 64), (50, 128)]  # --quick sets defaults, not what is given
-    assert given == [(None, None, None, False)] * 3
+    assert given == [(None, None, None, False, None)] * 3
     res = CliRunner().invoke(app, ["bench", "--adapter", "a", "--adapter", "./b", "--data", "mine.jsonl",
-                                   "--chat-template", "--out", str(tmp_path / "o4")])
+                                   "--chat-template", "--system-prompt", "Be brief.",
+                                   "--out", str(tmp_path / "o4")])
     assert res.exit_code == 0, repr(res.exception)
-    assert given[-1] == (None, ["a", "./b"], Path("mine.jsonl"), True)
+    assert given[-1] == (None, ["a", "./b"], Path("mine.jsonl"), True, "Be brief.")
 
 
 def test_an_adapter_over_the_base_arrays_decodes_as_its_own_load():

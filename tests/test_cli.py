@@ -152,6 +152,46 @@ def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
     assert res.returncode == 0 and res.stdout == ref[: ref.index(stop)] + "\n", res.stderr
 
 
+def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path):
+    """train --chat-template --system-prompt S reads each text prompt as generate --chat-template
+    --system-prompt S sends it (the oracle: data.chat_prompt, generate's rendering), records S, and
+    ngrams reads the data so again unless told otherwise."""
+    import json
+
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.data import chat_prompt
+    from mlx_specstream.tokenizer import load_tokenizer
+
+    if not (DEFAULT_MODEL / "config.json").exists():
+        pytest.skip("the default model is not built")
+    d = tmp_path / "chat"
+    d.mkdir()
+    for f in DEFAULT_MODEL.iterdir():
+        if f.name != "adapters":
+            (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_text("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n"
+                                           "{% endfor %}{% if add_generation_prompt %}### SQL:\n{% endif %}")
+    (tmp_path / "data").mkdir()
+    rows = [{"prompt": f"CREATE TABLE t{i} (a INTEGER) How many rows?",
+             "completion": f"SELECT COUNT(*) FROM t{i}"} for i in range(4)]
+    (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = cli("train", "--model", str(d), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "ad"),
+              "--chat-template", "--system-prompt", "Answer in SQL.", "--iters", "1", "--batch-size", "2",
+              "--no-self-distill", "--accept-prompts", "0", "--val-every", "0", "-j", "1", "--quiet")
+    assert res.returncode == 0, res.stderr
+    report = json.loads((tmp_path / "ad" / "training_report.json").read_text())
+    assert report["config"]["system_prompt"] == "Answer in SQL."
+    tok = load_tokenizer(d)
+    sent = [chat_prompt(tok, r["prompt"], system="Answer in SQL.") for r in rows]
+    assert report["data"]["train"]["tokens"] - report["data"]["train"]["target_tokens"] == sum(map(len, sent))
+    res = cli("ngrams", "--model", str(d), "--adapter", str(tmp_path / "ad"), "--data",
+              str(tmp_path / "data"), "--overwrite")
+    assert res.returncode == 0 and "--chat-template --system-prompt Answer in SQL." in res.stderr, res.stderr
+    assert_one_line_error(cli("train", "--model", str(d), "--data", str(tmp_path / "data"), "--out",
+                              str(tmp_path / "ad2"), "--system-prompt", "Answer in SQL."),
+                          "--system-prompt is a turn of the chat template: give --chat-template too")
+
+
 def test_the_end_of_the_context_is_said_only_when_it_ended_the_text(capsys):
     """One stderr line when the context cut the text; none when a stop string or EOS ended it
     in the same pass (the limit was reached, but it is not why the text ends)."""

@@ -293,6 +293,9 @@ def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_pa
     assert ex.tokens == hf(convo, False) + eos and ex.n_prompt == len(prompt)
     ex = encode_row({"prompt": "Hello world", "completion": "Café crème"}, tok, chat_template=True)
     assert ex.tokens == hf(convo[1:], False) + eos and ex.n_prompt == len(hf(convo[1:2], True))
+    ex = encode_row({"prompt": "Hello world", "completion": "Café crème"}, tok, chat_template=True,
+                    system="Be brief.")  # train --system-prompt: the system turn first, as generate sends it
+    assert ex.tokens == hf(convo, False) + eos and ex.n_prompt == len(prompt)
     said = [*convo[:-1], {"role": "assistant", "content": f"a {tok.special_tokens['eos_token']} b"}]
     assert encode_row({"messages": said}, tok).tokens == hf(said, False) + eos  # its end of turn decides
     with pytest.raises(DataError, match="x:1: the chat template renders no prompt before the reply"):

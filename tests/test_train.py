@@ -968,6 +968,10 @@ def test_options_are_checked(tmp_path):
     for name in ("branch", "tree_budget"):
         with pytest.raises(OptionError, match=f"{name} must be a whole number >= 1, not 0"):
             train(model, (ds, None), **{name: 0}, **quiet)
+    with pytest.raises(OptionError, match="system_prompt is a turn of the chat template: give chat_template"):
+        train(model, (ds, None), system_prompt="Be brief.", **quiet)
+    with pytest.raises(OptionError, match="system_prompt must be text, not 1"):
+        train(model, (ds, None), system_prompt=1, chat_template=True, **quiet)
     rep = train(model, (ds, None), gamma=2, msa_layers=2, alphas="0,0.5", epochs=2, batch_size=3,
                 **quiet)
     assert rep["iters"] == 6 and rep["config"]["alphas"] == [0.0, 0.5, 0.5] and rep["adapter"] is None
