@@ -101,7 +101,15 @@ REPORT_FILE = "training_report.json"
 MLX_LM_NAMES = {"learning_rate": "{lr}", "steps_per_eval": "{val_every}", "adapter_path": "{out}",
                 "resume_adapter_file": "{init} (a finished adapter's weights) or {resume} (a stopped run)",
                 "fine_tune_type": "{mode}", "train": "not needed here: train trains",
-                "mask_prompt": "not needed here: the loss never covers the prompt"}
+                "mask_prompt": "not needed here: the loss never covers the prompt",
+                "num_layers": "the nearest is {msa_layers}, the top layers that carry the streams",
+                "grad_checkpoint": "no gradient checkpointing here: a lower {batch_size} or {max_seq_len} "
+                                   "takes less memory",
+                "grad_accumulation_steps": "no accumulation here: raise {batch_size}, or train in several "
+                                           "processes ({processes})",
+                "steps_per_report": "not needed here: the progress bar shows every step, {val_every} sets "
+                                    "the validations",
+                "test": "not here: specstream-mlx bench --adapter NAME --data DIR judges an adapter"}
 MODES = ("lossless", "shared", "lora")
 # Options a mode ignores: ``lora`` drafts nothing; only lossless self-distillation builds
 # stream states in segments and continues prompts given alone

@@ -595,6 +595,9 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
     with pytest.raises(TypeError, match=re.escape("train() got an unexpected keyword argument "
                                                   "'learning_rate' (did you mean 'lr'?)")):
         train(model, pair, learning_rate=1e-3)  # mlx-lm's name
+    with pytest.raises(TypeError, match=re.escape("'grad_checkpoint' (no gradient checkpointing here: "
+                                                  "a lower batch_size")):  # no "did you mean"
+        train(model, pair, grad_checkpoint=True)
     # a Dataset made in Python is checked as a file's rows are
     for ds, fragment in ((Dataset([]), "data[0] (train): no examples"),
                          (Dataset([Example([1, 99999, 3], 1)]), "data[0] (train): example 0: token id out of "
