@@ -200,20 +200,20 @@ def check_number(name: str, value, least: float, *, inclusive: bool = True, whol
                           f"not {value}")
 
 
+_WHOLE, _REAL = int | np.integer, int | float | np.integer | np.floating  # what the arithmetic takes
+
+
 def check_kind(name: str, value, whole: bool = False) -> None:
-    """A number option (``{name}``) is a number (``whole``: an integer; NumPy's too), never a bool."""
-    if _is_bool(value) or not isinstance(value, numbers.Integral if whole else numbers.Real):
+    """A number option (``{name}``) is a number (``whole``: an integer), Python's or NumPy's; never
+    a bool, nor a number the arithmetic after it cannot take (a Fraction, a complex)."""
+    if isinstance(value, bool) or not isinstance(value, _WHOLE if whole else _REAL):
         raise OptionError(f"{{{name}}} must be {'a whole number' if whole else 'a number'}, not {value!r}")
 
 
-def _is_bool(value) -> bool:
-    return isinstance(value, bool | np.bool_)
-
-
 def check_switch(name: str, value, optional: bool = False) -> None:
-    """A switch is True or False, NumPy's too (``optional``: or None, its default): ``lookup=0`` or
-    ``fuse="no"`` would otherwise read as on."""
-    if not _is_bool(value) and not (optional and value is None):
+    """A switch is True or False (``optional``: or None, its default): ``lookup=0`` or
+    ``fuse="no"`` would otherwise read as on (and NumPy's ``np.False_`` is not ``False``)."""
+    if not isinstance(value, bool) and not (optional and value is None):
         raise OptionError(f"{{{name}}} must be True or False{' (or None)' * optional}, not {value!r}")
 
 

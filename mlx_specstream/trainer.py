@@ -64,6 +64,7 @@ from .checkpoint import (
     weights_digest,
 )
 from .data import Dataset, Example, check_dataset, check_system_prompt, load_datasets
+from .device import on_gpu
 from .distill import distill_dataset
 from .errors import (
     USER_ERRORS,
@@ -623,6 +624,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if fine_tune_lr is not None and mode != "shared":
         raise ValueError(f"fine_tune_lr: only shared mode trains an every-row LoRA beside its streams "
                          f"(this is {mode} mode: use lr)")
+
+    if not on_gpu() and any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()):
+        say("the base is quantized, and on a CPU MLX's quantized products are many times slower than "
+            "float ones: an adapter trained on the float base is faster to train and works on its "
+            "quantized copies (docs/training.md)")
 
     # a bad setting is refused before any work, and before the attached adapter goes
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,

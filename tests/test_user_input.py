@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import mlx.core as mx
@@ -131,11 +132,15 @@ def test_api_options_of_the_wrong_type_or_name():
                               ({"ngrams": True, "lookup": False}, "drop lookup=False")):
         with pytest.raises(OptionError, match=re.escape(fragment)):
             generate(model, None, [1, 2, 3], **options)
-    numpy = dict(max_tokens=np.int64(4), temperature=np.float32(0.0), lookup=np.bool_(False))  # a notebook's
+    numpy = dict(max_tokens=np.int64(4), temperature=np.float32(0.0))  # a notebook's numbers
     assert generate(model, None, [1, 2, 3], **numpy).tokens == generate(
-        model, None, [1, 2, 3], max_tokens=4, temperature=0.0, lookup=False).tokens
-    with pytest.raises(OptionError, match=re.escape("max_tokens must be a whole number, not np.True_")):
-        generate(model, None, [1, 2, 3], max_tokens=np.bool_(True))
+        model, None, [1, 2, 3], max_tokens=4, temperature=0.0).tokens
+    for options, fragment in (  # what the decoder could not take as asked
+            ({"max_tokens": np.bool_(True)}, "max_tokens must be a whole number, not np.True_"),
+            ({"temperature": Fraction(1, 2)}, "temperature must be a number, not Fraction"),
+            ({"lookup": np.False_}, "lookup must be True or False (or None), not np.False_")):
+        with pytest.raises(OptionError, match=re.escape(fragment)):
+            generate(model, None, [1, 2, 3], **options)
     with pytest.raises(OptionError, match="max_tokens must be >= 1"):  # at the call, not at the first pass
         stream_generate(model, None, [1, 2, 3], max_tokens=-5)
     shared = tiny_model("llama", scale=3.0)
