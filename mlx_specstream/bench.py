@@ -32,10 +32,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import adapter_name, adapter_size, fine_tune_weights, resolve_adapter
+from .adapter import fuse as fuse_adapter
 from .api import decoder, load
 from .arch.base import max_positions
 from .data import (
@@ -294,7 +296,7 @@ def build_methods(model_path: Path, task: str, draft_path: Path | None,
     return methods, skipped
 
 
-def adapter_methods(base, adapter: str, tok) -> list[Method]:
+def adapter_methods(base: nn.Module, adapter: str, tok) -> list[Method]:
     """A user's adapter as ``bench --adapter NAME`` times it: ``ss NAME`` decodes with Speculative
     Streaming as ``generate --adapter NAME`` does (its own tree and defaults); where the adapter
     carries a fine-tune (shared and lora modes, a tuned lossless one), ``ar NAME`` decodes the same
@@ -328,7 +330,7 @@ def check_adapters(model_path: Path, adapters: list[str]) -> list[str]:
     return [str(path) for path in found.values()]
 
 
-def _project_adapter_methods(base, task: str, tok, skipped: dict) -> list[Method]:
+def _project_adapter_methods(base: nn.Module, task: str, tok, skipped: dict) -> list[Method]:
     """The project's adapters for ``task`` under their table names (``ss-lossless chain|tree|
     tree+prune``, ``ss-shared``, ``ss-shared ar``, ``lora-ar``, ``ss-tuned``); each one missing is
     recorded in ``skipped``."""
@@ -355,14 +357,13 @@ def _project_adapter_methods(base, task: str, tok, skipped: dict) -> list[Method
         skipped["ss-shared"] = f"no adapter {recorded_path(adapters / shared_name)}"
     fine_tune = None
     if (adapters / f"{task}-lora").exists():
-        m = with_adapter(base, f"{task}-lora", fuse=True)
-        n, fine_tune = adapter_size(m), fine_tune_weights(m)
-        methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), n))
+        m, fine_tune = _fused(base, f"{task}-lora")
+        methods.append(Method("lora-ar", our_decoder(m, tok, mode="ar"), adapter_size(m)))
     else:
         skipped["lora-ar"] = f"no adapter {recorded_path(adapters / f'{task}-lora')}"
     if (adapters / f"{task}-tuned").exists():
-        m = with_adapter(base, f"{task}-tuned", fuse=True)
-        same = fine_tune is not None and _equal(fine_tune_weights(m), fine_tune)
+        m, tuned = _fused(base, f"{task}-tuned")
+        same = fine_tune is not None and _equal(tuned, fine_tune)
         methods.append(Method("ss-tuned", our_decoder(m, tok), adapter_size(m),
                               reproduces="lora-ar" if same else None))
         if not same:
@@ -370,6 +371,15 @@ def _project_adapter_methods(base, task: str, tok, skipped: dict) -> list[Method
     else:
         skipped["ss-tuned"] = f"no adapter {recorded_path(adapters / f'{task}-tuned')}"
     return methods
+
+
+def _fused(base: nn.Module, adapter: str) -> tuple[nn.Module, dict[str, mx.array]]:
+    """``base`` with ``adapter`` fused (:func:`~mlx_specstream.pool.with_adapter`), and its fine-tune's
+    weights, read before fusing folds them away."""
+    model = with_adapter(base, adapter)
+    weights = fine_tune_weights(model)
+    fuse_adapter(model)
+    return model, weights
 
 
 def _equal(a: dict[str, mx.array], b: dict[str, mx.array]) -> bool:
@@ -420,6 +430,8 @@ def prompts_file(data: str | Path, say: Callable[[str], None] = print) -> Path:
     if not data.is_dir():
         raise DataError(f"{data}: no such data file or directory")
     for name in (TEST_FILE, VALID_FILE):
+        if (data / name).exists() and not (data / name).is_file():
+            raise no_file(data, name)
         if (data / name).is_file():
             if name != TEST_FILE:
                 say(f"{data} has no {TEST_FILE}: timing the prompts of {name}")
@@ -433,7 +445,7 @@ def _data_name(path: Path) -> str:
 
 
 def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_size: int | None = None,
-                 limit: int | None = None, say: Callable[[str], None] = print,
+                 limit: int | None = None, say: Callable[[str], None] = print, *,
                  system_prompt: str | None = None) -> tuple[list[list[int]], list[str]]:
     """The first ``n`` prompts of a JSONL file and the completions they are judged against, in
     the formats ``train`` reads (``prompt``/``completion`` as text or token ids, ``messages``: the
@@ -525,7 +537,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
     limit = max_positions(config)
     # a bad row is said before the models load
     prompts, refs = read_prompts(test, tok, n, chat_template, config.get("vocab_size"), limit, say,
-                                 system_prompt)
+                                 system_prompt=system_prompt)
     # every method stops where the model's context ends (ours do; mlx-lm's would run on past it)
     budgets = [min(max_tokens, limit - len(p)) if limit else max_tokens for p in prompts]
     skipped = {}

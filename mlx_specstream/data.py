@@ -120,8 +120,9 @@ def message_text(content, where: str) -> str:
     if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text"
                                          and isinstance(c.get("text"), str) for c in content):
         return "".join(c["text"] for c in content)
-    raise DataError(f"{where}: a message's 'content' must be text (a string or text parts), "
-                    f"not {content!r:.60}")
+    said = json.dumps(content, ensure_ascii=False, default=repr)
+    raise DataError(f"{where}: a message's 'content' must be text (a string or a list of text parts), "
+                    f"not {said[:60] + '...' * (len(said) > 60)}")
 
 
 def chat_messages(messages: list[dict], where: str) -> list[dict]:
@@ -129,9 +130,13 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
     server's requests: each content as text (:func:`message_text`), an assistant's tool-calling
     turn without one as "" (so a template's ``{{ message['content'] }}`` writes no "None" that
     the served model would never see), all of it valid Unicode."""
-    out = [{**m, "content": message_text("" if m.get("content") is None and m.get("role") == "assistant"
-                                         else m.get("content"), where)} for m in messages]
-    _check_text(where, **{f"messages[{i}]": m["content"] for i, m in enumerate(out)})
+    out = []
+    for i, m in enumerate(messages):
+        at = f"{where}: messages[{i}]" if where else f"messages[{i}]"
+        text = message_text("" if m.get("content") is None and m.get("role") == "assistant"
+                            else m.get("content"), at)
+        _check_text(at, content=text)
+        out.append({**m, "content": text})
     return out
 
 

@@ -2,8 +2,9 @@
 
 Each adapter gets its own module tree whose base layers hold the *same* arrays as the base model
 (:func:`share_base`), so an adapter costs only its own parameters and requests for different
-adapters never swap weights under each other. Adapters are never fused here: folding a
-shared-mode LoRA into the base weights would give that adapter a private copy of them.
+adapters never swap weights under each other. The server never fuses them: folding a shared-mode
+LoRA into the base weights would give that adapter a private copy of them (``bench`` does, for
+``generate``'s speed: :func:`with_adapter`).
 """
 
 from __future__ import annotations

@@ -138,7 +138,7 @@ def _chat_prompt(body: dict, tokenizer) -> str:
             raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
                            "messages")
     try:
-        flat = chat_messages(messages, "messages")
+        flat = chat_messages(messages, "")
     except DataError as e:
         raise APIError(str(e), "messages") from None
     if not tokenizer.chat_template:

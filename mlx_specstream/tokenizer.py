@@ -242,7 +242,8 @@ class Tokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``, with the BOS token first when ``add_special_tokens`` (the name
         of ``transformers`` and mlx-lm) and the model uses one. A special token's string in the
-        text (``</s>``, ``<|im_end|>``) is that token, as in ``transformers``.
+        text (``</s>``, ``<|im_end|>``) is that token, as in ``transformers`` (a SentencePiece
+        model alone: its BOS, EOS, unknown and padding tokens).
 
         A text that already starts with the BOS token's string (e.g. from a chat template)
         does not get a second one.

@@ -418,13 +418,24 @@ def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
     return report if done else None
 
 
-def _trained_settings(adapter_dir: Path, **given) -> dict:
-    """Of ``given``'s settings left None, those the adapter's training report records."""
+def _trained_settings(adapter_dir: Path, limit: int | None, *, max_seq_len, chat_template,
+                      system_prompt) -> dict:
+    """Of the settings left None, those the adapter's training report records, where they are of
+    their type: a length the model holds (``limit``), the system prompt with the chat template."""
     try:
-        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config", {})
+        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config")
     except (OSError, ValueError, AttributeError):  # none, unreadable or not an object: nothing taken
-        return {}
-    return {k: config[k] for k, v in given.items() if v is None and k in config}
+        config = None
+    config, taken = config if isinstance(config, dict) else {}, {}
+    length = config.get("max_seq_len")
+    if max_seq_len is None and type(length) is int and 2 <= length <= (limit or length):
+        taken["max_seq_len"] = length
+    if chat_template is None and config.get("chat_template") is True:
+        taken["chat_template"] = True
+    if system_prompt is None and (chat_template or taken.get("chat_template")) \
+            and isinstance(config.get("system_prompt"), str):
+        taken["system_prompt"] = config["system_prompt"]
+    return taken
 
 
 def _group(distributed):
@@ -845,19 +856,23 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     from .loader import read_config as read_model_config
     from .tokenizer import load_tokenizer
 
+    check_switch("chat_template", chat_template, optional=True)
+    check_system_prompt(system_prompt, chat_template is not False)
     path = resolve_adapter(model_path, adapter)
     cfg = read_config(path)
     if cfg.mode == "lora":
         raise AdapterError(f"adapter '{path.name}' has no streams (mode lora): its decoding drafts nothing")
     model = load_model(model_path)
     check_made_for(model, path, cfg)
-    trained = _trained_settings(path, max_seq_len=max_seq_len, chat_template=chat_template,
-                                system_prompt=system_prompt)
-    if trained:
-        say(Said("as the adapter was trained: " + " ".join(setting_said(k, v) for k, v in trained.items())))
-    max_seq_len = fit_max_seq_len(model, trained.get("max_seq_len", max_seq_len))
-    chat_template = bool(trained.get("chat_template", chat_template))
-    system_prompt = trained.get("system_prompt", system_prompt)
+    taken = _trained_settings(path, model.max_positions, max_seq_len=max_seq_len, chat_template=chat_template,
+                              system_prompt=system_prompt)
+    if flags := [setting_said(k, v) for k, v in taken.items() if k != "system_prompt"]:
+        say(Said("as the adapter was trained: " + " ".join(flags)))
+    if "system_prompt" in taken:  # said as it is: its braces are no options
+        say(f"as the adapter was trained: the system prompt {json.dumps(taken['system_prompt'])}")
+    max_seq_len = fit_max_seq_len(model, taken.get("max_seq_len", max_seq_len))
+    chat_template = taken.get("chat_template", bool(chat_template))
+    system_prompt = taken.get("system_prompt", system_prompt)
     check_system_prompt(system_prompt, chat_template)
     dest = path / NGRAMS_FILE
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours

@@ -225,6 +225,10 @@ def test_bench_refuses_before_it_runs(tmp_path):
     (tmp_path / "mine").mkdir()
     with pytest.raises(DataError, match="no test.jsonl or valid.jsonl"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    (tmp_path / "mine" / "test.jsonl").mkdir()  # said as what it is, not passed over for valid.jsonl
+    with pytest.raises(DataError, match="test.jsonl is a directory: test.jsonl must be a JSONL file"):
+        run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
+    (tmp_path / "mine" / "test.jsonl").rmdir()
     (tmp_path / "mine" / "test.jsonl").write_text('{"text": "a"}\n{"prompt": "b"}\n')
     with pytest.raises(DataError, match="test.jsonl:2: has 'prompt' but no 'completion'"):
         run_bench(DEFAULT_MODEL, None, 1, 8, tmp_path / "out", data=tmp_path / "mine", methods=[])
@@ -493,3 +497,14 @@ def test_an_adapter_over_the_base_arrays_decodes_as_its_own_load():
         assert shared == len(arrays) if not fused else 0 < shared < len(arrays)
         assert model.model.embed_tokens.weight is base.model.embed_tokens.weight
     assert generate(base, tok, prompt, max_tokens=24, mode="ar").tokens == before
+
+
+def test_a_tuned_adapter_is_checked_against_its_own_fine_tune():
+    """ss-tuned must reproduce lora-ar only where it carries lora's fine-tune: the weights are
+    compared before fusing folds them into the base (after it, every adapter's read as none)."""
+    from mlx_specstream.bench import _equal, _fused
+
+    base, _ = load(DEFAULT_MODEL)
+    lora, tuned, shared = (_fused(base, name) for name in ("sql-lora", "sql-tuned", "sql"))
+    assert all(m.fused_lora and weights for m, weights in (lora, tuned, shared))
+    assert _equal(lora[1], tuned[1]) and not _equal(lora[1], shared[1])

@@ -1,6 +1,7 @@
 """JSONL training data: formats, chat template, length policy, and clear errors."""
 
 import json
+import re
 
 import pytest
 
@@ -328,3 +329,9 @@ def test_a_tool_calling_history_trains_on_what_the_server_renders(tmp_path):
     assert served == "[user]hi[assistant][tool]42[assistant]"  # no "None"
     ex = encode_row({"messages": [*history, {"role": "assistant", "content": "It is 42."}]}, tok)
     assert ex.tokens[: ex.n_prompt] == tok.rendered_ids(served)
+    from mlx_specstream.server import APIError
+
+    image = [{"type": "image_url", "image_url": {"url": "x"}}]  # said by its index, as JSON
+    with pytest.raises(APIError, match=re.escape("messages[1]: a message's 'content' must be text (a string "
+                                                 'or a list of text parts), not [{"type": "image_url"')):
+        _chat_prompt({"messages": [history[0], {"role": "user", "content": image}]}, tok)

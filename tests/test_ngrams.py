@@ -157,12 +157,18 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
     said = []
     write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, say=said.append)
     assert NgramTable.load(model_dir / "adapters" / "arith" / NGRAMS_FILE).next == cut
-    assert said[0] == "as the adapter was trained: max_seq_len=8 without chat_template", said
+    assert said[0] == "as the adapter was trained: max_seq_len=8", said
     r = subprocess.run([*cmd, "--data", str(tmp_path / "data"), "--overwrite", "--chat-template"],
                        capture_output=True, text=True, timeout=120)
     assert "as the adapter was trained: --max-seq-len 8\n" in r.stderr, r.stderr
     write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, max_seq_len=64, chat_template=False)
     assert NgramTable.load(model_dir / "adapters" / "arith" / NGRAMS_FILE).next != cut
+    # a length no run could have, or a report of another shape, is not taken
+    for config in ({"max_seq_len": 1}, {"max_seq_len": True}, None, {"max_seq_len": "8"}):
+        (model_dir / "adapters" / "arith" / "training_report.json").write_text(json.dumps({"config": config}))
+        said = []
+        write_ngrams(model_dir, "arith", tmp_path / "data", overwrite=True, say=said.append)
+        assert not any("as the adapter was trained" in m for m in said), said
 
 
 @pytest.mark.parametrize("config,fragment", [("[]", "not a JSON object"),
@@ -214,3 +220,16 @@ def test_a_table_is_written_only_for_the_adapters_own_base(tmp_path):
         write_ngrams(model_dir, tmp_path / "ad", tmp_path / "data", max_seq_len=65)
     (model_dir / "config.json").write_text(json.dumps(config))
     assert write_ngrams(model_dir, tmp_path / "ad", tmp_path / "data")[1] > 0
+
+
+def test_ngrams_takes_only_what_the_model_can_read_from_the_training_report(tmp_path):
+    """A recorded length beyond the model's context is not taken (the user gave none to blame);
+    a recorded system prompt goes with the chat template only."""
+    from mlx_specstream.trainer import _trained_settings
+
+    (tmp_path / "training_report.json").write_text(json.dumps(
+        {"config": {"max_seq_len": 4096, "chat_template": True, "system_prompt": "Be brief."}}))
+    none = dict(max_seq_len=None, chat_template=None, system_prompt=None)
+    assert _trained_settings(tmp_path, 2048, **none) == {"chat_template": True, "system_prompt": "Be brief."}
+    assert _trained_settings(tmp_path, 8192, **none)["max_seq_len"] == 4096
+    assert _trained_settings(tmp_path, 2048, **{**none, "chat_template": False}) == {}
