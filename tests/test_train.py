@@ -968,6 +968,15 @@ def test_options_are_checked(tmp_path):
     for name in ("branch", "tree_budget"):
         with pytest.raises(OptionError, match=f"{name} must be a whole number >= 1, not 0"):
             train(model, (ds, None), **{name: 0}, **quiet)
+    from mlx_specstream.loader import quantize_model
+
+    said, quantized = [], tiny_model("llama", seed=0)
+    quantize_model(quantized, 8, 64)
+    train(quantized, (ds, None), gamma=2, msa_layers=2, iters=1, progress=False, log=said.append)
+    assert any("the base is quantized" in str(m) for m in said), said  # and why to train on the float one
+    said.clear()
+    train(model, (ds, None), gamma=2, msa_layers=2, iters=1, progress=False, log=said.append)
+    assert not any("quantized" in str(m) for m in said), said
     with pytest.raises(OptionError, match="system_prompt is a turn of the chat template: give chat_template"):
         train(model, (ds, None), system_prompt="Be brief.", **quiet)
     with pytest.raises(OptionError, match="system_prompt must be text, not 1"):
