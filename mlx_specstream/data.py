@@ -404,25 +404,41 @@ def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: 
                             "give a larger max_seq_len)")
 
 
-def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = None,
-               policy: str = "truncate", chat_template: bool = False, system: str | None = None,
-               add_eos: bool = True, vocab_size: int | None = None, progress: bool = True) -> Dataset:
-    """Read and encode one JSONL file, applying the length policy (``chat_template``, ``system``:
-    as :func:`encode_row` reads a row)."""
+def load_jsonl(path: str | Path, tokenizer=None, **options) -> Dataset:
+    """Read and encode one JSONL file (:func:`encode_rows`, its rows named by line)."""
+    path = Path(path)
+    return encode_rows(read_jsonl(path), tokenizer, source=path, **options)
+
+
+def rows_dataset(rows: list[dict], tokenizer=None, **options) -> Dataset:
+    """A :class:`Dataset` of rows given in Python, the objects a JSONL file's lines hold
+    (:func:`encode_rows`, each named ``rows[i]``): ``train(model, rows_dataset(rows, tokenizer))``."""
+    if not isinstance(rows, list | tuple):
+        raise DataError(f"rows: a list of rows (dicts, as train.jsonl's lines), not {type(rows).__name__}")
+    return encode_rows(enumerate(rows), tokenizer, source=None, **options)
+
+
+def encode_rows(rows, tokenizer, *, source: Path | None, max_seq_len: int | None = None,
+                policy: str = "truncate", chat_template: bool = False, system: str | None = None,
+                add_eos: bool = True, vocab_size: int | None = None, progress: bool = True) -> Dataset:
+    """Encode ``(line, row)`` pairs of a JSONL file (``source``) or of a list (None: said as
+    ``rows[i]``), applying the length policy (``chat_template``, ``system``: as :func:`encode_row`
+    reads a row); what was cut or skipped is counted and said in the set's notes."""
     if policy not in POLICIES:
         raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
     if max_seq_len is not None and max_seq_len < 2:
         from .errors import OptionError
 
         raise OptionError(f"{{max_seq_len}} must be at least 2, not {max_seq_len}")
-    path = Path(path)
-    ds = Dataset([], path)
+    ds = Dataset([], source)
+    name = source.name if source is not None else "rows"
     no_target = plain = 0
     from tqdm import tqdm
 
-    rows = read_jsonl(path)  # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
-    for n, row in tqdm(rows, desc=f"tokenizing {path.name}", delay=2, leave=False, file=sys.stderr,
+    # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
+    for n, row in tqdm(rows, desc=f"tokenizing {name}", delay=2, leave=False, file=sys.stderr,
                       disable=not progress):
+        where = f"{source}:{n}" if source is not None else f"rows[{n}]"
         ds.n_lines += 1
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1
@@ -430,8 +446,8 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
         for one in assistant_turns(row):
             ds.n_read += 1
             ex = replace(encode_row(one, tokenizer, chat_template=chat_template, system=system,
-                                    add_eos=add_eos, where=f"{path}:{n}"), line=n)
-            check_ids(ex.tokens, vocab_size, f"{path}:{n}")
+                                    add_eos=add_eos, where=where), line=n)
+            check_ids(ex.tokens, vocab_size, where)
             if max_seq_len is not None and len(ex.tokens) > max_seq_len:
                 if policy == "skip" or ex.n_prompt >= max_seq_len:
                     ds.n_skipped += 1
@@ -444,18 +460,18 @@ def load_jsonl(path: str | Path, tokenizer=None, *, max_seq_len: int | None = No
                 continue
             ds.examples.append(ex)
     if plain and tokenizer is not None and has_chat_template(tokenizer):
-        ds.notes.append(outside_template(path.name, plain))
+        ds.notes.append(outside_template(name, plain))
     if ds.n_truncated:
-        ds.notes.append(f"{path.name}: truncated {ds.n_truncated} of {ds.n_read} examples "
+        ds.notes.append(f"{name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")
     if ds.n_skipped:
         why = f"longer than {max_seq_len} tokens" if ds.n_skipped > no_target else "nothing to predict"
         if ds.n_skipped > no_target and no_target:
             why += f" ({no_target} with nothing to predict)"
-        ds.notes.append(f"{path.name}: skipped {ds.n_skipped} of {ds.n_read} examples ({why})")
+        ds.notes.append(f"{name}: skipped {ds.n_skipped} of {ds.n_read} examples ({why})")
     if not ds.examples:
-        raise DataError(f"{path}: no usable examples (all {ds.n_read} skipped: "
-                        f"longer than max_seq_len={max_seq_len} or nothing to predict)")
+        raise DataError(f"{source if source is not None else 'rows'}: no usable examples (all {ds.n_read} "
+                        f"skipped: longer than max_seq_len={max_seq_len} or nothing to predict)")
     return ds
 
 

@@ -63,7 +63,7 @@ from .checkpoint import (
     setting_said,
     weights_digest,
 )
-from .data import Dataset, Example, check_dataset, check_system_prompt, load_datasets
+from .data import Dataset, Example, check_dataset, check_system_prompt, load_datasets, rows_dataset
 from .device import on_gpu
 from .distill import distill_dataset
 from .errors import (
@@ -290,23 +290,29 @@ def fit_msa_layers(model: nn.Module, msa_layers: int | None) -> int:
 def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int, length_policy: str,
               chat_template: bool, system_prompt: str | None, self_distill: bool, seed: int, progress: bool
               ) -> tuple[Dataset, Dataset | None, dict[str, str | None]]:
-    """A run's training and validation sets (``data``: a directory, or a (train, valid) pair of
-    :class:`Dataset`), what there is to say of them said; where there is no validation set, a
-    share of the training set held out for it. Also the digests a resumed run is checked by
-    (``data``: the training set as given; ``valid_data``)."""
+    """A run's training and validation sets (``data``: a directory; the rows a ``train.jsonl``
+    holds, as a list of dicts; or a (train, valid) pair of such lists or :class:`Dataset`, valid
+    may be None), what there is to say of them said; where there is no validation set, a share of
+    the training set held out for it. Also the digests a resumed run is checked by (``data``: the
+    training set as given; ``valid_data``)."""
+    read = dict(max_seq_len=max_seq_len, policy=length_policy, chat_template=chat_template,
+                system=system_prompt, vocab_size=vocab_size, progress=progress)
+    if isinstance(data, (tuple, list)) and data and all(isinstance(row, dict) for row in data):
+        data = (list(data), None)  # the rows alone: validation held out of them
     if isinstance(data, (tuple, list)):
-        if len(data) != 2 or not isinstance(data[0], Dataset) or not isinstance(data[1], Dataset | None):
-            raise ValueError("data: a directory, or a (train, valid) pair of Dataset (valid may be None)")
-        train_ds, valid_ds = data
+        if len(data) != 2 or data[0] is None or not all(x is None or isinstance(x, Dataset | list)
+                                                        for x in data):
+            raise ValueError("data: a directory, a list of rows (dicts, as train.jsonl's lines), or a "
+                             "(train, valid) pair of such lists or of Dataset (valid may be None)")
+        train_ds, valid_ds = (rows_dataset(x, tokenizer, **read) if isinstance(x, list) else x for x in data)
         for where, ds in (("data[0] (train)", train_ds), ("data[1] (valid)", valid_ds)):
-            if ds is not None:
+            if ds is not None:  # as reading a file would have refused or cut it
                 check_dataset(ds, where, vocab_size, max_seq_len)
     elif not isinstance(data, (str, Path)):
-        raise ValueError(f"data: a directory, or a (train, valid) pair of Dataset; not {type(data).__name__}")
+        raise ValueError("data: a directory, a list of rows, or a (train, valid) pair of Dataset; "
+                         f"not {type(data).__name__}")
     else:
-        train_ds, valid_ds = load_datasets(data, tokenizer, say=say, max_seq_len=max_seq_len,
-                                           policy=length_policy, chat_template=chat_template,
-                                           system=system_prompt, vocab_size=vocab_size, progress=progress)
+        train_ds, valid_ds = load_datasets(data, tokenizer, say=say, **read)
     for ds in (train_ds, valid_ds):
         for note in (ds.notes if ds is not None else []):
             say(note)

@@ -1487,3 +1487,28 @@ def test_defaults_fit_a_small_model():
     rep = train(tiny_model("llama"), (ds, None), iters=1, batch_size=4, self_distill=False, progress=False,
                 log=lambda m: None)  # no limit of its own, 4 layers: the usual defaults
     assert (rep["config"]["max_seq_len"], rep["config"]["msa_layers"]) == (512, 4)
+
+
+def test_rows_given_in_python_train_as_the_same_file_does(tmp_path):
+    """``train(model, rows)``: the dicts a train.jsonl holds, read as that file is (the oracle: the
+    same rows written to a directory), validation held out alike; a bad row is said by its index."""
+    from mlx_specstream.adapter import adapter_weights
+    from mlx_specstream.data import DataError, rows_dataset
+
+    ds = arithmetic(24, np.random.default_rng(1), length=10)
+    rows = [{"prompt": e.tokens[:e.n_prompt], "completion": e.tokens[e.n_prompt:]} for e in ds.examples]
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    quiet = dict(gamma=2, msa_layers=2, iters=3, batch_size=4, self_distill=False, progress=False,
+                 log=lambda m: None)
+    weights = []
+    for data in (tmp_path / "d", rows, (rows[:20], rows[20:]), (rows_dataset(rows[:20]), rows[20:])):
+        model = tiny_model("llama", seed=0)
+        train(model, data, **quiet)
+        weights.append({k: np.array(v) for k, v in adapter_weights(model).items()})
+    assert all(np.array_equal(weights[0][k], weights[1][k]) for k in weights[0])  # the file's own rows
+    assert all(np.array_equal(weights[2][k], weights[3][k]) for k in weights[2])  # a list or its Dataset
+    with pytest.raises(DataError, match=r"rows\[1\]: has 'prompt' but no 'completion'"):
+        train(tiny_model("llama", seed=0), [rows[0], {"prompt": [1, 2]}], **quiet)
+    with pytest.raises(ValueError, match="a list of rows"):
+        train(tiny_model("llama", seed=0), [], **quiet)
