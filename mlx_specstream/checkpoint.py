@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from dataclasses import asdict
 from pathlib import Path
@@ -20,7 +21,7 @@ from mlx.utils import tree_flatten
 
 from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
 from .data import Dataset
-from .errors import OptionError
+from .errors import OptionError, verbatim
 from .outputs import save_safetensors
 
 
@@ -164,7 +165,11 @@ def setting_said(name: str, value) -> str:
     ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False),
     ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None."""
     value = said_value(name, value)
-    return f"without {{{name}}}" if value is None or value is False else f"{{{name}={value}}}"
+    if value is None or value is False:
+        return f"without {{{name}}}"
+    if isinstance(value, str) and not re.fullmatch(r"[\w.,:/+-]+", value):  # free text (a system prompt)
+        return f"{{{name}}} {verbatim(json.dumps(value, ensure_ascii=False))}"  # quoted, its braces its own
+    return f"{{{name}={value}}}"
 
 
 def _plain(name: str, value) -> bool:

@@ -410,35 +410,40 @@ def load_jsonl(path: str | Path, tokenizer=None, **options) -> Dataset:
     return encode_rows(read_jsonl(path), tokenizer, source=path, **options)
 
 
-def rows_dataset(rows: list[dict], tokenizer=None, **options) -> Dataset:
+def rows_dataset(rows: list[dict], tokenizer=None, *, name: str = "rows", **options) -> Dataset:
     """A :class:`Dataset` of rows given in Python, the objects a JSONL file's lines hold
-    (:func:`encode_rows`, each named ``rows[i]``): ``train(model, rows_dataset(rows, tokenizer))``."""
+    (:func:`encode_rows`; a bad row said as ``NAME[i]``): ``train(model, rows_dataset(rows, tok))``."""
     if not isinstance(rows, list | tuple):
-        raise DataError(f"rows: a list of rows (dicts, as train.jsonl's lines), not {type(rows).__name__}")
-    return encode_rows(enumerate(rows), tokenizer, source=None, **options)
+        raise DataError(f"{name}: a list of rows (dicts, as train.jsonl's lines), not {type(rows).__name__}")
+    if not rows:
+        raise DataError(f"{name}: no rows")
+    return encode_rows(list(enumerate(rows)), tokenizer, source=name, **options)
 
 
-def encode_rows(rows, tokenizer, *, source: Path | None, max_seq_len: int | None = None,
+def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str,
+                max_seq_len: int | None = None,
                 policy: str = "truncate", chat_template: bool = False, system: str | None = None,
                 add_eos: bool = True, vocab_size: int | None = None, progress: bool = True) -> Dataset:
-    """Encode ``(line, row)`` pairs of a JSONL file (``source``) or of a list (None: said as
-    ``rows[i]``), applying the length policy (``chat_template``, ``system``: as :func:`encode_row`
-    reads a row); what was cut or skipped is counted and said in the set's notes."""
+    """Encode ``(line, row)`` pairs of a JSONL file (``source``, a Path: a row said as
+    ``FILE:LINE``) or of a list (its name: ``NAME[i]``), applying the length policy
+    (``chat_template``, ``system``: as :func:`encode_row` reads a row); what was cut or skipped is
+    counted and said in the set's notes."""
     if policy not in POLICIES:
         raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
     if max_seq_len is not None and max_seq_len < 2:
         from .errors import OptionError
 
         raise OptionError(f"{{max_seq_len}} must be at least 2, not {max_seq_len}")
-    ds = Dataset([], source)
-    name = source.name if source is not None else "rows"
+    file = isinstance(source, Path)
+    ds = Dataset([], source if file else None)
+    name = source.name if file else source
     no_target = plain = 0
     from tqdm import tqdm
 
     # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
     for n, row in tqdm(rows, desc=f"tokenizing {name}", delay=2, leave=False, file=sys.stderr,
                       disable=not progress):
-        where = f"{source}:{n}" if source is not None else f"rows[{n}]"
+        where = f"{source}:{n}" if file else f"{source}[{n}]"
         ds.n_lines += 1
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1
@@ -470,8 +475,8 @@ def encode_rows(rows, tokenizer, *, source: Path | None, max_seq_len: int | None
             why += f" ({no_target} with nothing to predict)"
         ds.notes.append(f"{name}: skipped {ds.n_skipped} of {ds.n_read} examples ({why})")
     if not ds.examples:
-        raise DataError(f"{source if source is not None else 'rows'}: no usable examples (all {ds.n_read} "
-                        f"skipped: longer than max_seq_len={max_seq_len} or nothing to predict)")
+        raise DataError(f"{source}: no usable examples (all {ds.n_read} skipped: longer than "
+                        f"max_seq_len={max_seq_len} or nothing to predict)")
     return ds
 
 

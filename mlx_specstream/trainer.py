@@ -297,20 +297,21 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
     training set as given; ``valid_data``)."""
     read = dict(max_seq_len=max_seq_len, policy=length_policy, chat_template=chat_template,
                 system=system_prompt, vocab_size=vocab_size, progress=progress)
-    if isinstance(data, (tuple, list)) and data and all(isinstance(row, dict) for row in data):
-        data = (list(data), None)  # the rows alone: validation held out of them
-    if isinstance(data, (tuple, list)):
-        if len(data) != 2 or data[0] is None or not all(x is None or isinstance(x, Dataset | list)
-                                                        for x in data):
+    pair = isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Dataset | list) \
+        and isinstance(data[1], Dataset | list | None)
+    if isinstance(data, Dataset) or isinstance(data, list) and not pair:
+        data, pair = (data, None), True  # the training set alone: validation held out of it
+    if isinstance(data, tuple | list):
+        if not pair:
             raise ValueError("data: a directory, a list of rows (dicts, as train.jsonl's lines), or a "
                              "(train, valid) pair of such lists or of Dataset (valid may be None)")
-        train_ds, valid_ds = (rows_dataset(x, tokenizer, **read) if isinstance(x, list) else x for x in data)
+        train_ds, valid_ds = (_dataset(x, tokenizer, f"data[{i}]", read) for i, x in enumerate(data))
         for where, ds in (("data[0] (train)", train_ds), ("data[1] (valid)", valid_ds)):
             if ds is not None:  # as reading a file would have refused or cut it
                 check_dataset(ds, where, vocab_size, max_seq_len)
     elif not isinstance(data, (str, Path)):
-        raise ValueError("data: a directory, a list of rows, or a (train, valid) pair of Dataset; "
-                         f"not {type(data).__name__}")
+        raise ValueError("data: a directory, a list of rows, a Dataset, or a (train, valid) pair of "
+                         f"them; not {type(data).__name__}")
     else:
         train_ds, valid_ds = load_datasets(data, tokenizer, say=say, **read)
     for ds in (train_ds, valid_ds):
@@ -323,13 +324,22 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
     data_digest = examples_digest(train_ds)  # the data as given: a resumed run must see the same
     if valid_ds is None:
         train_ds, valid_ds = hold_out(train_ds, seed)
-        say(f"no valid.jsonl: {len(valid_ds)} of the {len(train_ds) + len(valid_ds)} training examples "
-            "held out for validation (acceptance, best adapter)" if valid_ds is not None
-            else f"no valid.jsonl, and {len(train_ds)} examples are too few to hold some out ({HOLD_OUT_MIN} "
-            "or more): no validation, so no tokens/pass measured and no best adapter kept; give a "
-            "valid.jsonl to have them")
+        total = len(train_ds) + (len(valid_ds) if valid_ds is not None else 0)
+        say(f"no validation set (valid.jsonl): {len(valid_ds)} of the {total} training examples held out "
+            "for validation (acceptance, best adapter)" if valid_ds is not None
+            else f"no validation set (valid.jsonl), and {total} examples are too few to hold some out "
+            f"({HOLD_OUT_MIN} or more): no validation, so no tokens/pass measured and no best adapter "
+            "kept; give one to have them")
     valid_digest = examples_digest(valid_ds) if valid_ds is not None else None
     return train_ds, valid_ds, {"data": data_digest, "valid_data": valid_digest}
+
+
+def _dataset(x: Dataset | list | None, tokenizer, name: str, read: dict) -> Dataset | None:
+    """A training or validation set given in Python: a Dataset as it is, a list of its Examples,
+    or of the rows a JSONL file holds (read as the file is)."""
+    if isinstance(x, list) and x and all(isinstance(e, Example) for e in x):
+        return Dataset(x)
+    return rows_dataset(x, tokenizer, name=name, **read) if isinstance(x, list) else x
 
 
 def _self_distilled(model, tokenizer, split: str, ds: Dataset | None, used: list[int], *, key: dict,
@@ -558,7 +568,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     and ``model_path`` optional), whose adapter the new one replaces (a run that fails before its
     first step leaves the one it had; an interrupted run, the one trained so far). ``data``: a
     directory with ``train.jsonl`` and optionally ``valid.jsonl`` (see :mod:`mlx_specstream.data`),
-    or a ``(train, valid)`` pair of :class:`~mlx_specstream.data.Dataset`. ``out``: a bare name,
+    the rows such a file holds as a list of dicts (read as the file is), a
+    :class:`~mlx_specstream.data.Dataset` (used as it was encoded: ``chat_template`` and
+    ``system_prompt`` read rows only), or a ``(train, valid)`` pair of them. ``out``: a bare name,
     a string (saved under ``MODEL/adapters/NAME``, where ``generate --adapter NAME`` finds it), a
     directory, or None (train in memory only). ``iters`` optimizer steps, or ``epochs`` passes
     over the data (by default :func:`default_iters`). ``alphas``: ``[alpha_0, alpha_1..alpha_gamma]`` (or two
@@ -872,10 +884,8 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     check_made_for(model, path, cfg)
     taken = _trained_settings(path, model.max_positions, max_seq_len=max_seq_len, chat_template=chat_template,
                               system_prompt=system_prompt)
-    if flags := [setting_said(k, v) for k, v in taken.items() if k != "system_prompt"]:
-        say(Said("as the adapter was trained: " + " ".join(flags)))
-    if "system_prompt" in taken:  # said as it is: its braces are no options
-        say(f"as the adapter was trained: the system prompt {json.dumps(taken['system_prompt'])}")
+    if taken:
+        say(Said("as the adapter was trained: " + " ".join(setting_said(k, v) for k, v in taken.items())))
     max_seq_len = fit_max_seq_len(model, taken.get("max_seq_len", max_seq_len))
     chat_template = taken.get("chat_template", bool(chat_template))
     system_prompt = taken.get("system_prompt", system_prompt)

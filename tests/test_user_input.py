@@ -569,10 +569,13 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
     from mlx_specstream.data import Dataset, Example
     from mlx_specstream.trainer import train
 
-    examples = [Example(list(range(1, 12)), 4)] * 4
-    for data in (examples, (examples, None), Dataset(examples)):
-        with pytest.raises(ValueError, match="data: a directory, or a"):
+    examples = [Example(list(range(1, 12)), 4)] * 40
+    for data in (5, {"prompt": [1], "completion": [2]}, (Dataset(examples), 5)):
+        with pytest.raises(ValueError, match="data: a directory, a list of rows"):
             train(with_adapter(), data, iters=1, progress=False)
+    for data in (examples, (examples, None), Dataset(examples)):  # its Examples: a Dataset of them
+        report = train(with_adapter(), data, iters=1, progress=False, self_distill=False, log=lambda m: None)
+        assert report["iters"] == 1 and report["valid"]["step"] == 1  # validation held out of them
     with pytest.raises(ValueError, match="without out= would lose the adapter"):
         train(str(tmp_path), str(tmp_path), iters=1, progress=False)
     # each bad value is said by its option, before any work; the model keeps the adapter it had
