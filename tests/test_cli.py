@@ -187,10 +187,10 @@ def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path
     res = cli("ngrams", "--model", str(d), "--adapter", str(tmp_path / "ad"), "--data",
               str(tmp_path / "data"), "--overwrite")
     assert res.returncode == 0, res.stderr
-    assert 'as the adapter was trained: the system prompt "Answer in SQL."' in res.stderr, res.stderr
+    assert '--chat-template --system-prompt "Answer in SQL."\n' in res.stderr, res.stderr  # quoted
     res = cli("ngrams", "--model", str(d), "--adapter", str(tmp_path / "ad"), "--data",
               str(tmp_path / "data"), "--overwrite", "--no-chat-template")  # its system prompt goes too
-    assert res.returncode == 0 and "system prompt" not in res.stderr, res.stderr
+    assert res.returncode == 0 and "--system-prompt" not in res.stderr, res.stderr
     assert_one_line_error(cli("train", "--model", str(d), "--data", str(tmp_path / "data"), "--out",
                               str(tmp_path / "ad2"), "--system-prompt", "Answer in SQL."),
                           "--system-prompt is a turn of the chat template: give --chat-template too")
