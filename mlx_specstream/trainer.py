@@ -291,10 +291,10 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
               chat_template: bool, system_prompt: str | None, self_distill: bool, seed: int, progress: bool
               ) -> tuple[Dataset, Dataset | None, dict[str, str | None]]:
     """A run's training and validation sets (``data``: a directory; the rows a ``train.jsonl``
-    holds, as a list of dicts; or a (train, valid) pair of such lists or :class:`Dataset`, valid
-    may be None), what there is to say of them said; where there is no validation set, a share of
-    the training set held out for it. Also the digests a resumed run is checked by (``data``: the
-    training set as given; ``valid_data``)."""
+    holds, as a list of dicts; a :class:`Dataset` or a list of its Examples; or a (train, valid)
+    pair of those, valid may be None), what there is to say of them said; where there is no
+    validation set, a share of the training set held out for it. Also the digests a resumed run is
+    checked by (``data``: the training set as given; ``valid_data``)."""
     read = dict(max_seq_len=max_seq_len, policy=length_policy, chat_template=chat_template,
                 system=system_prompt, vocab_size=vocab_size, progress=progress)
     pair = isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Dataset | list) \
