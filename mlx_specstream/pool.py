@@ -16,6 +16,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .adapter import adapter_name, adapter_size, available_adapters, load_adapter, resolve_adapter
+from .adapter import fuse as fuse_adapter
 from .errors import OptionError
 from .loader import model_name
 
@@ -48,8 +49,6 @@ def with_adapter(base: nn.Module, adapter: str | Path, fuse: bool = False) -> nn
     the base's own arrays: ``load(path, adapter, fuse)``'s model, but only the adapter's
     parameters are new, and with ``fuse`` (``generate``'s speed) the layers its fine-tune folds
     into."""
-    from .adapter import fuse as fuse_adapter
-
     model = share_base(base)
     load_adapter(model, adapter, model_path=base.path)
     if fuse:

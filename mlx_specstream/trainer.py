@@ -871,7 +871,6 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     from .loader import load_model
 
     say = say or (lambda msg: print(msg, file=sys.stderr))
-    from .loader import read_config as read_model_config
     from .tokenizer import load_tokenizer
 
     check_switch("chat_template", chat_template, optional=True)
@@ -894,7 +893,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after
     tokenizer = load_tokenizer(Path(model_path))
-    vocab_size = read_model_config(Path(model_path)).get("vocab_size")
+    vocab_size = model.config.get("vocab_size")  # the loaded model's, not its file read again
     train_ds, _ = load_datasets(data, tokenizer, valid=False, say=say, max_seq_len=max_seq_len,
                                 chat_template=chat_template, system=system_prompt, vocab_size=vocab_size)
     for note in train_ds.notes:
