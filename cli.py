@@ -227,6 +227,8 @@ def generate(
                                 "template, as train --chat-template trains on it"),
     system_prompt: str | None = typer.Option(None, "--system-prompt",
                                              help="with --chat-template: a system turn before the prompt"),
+    tools: Path | None = typer.Option(None, "--tools", help="with --chat-template: a JSON file of OpenAI "
+                                      "tool definitions for the template (the calls are printed as written)"),
     verbose: bool = _flag(False, "--verbose", "-v",
                           help="on a terminal, colour accepted (green) and rejected (red) "
                           "drafts; statistics"),
@@ -238,6 +240,7 @@ def generate(
 
     check_system_prompt(system_prompt, chat_template)
     stop_strings(stop)  # a bad one is said before the model loads
+    turn = dict(system=system_prompt, tools=_read_tools(tools, chat_template))
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
@@ -245,14 +248,14 @@ def generate(
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
-        _generate_coreml(model, text, verbose, chat_template, system_prompt, max_tokens=max_tokens,
+        _generate_coreml(model, text, verbose, chat_template, turn, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, seed=seed, mode=mode, branch=branch,
                          tree_budget=tree_budget, lookup=lookup, sql_names=sql_names, stop=stop)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
-    _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, system_prompt),
+    _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, turn),
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
@@ -270,11 +273,37 @@ def _adapter_said(model) -> str:
     return f"adapter {cfg.name or '(unnamed)'} ({', '.join(about)})"
 
 
-def _as_sent(tok, text: str, chat_template: bool, system_prompt: str | None):
-    """The prompt as the model gets it: with ``--chat-template`` a user turn of the chat template."""
+def _read_tools(path: Path | None, chat_template: bool) -> list[dict] | None:
+    """``--tools``: OpenAI's tool definitions from a JSON file (a list, or ``{"tools": [...]}`` as a
+    request holds them), for the chat template."""
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.tool_calls import tools_problem
+
+    if path is None:
+        return None
+    if not chat_template:
+        raise OptionError("{tools} go to the chat template: give {chat_template} too")
+    import json
+
+    try:
+        tools = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the tools file: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: the tools file is not JSON ({e})") from None
+    if isinstance(tools, dict) and "tools" in tools:
+        tools = tools["tools"]
+    if problem := tools_problem(tools):
+        raise ValueError(f"{path}: {problem[0]} must be {problem[1]}")
+    return tools
+
+
+def _as_sent(tok, text: str, chat_template: bool, turn: dict):
+    """The prompt as the model gets it: with ``--chat-template`` a user turn of the chat template,
+    after ``turn``'s system prompt and with its tools."""
     from mlx_specstream.data import chat_prompt
 
-    return chat_prompt(tok, text, system=system_prompt) if chat_template else text
+    return chat_prompt(tok, text, **turn) if chat_template else text
 
 
 def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> None:
@@ -314,7 +343,7 @@ def _coloured(step, tok) -> str:
     return out
 
 
-def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, system_prompt: str | None,
+def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, turn: dict,
                      **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.convert.coreml_export import tokenizer_dir
@@ -324,7 +353,7 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name})")
-    _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, system_prompt), **options),
+    _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn), **options),
                 tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 

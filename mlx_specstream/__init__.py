@@ -19,6 +19,7 @@ _API = {
     "save_adapter": "mlx_specstream.adapter",
     "detach": "mlx_specstream.adapter",
     "train": "mlx_specstream.trainer",
+    "parse_tool_calls": "mlx_specstream.tool_calls",  # a chat reply's tool calls, as OpenAI's
 }
 
 

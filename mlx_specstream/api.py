@@ -162,10 +162,11 @@ def sql_constraint(tokenizer, prompt, ids: list[int]) -> SQLNames:
     return SQLNames.from_prompt(text, tokenizer)
 
 
-def _held(text: str, stop: list[str]) -> int:
-    """Characters at the end of ``text`` that could begin a stop string (held back): the longest
-    end of ``text`` that is a proper beginning of one. Only ends that start with a stop string's
-    first character are tried, so a pass costs little whatever the stop strings' length."""
+def held_back(text: str, stop: list[str]) -> int:
+    """Characters at the end of ``text`` that could begin one of the strings ``stop`` (stop strings,
+    a tool call's marker), held back until they cannot: the longest end of ``text`` that is a proper
+    beginning of one. Only ends that start with a string's first character are tried, so a pass
+    costs little whatever the strings' length."""
     longest = 0
     for s in stop:
         tail = text[len(text) - min(len(s) - 1, len(text)):]
@@ -225,7 +226,7 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         text = out + "".join(p for _, p, _ in held)
         finished = step.finished
         hits = [i for i in (text.find(s, max(0, len(out) - len(s) + 1)) for s in stop) if i >= 0]
-        end = min(hits) if hits else (len(text) if finished else len(text) - _held(text, stop))
+        end = min(hits) if hits else (len(text) if finished else len(text) - held_back(text, stop))
         n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end; at a stop, those begun before it
         while n < len(held) and (pos < end if hits else pos + len(held[n][1]) <= end):
             pos += len(held[n][1])

@@ -129,7 +129,9 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
     """OpenAI chat messages as the chat template gets them, one rule for training rows and the
     server's requests: each content as text (:func:`message_text`), an assistant's tool-calling
     turn without one as "" (so a template's ``{{ message['content'] }}`` writes no "None" that
-    the served model would never see), all of it valid Unicode."""
+    the served model would never see), all of it valid Unicode; a tool call's ``arguments``,
+    JSON text in OpenAI's messages, as the object it holds (templates write it with ``tojson``,
+    as transformers expects)."""
     out = []
     for i, m in enumerate(messages):
         at = f"{where}: messages[{i}]" if where else f"messages[{i}]"
@@ -137,7 +139,21 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
                             else m.get("content"), at)
         _check_text(at, content=text)
         out.append({**m, "content": text})
+        if isinstance(m.get("tool_calls"), list):
+            out[-1]["tool_calls"] = [_call_arguments(c) for c in m["tool_calls"]]
     return out
+
+
+def _call_arguments(call):
+    """A tool call with its ``function.arguments`` decoded where they are JSON text of an object."""
+    f = call.get("function") if isinstance(call, dict) else None
+    if not (isinstance(f, dict) and isinstance(f.get("arguments"), str)):
+        return call
+    try:
+        args = json.loads(f["arguments"])
+    except ValueError:
+        return call
+    return {**call, "function": {**f, "arguments": args}} if isinstance(args, dict) else call
 
 
 def outside_template(source: str, plain: int) -> Said:
@@ -193,7 +209,7 @@ def _chat_pair(tokenizer, messages: list[dict], where: str, tools: list | None =
     that rendering does not begin with the prompt's (a template that rewrites earlier turns) or the
     reply is empty (a prompt given alone): the caller encodes the reply text alone, with EOS."""
     prompt = _render(tokenizer, messages[:-1], where, tools)
-    if not messages[-1]["content"]:
+    if not messages[-1]["content"] and not messages[-1].get("tool_calls"):
         return prompt, None
     whole = _render(tokenizer, messages, where, tools, reply=True)
     return prompt, whole[len(prompt):] if whole[:len(prompt)] == prompt and len(whole) > len(prompt) else None
@@ -225,8 +241,9 @@ def check_system_prompt(system_prompt, chat_template: bool) -> None:
 
 def assistant_turns(row: dict) -> list[dict]:
     """A conversation as one ``messages`` row per assistant reply to learn, each ending with that
-    reply: every assistant message whose content is text, not a tool call, and the last message
-    (checked by :func:`encode_row`). Other rows, and malformed ones, come back as they are.
+    reply: every assistant message whose content is text, not a tool call, and the last message,
+    which may be tool calls (checked by :func:`encode_row`): a row ends with the calls to learn.
+    Other rows, and malformed ones, come back as they are.
 
     Example: system, user ``q1``, assistant ``a1``, user ``q2``, assistant ``a2`` -> two rows,
     [system, q1, a1] and [system, q1, a1, q2, a2]: ``a1`` learned after ``q1``, ``a2`` after all
@@ -288,7 +305,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
         if not has_chat_template(tokenizer):
             raise DataError(f"{where}: 'messages' rows need the model's chat template, and its tokenizer "
                             "has none: give prompt/completion rows")
-        message_text(msgs[-1].get("content"), where)  # the reply to learn is text, not only a tool call
+        if not msgs[-1].get("tool_calls"):  # the reply to learn: text, or tool calls
+            message_text(msgs[-1].get("content"), where)
         return _chat_example(tokenizer, chat_messages(msgs, where), where, tools, add_eos)
     if "text" in row:
         text = row["text"]
@@ -313,12 +331,23 @@ def _chat_example(tokenizer, messages: list[dict], where: str, tools: list | Non
     p, c = _chat_pair(tokenizer, messages, where, tools)
     if not p:
         raise DataError(f"{where}: the chat template renders no prompt before the reply")
+    calls = messages[-1].get("tool_calls")
+    if calls and (c is None or not _writes_calls(tokenizer, c, calls)):  # no text stands in for them
+        raise DataError(f"{where}: the chat template writes no reply for the tool calls this row ends with "
+                        "(it renders no 'tool_calls', or rewrites the turns before them)")
     if c is None:
         c = list(tokenizer.encode(messages[-1]["content"], add_special_tokens=False))
     # the end of turn: the last two tokens (ChatML's "<|im_end|>\n"), not an EOS the reply's text holds
     if add_eos and not set(c[-2:]) & set(getattr(tokenizer, "eos_token_ids", None) or _eos(tokenizer)):
         c += _eos(tokenizer)
     return Example(p + c, len(p))
+
+
+def _writes_calls(tokenizer, reply: list[int], calls: list) -> bool:
+    """Whether a reply's tokens name every function of ``calls`` (the template wrote them)."""
+    text = tokenizer.decode(reply)
+    return all(isinstance(c, dict) and isinstance(c.get("function"), dict)
+               and str(c["function"].get("name")) in text for c in calls)
 
 
 def _check_text(where: str, **texts: str) -> None:

@@ -32,6 +32,7 @@ from .errors import ContextLengthError, OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
+from .tool_calls import ToolCallReader, ToolFormat, read_tool_calls, tool_format, tools_problem
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Longest stop string taken: each is looked for in every pass's text, on the thread that decodes
@@ -125,9 +126,32 @@ def _text(s: str, param: str) -> str:
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def _chat_prompt(body: dict, tokenizer) -> str:
-    """The chat's messages as the template renders them (text: its size is checked before it is
-    tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`)."""
+def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None]:
+    """The request's ``tools`` for the template, and the format its calls are read in (None, None:
+    no tools, or ``tool_choice: "none"``, for which the model is not shown them). Forcing a call
+    (``"required"``, a named function) is refused: the reply is what the model writes."""
+    tools = body.get("tools")
+    choice = body.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+        raise APIError("forcing a tool call ('required', a named function) is not supported by this server: "
+                       "'auto' or 'none'", "tool_choice", "unsupported_parameter")
+    if choice not in (None, "auto", "none"):
+        raise APIError("'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
+    _field(body, "parallel_tool_calls", (bool,), None)
+    if tools is not None and (problem := tools_problem(tools)):
+        raise APIError(f"'{problem[0]}' must be {problem[1]}", problem[0])
+    if not tools or choice == "none":
+        return None, None
+    fmt = tool_format(tokenizer.chat_template)
+    if fmt is None:
+        raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "
+                       "blocks, or Mistral's [TOOL_CALLS])", "tools", "unsupported_parameter")
+    return tools, fmt
+
+
+def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
+    """The chat's messages (and ``tools``) as the template renders them (text: its size is
+    checked before it is tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -145,7 +169,8 @@ def _chat_prompt(body: dict, tokenizer) -> str:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")
     try:
-        return tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False,
+                                             **({"tools": tools} if tools else {}))
     except TokenizerError as e:
         raise APIError(str(e), "messages") from None
 
@@ -166,10 +191,8 @@ UNSUPPORTED = {
     "top_k": lambda v: v not in (None, 0, -1),
     "min_p": lambda v: v not in (None, 0),
     "repetition_penalty": lambda v: v not in (None, 1),
-    # tool calling: the model would not see the tools, nor would a reply carry tool calls
-    "tools": lambda v: bool(v),
+    # the deprecated function calling (its successor, tools, is served)
     "functions": lambda v: bool(v),
-    "tool_choice": lambda v: v not in (None, "none", "auto"),
     "function_call": lambda v: v not in (None, "none", "auto"),
 }
 SEEDS = range(-(1 << 63), 1 << 63)  # OpenAI's: a 64-bit signed integer
@@ -185,6 +208,8 @@ class Generation:
     chat: bool
     stream: bool
     include_usage: bool
+    tool_format: ToolFormat | None = None  # the calls' format, where the request gave tools
+    max_calls: int | None = None  # 1 for parallel_tool_calls: false
 
 
 def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
@@ -200,7 +225,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     tok = pool.tokenizer
     if tok is None:
         raise APIError("the model has no tokenizer files", "model")
-    prompt = _chat_prompt(body, tok) if chat else _prompt(body)
+    tools, fmt = _tools(body, tok) if chat else (None, None)
+    prompt = _chat_prompt(body, tok, tools) if chat else _prompt(body)
     if _field(body, "n", (int,), 1) != 1:
         raise APIError("'n' must be 1", "n")
     for name, asks in UNSUPPORTED.items():
@@ -253,9 +279,11 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         raise APIError(str(e), "messages" if chat else "prompt", "context_length_exceeded") from None
     except ValueError as e:
         raise APIError(str(e), "messages" if chat else "prompt") from None
-    # the reply is text, as OpenAI's: control tokens the model writes (a BOS) are not in it
-    return Generation(responses(dec, tok, stop, skip_special_tokens=True), dec.stats, model_id, chat, stream,
-                      usage)
+    # the reply is text, as OpenAI's: control tokens the model writes (a BOS) are not in it, unless
+    # they mark tool calls
+    skip = fmt is None or not fmt.special(tok)
+    return Generation(responses(dec, tok, stop, skip_special_tokens=skip), dec.stats, model_id, chat, stream,
+                      usage, fmt, 1 if body.get("parallel_tool_calls") is False else None)
 
 
 # -- replies ---------------------------------------------------------------------------------
@@ -284,10 +312,18 @@ class Reply:
     def _base(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model_id}
 
+    def reader(self) -> ToolCallReader | None:
+        """What reads the reply's tool calls, where the request gave tools."""
+        return self.gen.tool_format and ToolCallReader(self.gen.tool_format, self.gen.max_calls)
+
     def whole(self, text: str, finish_reason: str | None) -> dict:
         if self.gen.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text},
-                      "finish_reason": finish_reason, "logprobs": None}
+            read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
+            message = {"role": "assistant", "content": read.content}  # null where it is only calls
+            if read.calls:
+                message["tool_calls"] = read.calls
+                finish_reason = finish_reason if finish_reason == "length" else "tool_calls"
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
             out = self._base("chat.completion")
         else:
             choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
@@ -295,10 +331,13 @@ class Reply:
         stats = self.gen.stats
         return {**out, "choices": [choice], "usage": usage(stats), "speculative": speculative(stats)}
 
-    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False) -> dict:
+    def chunk(self, text: str | None, finish_reason: str | None, first: bool = False,
+              calls: list[dict] | None = None) -> dict:
+        """A chunk of the stream: the role (``first``), text, tool calls (each with its ``index``
+        in the reply's calls), or the finish reason."""
         if self.gen.chat:
             delta = {"role": "assistant", "content": ""} if first else (
-                {"content": text} if text is not None else {})
+                {"content": text} if text is not None else {"tool_calls": calls} if calls else {})
             choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
             out = {**self._base("chat.completion.chunk"), "choices": [choice]}
         else:
@@ -388,14 +427,26 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
             return answer.result()
 
         async def events():
+            reader, n_calls = reply.reader(), 0
             try:
                 if chat:
                     yield sse(reply.chunk(None, None, first=True))
                 async for r in passes(job, out):
-                    if r.text:
-                        yield sse(reply.chunk(r.text, None))
-                    if r.finish_reason is not None:
-                        yield sse(reply.chunk(None if chat else "", r.finish_reason))
+                    text, calls, finish = r.text, [], r.finish_reason
+                    if reader:  # the content, and each call once it is whole
+                        text, calls = reader.feed(text)
+                        if finish is not None:
+                            rest, last = reader.close()
+                            text, calls = text + rest, calls + last
+                            if reader.calls and finish != "length":
+                                finish = "tool_calls"
+                    if text:
+                        yield sse(reply.chunk(text, None))
+                    for call in calls:
+                        yield sse(reply.chunk(None, None, calls=[{"index": n_calls, **call}]))
+                        n_calls += 1
+                    if finish is not None:
+                        yield sse(reply.chunk(None if chat else "", finish))
                 if gen.include_usage:
                     yield sse(reply.usage_chunk())
             except Exception as e:  # after the headers: the error goes into the stream

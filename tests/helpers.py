@@ -1,6 +1,14 @@
-"""Tiny random models for tests (no downloads)."""
+"""Tiny random models for tests (no downloads), and a ``serve`` subprocess."""
 
 from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
 
 import mlx.core as mx
 
@@ -30,3 +38,50 @@ def tiny_model(arch: str = "llama", seed: int = 0, scale: float = 1.0, **overrid
     mx.eval(model.parameters())
     model.eval()
     return model
+
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVE = [sys.executable, "-c", "from mlx_specstream.cli import main; main()", "serve"]
+
+
+class Server:
+    """A ``serve`` subprocess on a free loopback port."""
+
+    def __init__(self, *args: str):
+        self.proc = subprocess.Popen([*SERVE, *args, "--port", "0"], cwd=ROOT, stderr=subprocess.PIPE,
+                                     text=True)
+        for line in self.proc.stderr:  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
+            if line.startswith("serving "):
+                self.port = int(line.rsplit(":", 1)[1].split("/")[0])
+                self.url = f"http://127.0.0.1:{self.port}"
+                self.get("/health")
+                return
+        self.stop()
+        raise RuntimeError(f"the server did not start (status {self.proc.returncode})")
+
+    def get(self, path: str) -> dict:
+        with urllib.request.urlopen(self.url + path, timeout=10) as r:
+            return json.loads(r.read())
+
+    def post_raw(self, path: str, data: bytes) -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read())
+
+    def client(self):
+        import openai
+
+        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

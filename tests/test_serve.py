@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from helpers import SERVE, Server
 
 from mlx_specstream.api import DEFAULT_MODEL, generate, load, stream_generate
 
@@ -29,52 +30,10 @@ openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = DEFAULT_MODEL
 pytestmark = pytest.mark.skipif(not (MODEL / "adapters" / "sql").is_dir(), reason="no default model")
-SERVE = [sys.executable, "-c", "from mlx_specstream.cli import main; main()", "serve"]
 TEMPLATE = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
             "{% if add_generation_prompt %}### SQL:\n{% endif %}")
 SQL = [json.loads(line)["prompt"] for line in (ROOT / "data" / "sql" / "test.jsonl").open()][:8]
 CODE = [json.loads(line)["prompt"] for line in (ROOT / "data" / "code" / "test.jsonl").open()][:2]
-
-
-class Server:
-    """A ``serve`` subprocess on a free loopback port."""
-
-    def __init__(self, *args: str):
-        self.proc = subprocess.Popen([*SERVE, *args, "--port", "0"], cwd=ROOT, stderr=subprocess.PIPE,
-                                     text=True)
-        for line in self.proc.stderr:  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
-            if line.startswith("serving "):
-                self.port = int(line.rsplit(":", 1)[1].split("/")[0])
-                self.url = f"http://127.0.0.1:{self.port}"
-                self.get("/health")
-                return
-        self.stop()
-        raise RuntimeError(f"the server did not start (status {self.proc.returncode})")
-
-    def get(self, path: str) -> dict:
-        with urllib.request.urlopen(self.url + path, timeout=10) as r:
-            return json.loads(r.read())
-
-    def post_raw(self, path: str, data: bytes) -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=30) as r:
-                return r.status, json.loads(r.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read())
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.url + "/v1", api_key="none", max_retries=0, timeout=120)
-
-    def stop(self, timeout: float = 20) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
 
 
 @pytest.fixture(scope="module")

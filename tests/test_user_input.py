@@ -337,22 +337,22 @@ def test_stop_strings_cut_the_text_where_they_begin():
 
 
 def test_the_text_held_back_is_the_longest_end_that_begins_a_stop_string():
-    """``_held`` against its definition, on every short text and stop strings of two letters;
+    """``held_back`` against its definition, on every short text and stop strings of two letters;
     and a stop string of 300,000 characters costs a pass nothing (it once took seconds)."""
     import itertools
     import random
     import time
 
-    from mlx_specstream.api import _held
+    from mlx_specstream.api import held_back
 
     words = ["".join(w) for n in range(7) for w in itertools.product("ab", repeat=n)]
     rng = random.Random(0)
     for text in words:
         stop = rng.sample(words[1:], 3)
         want = max((k for s in stop for k in range(1, len(s)) if text.endswith(s[:k])), default=0)
-        assert _held(text, stop) == want, (text, stop)
+        assert held_back(text, stop) == want, (text, stop)
     t = time.perf_counter()
-    assert _held("def add(a, b):\n    return a + b" * 40, ["x" * 300_000, "+ b" + "y" * 300_000]) == 3
+    assert held_back("def add(a, b):\n    return a + b" * 40, ["x" * 300_000, "+ b" + "y" * 300_000]) == 3
     assert time.perf_counter() - t < 0.05
 
 

@@ -1,0 +1,219 @@
+"""Tool calling: an adapter trained on tool-call rows writes calls, which the server returns as
+OpenAI's ``tool_calls`` (read by the official ``openai`` client) and the Python API reads the same;
+the prompts are the template's rendering with the tools, as ``transformers`` renders them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import Server
+
+from mlx_specstream import generate, load, parse_tool_calls, train
+from mlx_specstream.api import DEFAULT_MODEL
+from mlx_specstream.data import DataError, encode_row
+from mlx_specstream.tool_calls import HERMES, MISTRAL, ToolCallReader, read_tool_calls, tool_format
+
+# a template in the hermes format (Qwen 2.5's): tools listed before the turns, a call as a
+# <tool_call> block with its arguments as JSON
+TEMPLATE = ("{% if tools %}### tools:\n{% for t in tools %}{{ t['function'] | tojson }}\n{% endfor %}"
+            "{% endif %}{% for m in messages %}### {{ m['role'] }}:\n"
+            "{% if m['content'] %}{{ m['content'] }}\n{% endif %}"
+            "{% for c in m['tool_calls'] or [] %}<tool_call>{\"name\": \"{{ c['function']['name'] }}\", "
+            "\"arguments\": {{ c['function']['arguments'] | tojson }}}</tool_call>\n{% endfor %}{% endfor %}"
+            "{% if add_generation_prompt %}### assistant:\n{% endif %}")
+TOOLS = [{"type": "function", "function": {"name": "weather", "description": "The weather in a city",
+                                           "parameters": {"type": "object",
+                                                          "properties": {"city": {"type": "string"}}}}}]
+CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Perth", "Dakar", "Hanoi"]
+
+
+def ask(city: str) -> list[dict]:
+    return [{"role": "user", "content": f"What is the weather in {city}?"}]
+
+
+def row(city: str) -> dict:
+    """A conversation ending with the call to learn, as an OpenAI client holds it (arguments as text)."""
+    call = {"id": "c1", "type": "function",
+            "function": {"name": "weather", "arguments": json.dumps({"city": city})}}
+    return {"tools": TOOLS,
+            "messages": [*ask(city), {"role": "assistant", "content": None, "tool_calls": [call]}]}
+
+
+CALLS = ('Let me look.\n<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>\n'
+         '<tool_call>{"name": "time", "parameters": {"zone": "CET"}}</tool_call>\n')
+
+
+def functions(calls: list[dict]) -> list[tuple[str, dict]]:
+    return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
+
+
+def test_a_reply_read_whole_or_piece_by_piece():
+    """Content is the text outside the calls, without the whitespace around them; read in pieces of
+    any size it is the same, and text that could begin a marker waits until it cannot."""
+    whole = read_tool_calls(CALLS, HERMES)
+    assert whole.content == "Let me look."
+    assert functions(whole.calls) == [("weather", {"city": "Paris"}), ("time", {"zone": "CET"})]
+    assert all(c["type"] == "function" and c["id"].startswith("call_") for c in whole.calls)
+    for size in range(1, 12):
+        reader, content, calls = ToolCallReader(HERMES), [], []
+        for i in range(0, len(CALLS), size):
+            text, done = reader.feed(CALLS[i:i + size])
+            content.append(text)
+            calls += done
+            assert "<" not in "".join(content), size  # no piece of a marker went out as content
+        text, done = reader.close()
+        assert ("".join(content) + text, functions(calls + done)) == ("Let me look.", functions(whole.calls))
+    assert read_tool_calls(CALLS, HERMES, max_calls=1).calls[0]["function"]["name"] == "weather"
+    assert len(read_tool_calls(CALLS, HERMES, max_calls=1).calls) == 1
+
+
+def test_what_is_not_a_call_stays_as_the_model_wrote_it():
+    for text in ("SELECT 1 < 2  ", "a <tool_ca", "<tool_call>{\"name\": \"weather\", \"argu",
+                 "x <tool_call>not json</tool_call> y", "<tool_call>{\"arguments\": {}}</tool_call>"):
+        assert read_tool_calls(text, HERMES).content == text and not read_tool_calls(text, HERMES).calls
+    assert read_tool_calls(CALLS, None).content == CALLS  # no format: all content
+    only = read_tool_calls('[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, '
+                           '{"name": "b", "arguments": {}}]', MISTRAL)
+    assert only.content is None and functions(only.calls) == [("a", {"x": 1}), ("b", {})]
+
+
+def test_the_format_is_the_one_the_template_writes():
+    assert tool_format(TEMPLATE) is HERMES
+    assert tool_format("{{ '[TOOL_CALLS]' }}{{ messages }}") is MISTRAL
+    assert tool_format("{{ messages }}") is None and tool_format(None) is None
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """The shipped model with the template above (its files linked) and an adapter trained on
+    tool-call rows (shared mode: it learns to write the calls)."""
+    d = tmp_path_factory.mktemp("tools") / "specstream-tiny"
+    d.mkdir()
+    for f in DEFAULT_MODEL.iterdir():
+        if f.name != "adapters":
+            (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_text(TEMPLATE)
+    model, tok = load(d)
+    train(model, [row(c) for c in CITIES], mode="shared", iters=40, lr=1e-3, tokenizer=tok, model_path=d,
+          out=str(d / "adapters" / "tools"), progress=False, accept_prompts=0)
+    return d
+
+
+def test_rows_render_tools_and_calls_as_transformers_does(model_dir):
+    """The oracle: transformers' own tokenizer over the same files, with the tools and the call's
+    arguments as objects (what its chat templates take)."""
+    transformers = pytest.importorskip("transformers")
+    _, tok = load(model_dir)
+    ref = transformers.AutoTokenizer.from_pretrained(model_dir)
+    ref.chat_template = TEMPLATE
+    r = row("Oslo")
+    e = encode_row(r, tok)
+    objects = [*ask("Oslo"), {**r["messages"][-1], "tool_calls": [
+        {"type": "function", "function": {"name": "weather", "arguments": {"city": "Oslo"}}}]}]
+    want = ref.apply_chat_template(objects, tools=TOOLS, tokenize=True, return_dict=False)
+    prompt = ref.apply_chat_template(ask("Oslo"), tools=TOOLS, add_generation_prompt=True, tokenize=True,
+                                     return_dict=False)
+    assert e.tokens[: e.n_prompt] == prompt
+    assert e.tokens[e.n_prompt:] == want[len(prompt):] + [tok.eos_token_id]  # the call, then EOS
+    assert '"arguments": {"city": "Oslo"}' in tok.decode(e.tokens[e.n_prompt:])
+    # a template that writes no calls (its turns' text only): nothing to learn
+    tok.chat_template = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% endfor %}"
+                         "{% if add_generation_prompt %}### assistant:\n{% endif %}")
+    with pytest.raises(DataError, match="x:1: the chat template writes no reply for the tool calls"):
+        encode_row(r, tok, where="x:1")
+
+
+def test_the_trained_adapter_calls_the_tool_through_the_api(model_dir):
+    model, tok = load(model_dir, adapter="tools")
+    for city in ("Lima", "Berlin"):  # seen in training, and not
+        text = generate(model, tok, tok.apply_chat_template(ask(city), tools=TOOLS), max_tokens=40).text
+        read = parse_tool_calls(text, tok)
+        assert read.content is None and functions(read.calls) == [("weather", {"city": city})], text
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    pytest.importorskip("openai")
+    s = Server("--model", str(model_dir), "--adapters", "tools")
+    yield s
+    assert s.stop() == 0
+
+
+def test_the_server_returns_the_calls_whole_and_streamed(server, model_dir):
+    """OpenAI's ``tool_calls`` through the official client: the API's reading of the same decoding,
+    content null, finish_reason ``tool_calls``; streamed, one delta per call with its index."""
+    model, tok = load(model_dir, adapter="tools")
+    client = server.client()
+    text = generate(model, tok, tok.apply_chat_template(ask("Berlin"), tools=TOOLS), max_tokens=40).text
+    want = functions(parse_tool_calls(text, tok).calls)
+    assert want == [("weather", {"city": "Berlin"})]
+    r = client.chat.completions.create(model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS,
+                                       max_tokens=40)
+    message = r.choices[0].message
+    assert message.content is None and r.choices[0].finish_reason == "tool_calls"
+    assert [(c.function.name, json.loads(c.function.arguments)) for c in message.tool_calls] == want
+    assert r.usage.prompt_tokens == len(tok.apply_chat_template(ask("Berlin"), tools=TOOLS))
+    deltas, finish = [], None
+    for chunk in client.chat.completions.create(model="specstream-tiny:tools", messages=ask("Berlin"),
+                                                tools=TOOLS, max_tokens=40, stream=True):
+        delta = chunk.choices[0].delta
+        assert not delta.content  # no piece of the call's text as content
+        deltas += delta.tool_calls or []
+        finish = chunk.choices[0].finish_reason or finish
+    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [(0, *want[0])]
+    assert finish == "tool_calls" and deltas[0].id.startswith("call_")
+    # the call and its result sent back: the template gets the arguments as an object
+    history = [*ask("Berlin"), message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "12 C, rain"}]
+    r = client.chat.completions.create(model="specstream-tiny:tools", messages=history, tools=TOOLS,
+                                       max_tokens=8)
+    rendered = tok.apply_chat_template([*ask("Berlin"), {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "weather", "arguments": {"city": "Berlin"}}}]}, history[-1]], tools=TOOLS)
+    assert r.usage.prompt_tokens == len(rendered)
+
+
+def test_tool_choice_and_bad_tools(server, model_dir):
+    """``tool_choice: "none"``: the model is not shown the tools and its text is the reply; forcing
+    a call or a malformed tool is a 400 in OpenAI's shape."""
+    _, tok = load(model_dir)
+    client = server.client()
+    r = client.chat.completions.create(model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS,
+                                       tool_choice="none", max_tokens=4)
+    assert r.usage.prompt_tokens == len(tok.apply_chat_template(ask("Berlin")))
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
+    body = {"model": "specstream-tiny:tools", "messages": ask("Berlin"), "max_tokens": 4}
+    for extra, param, code in [({"tools": TOOLS, "tool_choice": "required"}, "tool_choice",
+                                "unsupported_parameter"),
+                               ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice", None),
+                               ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", None),
+                               ({"tools": "weather"}, "tools", None),
+                               ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None)]:
+        status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
+        assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
+    assert server.get("/health")["status"] == "ok"
+
+
+def test_generate_renders_the_tools_file(model_dir, tmp_path):
+    """``generate --chat-template --tools FILE`` prompts as the API does with ``tools=`` and prints
+    the call as the model writes it; a bad file or a missing --chat-template is one line."""
+    import subprocess
+    import sys
+
+    model, tok = load(model_dir, adapter="tools")
+    want = generate(model, tok, tok.apply_chat_template(ask("Lima"), tools=TOOLS), max_tokens=40).text
+    files = {"tools": json.dumps({"tools": TOOLS}), "bad": json.dumps([{"type": "function", "function": {}}])}
+    for name, text in files.items():
+        (tmp_path / f"{name}.json").write_text(text)
+    run = [sys.executable, "-m", "mlx_specstream.cli", "generate", "--model", str(model_dir),
+           "--adapter", "tools", "-p", ask("Lima")[0]["content"], "--max-tokens", "40"]
+    res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "tools.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout == want + "\n", res.stderr
+    for extra, said in [(["--tools", "tools.json"], "--tools go to the chat template: give --chat-template"),
+                        (["--chat-template", "--tools", "bad.json"], "bad.json: tools[0] must be"),
+                        (["--chat-template", "--tools", "none.json"], "cannot read the tools file")]:
+        res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode != 0 and len(lines) == 1 and said in lines[0], res.stderr
