@@ -226,6 +226,9 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     if tok is None:
         raise APIError("the model has no tokenizer files", "model")
     tools, fmt = _tools(body, tok) if chat else (None, None)
+    if not chat and body.get("tools"):
+        raise APIError("'tools' go to the chat template: use /v1/chat/completions", "tools",
+                       "unsupported_parameter")
     prompt = _chat_prompt(body, tok, tools) if chat else _prompt(body)
     if _field(body, "n", (int,), 1) != 1:
         raise APIError("'n' must be 1", "n")

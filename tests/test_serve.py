@@ -206,6 +206,8 @@ def test_stop_seed_and_sampling(server, base, model_dir):
      "repetition_penalty"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
                  "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x",  # a completion has no template to show them
+                 "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(), 400, "tools"),
     (json.dumps({"model": "specstream-tiny", "prompt": [5] * 3000, "max_tokens": 16}).encode(), 400,
      "prompt"),  # the prompt alone overflows the context: no max_tokens would help
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": float("nan")}).encode(), 400,
