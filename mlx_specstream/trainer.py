@@ -607,8 +607,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``group_by_length``: batch examples of similar prompt and total length together (shuffled
     within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
-    is called after every step. ``processes``: train data-parallel in that many processes on this
-    machine (the cores shared out between them; ``model`` a directory; None:
+    is called after every step (``info``: its loss, learning rate and tokens per second); returning
+    False ends the run there, as a run of that many steps (validated, saved and reported as one;
+    ``resume=True`` with more ``iters`` goes on). ``processes``: train data-parallel in that many
+    processes on this machine (the cores shared out between them; ``model`` a directory; None:
     :func:`default_processes`, the command line's default). They are started with ``spawn``, which
     imports the calling script again: call ``train`` under ``if __name__ == "__main__":`` there
     (a notebook needs nothing). Under ``mlx.launch`` the global batch is shared out between its

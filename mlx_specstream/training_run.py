@@ -219,8 +219,15 @@ def train_steps(run: Run, *, progress: bool, callback) -> tuple[float, int, floa
                 if run.saves and (step == tc.iters or (tc.save_every and step % tc.save_every == 0)):
                     run.save(step, time.perf_counter() - t0)
                     last_saved = step
-                if callback is not None:
-                    callback(step, info)
+                if _stopped_by(callback, step, info, run.group) and step < tc.iters:
+                    say(f"the callback stopped the run at step {step} of {tc.iters}")
+                    tc.iters = step  # a run of this many steps, validated and saved as one
+                    if run.validation_due(step):
+                        validation(step)
+                    if run.saves and last_saved < step:
+                        run.save(step, time.perf_counter() - t0)
+                        last_saved = step
+                    break
     except (KeyboardInterrupt, PeerStopped) as stop:  # PeerStopped: a SIGTERM to the whole group
         bar.close()  # can stop another process before this one sees its own
         done = applied  # a signal lands after a step's update, maybe before its history entry
@@ -233,6 +240,15 @@ def train_steps(run: Run, *, progress: bool, callback) -> tuple[float, int, floa
         raise
     bar.close()
     return time.perf_counter() - t0, tokens_seen, val_seconds
+
+
+def _stopped_by(callback, step: int, info: dict, group) -> bool:
+    """Whether ``callback(step, info)`` returned False (stop now), agreed by every process of
+    ``group`` (the first one's callback decides; the others have none)."""
+    stop = callback is not None and callback(step, info) is False
+    if group is not None:
+        stop = bool(group.all_sum(mx.array(int(stop))).item())
+    return stop
 
 
 def final_evaluation(run: Run) -> dict | None:

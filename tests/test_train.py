@@ -746,6 +746,33 @@ class Stop(Exception):
     pass
 
 
+def test_a_callback_returning_false_ends_the_run_as_a_shorter_one(tmp_path):
+    """``callback`` returns False at step 3 of 8: the run ends there as a 3-step run, its saved
+    adapter the weights after step 3 (as the callback saw them), validated at step 3 and reported
+    as 3 steps; ``resume`` with more steps goes on from there."""
+    rng = np.random.default_rng(0)
+    ds, valid = arithmetic(40, rng, length=10), arithmetic(16, rng, length=10)
+    opts = dict(gamma=2, msa_layers=2, batch_size=8, lr=3e-3, save_every=2, val_every=0, progress=False)
+    model, calls, said, seen = tiny_model("llama", seed=0), [], [], {}
+
+    def until_3(step, info):
+        calls.append(step)
+        seen.update({k: np.array(v) for k, v in adapter_weights(model).items()})
+        return step < 3
+
+    stopped = train(model, (ds, valid), out=tmp_path / "stop", iters=8, callback=until_3, log=said.append,
+                    **opts)
+    assert calls == [1, 2, 3] and "the callback stopped the run at step 3 of 8" in said
+    assert stopped["iters"] == 3 and [h["step"] for h in stopped["history"]] == [1, 2, 3]
+    assert stopped["valid"]["step"] == 3
+    assert json.loads((tmp_path / "stop" / "training_report.json").read_text())["iters"] == 3
+    saved = mx.load(str(tmp_path / "stop" / "adapter.safetensors"))
+    assert saved.keys() == seen.keys() and all(np.array_equal(np.array(saved[k]), v) for k, v in seen.items())
+    more = train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "stop", iters=5, resume=True,
+                 log=lambda m: None, **opts)
+    assert more["start_step"] == 3 and [h["step"] for h in more["history"]] == [1, 2, 3, 4, 5]
+
+
 def test_resume_continues_from_checkpoint(tmp_path, monkeypatch):
     rng = np.random.default_rng(0)
     ds = arithmetic(40, rng, length=10)
