@@ -222,7 +222,8 @@ def train_steps(run: Run, *, progress: bool, callback) -> tuple[float, int, floa
                 if _stopped_by(callback, step, info, run.group) and step < tc.iters:
                     say(f"the callback stopped the run at step {step} of {tc.iters}")
                     tc.iters = step  # a run of this many steps, validated and saved as one
-                    if run.validation_due(step):
+                    done = run.val_history and run.val_history[-1]["step"] == step
+                    if run.validation_due(step) and not done:
                         validation(step)
                     if run.saves and last_saved < step:
                         run.save(step, time.perf_counter() - t0)

@@ -752,7 +752,7 @@ def test_a_callback_returning_false_ends_the_run_as_a_shorter_one(tmp_path):
     as 3 steps; ``resume`` with more steps goes on from there."""
     rng = np.random.default_rng(0)
     ds, valid = arithmetic(40, rng, length=10), arithmetic(16, rng, length=10)
-    opts = dict(gamma=2, msa_layers=2, batch_size=8, lr=3e-3, save_every=2, val_every=0, progress=False)
+    opts = dict(gamma=2, msa_layers=2, batch_size=8, lr=3e-3, save_every=2, val_every=2, progress=False)
     model, calls, said, seen = tiny_model("llama", seed=0), [], [], {}
 
     def until_3(step, info):
@@ -764,7 +764,7 @@ def test_a_callback_returning_false_ends_the_run_as_a_shorter_one(tmp_path):
                     **opts)
     assert calls == [1, 2, 3] and "the callback stopped the run at step 3 of 8" in said
     assert stopped["iters"] == 3 and [h["step"] for h in stopped["history"]] == [1, 2, 3]
-    assert stopped["valid"]["step"] == 3
+    assert stopped["valid"]["step"] == 3 and [v["step"] for v in stopped["val_history"]] == [2, 3]
     assert json.loads((tmp_path / "stop" / "training_report.json").read_text())["iters"] == 3
     saved = mx.load(str(tmp_path / "stop" / "adapter.safetensors"))
     assert saved.keys() == seen.keys() and all(np.array_equal(np.array(saved[k]), v) for k, v in seen.items())
