@@ -72,6 +72,7 @@ class StreamResponse:
     stats: Stats | None = field(default=None, repr=False)  # the generation's statistics up to this pass
     pieces: list[str] = field(default_factory=list, repr=False)
     drafted: list[bool] = field(default_factory=list, repr=False)
+    stop_sequence: str | None = None  # the stop string that ended the text (finish_reason "stop")
 
 
 @dataclass
@@ -225,7 +226,8 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
             held += [(None, tail, False)]
         text = out + "".join(p for _, p, _ in held)
         finished = step.finished
-        hits = [i for i in (text.find(s, max(0, len(out) - len(s) + 1)) for s in stop) if i >= 0]
+        found = sorted((i, s) for s in stop if (i := text.find(s, max(0, len(out) - len(s) + 1))) >= 0)
+        hits = [i for i, _ in found]
         end = min(hits) if hits else (len(text) if finished else len(text) - held_back(text, stop))
         n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end; at a stop, those begun before it
         while n < len(held) and (pos < end if hits else pos + len(held[n][1]) <= end):
@@ -246,7 +248,7 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         out += "".join(piece_list)
         yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list),
                              step.accepted[:n_acc], step.rejected, finished, decoder.stats.snapshot(),
-                             piece_list, [d for _, _, d in ready])
+                             piece_list, [d for _, _, d in ready], found[0][1] if found else None)
         if finished:
             return
 

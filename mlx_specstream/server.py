@@ -1,7 +1,8 @@
 """An OpenAI-compatible HTTP server: ``specstream-mlx serve`` (Starlette on uvicorn).
 
 Routes: ``GET /v1/models``, ``GET /health``, ``POST /v1/completions``,
-``POST /v1/chat/completions`` (streaming as server-sent events, or not). A request names the
+``POST /v1/chat/completions`` (streaming as server-sent events, or not), and Anthropic's
+``POST /v1/messages`` (:mod:`~mlx_specstream.messages_api`). A request names the
 base model or an adapter by ``model`` (:class:`~mlx_specstream.pool.ModelPool`); its
 decoder is built and checked here (a bad request is a 4xx error in OpenAI's shape) and
 decoded by the :class:`~mlx_specstream.scheduler.Scheduler` pass by pass among the others.
@@ -32,7 +33,7 @@ from .errors import ContextLengthError, OptionError
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
-from .tool_calls import ToolCallReader, ToolFormat, read_tool_calls, tool_format, tools_problem
+from .tool_calls import ToolCallReader, ToolCalls, ToolFormat, read_tool_calls, tool_format, tools_problem
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Longest stop string taken: each is looked for in every pass's text, on the thread that decodes
@@ -319,13 +320,19 @@ class Reply:
         """What reads the reply's tool calls, where the request gave tools."""
         return self.gen.tool_format and ToolCallReader(self.gen.tool_format, self.gen.max_calls)
 
-    def whole(self, text: str, finish_reason: str | None) -> dict:
+    def read(self, text: str, finish_reason: str | None) -> tuple[ToolCalls, str | None]:
+        """A whole reply read for tool calls, and its finish reason (``"tool_calls"`` where it
+        called tools and was not cut by ``max_tokens``)."""
+        read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
+        return read, "tool_calls" if read.calls and finish_reason != "length" else finish_reason
+
+    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None) -> dict:
+        """The reply to a request without ``stream``: its whole text, why it ended."""
         if self.gen.chat:
-            read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
+            read, finish_reason = self.read(text, finish_reason)
             message = {"role": "assistant", "content": read.content}  # null where it is only calls
             if read.calls:
                 message["tool_calls"] = read.calls
-                finish_reason = finish_reason if finish_reason == "length" else "tool_calls"
             choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
             out = self._base("chat.completion")
         else:
@@ -358,8 +365,48 @@ class Reply:
                 "speculative": speculative(self.gen.stats)}
 
 
-def sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+    async def events(self, passes):
+        """The reply as server-sent events, from the generation's responses pass by pass: the
+        content, each tool call once it is whole, the finish reason, the usage when asked."""
+        reader, n_calls = self.reader(), 0
+        try:
+            if self.gen.chat:
+                yield sse(self.chunk(None, None, first=True))
+            async for r in passes:
+                text, calls, finish = read_pass(reader, r)
+                if text:
+                    yield sse(self.chunk(text, None))
+                for call in calls:
+                    yield sse(self.chunk(None, None, calls=[{"index": n_calls, **call}]))
+                    n_calls += 1
+                if finish is not None:
+                    yield sse(self.chunk(None if self.gen.chat else "", finish))
+            if self.gen.include_usage:
+                yield sse(self.usage_chunk())
+        except Exception as e:  # after the headers: the error goes into the stream
+            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
+        yield sse("[DONE]")
+
+
+def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, list[dict], str | None]:
+    """A pass's content, the tool calls it completes, and its finish reason (``"tool_calls"`` where
+    the reply called tools and was not cut by ``max_tokens``), with ``reader`` reading the calls."""
+    if reader is None:
+        return r.text, [], r.finish_reason
+    text, calls = reader.feed(r.text)
+    finish = r.finish_reason
+    if finish is not None:
+        rest, last = reader.close()
+        text, calls = text + rest, calls + last
+        if reader.calls and finish != "length":
+            finish = "tool_calls"
+    return text, calls, finish
+
+
+def sse(obj: dict | str, event: str | None = None) -> str:
+    """One server-sent event (with an ``event:`` line where named, as Anthropic's stream has)."""
+    data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n"
+    return f"event: {event}\n{data}" if event else data
 
 
 # -- the app ---------------------------------------------------------------------------------
@@ -403,17 +450,22 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
             raise APIError("the request body must be a JSON object")
         return body
 
-    async def generation(request: Request, chat: bool) -> Response:
-        gen = parse(await body_of(request), pool, chat)
+    async def generation(request: Request, chat: bool, kind: type[Reply] | None = None) -> Response:
+        """A request decoded and answered: OpenAI's reply, or ``kind``'s (Anthropic's Messages)."""
+        body = await body_of(request)
+        if kind is not None:
+            body = kind.request(body)
+        gen = parse(body, pool, chat)
         job, out = submit(gen)
-        reply = Reply(gen)
+        reply = (kind or Reply)(gen)
         if not gen.stream:
             async def whole() -> Response:
-                text, finish = [], None
+                text, last = [], None
                 async for r in passes(job, out):
                     text.append(r.text)
-                    finish = r.finish_reason
-                return JSONResponse(reply.whole("".join(text), finish))
+                    last = r
+                return JSONResponse(reply.whole("".join(text), last and last.finish_reason,
+                                                last and last.stop_sequence))
 
             async def disconnect() -> None:
                 while (await request.receive())["type"] != "http.disconnect":
@@ -429,34 +481,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
             gone.cancel()
             return answer.result()
 
-        async def events():
-            reader, n_calls = reply.reader(), 0
-            try:
-                if chat:
-                    yield sse(reply.chunk(None, None, first=True))
-                async for r in passes(job, out):
-                    text, calls, finish = r.text, [], r.finish_reason
-                    if reader:  # the content, and each call once it is whole
-                        text, calls = reader.feed(text)
-                        if finish is not None:
-                            rest, last = reader.close()
-                            text, calls = text + rest, calls + last
-                            if reader.calls and finish != "length":
-                                finish = "tool_calls"
-                    if text:
-                        yield sse(reply.chunk(text, None))
-                    for call in calls:
-                        yield sse(reply.chunk(None, None, calls=[{"index": n_calls, **call}]))
-                        n_calls += 1
-                    if finish is not None:
-                        yield sse(reply.chunk(None if chat else "", finish))
-                if gen.include_usage:
-                    yield sse(reply.usage_chunk())
-            except Exception as e:  # after the headers: the error goes into the stream
-                yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": None}})
-            yield sse("[DONE]")
-
-        return StreamingResponse(events(), media_type="text/event-stream",
+        return StreamingResponse(reply.events(passes(job, out)), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     async def completions(request: Request) -> Response:
@@ -464,6 +489,15 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
 
     async def chat_completions(request: Request) -> Response:
         return await generation(request, chat=True)
+
+    async def messages(request: Request) -> Response:
+        """Anthropic's Messages API (:mod:`~mlx_specstream.messages_api`), its errors in its shape."""
+        from .messages_api import MessageReply, error_body
+
+        try:
+            return await generation(request, chat=True, kind=MessageReply)
+        except APIError as e:
+            return JSONResponse(error_body(e), status_code=e.status)
 
     loaded = int(time.time())  # every model's "created": when this server loaded it
     described = {m["id"]: {"object": "model", "created": loaded, "owned_by": "specstream-mlx", **m}
@@ -506,7 +540,8 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
     routes = [Route("/v1/models", models), Route("/v1/models/{model_id:path}", model),
               Route("/health", health),
               Route("/v1/completions", completions, methods=["POST"]),
-              Route("/v1/chat/completions", chat_completions, methods=["POST"])]
+              Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+              Route("/v1/messages", messages, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={APIError: api_error, HTTPException: http_error,
                                          Exception: server_error})

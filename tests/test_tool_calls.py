@@ -217,3 +217,82 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
         res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
         lines = res.stderr.strip().splitlines()
         assert res.returncode != 0 and len(lines) == 1 and said in lines[0], res.stderr
+
+
+# -- Anthropic's Messages API, through the official anthropic client ---------------------------
+def anthropic_client(server):
+    anthropic = pytest.importorskip("anthropic")
+    return anthropic, anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0, timeout=120)
+
+
+def test_messages_api_text_system_and_stop_sequences(server, model_dir):
+    """A text reply equals plain decoding of the template's rendering (system turn first), with
+    Anthropic's usage and stop reasons; a stop sequence ends the text where it begins."""
+    _, client = anthropic_client(server)
+    model, tok = load(model_dir)
+    system = [{"role": "system", "content": "Answer briefly."}]
+    prompt = tok.apply_chat_template(system + ask("Oslo"))
+    want = generate(model, tok, prompt, max_tokens=12, mode="ar").text
+    r = client.messages.create(model="specstream-tiny", max_tokens=12, system="Answer briefly.",
+                               messages=ask("Oslo"))
+    assert [b.type for b in r.content] == ["text"] and r.content[0].text == want and r.role == "assistant"
+    assert r.stop_reason == "max_tokens" and r.usage.input_tokens == len(prompt)
+    assert r.usage.output_tokens == 12 and r.id.startswith("msg_")
+    stop = want[4:7]
+    r = client.messages.create(model="specstream-tiny", max_tokens=12, system="Answer briefly.",
+                               messages=ask("Oslo"), stop_sequences=[stop])
+    assert r.content[0].text == want[: want.index(stop)]
+    assert (r.stop_reason, r.stop_sequence) == ("stop_sequence", stop)
+    with client.messages.stream(model="specstream-tiny", max_tokens=12, system="Answer briefly.",
+                                messages=ask("Oslo")) as s:
+        streamed = s.get_final_message()
+    assert streamed.content[0].text == want and streamed.stop_reason == "max_tokens"
+
+
+def test_messages_api_tool_use_whole_streamed_and_answered(server, model_dir):
+    """The trained adapter's call as a ``tool_use`` block (the SDK assembles the streamed
+    input JSON), and a tool result sent back reaches the template as the OpenAI history would."""
+    _, client = anthropic_client(server)
+    _, tok = load(model_dir)
+    tools = [{"name": t["function"]["name"], "description": t["function"]["description"],
+              "input_schema": t["function"]["parameters"]} for t in TOOLS]
+    r = client.messages.create(model="specstream-tiny:tools", max_tokens=40, tools=tools,
+                               messages=ask("Berlin"))
+    assert r.stop_reason == "tool_use" and [(b.type, b.name, b.input) for b in r.content] == [
+        ("tool_use", "weather", {"city": "Berlin"})]
+    assert r.usage.input_tokens == len(tok.apply_chat_template(ask("Berlin"), tools=TOOLS))
+    with client.messages.stream(model="specstream-tiny:tools", max_tokens=40, tools=tools,
+                                messages=ask("Berlin")) as s:
+        streamed = s.get_final_message()
+    assert [(b.type, b.name, b.input) for b in streamed.content] == [
+        ("tool_use", "weather", {"city": "Berlin"})]
+    assert streamed.stop_reason == "tool_use" and streamed.content[0].id.startswith("toolu_")
+    history = [*ask("Berlin"), {"role": "assistant", "content": [b.model_dump() for b in r.content]},
+               {"role": "user", "content": [{"type": "tool_result", "tool_use_id": r.content[0].id,
+                                             "content": "12 C, rain"}]}]
+    answered = client.messages.create(model="specstream-tiny:tools", max_tokens=4, tools=tools,
+                                      messages=history)
+    openai_history = [*ask("Berlin"), {"role": "assistant", "content": "", "tool_calls": [
+        {"function": {"name": "weather", "arguments": {"city": "Berlin"}}}]},
+        {"role": "tool", "content": "12 C, rain"}]
+    assert answered.usage.input_tokens == len(tok.apply_chat_template(openai_history, tools=TOOLS))
+
+
+def test_messages_api_errors_are_anthropics(server):
+    anthropic, client = anthropic_client(server)
+    with pytest.raises(anthropic.NotFoundError) as e:
+        client.messages.create(model="nope", max_tokens=4, messages=ask("Oslo"))
+    assert e.value.body["type"] == "error" and e.value.body["error"]["type"] == "not_found_error"
+    body = {"model": "specstream-tiny", "max_tokens": 4, "messages": ask("Oslo")}
+    for extra, said in [({"max_tokens": None}, "'max_tokens' is required"),
+                        ({"temperature": 1.5}, "'temperature' must be between 0 and 1"),
+                        ({"tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {}}]},
+                         "forcing a tool call"),
+                        ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+                         "content blocks of type 'image' are not supported"),
+                        ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4")]:
+        status, reply = server.post_raw("/v1/messages", json.dumps({**body, **extra}).encode())
+        assert status == 400 and reply["type"] == "error", reply
+        assert reply["error"]["type"] == "invalid_request_error" and said in reply["error"]["message"], reply
+    status, reply = server.post_raw("/v1/messages", b"{not json")
+    assert status == 400 and reply["error"]["type"] == "invalid_request_error"

@@ -1,0 +1,218 @@
+"""Anthropic's Messages API beside OpenAI's on the same server: ``POST /v1/messages``.
+
+A request is read into the OpenAI chat request it stands for (:func:`chat_request`), decoded as
+every chat request is (:func:`~mlx_specstream.server.parse`, the scheduler), and answered in
+Anthropic's shapes (:class:`MessageReply`)::
+
+    Anthropic                                     OpenAI chat request
+    system: "You are ..."                         messages[0] = {role: system, content}
+    {role: user, content: [{type: text, ...},     {role: tool, tool_call_id, content} per result,
+       {type: tool_result, tool_use_id, ...}]}      then {role: user, content: the text}
+    {role: assistant, content: [{type: tool_use,  {role: assistant, content: the text,
+       id, name, input}]}                            tool_calls: [{id, function: {name, arguments}}]}
+    tools: [{name, description, input_schema}]    tools: [{type: function, function: {name, ..., parameters}}]
+    tool_choice {type: auto | none}               tool_choice "auto" | "none" ("any", "tool": refused)
+    stop_sequences (up to 4)                      stop
+
+A reply's content is a text block (where there is text) and one ``tool_use`` block per call;
+``stop_reason`` is ``end_turn``, ``stop_sequence`` (with the one that ended it), ``max_tokens``
+or ``tool_use``. Errors are Anthropic's ``{"type": "error", "error": {"type", "message"}}``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from .server import MAX_STOP_CHARS, APIError, Reply, read_pass, speculative, sse
+
+# Anthropic's error type for each status this server answers with
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
+               499: "invalid_request_error", 503: "overloaded_error"}
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def error_body(e: APIError) -> dict:
+    return {"type": "error", "error": {"type": ERROR_TYPES.get(e.status, "api_error"), "message": str(e)}}
+
+
+def _text(content, param: str) -> str:
+    """Text given as a string or as a list of ``{"type": "text", "text"}`` blocks."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         and isinstance(b.get("text"), str) for b in content):
+        return "".join(b["text"] for b in content)
+    raise APIError(f"'{param}' must be text: a string or a list of text blocks", param)
+
+
+def _message(m, i: int) -> list[dict]:
+    """One Anthropic message as the OpenAI messages it stands for (tool results first, as
+    Anthropic puts them first in a user turn)."""
+    at = f"messages[{i}]"
+    if not isinstance(m, dict) or m.get("role") not in ("user", "assistant"):
+        raise APIError(f"'{at}' must be an object with a 'role' of 'user' or 'assistant'", "messages")
+    content = m.get("content")
+    if isinstance(content, str):
+        return [{"role": m["role"], "content": content}]
+    if not isinstance(content, list):
+        raise APIError(f"'{at}.content' must be a string or a list of content blocks", "messages")
+    text, calls, results = [], [], []
+    for j, b in enumerate(content):
+        kind = b.get("type") if isinstance(b, dict) else None
+        if kind == "text" and isinstance(b.get("text"), str):
+            text.append(b["text"])
+        elif kind == "tool_use" and m["role"] == "assistant" and isinstance(b.get("name"), str):
+            calls.append({"id": str(b.get("id", "")), "type": "function",
+                          "function": {"name": b["name"], "arguments": json.dumps(b.get("input", {}))}})
+        elif kind == "tool_result" and m["role"] == "user":
+            results.append({"role": "tool", "tool_call_id": str(b.get("tool_use_id", "")),
+                            "content": _text(b.get("content", ""), f"{at}.content[{j}].content")})
+        elif kind in ("thinking", "redacted_thinking") and m["role"] == "assistant":
+            continue  # a reasoning model's earlier thoughts: not this server's models'
+        else:
+            raise APIError(f"'{at}.content[{j}]': content blocks of type {kind!r} are not supported in "
+                           f"{m['role']} messages (text, tool_use, tool_result)", "messages")
+    turn = {"role": m["role"], "content": "".join(text)}
+    if calls:
+        turn["tool_calls"] = calls
+    return results + ([turn] if text or calls or not results else [])
+
+
+def _tools(tools) -> list[dict]:
+    if not isinstance(tools, list):
+        raise APIError("'tools' must be a list of tools", "tools")
+    out = []
+    for i, t in enumerate(tools):
+        if not (isinstance(t, dict) and t.get("type", "custom") == "custom"
+                and isinstance(t.get("name"), str)):
+            raise APIError(f"'tools[{i}]' must be a tool of this client: {{\"name\", \"description\", "
+                           "\"input_schema\"}} (Anthropic's server tools are not run here)", f"tools[{i}]")
+        function = {"name": t["name"], "parameters": t.get("input_schema", {})}
+        if "description" in t:
+            function["description"] = t["description"]
+        out.append({"type": "function", "function": function})
+    return out
+
+
+def chat_request(body: dict) -> dict:
+    """The OpenAI chat request an Anthropic Messages request stands for (checks Anthropic's own
+    fields; the rest is checked as every chat request is)."""
+    for name in ("model", "max_tokens", "messages"):
+        if body.get(name) is None:
+            raise APIError(f"'{name}' is required", name)
+    if not isinstance(body["messages"], list) or not body["messages"]:
+        raise APIError("'messages' must be a non-empty list of messages", "messages")
+    system = body.get("system")
+    system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
+    chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
+            "messages": system + [t for i, m in enumerate(body["messages"]) for t in _message(m, i)]}
+    for name in ("temperature", "top_p", "top_k", "mode", "sql_names"):  # the last two: this server's
+        if name in body:
+            chat[name] = body[name]
+    temperature = body.get("temperature")
+    if type(temperature) in (int, float) and not 0 <= temperature <= 1:  # Anthropic's range (OpenAI's: 2)
+        raise APIError(f"'temperature' must be between 0 and 1, not {temperature}", "temperature")
+    stops = body.get("stop_sequences")
+    if stops is not None:
+        if not isinstance(stops, list) or len(stops) > 4 or any(
+                not isinstance(s, str) or not 0 < len(s) <= MAX_STOP_CHARS for s in stops):
+            raise APIError(f"'stop_sequences' must be a list of up to 4 non-empty strings of at most "
+                           f"{MAX_STOP_CHARS} characters", "stop_sequences")
+        chat["stop"] = stops or None
+    if body.get("tools"):
+        chat["tools"] = _tools(body["tools"])
+    choice = body.get("tool_choice")
+    if choice is not None:
+        kind = choice.get("type") if isinstance(choice, dict) else None
+        if kind not in ("auto", "none", "any", "tool"):
+            raise APIError("'tool_choice' must be {\"type\": \"auto\"}, \"none\", \"any\" or \"tool\"",
+                           "tool_choice")
+        chat["tool_choice"] = {"any": "required", "tool": "required"}.get(kind, kind)
+        if choice.get("disable_parallel_tool_use") is True:
+            chat["parallel_tool_calls"] = False
+    if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":
+        raise APIError("'thinking' is not supported by this server", "thinking")
+    return chat
+
+
+def _tool_use(call: dict) -> dict:
+    """An OpenAI tool call as Anthropic's ``tool_use`` block (its input an object: arguments that
+    are not a JSON object are kept as ``{"arguments": text}``)."""
+    args = call["function"]["arguments"]
+    try:
+        given = json.loads(args)
+    except ValueError:
+        given = None
+    given = given if isinstance(given, dict) else {"arguments": args}
+    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
+            "name": call["function"]["name"], "input": given}
+
+
+class MessageReply(Reply):
+    """Builds Anthropic's message (whole, or as its stream of events) from a generation."""
+
+    request = staticmethod(chat_request)
+
+    def __init__(self, gen):
+        super().__init__(gen)
+        self.id = "msg_" + uuid.uuid4().hex[:24]
+
+    def _message(self, content: list[dict], stop_reason: str | None, stop_sequence: str | None,
+                 output_tokens: int) -> dict:
+        stats = self.gen.stats
+        return {"id": self.id, "type": "message", "role": "assistant", "model": self.gen.model_id,
+                "content": content, "stop_reason": stop_reason, "stop_sequence": stop_sequence,
+                "usage": {"input_tokens": stats.prompt_tokens, "output_tokens": output_tokens}}
+
+    def _stop(self, finish: str | None, stop_sequence: str | None) -> tuple[str | None, str | None]:
+        if finish == "stop" and stop_sequence is not None:
+            return "stop_sequence", stop_sequence
+        return STOP_REASONS.get(finish, finish), None
+
+    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None) -> dict:
+        read, finish = self.read(text, finish_reason)
+        blocks = ([{"type": "text", "text": read.content}] if read.content else []) + [
+            _tool_use(c) for c in read.calls]
+        return {**self._message(blocks, *self._stop(finish, stop_sequence), self.gen.stats.generated_tokens),
+                "speculative": speculative(self.gen.stats)}
+
+    async def events(self, passes):
+        """Anthropic's stream: ``message_start``; a text block's start, deltas and stop; a
+        ``tool_use`` block per call (its input as one ``input_json_delta``); ``message_delta`` with
+        the stop reason and usage; ``message_stop``."""
+        reader, index, text_open, end = self.reader(), 0, False, (None, None)
+        try:
+            yield sse({"type": "message_start", "message": self._message([], None, None, 0)}, "message_start")
+            async for r in passes:
+                text, calls, finish = read_pass(reader, r)
+                if text and not text_open:
+                    yield sse({"type": "content_block_start", "index": index,
+                               "content_block": {"type": "text", "text": ""}}, "content_block_start")
+                    text_open = True
+                if text:
+                    yield sse({"type": "content_block_delta", "index": index,
+                               "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
+                for call in calls:
+                    if text_open:
+                        yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                        index, text_open = index + 1, False
+                    block = _tool_use(call)
+                    yield sse({"type": "content_block_start", "index": index,
+                               "content_block": {**block, "input": {}}}, "content_block_start")
+                    yield sse({"type": "content_block_delta", "index": index, "delta": {
+                        "type": "input_json_delta", "partial_json": json.dumps(block["input"])}},
+                        "content_block_delta")
+                    yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                    index += 1
+                if finish is not None:
+                    end = self._stop(finish, r.stop_sequence)
+            if text_open:
+                yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+            yield sse({"type": "message_delta", "delta": {"stop_reason": end[0], "stop_sequence": end[1]},
+                       "usage": {"output_tokens": self.gen.stats.generated_tokens},
+                       "speculative": speculative(self.gen.stats)}, "message_delta")
+            yield sse({"type": "message_stop"}, "message_stop")
+        except Exception as e:  # after the headers: the error goes into the stream
+            yield sse({"type": "error", "error": {"type": "api_error", "message": str(e)}}, "error")
+
