@@ -434,14 +434,17 @@ def check_dataset(ds: Dataset, where: str, vocab_size: int | None, max_seq_len: 
 
 
 def load_jsonl(path: str | Path, tokenizer=None, **options) -> Dataset:
-    """Read and encode one JSONL file (:func:`encode_rows`, its rows named by line)."""
+    """Read and encode one JSONL file (:func:`encode_rows`, its rows named by line). ``options``:
+    :func:`encode_rows`' ``max_seq_len``, ``policy``, ``chat_template``, ``system``, ``add_eos``,
+    ``vocab_size``, ``progress``."""
     path = Path(path)
     return encode_rows(read_jsonl(path), tokenizer, source=path, **options)
 
 
 def rows_dataset(rows: list[dict], tokenizer=None, *, name: str = "rows", **options) -> Dataset:
     """A :class:`Dataset` of rows given in Python, the objects a JSONL file's lines hold
-    (:func:`encode_rows`; a bad row said as ``NAME[i]``): ``train(model, rows_dataset(rows, tok))``."""
+    (:func:`encode_rows`, whose options it takes, as :func:`load_jsonl`; a bad row said as
+    ``NAME[i]``): ``train(model, rows_dataset(rows, tok))``."""
     if not isinstance(rows, list | tuple):
         raise DataError(f"{name}: a list of rows (dicts, as train.jsonl's lines), not {type(rows).__name__}")
     if not rows:
