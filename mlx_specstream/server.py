@@ -321,10 +321,9 @@ class Reply:
         return self.gen.tool_format and ToolCallReader(self.gen.tool_format, self.gen.max_calls)
 
     def read(self, text: str, finish_reason: str | None) -> tuple[ToolCalls, str | None]:
-        """A whole reply read for tool calls, and its finish reason (``"tool_calls"`` where it
-        called tools and was not cut by ``max_tokens``)."""
+        """A whole reply read for tool calls, and its finish reason (:func:`called`)."""
         read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
-        return read, "tool_calls" if read.calls and finish_reason != "length" else finish_reason
+        return read, called(finish_reason, bool(read.calls))
 
     def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None) -> dict:
         """The reply to a request without ``stream``: its whole text, why it ended."""
@@ -364,7 +363,6 @@ class Reply:
         return {**self._base(kind), "choices": [], "usage": usage(self.gen.stats),
                 "speculative": speculative(self.gen.stats)}
 
-
     async def events(self, passes):
         """The reply as server-sent events, from the generation's responses pass by pass: the
         content, each tool call once it is whole, the finish reason, the usage when asked."""
@@ -389,18 +387,22 @@ class Reply:
 
 
 def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, list[dict], str | None]:
-    """A pass's content, the tool calls it completes, and its finish reason (``"tool_calls"`` where
-    the reply called tools and was not cut by ``max_tokens``), with ``reader`` reading the calls."""
+    """A pass's content, the tool calls it completes, and its finish reason (:func:`called`), with
+    ``reader`` reading the calls."""
     if reader is None:
         return r.text, [], r.finish_reason
     text, calls = reader.feed(r.text)
     finish = r.finish_reason
     if finish is not None:
         rest, last = reader.close()
-        text, calls = text + rest, calls + last
-        if reader.calls and finish != "length":
-            finish = "tool_calls"
+        text, calls, finish = text + rest, calls + last, called(finish, bool(reader.calls))
     return text, calls, finish
+
+
+def called(finish_reason: str | None, calls: bool) -> str | None:
+    """A reply's finish reason once it is read for tool calls: ``"tool_calls"`` where it called
+    tools and was not cut by ``max_tokens``."""
+    return "tool_calls" if calls and finish_reason != "length" else finish_reason
 
 
 def sse(obj: dict | str, event: str | None = None) -> str:
