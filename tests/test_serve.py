@@ -374,20 +374,21 @@ def test_any_openai_seed_and_a_model_id_with_a_slash(model_dir):
 
 def test_sigterm_drains_in_flight_requests(model_dir):
     s = Server("--model", str(model_dir))
-    result = {}
+    result, started = {}, threading.Event()
 
     def run():
-        stream = s.client().completions.create(model="specstream-tiny", prompt="1, 2, 3, 4,", max_tokens=40,
+        stream = s.client().completions.create(model="specstream-tiny", prompt="1, 2, 3, 4,", max_tokens=300,
                                                temperature=1.0, seed=1, stream=True)
-        chunks = list(stream)
+        chunks = []
+        for c in stream:
+            chunks.append(c)
+            started.set()
         result["finish"] = chunks[-1].choices[0].finish_reason
         result["tokens"] = sum(1 for c in chunks if c.choices[0].text)
 
     t = threading.Thread(target=run)
     t.start()
-    deadline = time.monotonic() + 30
-    while not s.get("/health")["active"] and time.monotonic() < deadline:
-        time.sleep(0.05)
+    assert started.wait(60)  # signalled once the reply has begun: long before its 300 tokens are out
     assert "finish" not in result
     s.proc.send_signal(signal.SIGTERM)
     t.join(60)
