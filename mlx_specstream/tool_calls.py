@@ -3,10 +3,13 @@
 A chat template that renders ``tools`` teaches the model one way of writing a call; the text
 the model writes is read back here into OpenAI's ``tool_calls``::
 
-    hermes   (Qwen 2.5 and 3, Hermes, SmolLM 3):  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
-                                                   (one block per call)
-    mistral  (Mistral's v3 tokenizers):            [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
-                                                   (to the end of the reply)
+    hermes        (Qwen 2.5/3, Hermes, SmolLM 3):  <tool_call>{"name": ..., "arguments": {...}}</tool_call>
+                                                    (one block per call)
+    mistral       (Mistral's v3 tokenizers):        [TOOL_CALLS] [{"name": ..., "arguments": {...}}, ...]
+                                                    (to the end of the reply)
+    mistral-args  (Mistral's v11+ tokenizers):      [TOOL_CALLS]name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
+    llama3        (Llama 3.1-3.3):                  {"name": ..., "parameters": {...}}; {...}
+                                                    (the whole reply, maybe after <|python_tag|>)
 
 The format is the one whose marker the template writes (:func:`tool_format`). The text outside
 the calls is the reply's content; the whitespace around a call is not. A call that cannot be read
@@ -33,16 +36,21 @@ from .api import held_back
 @dataclass(frozen=True)
 class ToolFormat:
     """How a family of chat templates writes tool calls: ``start`` begins them; ``end`` ends
-    each one (None: the calls run to the end of the reply, as one JSON list)."""
+    each one (None: the calls run to the end of the reply); ``args`` stands between a call's name
+    and its arguments (None: a call is a JSON object); ``bare``: a reply that begins with ``{`` is
+    calls too (no marker). ``mark`` is what a template that writes the format holds."""
 
     name: str
     start: str
     end: str | None
+    args: str | None = None
+    bare: bool = False
+    mark: str = ""
 
     def special(self, tokenizer) -> bool:
         """Whether the markers are control tokens that text without special tokens leaves out
         (the server then keeps special tokens in a reply that may call tools)."""
-        for marker in (self.start, self.end):
+        for marker in (self.start, self.end, self.args):
             if marker is None:
                 continue
             ids = tokenizer.encode(marker, add_special_tokens=False)
@@ -51,9 +59,11 @@ class ToolFormat:
         return False
 
 
-HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>")
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None)
-FORMATS = (HERMES, MISTRAL)
+HERMES = ToolFormat("hermes", "<tool_call>", "</tool_call>", mark="<tool_call>")
+MISTRAL_ARGS = ToolFormat("mistral-args", "[TOOL_CALLS]", None, args="[ARGS]", mark="[ARGS]")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", None, mark="[TOOL_CALLS]")
+LLAMA3 = ToolFormat("llama3", "<|python_tag|>", None, bare=True, mark='"parameters": ')
+FORMATS = (HERMES, MISTRAL_ARGS, MISTRAL, LLAMA3)  # in the order they are looked for
 
 
 def tools_problem(tools) -> tuple[str, str] | None:
@@ -71,10 +81,10 @@ def tools_problem(tools) -> tuple[str, str] | None:
 
 
 def tool_format(chat_template: str | None) -> ToolFormat | None:
-    """The format a chat template writes tool calls in: the one whose start marker it holds
-    (None: it writes none this module reads)."""
+    """The format a chat template writes tool calls in: the first of :data:`FORMATS` whose mark
+    it holds (None: it writes none this module reads)."""
     for fmt in FORMATS:
-        if chat_template and fmt.start in chat_template:
+        if chat_template and fmt.mark in chat_template:
             return fmt
     return None
 
@@ -92,14 +102,37 @@ def _call(obj) -> dict | None:
 
 
 def _calls(body: str, fmt: ToolFormat) -> list[dict] | None:
-    """The calls of one block's text (between the markers), or None if it is not calls."""
+    """The calls of one block's text (after the start marker, to the end marker or the reply's
+    end), or None if it is not calls."""
     try:
-        obj = json.loads(body)
+        if fmt.args is not None:  # name[ARGS]{...}, the next call after another start marker
+            named = [part.partition(fmt.args) for part in body.split(fmt.start)]
+            objs = [{"name": name.strip(), "arguments": json.loads(args)} if sep else None
+                    for name, sep, args in named]
+        elif fmt.end is None:  # JSON values to the end: lists of calls, or calls apart by ";"
+            objs = []
+            for value in _json_values(body):
+                objs += value if isinstance(value, list) else [value]
+        else:
+            objs = [json.loads(body)]
     except ValueError:
         return None
-    objs = obj if fmt.end is None and isinstance(obj, list) else [obj]
     calls = [_call(o) for o in objs]
     return calls if calls and all(calls) else None
+
+
+def _json_values(text: str) -> list:
+    """The JSON values of ``text``, one after another, apart by whitespace and at most one ``;``
+    (ValueError where it is anything else)."""
+    decoder, values, i = json.JSONDecoder(), [], 0
+    while True:
+        i = len(text) - len(text[i:].lstrip())
+        if i == len(text):
+            return values
+        if values and text[i] == ";":
+            i = len(text) - len(text[i + 1:].lstrip())
+        value, i = decoder.raw_decode(text, i)
+        values.append(value)
 
 
 @dataclass
@@ -116,67 +149,83 @@ class ToolCallReader:
     then :meth:`close`; each gives the content that became final and the calls completed.
 
     Text that could begin the start marker, or is only whitespace, waits until it is known to be
-    content. ``max_calls``: calls after that many are left out (OpenAI's
-    ``parallel_tool_calls: false`` asks for one).
+    content; so does a whole reply that begins with ``{`` in a ``bare`` format. ``max_calls``:
+    calls after that many are left out (OpenAI's ``parallel_tool_calls: false`` asks for one).
     """
 
     def __init__(self, fmt: ToolFormat, max_calls: int | None = None):
         self.fmt, self.max_calls = fmt, max_calls
         self.calls: list[dict] = []
         self._text = ""  # outside a call: not yet given out; inside: the call's text so far
-        self._inside = False
+        self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
         self._space = ""  # whitespace given out only if content follows it
+        self._begun = False  # content or a call has been read
 
     def _content(self, text: str) -> str:
         text = self._space + text
         body = text.rstrip()
         self._space = text[len(body):]
+        self._begun = self._begun or bool(body)
         return body
 
     def _called(self, calls: list[dict]) -> list[dict]:
         room = len(calls) if self.max_calls is None else max(0, self.max_calls - len(self.calls))
         self.calls += calls[:room]
-        self._space = ""  # the whitespace around a call is not content
+        self._space, self._begun = "", True  # the whitespace around a call is not content
         return calls[:room]
+
+    def _open(self) -> str:
+        """Outside a call: the content before the next one, entering it where the text so far
+        opens one (what could still open one is kept)."""
+        if self.fmt.bare and not self._begun:
+            lead = self._text.lstrip()
+            if not lead:
+                return ""
+            if lead.startswith("{"):
+                self._text, self._opened = lead, ""
+                return ""
+        i = self._text.find(self.fmt.start)
+        if i < 0:
+            i = len(self._text) - held_back(self._text, [self.fmt.start])
+            content, self._text = self._content(self._text[:i]), self._text[i:]
+            return content
+        content = self._content(self._text[:i])
+        self._text, self._opened = self._text[i + len(self.fmt.start):], self.fmt.start
+        return content
 
     def feed(self, text: str) -> tuple[str, list[dict]]:
         """Add a piece of the reply: the content it makes final, and the calls it completes."""
         self._text += text
         content, calls = "", []
         while True:
-            if not self._inside:
-                i = self._text.find(self.fmt.start)
-                if i < 0:
-                    keep = held_back(self._text, [self.fmt.start])
-                    content += self._content(self._text[: len(self._text) - keep])
-                    self._text = self._text[len(self._text) - keep:]
+            if self._opened is None:
+                content += self._open()
+                if self._opened is None:
                     return content, calls
-                content += self._content(self._text[:i])
-                self._text, self._inside = self._text[i + len(self.fmt.start):], True
             j = self._text.find(self.fmt.end) if self.fmt.end else -1
             if j < 0:
                 return content, calls
             read = _calls(self._text[:j], self.fmt)
             if read is None:  # not a call: the model's text, as it wrote it
-                content += self._content(self.fmt.start + self._text[: j + len(self.fmt.end)])
+                content += self._content(self._opened + self._text[: j + len(self.fmt.end)])
             else:
                 calls += self._called(read)
-            self._text, self._inside = self._text[j + len(self.fmt.end):], False
+            self._text, self._opened = self._text[j + len(self.fmt.end):], None
 
     def close(self) -> tuple[str, list[dict]]:
         """The reply has ended: the content still held, and a last call that ran to the end."""
         content, calls = "", []
-        if self._inside:
+        if self._opened is not None:
             read = _calls(self._text, self.fmt)
             if read is None:
-                content = self._content(self.fmt.start + self._text)
+                content = self._content(self._opened + self._text)
             else:
                 calls = self._called(read)
         elif self._text:
             content = self._content(self._text)
         if not self.calls:
             content += self._space  # no call: the content keeps its trailing whitespace
-        self._text, self._inside, self._space = "", False, ""
+        self._text, self._opened, self._space = "", None, ""
         return content, calls
 
 

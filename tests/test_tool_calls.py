@@ -13,7 +13,15 @@ from helpers import Server
 from mlx_specstream import generate, load, parse_tool_calls, train
 from mlx_specstream.api import DEFAULT_MODEL
 from mlx_specstream.data import DataError, encode_row
-from mlx_specstream.tool_calls import HERMES, MISTRAL, ToolCallReader, read_tool_calls, tool_format
+from mlx_specstream.tool_calls import (
+    HERMES,
+    LLAMA3,
+    MISTRAL,
+    MISTRAL_ARGS,
+    ToolCallReader,
+    read_tool_calls,
+    tool_format,
+)
 
 # a template in the hermes format (Qwen 2.5's): tools listed before the turns, a call as a
 # <tool_call> block with its arguments as JSON
@@ -79,10 +87,73 @@ def test_what_is_not_a_call_stays_as_the_model_wrote_it():
     assert only.content is None and functions(only.calls) == [("a", {"x": 1}), ("b", {})]
 
 
+def read_in_pieces(text: str, fmt, size: int) -> tuple[str, list[dict], str]:
+    """``text`` fed to a reader ``size`` characters at a time: the content, the calls, and the
+    content given out before the reply's last piece was fed."""
+    reader, content, calls, early = ToolCallReader(fmt), [], [], ""
+    for i in range(0, len(text), size):
+        if i + size >= len(text):
+            early = "".join(content)
+        piece, done = reader.feed(text[i:i + size])
+        content.append(piece)
+        calls += done
+    piece, done = reader.close()
+    return "".join(content) + piece, calls + done, early
+
+
+# how the templates of other families write an assistant turn's calls (Llama 3.1's line, one call
+# a turn there, joined by "; " here as servers read several; Mistral's v3 and v11 tokenizers')
+CALLS_OF = "{% for c in messages[-1]['tool_calls'] %}"
+WRITERS = {
+    LLAMA3: CALLS_OF + "{% if not loop.first %}; {% endif %}{{ '{\"name\": \"' + c['function']['name']"
+                       " + '\", \"parameters\": ' + c['function']['arguments'] | tojson + '}' }}{% endfor %}",
+    MISTRAL: "[TOOL_CALLS] [" + CALLS_OF + "{% if not loop.first %}, {% endif %}{{ {'name': c['function']"
+             "['name'], 'arguments': c['function']['arguments']} | tojson }}{% endfor %}]",
+    MISTRAL_ARGS: CALLS_OF + "{{ '[TOOL_CALLS]' + c['function']['name'] + '[ARGS]' + "
+                             "c['function']['arguments'] | tojson }}{% endfor %}",
+    HERMES: TEMPLATE[TEMPLATE.index("{% for c in m"):TEMPLATE.index("{% endfor %}{% endfor %}") + 12]
+    .replace("m['tool_calls'] or []", "messages[-1]['tool_calls']"),
+}
+
+
 def test_the_format_is_the_one_the_template_writes():
     assert tool_format(TEMPLATE) is HERMES
     assert tool_format("{{ '[TOOL_CALLS]' }}{{ messages }}") is MISTRAL
+    for fmt, writer in WRITERS.items():
+        assert tool_format(writer) is fmt
     assert tool_format("{{ messages }}") is None and tool_format(None) is None
+
+
+def test_each_format_reads_back_what_its_template_writes():
+    """The oracle is the template: the calls it renders (through ``transformers``) read back as the
+    same calls, whole or piece by piece."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    calls = [{"function": {"name": "weather", "arguments": {"city": "São Paulo"}}},
+             {"function": {"name": "time", "arguments": {"zone": "CET", "24h": True}}}]
+    want = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    for fmt, writer in WRITERS.items():
+        text = ref.apply_chat_template([{"role": "assistant", "content": "", "tool_calls": calls}],
+                                       chat_template=writer, tokenize=False)
+        whole = read_tool_calls(text, fmt)
+        assert whole.content is None and functions(whole.calls) == want, (fmt.name, text)
+        for size in range(1, 12):
+            content, got, _ = read_in_pieces(text, fmt, size)
+            assert (content, functions(got)) == ("", want), (fmt.name, size)
+
+
+def test_a_llama3_reply_is_calls_only_when_it_begins_with_one():
+    """Llama 3's calls have no marker: a reply that begins with ``{`` (or ``<|python_tag|>``)
+    waits until it ends to be read; other text is content as soon as it comes."""
+    call = '{"name": "weather", "parameters": {"city": "Oslo"}}'
+    for text in (call, f"  \n{call}\n", f"<|python_tag|>{call}"):
+        assert functions(read_tool_calls(text, LLAMA3).calls) == [("weather", {"city": "Oslo"})], text
+    for text in ("It is sunny.", '{"city": "Oslo"}', f"Sure: {call}", call[:-1], "  \n It is sunny. "):
+        assert read_tool_calls(text, LLAMA3).content == text and not read_tool_calls(text, LLAMA3).calls
+        content, calls, early = read_in_pieces(text, LLAMA3, 3)
+        assert (content, calls) == (text, [])
+        assert early == ("" if text.lstrip().startswith("{") else text[:len(early)]) and (
+            text.lstrip().startswith("{") or len(early) >= len(text.rstrip()) - 3), (text, early)
 
 
 @pytest.fixture(scope="module")
