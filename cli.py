@@ -229,6 +229,9 @@ def generate(
                                              help="with --chat-template: a system turn before the prompt"),
     tools: Path | None = typer.Option(None, "--tools", help="with --chat-template: a JSON file of OpenAI "
                                       "tool definitions for the template (the calls are printed as written)"),
+    tool_choice: str | None = typer.Option(None, "--tool-choice", help="with --tools: 'required' (the reply "
+                                           "is calls to the tools) or a tool's name (calls to that one); "
+                                           "default: the model chooses"),
     verbose: bool = _flag(False, "--verbose", "-v",
                           help="on a terminal, colour accepted (green) and rejected (red) "
                           "drafts; statistics"),
@@ -241,6 +244,7 @@ def generate(
     check_system_prompt(system_prompt, chat_template)
     stop_strings(stop)  # a bad one is said before the model loads
     turn = dict(system=system_prompt, tools=_read_tools(tools, chat_template))
+    forced = _forced_names(turn["tools"], tool_choice, sql_names)
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
@@ -248,7 +252,7 @@ def generate(
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
-        _generate_coreml(model, text, verbose, chat_template, turn, max_tokens=max_tokens,
+        _generate_coreml(model, text, verbose, chat_template, turn, forced, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, seed=seed, mode=mode, branch=branch,
                          tree_budget=tree_budget, lookup=lookup, sql_names=sql_names, stop=stop)
         return
@@ -259,8 +263,8 @@ def generate(
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                                sql_names=sql_names, stop=stop), tok, verbose,
-                first_said=_adapter_said(m) if verbose else None)
+                                sql_names=sql_names, stop=stop, constraint=_forced(tok, forced)),
+                tok, verbose, first_said=_adapter_said(m) if verbose else None)
 
 
 def _adapter_said(model) -> str:
@@ -296,6 +300,33 @@ def _read_tools(path: Path | None, chat_template: bool) -> list[dict] | None:
     if problem := tools_problem(tools):
         raise ValueError(f"{path}: {problem[0]} must be {problem[1]}")
     return tools
+
+
+def _forced_names(tools: list[dict] | None, tool_choice: str | None,
+                  sql_names: bool) -> tuple[str, ...] | None:
+    """``--tool-choice``: the names of the tools the reply must call (None: the model chooses)."""
+    from mlx_specstream.errors import OptionError
+    from mlx_specstream.forced_calls import forced_names
+
+    if tool_choice is None:
+        return None
+    if tools is None:
+        raise OptionError("{tool_choice} picks among the tools: give {tools} too")
+    if sql_names and tool_choice not in ("auto", "none"):
+        raise OptionError("{sql_names} and a forced tool call ({tool_choice}) cannot be combined")
+    choice = tool_choice if tool_choice in ("auto", "none", "required") else \
+        {"type": "function", "function": {"name": tool_choice}}
+    try:
+        return forced_names(tools, choice)
+    except ValueError as e:
+        raise ValueError(str(e).replace("tool_choice", "--tool-choice", 1)) from None
+
+
+def _forced(tok, names: tuple[str, ...] | None):
+    """The constraint of a forced tool call (:mod:`mlx_specstream.forced_calls`), or None."""
+    from mlx_specstream.forced_calls import forced_calls
+
+    return None if names is None else forced_calls(tok, names)
 
 
 def _as_sent(tok, text: str, chat_template: bool, turn: dict):
@@ -344,7 +375,7 @@ def _coloured(step, tok) -> str:
 
 
 def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, turn: dict,
-                     **options) -> None:
+                     forced: tuple[str, ...] | None, **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.convert.coreml_export import tokenizer_dir
     from mlx_specstream.coreml_driver import load_package, stream_package
@@ -353,7 +384,8 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name})")
-    _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn), **options),
+    _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
+                               constraint=_forced(tok, forced), **options),
                 tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 

@@ -20,6 +20,7 @@ _API = {
     "detach": "mlx_specstream.adapter",
     "train": "mlx_specstream.trainer",
     "parse_tool_calls": "mlx_specstream.tool_calls",  # a chat reply's tool calls, as OpenAI's
+    "forced_calls": "mlx_specstream.forced_calls",  # constraint=: a reply that is tool calls
 }
 
 

@@ -11,7 +11,8 @@ Anthropic's shapes (:class:`MessageReply`)::
     {role: assistant, content: [{type: tool_use,  {role: assistant, content: the text,
        id, name, input}]}                            tool_calls: [{id, function: {name, arguments}}]}
     tools: [{name, description, input_schema}]    tools: [{type: function, function: {name, ..., parameters}}]
-    tool_choice {type: auto | none}               tool_choice "auto" | "none" ("any", "tool": refused)
+    tool_choice {type: auto | none | any}         tool_choice "auto" | "none" | "required"
+    tool_choice {type: tool, name}                tool_choice {type: function, function: {name}}
     stop_sequences (up to 4)                      stop
 
 A reply's content is a text block (where there is text) and one ``tool_use`` block per call;
@@ -128,7 +129,11 @@ def chat_request(body: dict) -> dict:
         if kind not in ("auto", "none", "any", "tool"):
             raise APIError("'tool_choice' must be {\"type\": \"auto\"}, \"none\", \"any\" or \"tool\"",
                            "tool_choice")
-        chat["tool_choice"] = {"any": "required", "tool": "required"}.get(kind, kind)
+        chat["tool_choice"] = {"any": "required"}.get(kind, kind)
+        if kind == "tool":
+            if not isinstance(choice.get("name"), str):
+                raise APIError("'tool_choice' of type \"tool\" must name the tool", "tool_choice")
+            chat["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
         if choice.get("disable_parallel_tool_use") is True:
             chat["parallel_tool_calls"] = False
     if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":

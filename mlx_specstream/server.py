@@ -30,6 +30,7 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
+from .forced_calls import forced_calls, forced_names
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
@@ -127,27 +128,25 @@ def _text(s: str, param: str) -> str:
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 
 
-def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None]:
-    """The request's ``tools`` for the template, and the format its calls are read in (None, None:
-    no tools, or ``tool_choice: "none"``, for which the model is not shown them). Forcing a call
-    (``"required"``, a named function) is refused: the reply is what the model writes."""
+def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None, tuple[str, ...] | None]:
+    """The request's ``tools`` for the template, the format its calls are read in (None, None:
+    no tools, or ``tool_choice: "none"``, for which the model is not shown them), and the names of
+    the tools a reply must call (:func:`~.forced_calls.forced_names`; None: the model chooses)."""
     tools = body.get("tools")
-    choice = body.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-        raise APIError("forcing a tool call ('required', a named function) is not supported by this server: "
-                       "'auto' or 'none'", "tool_choice", "unsupported_parameter")
-    if choice not in (None, "auto", "none"):
-        raise APIError("'tool_choice' must be 'auto', 'none', 'required' or a named function", "tool_choice")
     _field(body, "parallel_tool_calls", (bool,), None)
     if tools is not None and (problem := tools_problem(tools)):
         raise APIError(f"'{problem[0]}' must be {problem[1]}", problem[0])
-    if not tools or choice == "none":
-        return None, None
+    try:
+        forced = forced_names(tools, body.get("tool_choice"))
+    except ValueError as e:
+        raise APIError(str(e).replace("tool_choice", "'tool_choice'", 1), "tool_choice") from None
+    if not tools or body.get("tool_choice") == "none":
+        return None, None, None
     fmt = tool_format(tokenizer.chat_template)
     if fmt is None:
         raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "
-                       "blocks, or Mistral's [TOOL_CALLS])", "tools", "unsupported_parameter")
-    return tools, fmt
+                       "blocks, Mistral's [TOOL_CALLS], Llama 3's JSON)", "tools", "unsupported_parameter")
+    return tools, fmt, forced
 
 
 def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
@@ -226,7 +225,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     tok = pool.tokenizer
     if tok is None:
         raise APIError("the model has no tokenizer files", "model")
-    tools, fmt = _tools(body, tok) if chat else (None, None)
+    tools, fmt, forced = _tools(body, tok) if chat else (None, None, None)
     if not chat and body.get("tools"):
         raise APIError("'tools' go to the chat template: use /v1/chat/completions", "tools",
                        "unsupported_parameter")
@@ -249,6 +248,15 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
         sql_names=_field(body, "sql_names", (bool,), False),
     )
+    max_calls = 1 if body.get("parallel_tool_calls") is False else None
+    if forced:  # the reply is calls to these tools: decoding constrained to them (forced_calls.py)
+        if options["sql_names"]:
+            raise APIError("'sql_names' and a forced tool call ('tool_choice') cannot be combined",
+                           "sql_names")
+        try:
+            options["constraint"] = forced_calls(tok, forced, max_calls, fmt)
+        except ValueError as e:
+            raise APIError(str(e), "tools") from None
     if options["max_tokens"] < 1:  # OpenAI's range: mlx-lm's -1 (no limit) is not in it
         raise APIError(f"'{max_key}' must be >= 1, not {options['max_tokens']}", max_key)
     if not 0 <= options["temperature"] <= 2:
@@ -287,7 +295,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     # they mark tool calls
     skip = fmt is None or not fmt.special(tok)
     return Generation(responses(dec, tok, stop, skip_special_tokens=skip), dec.stats, model_id, chat, stream,
-                      usage, fmt, 1 if body.get("parallel_tool_calls") is False else None)
+                      usage, fmt, max_calls)
 
 
 # -- replies ---------------------------------------------------------------------------------

@@ -7,12 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import Server
 
 from mlx_specstream import generate, load, parse_tool_calls, train
 from mlx_specstream.api import DEFAULT_MODEL
+from mlx_specstream.constraint import DONE, TokenConstraint
 from mlx_specstream.data import DataError, encode_row
+from mlx_specstream.forced_calls import forced_calls
 from mlx_specstream.tool_calls import (
     HERMES,
     LLAMA3,
@@ -35,6 +38,10 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Th
                                            "parameters": {"type": "object",
                                                           "properties": {"city": {"type": "string"}}}}}]
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Perth", "Dakar", "Hanoi"]
+# a second tool, which the adapter never saw called, and a question that asks for no tool
+TOOLS2 = [*TOOLS, {"type": "function", "function": {"name": "time_in", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}}}}]
+HELLO = [{"role": "user", "content": "Hello, how are you?"}]
 
 
 def ask(city: str) -> list[dict]:
@@ -156,6 +163,35 @@ def test_a_llama3_reply_is_calls_only_when_it_begins_with_one():
             text.lstrip().startswith("{") or len(early) >= len(text.rstrip()) - 3), (text, early)
 
 
+def test_a_forced_reply_is_calls_in_the_templates_format_and_nothing_else():
+    """Under ``forced_calls`` the calls each family's template writes (rendered by ``transformers``,
+    tokenized) are allowed to their end and EOS after them; text before a call, another tool's
+    name, EOS inside a call or a call past ``max_calls`` are not. The masks for sampling equal
+    the constraint's token-by-token answer (the oracle: :meth:`TokenConstraint.allowed`)."""
+    transformers = pytest.importorskip("transformers")
+    ref = transformers.AutoTokenizer.from_pretrained(DEFAULT_MODEL)
+    _, tok = load(DEFAULT_MODEL)
+    eos = tok.eos_token_id
+    calls = [{"function": {"name": "weather", "arguments": {"city": "São Paulo", "days": [1, -2.5e3]}}},
+             {"function": {"name": "time_in", "arguments": {"zone": "CET", "dst": None, "x": {}}}}]
+    for fmt, writer in WRITERS.items():
+        text = ref.apply_chat_template([{"role": "assistant", "content": "", "tool_calls": calls}],
+                                       chat_template=writer, tokenize=False)
+        ids = tok.encode(text, add_special_tokens=False)
+        c = forced_calls(tok, ("weather", "time_in"), fmt=fmt)
+        end = c.walk(c.start, ids)
+        assert end is not None and c.advance(end, eos) is DONE, (fmt.name, text)
+        assert c.walk(c.start, tok.encode("Sure. " + text, add_special_tokens=False)) is None
+        assert c.walk(c.start, [*ids[:-3], eos]) is None  # the end of the text inside a call
+        assert c.walk(c.start, ids) is not None and forced_calls(tok, ("time_in",), fmt=fmt).walk(
+            forced_calls(tok, ("time_in",), fmt=fmt).start, ids) is None  # weather is not allowed
+        one = forced_calls(tok, ("weather", "time_in"), 1, fmt)
+        assert one.walk(one.start, ids) is None  # two calls where one may be
+        states = [c.walk(c.start, ids[:i]) for i in range(0, len(ids), 7)]
+        for state in states:
+            assert np.array_equal(c.allowed(state), TokenConstraint.allowed(c, state)), fmt.name
+
+
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """The shipped model with the template above (its files linked) and an adapter trained on
@@ -246,8 +282,8 @@ def test_the_server_returns_the_calls_whole_and_streamed(server, model_dir):
 
 
 def test_tool_choice_and_bad_tools(server, model_dir):
-    """``tool_choice: "none"``: the model is not shown the tools and its text is the reply; forcing
-    a call or a malformed tool is a 400 in OpenAI's shape."""
+    """``tool_choice: "none"``: the model is not shown the tools and its text is the reply; a
+    malformed tool or choice is a 400 in OpenAI's shape."""
     _, tok = load(model_dir)
     client = server.client()
     r = client.chat.completions.create(model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS,
@@ -255,8 +291,11 @@ def test_tool_choice_and_bad_tools(server, model_dir):
     assert r.usage.prompt_tokens == len(tok.apply_chat_template(ask("Berlin")))
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
     body = {"model": "specstream-tiny:tools", "messages": ask("Berlin"), "max_tokens": 4}
-    for extra, param, code in [({"tools": TOOLS, "tool_choice": "required"}, "tool_choice",
-                                "unsupported_parameter"),
+    unknown = {"type": "function", "function": {"name": "x"}}
+    for extra, param, code in [({"tool_choice": "required"}, "tool_choice", None),  # no tools
+                               ({"tools": TOOLS, "tool_choice": unknown}, "tool_choice", None),
+                               ({"tools": TOOLS, "tool_choice": "required", "sql_names": True}, "sql_names",
+                                None),
                                ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice", None),
                                ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", None),
                                ({"tools": "weather"}, "tools", None),
@@ -264,6 +303,37 @@ def test_tool_choice_and_bad_tools(server, model_dir):
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
     assert server.get("/health")["status"] == "ok"
+
+
+def test_a_forced_call_is_decoded_under_the_constraint(server, model_dir):
+    """``tool_choice`` ``"required"`` or a named function: the reply is calls to those tools,
+    whatever the question, as the API decodes it with ``forced_calls`` (plain decoding there,
+    Speculative Streaming in the server: the same text); whole, streamed, and Anthropic's ``tool``."""
+    model, tok = load(model_dir, adapter="tools")
+    client = server.client()
+    named = {"type": "function", "function": {"name": "time_in"}}
+    for messages, choice, names in [(HELLO, "required", ("weather", "time_in")), (HELLO, named, ("time_in",)),
+                                    (ask("Berlin"), named, ("time_in",))]:
+        prompt = tok.apply_chat_template(messages, tools=TOOLS2)
+        text = generate(model, tok, prompt, max_tokens=60, mode="ar",
+                        constraint=forced_calls(tok, names)).text
+        want = functions(parse_tool_calls(text, tok).calls)
+        assert want and all(name in names and isinstance(args, dict) for name, args in want), text
+        r = client.chat.completions.create(model="specstream-tiny:tools", messages=messages, tools=TOOLS2,
+                                           tool_choice=choice, max_tokens=60)
+        assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
+        got = r.choices[0].message.tool_calls
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in got] == want
+    deltas = [d for chunk in client.chat.completions.create(  # the last request's, streamed
+        model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS2, tool_choice=named, max_tokens=60,
+        stream=True) for d in chunk.choices[0].delta.tool_calls or []]
+    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == want
+    _, anthropic = anthropic_client(server)
+    r = anthropic.messages.create(model="specstream-tiny:tools", max_tokens=60, messages=ask("Berlin"),
+                                  tool_choice={"type": "tool", "name": "time_in"},
+                                  tools=[{"name": t["function"]["name"],
+                                          "input_schema": t["function"]["parameters"]} for t in TOOLS2])
+    assert r.stop_reason == "tool_use" and [(b.name, b.input) for b in r.content] == want
 
 
 def test_generate_renders_the_tools_file(model_dir, tmp_path):
@@ -274,7 +344,8 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
 
     model, tok = load(model_dir, adapter="tools")
     want = generate(model, tok, tok.apply_chat_template(ask("Lima"), tools=TOOLS), max_tokens=40).text
-    files = {"tools": json.dumps({"tools": TOOLS}), "bad": json.dumps([{"type": "function", "function": {}}])}
+    files = {"tools": json.dumps({"tools": TOOLS}), "bad": json.dumps([{"type": "function", "function": {}}]),
+             "tools2": json.dumps(TOOLS2)}
     for name, text in files.items():
         (tmp_path / f"{name}.json").write_text(text)
     run = [sys.executable, "-m", "mlx_specstream.cli", "generate", "--model", str(model_dir),
@@ -282,7 +353,16 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
     res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "tools.json")],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout == want + "\n", res.stderr
+    forced = generate(model, tok, tok.apply_chat_template(ask("Lima"), tools=TOOLS2), max_tokens=40,
+                      constraint=forced_calls(tok, ("time_in",))).text
+    res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "tools2.json"), "--tool-choice",
+                          "time_in"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout == forced + "\n", res.stderr
+    assert [name for name, _ in functions(parse_tool_calls(forced, tok).calls)] == ["time_in"], forced
     for extra, said in [(["--tools", "tools.json"], "--tools go to the chat template: give --chat-template"),
+                        (["--tool-choice", "required"], "--tool-choice picks among the tools: give --tools"),
+                        (["--chat-template", "--tools", "tools.json", "--tool-choice", "nope"],
+                         "--tool-choice names the function 'nope', which is not one of the tools (weather)"),
                         (["--chat-template", "--tools", "bad.json"], "bad.json: tools[0] must be"),
                         (["--chat-template", "--tools", "none.json"], "cannot read the tools file")]:
         res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
@@ -357,8 +437,8 @@ def test_messages_api_errors_are_anthropics(server):
     body = {"model": "specstream-tiny", "max_tokens": 4, "messages": ask("Oslo")}
     for extra, said in [({"max_tokens": None}, "'max_tokens' is required"),
                         ({"temperature": 1.5}, "'temperature' must be between 0 and 1"),
-                        ({"tool_choice": {"type": "any"}, "tools": [{"name": "f", "input_schema": {}}]},
-                         "forcing a tool call"),
+                        ({"tool_choice": {"type": "tool"}, "tools": [{"name": "f", "input_schema": {}}]},
+                         "must name the tool"),
                         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
                          "content blocks of type 'image' are not supported"),
                         ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4")]:
