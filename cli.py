@@ -263,7 +263,8 @@ def generate(
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                                sql_names=sql_names, stop=stop, constraint=_forced(tok, forced)),
+                                sql_names=sql_names, stop=stop,
+                                constraint=_forced(tok, turn["tools"], forced)),
                 tok, verbose, first_said=_adapter_said(m) if verbose else None)
 
 
@@ -322,11 +323,11 @@ def _forced_names(tools: list[dict] | None, tool_choice: str | None,
         raise ValueError(str(e).replace("tool_choice", "--tool-choice", 1)) from None
 
 
-def _forced(tok, names: tuple[str, ...] | None):
+def _forced(tok, tools: list[dict] | None, names: tuple[str, ...] | None):
     """The constraint of a forced tool call (:mod:`mlx_specstream.forced_calls`), or None."""
     from mlx_specstream.forced_calls import forced_calls
 
-    return None if names is None else forced_calls(tok, names)
+    return None if names is None else forced_calls(tok, tools, names)
 
 
 def _as_sent(tok, text: str, chat_template: bool, turn: dict):
@@ -385,7 +386,7 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name})")
     _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
-                               constraint=_forced(tok, forced), **options),
+                               constraint=_forced(tok, turn["tools"], forced), **options),
                 tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 

@@ -23,6 +23,7 @@ from .tree import Tree
 
 State = Hashable
 DONE: State = ("done",)  # the state after the end of the text (EOS): nothing follows
+MAX_MASKS = 512  # masks kept per constraint (a constraint shared by a server's requests stays bounded)
 
 
 class TokenConstraint:
@@ -54,6 +55,8 @@ class TokenConstraint:
             m = self.allowed(state)
             if not m.any():
                 raise ValueError("the constraint allows no token here")
+            if len(self._masks) >= MAX_MASKS:
+                self._masks.clear()
             self._masks[state] = m
         return m
 
@@ -96,9 +99,12 @@ def constrained_argmax(constraint: TokenConstraint, states: list[State | None], 
 
 def constrained_logits(constraint: TokenConstraint, states: list[State | None],
                        logits: np.ndarray) -> np.ndarray:
-    """(M, V) logits with forbidden tokens at -inf (rows of forbidden drafts unchanged)."""
+    """(M, V) logits with forbidden tokens at -inf (rows of forbidden drafts unchanged); a token
+    past the constraint's vocabulary (a model's padded embedding rows) is forbidden."""
     out = np.array(logits, np.float32)
     for v, s in enumerate(states):
         if s is not None:
-            out[v, ~constraint.mask(s)] = -np.inf
+            m = constraint.mask(s)[: out.shape[1]]
+            out[v, : len(m)][~m] = -np.inf
+            out[v, len(m):] = -np.inf
     return out

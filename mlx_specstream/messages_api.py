@@ -127,7 +127,7 @@ def chat_request(body: dict) -> dict:
     if choice is not None:
         kind = choice.get("type") if isinstance(choice, dict) else None
         if kind not in ("auto", "none", "any", "tool"):
-            raise APIError("'tool_choice' must be {\"type\": \"auto\"}, \"none\", \"any\" or \"tool\"",
+            raise APIError("'tool_choice' must be {\"type\": \"auto\" | \"none\" | \"any\" | \"tool\"}",
                            "tool_choice")
         chat["tool_choice"] = {"any": "required"}.get(kind, kind)
         if kind == "tool":

@@ -254,7 +254,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
             raise APIError("'sql_names' and a forced tool call ('tool_choice') cannot be combined",
                            "sql_names")
         try:
-            options["constraint"] = forced_calls(tok, forced, max_calls, fmt)
+            options["constraint"] = forced_calls(tok, tools, forced, max_calls, fmt)
         except ValueError as e:
             raise APIError(str(e), "tools") from None
     if options["max_tokens"] < 1:  # OpenAI's range: mlx-lm's -1 (no limit) is not in it

@@ -12,7 +12,8 @@ the model writes is read back here into OpenAI's ``tool_calls``::
                                                     (the whole reply, maybe after <|python_tag|>)
 
 The format is the one whose marker the template writes (:func:`tool_format`). The text outside
-the calls is the reply's content; the whitespace around a call is not. A call that cannot be read
+the calls is the reply's content; the whitespace around a call is not (but for one run between text
+before a call and text after it: ``a <call> b`` reads ``a b``). A call that cannot be read
 (not JSON, no name, cut short by ``max_tokens``) stays in the content as the model wrote it, so
 nothing the model wrote is lost.
 
@@ -95,10 +96,22 @@ def _call(obj) -> dict | None:
     ``arguments`` is JSON text; None where it is not a call."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = obj.get("arguments", obj.get("parameters", {}))
+    args = _utf8(obj.get("arguments", obj.get("parameters", {})))
     text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
             "function": {"name": obj["name"], "arguments": text}}
+
+
+def _utf8(value):
+    """``value`` with each lone surrogate (JSON's ``"\\ud800"``, which no UTF-8 text holds) as
+    U+FFFD, so that a reply carrying it can be sent."""
+    if isinstance(value, str):
+        return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    if isinstance(value, list):
+        return [_utf8(v) for v in value]
+    if isinstance(value, dict):
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    return value
 
 
 def _calls(body: str, fmt: ToolFormat) -> list[dict] | None:
@@ -160,18 +173,27 @@ class ToolCallReader:
         self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
         self._space = ""  # whitespace given out only if content follows it
         self._begun = False  # content or a call has been read
+        self._given = False  # content has been given out
+        self._after_call = False  # a call came last: the whitespace after it is not content
 
     def _content(self, text: str) -> str:
+        if self._after_call:
+            text = text.lstrip()
+            self._after_call = not text
         text = self._space + text
         body = text.rstrip()
         self._space = text[len(body):]
-        self._begun = self._begun or bool(body)
+        self._given = self._given or bool(body)
+        self._begun = self._begun or self._given
         return body
 
     def _called(self, calls: list[dict]) -> list[dict]:
         room = len(calls) if self.max_calls is None else max(0, self.max_calls - len(self.calls))
         self.calls += calls[:room]
-        self._space, self._begun = "", True  # the whitespace around a call is not content
+        # the whitespace around a call is not content: what came before it goes out only between
+        # content before and content after it ("a <call> b" reads "a b")
+        self._begun = self._after_call = True
+        self._space = self._space if self._given else ""
         return calls[:room]
 
     def _open(self) -> str:
@@ -225,7 +247,7 @@ class ToolCallReader:
             content = self._content(self._text)
         if not self.calls:
             content += self._space  # no call: the content keeps its trailing whitespace
-        self._text, self._opened, self._space = "", None, ""
+        self._text, self._opened, self._space, self._after_call = "", None, "", False
         return content, calls
 
 

@@ -87,6 +87,17 @@ def test_generate_takes_a_constraint(llama):
         generate(llama, None, [5, 9, 2], max_tokens=3, constraint=c, sql_names=True)
 
 
+def test_a_constraint_over_fewer_tokens_than_the_model_has(llama):
+    """A model's vocabulary padded past its tokenizer's (Qwen's 151,936 rows for 151,665 tokens):
+    the rows past the constraint's tokens are never sampled."""
+    c = NoSumOfThree(40)
+    for mode, seed in [("ar", 0), ("ss", 1), ("ss", 2)]:
+        opts = DecodeOptions(max_tokens=30, mode=mode, temperature=1.0, seed=seed, constraint=c,
+                             eos_token_ids=frozenset([0]))
+        tokens = [t for s in Decoder(llama, [5, 9, 2], opts).steps() for t in s.tokens]
+        assert tokens and max(tokens) < 40 and all((a + b) % 3 for a, b in zip(tokens, tokens[1:]))
+
+
 def test_node_states_follow_paths_and_stop_after_forbidden_drafts():
     c = NoSumOfThree(64)
     # root 4 (state after it: (4, 1)); level 1: 2 (4 + 2 = 6: forbidden) and 3; level 2: 1

@@ -40,7 +40,7 @@ TOOLS = [{"type": "function", "function": {"name": "weather", "description": "Th
 CITIES = ["Paris", "Oslo", "Lima", "Cairo", "Quito", "Perth", "Dakar", "Hanoi"]
 # a second tool, which the adapter never saw called, and a question that asks for no tool
 TOOLS2 = [*TOOLS, {"type": "function", "function": {"name": "time_in", "parameters": {
-    "type": "object", "properties": {"zone": {"type": "string"}}}}}]
+    "type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}}}]
 HELLO = [{"role": "user", "content": "Hello, how are you?"}]
 
 
@@ -89,6 +89,13 @@ def test_what_is_not_a_call_stays_as_the_model_wrote_it():
                  "x <tool_call>not json</tool_call> y", "<tool_call>{\"arguments\": {}}</tool_call>"):
         assert read_tool_calls(text, HERMES).content == text and not read_tool_calls(text, HERMES).calls
     assert read_tool_calls(CALLS, None).content == CALLS  # no format: all content
+    call = '<tool_call>{"name": "a", "arguments": {"q": "\\ud800"}}</tool_call>'
+    for text, content in [(f"{call}\n\nok", "ok"), (f"hi {call}  there", "hi there"),
+                          (f"hi\n{call}\n{call}\n", "hi")]:
+        assert read_tool_calls(text, HERMES).content == content
+        assert read_in_pieces(text, HERMES, 2)[0] == content
+    # a lone surrogate, which JSON may escape but no UTF-8 reply can hold, is U+FFFD
+    assert read_tool_calls(call, HERMES).calls[0]["function"]["arguments"] == '{"q": "\ufffd"}'
     only = read_tool_calls('[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, '
                            '{"name": "b", "arguments": {}}]', MISTRAL)
     assert only.content is None and functions(only.calls) == [("a", {"x": 1}), ("b", {})]
@@ -163,6 +170,24 @@ def test_a_llama3_reply_is_calls_only_when_it_begins_with_one():
             text.lstrip().startswith("{") or len(early) >= len(text.rstrip()) - 3), (text, early)
 
 
+# tools whose parameters say what their calls' arguments may be (no other properties: the
+# constraint's rule, llama.cpp's too, where a schema does not say)
+SCHEMA_TOOLS = [
+    {"type": "function", "function": {"name": "weather", "parameters": {
+        "type": "object", "required": ["city"], "additionalProperties": False, "properties": {
+            "city": {"type": "string"}, "days": {"type": "array", "items": {"type": "number"}}}}}},
+    {"type": "function", "function": {"name": "time_in", "parameters": {
+        "type": "object", "required": ["zone"], "additionalProperties": False, "properties": {
+            "zone": {"enum": ["CET", "UTC"]}, "dst": {"type": "null"}, "x": {"type": "object"},
+            "n": {"type": "integer"}, "ok": {"type": "boolean"}, "any": {"anyOf": [{"type": "string"}]}}}}}]
+
+
+def forced_reads(c, tok, text: str) -> bool:
+    """Whether ``text``, tokenized, then EOS, is a reply ``c`` allows."""
+    end = c.walk(c.start, tok.encode(text, add_special_tokens=False))
+    return end is not None and c.advance(end, tok.eos_token_id) is DONE
+
+
 def test_a_forced_reply_is_calls_in_the_templates_format_and_nothing_else():
     """Under ``forced_calls`` the calls each family's template writes (rendered by ``transformers``,
     tokenized) are allowed to their end and EOS after them; text before a call, another tool's
@@ -173,23 +198,70 @@ def test_a_forced_reply_is_calls_in_the_templates_format_and_nothing_else():
     _, tok = load(DEFAULT_MODEL)
     eos = tok.eos_token_id
     calls = [{"function": {"name": "weather", "arguments": {"city": "São Paulo", "days": [1, -2.5e3]}}},
-             {"function": {"name": "time_in", "arguments": {"zone": "CET", "dst": None, "x": {}}}}]
+             {"function": {"name": "time_in", "arguments": {"zone": "CET", "dst": None, "x": {"a": [{}]},
+                                                            "n": -12, "ok": False, "any": [1, "b"]}}}]
     for fmt, writer in WRITERS.items():
         text = ref.apply_chat_template([{"role": "assistant", "content": "", "tool_calls": calls}],
                                        chat_template=writer, tokenize=False)
         ids = tok.encode(text, add_special_tokens=False)
-        c = forced_calls(tok, ("weather", "time_in"), fmt=fmt)
-        end = c.walk(c.start, ids)
-        assert end is not None and c.advance(end, eos) is DONE, (fmt.name, text)
-        assert c.walk(c.start, tok.encode("Sure. " + text, add_special_tokens=False)) is None
+        c = forced_calls(tok, SCHEMA_TOOLS, fmt=fmt)
+        assert forced_reads(c, tok, text), (fmt.name, text)
+        assert not forced_reads(c, tok, "Sure. " + text)
         assert c.walk(c.start, [*ids[:-3], eos]) is None  # the end of the text inside a call
-        assert c.walk(c.start, ids) is not None and forced_calls(tok, ("time_in",), fmt=fmt).walk(
-            forced_calls(tok, ("time_in",), fmt=fmt).start, ids) is None  # weather is not allowed
-        one = forced_calls(tok, ("weather", "time_in"), 1, fmt)
-        assert one.walk(one.start, ids) is None  # two calls where one may be
+        assert not forced_reads(forced_calls(tok, SCHEMA_TOOLS, ["time_in"], fmt=fmt), tok, text)  # weather
+        assert not forced_reads(forced_calls(tok, SCHEMA_TOOLS, max_calls=1, fmt=fmt), tok, text)  # two calls
         states = [c.walk(c.start, ids[:i]) for i in range(0, len(ids), 7)]
         for state in states:
             assert np.array_equal(c.allowed(state), TokenConstraint.allowed(c, state)), fmt.name
+
+
+def test_forced_arguments_follow_the_tools_schema():
+    """Arguments are what each tool's ``parameters`` allow: required properties, only those named,
+    each once, of their types and enums (the oracle: ``jsonschema``, on replies the constraint
+    allows and on replies it refuses); the format's markers never inside a string."""
+    jsonschema = pytest.importorskip("jsonschema")
+    _, tok = load(DEFAULT_MODEL)
+    c = forced_calls(tok, SCHEMA_TOOLS, fmt=HERMES)
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in SCHEMA_TOOLS}
+
+    def call(name, args: str) -> str:
+        return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
+
+    cases = [("weather", {"city": "Oslo"}), ("weather", {"days": [1, 2.5, -3e-2], "city": "x\ty"}),
+             ("time_in", {"zone": "UTC", "n": 3, "x": {"a": [1, {"b": None}]}, "ok": True, "any": "q"}),
+             ("weather", {"days": [1]}), ("weather", {"city": 3}), ("weather", {"city": "x", "extra": 1}),
+             ("time_in", {"zone": "PST"}), ("time_in", {"zone": "CET", "n": 1.5}),
+             ("time_in", {"zone": "CET", "dst": 0}), ("time_in", {"zone": "CET", "ok": "yes"}),
+             ("weather", {"city": "x", "days": ["1"]})]
+    for name, args in cases:
+        valid = jsonschema.Draft202012Validator(schemas[name]).is_valid(args)
+        for indent in (None, 2):
+            text = call(name, json.dumps(args, indent=indent, ensure_ascii=False))
+            assert forced_reads(c, tok, text) == valid, (text, valid)
+    assert forced_reads(c, tok, call("weather", '{"city": "a\\u00e9"}'))
+    assert not forced_reads(c, tok, call("weather", '{"city": "a", "city": "b"}'))  # a property twice
+    for marker in ("</tool_call>", "<tool_call>"):  # the reader would end the call there
+        assert not forced_reads(c, tok, call("weather", json.dumps({"city": f"a{marker}b"})))
+    # the other way: replies drawn at random through the constraint are calls jsonschema accepts
+    rng = np.random.default_rng(0)
+    ends = np.array([any(ch in text for ch in '"}]') for text in tok.token_texts]) * 3.0
+    ends[tok.eos_token_id] = 6.0
+    finished = 0
+    for _ in range(12):
+        state, ids = c.start, []
+        while state is not DONE and len(ids) < 300:
+            scores = rng.random(len(ends)) + ends
+            scores[~c.mask(state)] = -np.inf
+            ids.append(int(np.argmax(scores)))
+            state = c.advance(state, ids[-1])
+        if state is DONE:
+            finished += 1
+            read = read_tool_calls(tok.decode(ids[:-1]), HERMES)
+            assert read.content is None and read.calls, tok.decode(ids)
+            for called in read.calls:
+                f = called["function"]
+                jsonschema.validate(json.loads(f["arguments"]), schemas[f["name"]])
+    assert finished >= 8
 
 
 @pytest.fixture(scope="module")
@@ -316,7 +388,7 @@ def test_a_forced_call_is_decoded_under_the_constraint(server, model_dir):
                                     (ask("Berlin"), named, ("time_in",))]:
         prompt = tok.apply_chat_template(messages, tools=TOOLS2)
         text = generate(model, tok, prompt, max_tokens=60, mode="ar",
-                        constraint=forced_calls(tok, names)).text
+                        constraint=forced_calls(tok, TOOLS2, names)).text
         want = functions(parse_tool_calls(text, tok).calls)
         assert want and all(name in names and isinstance(args, dict) for name, args in want), text
         r = client.chat.completions.create(model="specstream-tiny:tools", messages=messages, tools=TOOLS2,
@@ -354,7 +426,7 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout == want + "\n", res.stderr
     forced = generate(model, tok, tok.apply_chat_template(ask("Lima"), tools=TOOLS2), max_tokens=40,
-                      constraint=forced_calls(tok, ("time_in",))).text
+                      constraint=forced_calls(tok, TOOLS2, ["time_in"])).text
     res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "tools2.json"), "--tool-choice",
                           "time_in"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout == forced + "\n", res.stderr
