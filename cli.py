@@ -232,6 +232,8 @@ def generate(
     tool_choice: str | None = typer.Option(None, "--tool-choice", help="with --tools: 'required' (the reply "
                                            "is calls to the tools) or a tool's name (calls to that one); "
                                            "default: the model chooses"),
+    json_schema: Path | None = typer.Option(None, "--json-schema", help="the reply is JSON that this file's "
+                                            "JSON schema allows ('{\"type\": \"object\"}': any object)"),
     verbose: bool = _flag(False, "--verbose", "-v",
                           help="on a terminal, colour accepted (green) and rejected (red) "
                           "drafts; statistics"),
@@ -245,6 +247,7 @@ def generate(
     stop_strings(stop)  # a bad one is said before the model loads
     turn = dict(system=system_prompt, tools=_read_tools(tools, chat_template))
     forced = _forced_names(turn["tools"], tool_choice, sql_names)
+    schema = _read_schema(json_schema, sql_names, forced)
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup))
@@ -252,7 +255,7 @@ def generate(
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
-        _generate_coreml(model, text, verbose, chat_template, turn, forced, max_tokens=max_tokens,
+        _generate_coreml(model, text, verbose, chat_template, turn, forced, schema, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, seed=seed, mode=mode, branch=branch,
                          tree_budget=tree_budget, lookup=lookup, sql_names=sql_names, stop=stop)
         return
@@ -264,7 +267,7 @@ def generate(
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
                                 sql_names=sql_names, stop=stop,
-                                constraint=_forced(tok, turn["tools"], forced)),
+                                constraint=_shaped(tok, turn["tools"], forced, schema)),
                 tok, verbose, first_said=_adapter_said(m) if verbose else None)
 
 
@@ -288,14 +291,7 @@ def _read_tools(path: Path | None, chat_template: bool) -> list[dict] | None:
         return None
     if not chat_template:
         raise OptionError("{tools} go to the chat template: give {chat_template} too")
-    import json
-
-    try:
-        tools = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise ValueError(f"{path}: cannot read the tools file: {e.strerror or e}") from None
-    except ValueError as e:
-        raise ValueError(f"{path}: the tools file is not JSON ({e})") from None
+    tools = _read_json(path, "tools")
     if isinstance(tools, dict) and "tools" in tools:
         tools = tools["tools"]
     if problem := tools_problem(tools):
@@ -323,11 +319,43 @@ def _forced_names(tools: list[dict] | None, tool_choice: str | None,
         raise ValueError(str(e).replace("tool_choice", "--tool-choice", 1)) from None
 
 
-def _forced(tok, tools: list[dict] | None, names: tuple[str, ...] | None):
-    """The constraint of a forced tool call (:mod:`mlx_specstream.forced_calls`), or None."""
-    from mlx_specstream.forced_calls import forced_calls
+def _read_json(path: Path, what: str):
+    """The JSON in the file of ``--tools`` or ``--json-schema`` (``what``: which file it is)."""
+    import json
 
-    return None if names is None else forced_calls(tok, tools, names)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"{path}: cannot read the {what} file: {e.strerror or e}") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: the {what} file is not JSON ({e})") from None
+
+
+def _read_schema(path: Path | None, sql_names: bool, forced) -> dict | None:
+    """``--json-schema``: the JSON schema in the file."""
+    from mlx_specstream.errors import OptionError
+
+    if path is None:
+        return None
+    if sql_names or forced:
+        raise OptionError("{json_schema} cannot be combined with " + ("{sql_names}" if sql_names else
+                                                                      "{tool_choice}"))
+    schema = _read_json(path, "schema")
+    if not isinstance(schema, dict):
+        raise ValueError(f"{path}: a JSON schema is an object")
+    return schema
+
+
+def _shaped(tok, tools: list[dict] | None, names: tuple[str, ...] | None, schema: dict | None):
+    """The constraint that shapes the reply: calls to the tools ``names`` (``--tool-choice``,
+    :mod:`mlx_specstream.forced_calls`), JSON by ``schema`` (``--json-schema``,
+    :mod:`mlx_specstream.json_grammar`), or None."""
+    from mlx_specstream.forced_calls import forced_calls
+    from mlx_specstream.json_grammar import json_constraint
+
+    if names is not None:
+        return forced_calls(tok, tools, names)
+    return None if schema is None else json_constraint(tok, schema)
 
 
 def _as_sent(tok, text: str, chat_template: bool, turn: dict):
@@ -376,7 +404,7 @@ def _coloured(step, tok) -> str:
 
 
 def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, turn: dict,
-                     forced: tuple[str, ...] | None, **options) -> None:
+                     forced: tuple[str, ...] | None, schema: dict | None, **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
     from mlx_specstream.convert.coreml_export import tokenizer_dir
     from mlx_specstream.coreml_driver import load_package, stream_package
@@ -386,7 +414,7 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name})")
     _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
-                               constraint=_forced(tok, turn["tools"], forced), **options),
+                               constraint=_shaped(tok, turn["tools"], forced, schema), **options),
                 tok, verbose,
                 first_said=f"running {package.name} on {runner.description}")
 

@@ -31,6 +31,7 @@ from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
 from .forced_calls import forced_calls, forced_names
+from .json_grammar import response_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import TokenizerError
@@ -186,7 +187,6 @@ UNSUPPORTED = {
     "logit_bias": lambda v: bool(v),
     "presence_penalty": lambda v: v not in (None, 0),
     "frequency_penalty": lambda v: v not in (None, 0),
-    "response_format": lambda v: v not in (None, {"type": "text"}),
     # mlx-lm's and vLLM's sampling fields, at their values that change nothing
     "top_k": lambda v: v not in (None, 0, -1),
     "min_p": lambda v: v not in (None, 0),
@@ -249,10 +249,19 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         sql_names=_field(body, "sql_names", (bool,), False),
     )
     max_calls = 1 if body.get("parallel_tool_calls") is False else None
-    if forced:  # the reply is calls to these tools: decoding constrained to them (forced_calls.py)
-        if options["sql_names"]:
-            raise APIError("'sql_names' and a forced tool call ('tool_choice') cannot be combined",
-                           "sql_names")
+    try:  # the reply as JSON (json_grammar.py), or as calls to these tools (forced_calls.py)
+        shaped = response_constraint(tok, body.get("response_format"))
+    except ValueError as e:
+        raise APIError(str(e).replace("response_format", "'response_format'", 1), "response_format") from None
+    if shaped and tools:
+        raise APIError("'response_format' and 'tools' cannot be combined (tool_choice 'required' makes the "
+                       "reply calls)", "response_format")
+    if options["sql_names"] and (shaped or forced):
+        said = "'response_format'" if shaped else "a forced tool call ('tool_choice')"
+        raise APIError(f"'sql_names' and {said} cannot be combined", "sql_names")
+    if shaped:
+        options["constraint"] = shaped
+    if forced:
         try:
             options["constraint"] = forced_calls(tok, tools, forced, max_calls, fmt)
         except ValueError as e:

@@ -228,7 +228,7 @@ def test_stop_seed_and_sampling(server, base, model_dir):
                  "stream_options": {"include_usage": 1}}).encode(), 400, "stream_options.include_usage"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 2}).encode(), 400, "logprobs"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
-                 "response_format": {"type": "json_object"}}).encode(), 400, "response_format"),
+                 "response_format": {"type": "xml"}}).encode(), 400, "response_format"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": 10**20}).encode(), 400,
      "max_tokens"),
     (b"[" * 100_000, 400, None),  # nested deeper than the parser goes

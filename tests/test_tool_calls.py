@@ -216,9 +216,9 @@ def test_a_forced_reply_is_calls_in_the_templates_format_and_nothing_else():
 
 
 def test_forced_arguments_follow_the_tools_schema():
-    """Arguments are what each tool's ``parameters`` allow: required properties, only those named,
-    each once, of their types and enums (the oracle: ``jsonschema``, on replies the constraint
-    allows and on replies it refuses); the format's markers never inside a string."""
+    """Arguments are what each tool's ``parameters`` allow (the oracle: ``jsonschema``, on replies
+    the constraint allows and on replies it refuses; test_json_grammar.py has the rules one by
+    one); the format's markers never inside a string."""
     jsonschema = pytest.importorskip("jsonschema")
     _, tok = load(DEFAULT_MODEL)
     c = forced_calls(tok, SCHEMA_TOOLS, fmt=HERMES)
@@ -227,12 +227,8 @@ def test_forced_arguments_follow_the_tools_schema():
     def call(name, args: str) -> str:
         return f'<tool_call>\n{{"name": "{name}", "arguments": {args}}}\n</tool_call>'
 
-    cases = [("weather", {"city": "Oslo"}), ("weather", {"days": [1, 2.5, -3e-2], "city": "x\ty"}),
-             ("time_in", {"zone": "UTC", "n": 3, "x": {"a": [1, {"b": None}]}, "ok": True, "any": "q"}),
-             ("weather", {"days": [1]}), ("weather", {"city": 3}), ("weather", {"city": "x", "extra": 1}),
-             ("time_in", {"zone": "PST"}), ("time_in", {"zone": "CET", "n": 1.5}),
-             ("time_in", {"zone": "CET", "dst": 0}), ("time_in", {"zone": "CET", "ok": "yes"}),
-             ("weather", {"city": "x", "days": ["1"]})]
+    cases = [("weather", {"city": "Oslo"}), ("weather", {"days": [1, 2.5], "city": "x"}),  # the rules
+             ("weather", {"days": [1]}), ("time_in", {"zone": "PST"}), ("weather", {"city": "x", "extra": 1})]
     for name, args in cases:
         valid = jsonschema.Draft202012Validator(schemas[name]).is_valid(args)
         for indent in (None, 2):
@@ -369,6 +365,8 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                ({"tools": TOOLS, "tool_choice": "required", "sql_names": True}, "sql_names",
                                 None),
                                ({"tools": TOOLS, "tool_choice": "any"}, "tool_choice", None),
+                               ({"tools": TOOLS, "response_format": {"type": "json_object"}},
+                                "response_format", None),
                                ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", None),
                                ({"tools": "weather"}, "tools", None),
                                ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None)]:

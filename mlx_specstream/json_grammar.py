@@ -1,0 +1,352 @@
+"""JSON by a JSON schema, as a token constraint: text that is a JSON value the schema allows, read
+character by character by a pushdown machine (docs/design.md#constrained-decoding). OpenAI's
+``response_format`` (:class:`JSONValue`, :func:`response_constraint`) and the arguments of forced
+tool calls (:mod:`.forced_calls`) are decoded under it.
+
+What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._node`): ``type``
+(string, number, integer, boolean, null, array with ``items``, object), ``properties`` (each key
+once, in any order, only those named: ``additionalProperties`` is read as false, as llama.cpp's
+schema grammars read it) with ``required``, ``enum`` and ``const`` of scalars. Other keywords
+(``anyOf``, ``$ref``, ``pattern``, bounds, lists of types) leave that value any JSON value.
+Numbers have at most 16 digits before the point, after it and in the exponent; wherever JSON allows
+whitespace there may be a space, or a line break and up to 20 spaces or tabs (llama.cpp's bounds: a
+model cannot write digits or blank lines forever), and up to two whitespace
+characters before the text's value and after it. A string may not hold a ``marker`` (a forced
+call's ``</tool_call>``: the reply's reader would end the call there). The end of the text (EOS)
+may come only after the whole value. The decode loop applies a constraint to the target only
+(:mod:`.constraint`), so speculative decoding stays exact for the constrained model.
+
+States are nested tuples ``(kind, ..., then)``: what the next character may be, and the state to
+go on in once that part is written; inside a string or between values they repeat, so a mask
+for sampling is read once per state.
+
+Example (schema ``{"type": "object", "properties": {"city": {"type": "string"}, "days":
+{"type": "integer"}}, "required": ["city"]}``): after ``{`` only ``"city"`` or ``"days"`` may
+begin, ``}`` only once ``"city"`` has been written; after ``{"city": "Pa`` anything but a control
+character; after ``"days": 1`` a digit, ``,`` or ``}``; EOS only after the closing ``}``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import json
+import re
+
+import numpy as np
+
+from .constraint import DONE, State, TokenConstraint
+
+WS = frozenset(" \t\n\r")  # JSON's whitespace
+INDENT = 20  # between two parts of a value: nothing, a space, or a line break and up to 20 spaces or tabs
+SPACE_AROUND = 2  # whitespace characters allowed before the text's first value and after its last
+MAX_STEPS = 1 << 20  # (state, token) answers kept
+# numbers of at most 16 digits before the point, after it and in the exponent (llama.cpp's bounds:
+# a model cannot write digits forever)
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?(?:0|[1-9]\d{0,15}))?")
+_INTEGER = re.compile(r"-?(?:0|[1-9]\d{0,15})")
+_LITERALS = {"t": "rue", "f": "alse", "n": "ull"}
+_PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
+
+# schema nodes (JSONGrammar.nodes holds them; states name them by index)
+ANY, FREE_OBJECT = ("any",), ("object", (), frozenset())
+_SCALARS = {"string": ("string",), "number": ("number",), "integer": ("integer",),
+            "boolean": ("boolean",), "null": ("null",)}
+
+
+class JSONGrammar(TokenConstraint):
+    """The machine over JSON values by schema nodes; a subclass says what surrounds them
+    (``start``, :meth:`_frame` for its own states, :meth:`may_end`). ``markers``: texts no string
+    may hold; those that are one control token are read as their text."""
+
+    def __init__(self, tokenizer, markers=()):
+        super().__init__(tokenizer.vocab_size)
+        self.nodes: list[tuple] = []
+        self._ids: dict[tuple, int] = {}
+        self.marker_texts = [m for m in markers if m]
+        self.texts = list(tokenizer.token_texts)
+        self.markers = []  # markers that are one control token: read as their text
+        for marker in self.marker_texts:
+            ids = tokenizer.encode(marker, add_special_tokens=False)
+            if len(ids) == 1 and not self.texts[ids[0]]:
+                self.texts[ids[0]] = marker
+                self.markers.append(ids[0])
+        self.trie = tokenizer.text_trie
+        self.eos = frozenset(tokenizer.eos_token_ids)
+        self._next: dict[tuple[State, int], State | None] = {}
+        self.skips_ws = SKIPS_WS  # the states JSON's whitespace may come in (it leaves them as they are)
+
+    # -- schemas -----------------------------------------------------------------------------
+    def _node(self, schema, top: bool = False) -> int:
+        """The index of a schema's node: ``("string",)`` and the other scalars, ``("choice",
+        texts)`` for ``enum``/``const`` (the values as JSON writes them, sorted), ``("array",
+        item)``, ``("object", ((name, node), ...), required)`` (no names: any object), ``ANY``.
+        ``top``: an object whatever the schema says (a call's arguments, OpenAI's
+        ``json_object``)."""
+        node = ANY
+        if isinstance(schema, dict):
+            values = [schema["const"]] if "const" in schema else schema.get("enum")
+            kind = schema.get("type", "object" if "properties" in schema else None)
+            if isinstance(values, list) and values and all(
+                    v is None or isinstance(v, (str, int, float, bool)) for v in values):
+                node = ("choice", tuple(sorted({json.dumps(v, ensure_ascii=False) for v in values})))
+            elif kind in _SCALARS:
+                node = _SCALARS[kind]
+            elif kind == "array":
+                node = ("array", self._node(schema.get("items")))
+            elif kind == "object":
+                props = schema.get("properties")
+                if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
+                    required = schema.get("required")
+                    required = frozenset(required if isinstance(required, list) else []) & set(props)
+                    node = ("object", tuple((k, self._node(props[k])) for k in sorted(props)), required)
+                else:
+                    node = FREE_OBJECT
+        if top and node[0] != "object":
+            node = FREE_OBJECT
+        if node not in self._ids:
+            self._ids[node] = len(self.nodes)
+            self.nodes.append(node)
+        return self._ids[node]
+
+    # -- characters --------------------------------------------------------------------------
+    def _char(self, state: State, ch: str) -> State | None:
+        """The state after character ``ch`` (None: it may not come here)."""
+        kind = state[0]
+        if kind == "lit":
+            text, then = state[1], state[2]
+            return None if ch != text[0] else (then if len(text) == 1 else ("lit", text[1:], then))
+        if kind == "str":  # ("str", tail, then); tail: the end of the string so far that begins a marker
+            if ch == '"':
+                return state[2]
+            if ch == "\\":
+                return ("esc", state[2])
+            return None if ord(ch) < 0x20 else self._in_string(state[1] + ch, state[2])
+        if kind == "wsrun":  # ("wsrun", indent left, the state the whitespace is in)
+            if ch in " \t" and state[1] > 0:
+                return ("wsrun", state[1] - 1, state[2])
+            return None if ch in WS else self._char(state[2], ch)
+        if ch in WS and kind in self.skips_ws:  # JSON's whitespace, as llama.cpp's JSON grammar bounds it
+            return ("wsrun", INDENT, state) if ch == "\n" else ("wsrun", 0, state) if ch == " " else None
+        if kind == "ws":
+            return self._char(state[1], ch)
+        if kind == "space":  # ("space", whitespace left, then)
+            if ch in WS:
+                return ("space", state[1] - 1, state[2]) if state[1] > 0 else None
+            return self._char(state[2], ch)
+        if kind == "end":  # ("end", whitespace left): the value is whole; EOS may come
+            return ("end", state[1] - 1) if ch in WS and state[1] > 0 else None
+        if kind in _SCHEMA_KINDS:
+            return self._schema(state, ch)
+        if kind in _JSON_KINDS:
+            return _json(state, ch, self._char)
+        return self._frame(state, ch)
+
+    def _frame(self, state: State, ch: str) -> State | None:
+        """A subclass's own states (what surrounds the JSON values)."""
+        raise AssertionError(f"unknown state {state[0]}")
+
+    def _schema(self, state: State, ch: str) -> State | None:
+        """A value by its schema node: ``sv`` (a value of node n), an object's ``sk`` (after
+        ``{``), ``sm`` (after a member) and ``skey`` (a key being written; ``used``: a bit per
+        property written), an array's ``sa`` (after ``[``) and ``se``, an enum's ``choice``, a
+        ``number`` or ``integer`` (its text so far)."""
+        kind, n, then = state[0], state[1], state[-1]
+        if kind in ("number", "integer"):  # (kind, text, then): read to the first other character
+            text, pattern = n + ch, _NUMBER if kind == "number" else _INTEGER
+            if ch in "0123456789+-.eE" and (pattern.fullmatch(text) or pattern.fullmatch(text + "0")):
+                return (kind, text, then)
+            return self._char(then, ch) if pattern.fullmatch(n) else None
+        node = self.nodes[n]
+        if kind == "sv":
+            what = node[0]
+            if what == "any":
+                return self._char(("value", then), ch)
+            if what == "choice":
+                return self._char(("choice", n, "", then), ch)
+            if what == "object":
+                return (("sk", n, 0, then) if node[1] else ("keys", then)) if ch == "{" else None
+            if what == "array":
+                return ("sa", node[1], then) if ch == "[" else None
+            if what == "string":
+                return ("str", "", then) if ch == '"' else None
+            if what in ("number", "integer"):
+                return (what, ch, then) if ch == "-" or ch in "0123456789" else None
+            literal = "true" if ch == "t" else "false" if ch == "f" else None
+            if what == "null":
+                literal = "null"
+            return ("lit", literal[1:], then) if literal and ch == literal[0] else None
+        if kind == "choice":  # ("choice", n, typed, then): one of node n's values, as JSON writes it
+            texts, typed = node[1], state[2] + ch
+            i = bisect.bisect_left(texts, typed)
+            if i < len(texts) and texts[i].startswith(typed):
+                longer = i + 1 < len(texts) and texts[i + 1].startswith(typed)
+                return then if texts[i] == typed and not longer else ("choice", n, typed, then)
+            return self._char(then, ch) if state[2] in texts else None
+        if kind in ("sk", "sm"):  # (kind, n, used, then)
+            props, required, used = node[1], node[2], state[2]
+            done = all(used >> i & 1 for i, (k, _) in enumerate(props) if k in required)
+            if ch == "}":
+                return then if done else None
+            if kind == "sk":
+                return ("skey", n, used, "", then) if ch == '"' and used != (1 << len(props)) - 1 else None
+            return ("ws", lit('"', ("skey", n, used, "", then))) if ch == "," and used != (1 << len(
+                props)) - 1 else None
+        if kind == "skey":  # ("skey", n, used, typed, then)
+            props, used, typed = node[1], state[2], state[3]
+            left = [k for i, (k, _) in enumerate(props) if not used >> i & 1]
+            if ch == '"' and typed in left:
+                i = [k for k, _ in props].index(typed)
+                return ("ws", lit(":", ("sv", props[i][1], ("sm", n, used | 1 << i, then))))
+            return ("skey", n, used, typed + ch, then) if begins(left, typed + ch) else None
+        if kind == "sa":  # ("sa", item, then)
+            return then if ch == "]" else self._char(("sv", n, ("se", n, then)), ch)
+        if kind == "se":
+            return ("sv", n, ("se", n, then)) if ch == "," else (then if ch == "]" else None)
+        raise AssertionError(f"unknown state {kind}")
+
+    def _in_string(self, text: str, then: State) -> State | None:
+        """Inside a string after ``text``: None where it ends with one of the format's markers (a
+        call's text must not hold one: the reply's reader would end the call there)."""
+        if any(text.endswith(m) for m in self.marker_texts):
+            return None
+        for i in range(len(text)):
+            if any(m.startswith(text[i:]) for m in self.marker_texts):
+                return ("str", text[i:], then)
+        return ("str", "", then)
+
+    # -- tokens ------------------------------------------------------------------------------
+    def may_end(self, state: State) -> bool:
+        """Whether the text may end (EOS) in ``state``."""
+        return state[0] == "end"
+
+    def advance(self, state: State, token: int) -> State | None:
+        key = (state, token)
+        if key in self._next:
+            return self._next[key]
+        nxt = None
+        if state != DONE:
+            if token in self.eos:
+                nxt = DONE if self.may_end(state) else None
+            else:
+                text = self.texts[token] if 0 <= token < len(self.texts) else ""
+                nxt = state if text else None  # a control token that is no marker: never
+                for ch in text:
+                    nxt = self._char(nxt, ch)
+                    if nxt is None:
+                        break
+        if len(self._next) >= MAX_STEPS:  # shared by a server's requests: bounded
+            self._next.clear()
+        self._next[key] = nxt
+        return nxt
+
+    def allowed(self, state: State) -> np.ndarray:
+        """The tokens allowed after ``state``, read from the tokenizer's text trie (a forbidden
+        prefix is read once for every token that begins with it)."""
+        m = np.zeros(self.vocab_size, bool)
+        for t in (*self.eos, *self.markers):
+            m[t] = self.advance(state, t) is not None
+        if state == DONE:
+            return m
+        stack = [(self.trie, state)]
+        while stack:
+            node, st = stack.pop()
+            for ch, child in node.items():
+                if ch == "":
+                    m[child] = True
+                elif (nxt := self._char(st, ch)) is not None:
+                    stack.append((child, nxt))
+        return m
+
+
+# the states whose JSON part may begin with whitespace (it does not change them)
+SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se"})
+_JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
+_SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "choice", "number", "integer"})
+
+
+def lit(text: str, then: State) -> State:
+    """``text`` exactly, then ``then``."""
+    return ("lit", text, then) if text else then
+
+
+def begins(words: list[str], prefix: str) -> bool:
+    """Whether one of the sorted ``words`` begins with ``prefix``."""
+    i = bisect.bisect_left(words, prefix)
+    return i < len(words) and words[i].startswith(prefix)
+
+
+def _json(state: State, ch: str, char) -> State | None:
+    """Any JSON value: ``value``, an object's ``keys`` (after ``{``) and ``members`` (after a
+    member), an array's ``items`` (after ``[``) and ``elements``, a string's escapes ``esc`` and
+    ``hex``. ``char`` reads a character in another state (a number's, an array's first value)."""
+    kind, then = state[0], state[-1]
+    if kind == "keys" and ch == "}":
+        return then
+    if kind in ("keys", "members"):
+        member = ("str", "", ("ws", lit(":", ("value", ("members", then)))))
+        if kind == "keys":
+            return member if ch == '"' else None
+        return ("ws", lit('"', member)) if ch == "," else (then if ch == "}" else None)
+    if kind == "value":
+        if ch == "{":
+            return ("keys", then)
+        if ch == "[":
+            return ("items", then)
+        if ch == '"':
+            return ("str", "", then)
+        if ch == "-" or ch in "0123456789":
+            return ("number", ch, then)
+        return ("lit", _LITERALS[ch], then) if ch in _LITERALS else None
+    if kind == "items":
+        return then if ch == "]" else char(("value", ("elements", then)), ch)
+    if kind == "elements":
+        return ("value", ("elements", then)) if ch == "," else (then if ch == "]" else None)
+    if kind == "esc":
+        if ch in '"\\/bfnrt':
+            return ("str", "", then)
+        return ("hex", 4, then) if ch == "u" else None
+    if kind == "hex":
+        if ch not in "0123456789abcdefABCDEF":
+            return None
+        return ("str", "", then) if state[1] == 1 else ("hex", state[1] - 1, then)
+    raise AssertionError(f"unknown state {kind}")
+
+
+class JSONValue(JSONGrammar):
+    """Text that is one JSON value of ``schema`` (None: any JSON object), then EOS."""
+
+    def __init__(self, tokenizer, schema: dict | None):
+        super().__init__(tokenizer)
+        root = self._node(schema, top=schema is None)
+        self.start = ("space", SPACE_AROUND, ("sv", root, ("end", SPACE_AROUND)))
+
+
+def json_constraint(tokenizer, schema: dict | None = None) -> JSONValue:
+    """The constraint under which a reply is one JSON value that ``schema`` allows (None: any JSON
+    object); for ``generate(..., constraint=...)``. Requests with the same schema share one, and
+    its cached masks."""
+    if schema is not None and not isinstance(schema, dict):
+        raise ValueError("a JSON schema must be an object")
+    return _shared(tokenizer, json.dumps(schema, sort_keys=True))
+
+
+def response_constraint(tokenizer, response_format) -> JSONValue | None:
+    """The constraint of OpenAI's ``response_format``: None for ``{"type": "text"}`` (or None), any
+    JSON object for ``{"type": "json_object"}``, the schema's values for ``{"type": "json_schema",
+    "json_schema": {"name": ..., "schema": {...}}}``. ValueError for anything else."""
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if response_format is None or kind == "text":
+        return None
+    if kind == "json_object":
+        return json_constraint(tokenizer)
+    spec = response_format.get("json_schema") if kind == "json_schema" else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
+        raise ValueError("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
+                         "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")
+    return json_constraint(tokenizer, spec.get("schema", {}))
+
+
+@functools.lru_cache(maxsize=16)
+def _shared(tokenizer, schema: str) -> JSONValue:
+    return JSONValue(tokenizer, json.loads(schema))

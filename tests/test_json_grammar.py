@@ -1,0 +1,155 @@
+"""JSON by a schema, as a token constraint (``json_constraint``, OpenAI's ``response_format``,
+``generate --json-schema``): the oracle is ``jsonschema``, on texts the constraint allows and on
+texts it refuses; decoding under it is exact (Speculative Streaming with a lossless adapter writes
+what plain decoding of the base writes under the same constraint)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from helpers import Server
+
+from mlx_specstream import generate, load
+from mlx_specstream.api import DEFAULT_MODEL
+from mlx_specstream.constraint import DONE, TokenConstraint
+from mlx_specstream.json_grammar import json_constraint, response_constraint
+
+jsonschema = pytest.importorskip("jsonschema")
+
+# what the constraint reads of a schema (no other properties where a schema does not say:
+# the constraint's rule, llama.cpp's too)
+SCHEMA = {"type": "object", "required": ["zone", "days"], "additionalProperties": False, "properties": {
+    "zone": {"enum": ["CET", "UTC", 1]}, "dst": {"type": "null"}, "x": {"type": "object"},
+    "n": {"type": "integer"}, "ok": {"type": "boolean"}, "any": {"description": "any JSON value"},
+    "days": {"type": "array", "items": {"type": "number"}}, "city": {"type": "string"},
+    "where": {"type": "object", "additionalProperties": False, "properties": {"lat": {"type": "number"}}}}}
+CASES = [
+    {"zone": "UTC", "days": []}, {"days": [1, 2.5, -3e-2, 0], "zone": 1, "city": "São\tPaulo"},
+    {"zone": "CET", "days": [7], "n": -12, "x": {"a": [1, {"b": None}]}, "ok": True, "any": [1, "q"],
+     "where": {"lat": 59.9}, "dst": None},
+    {"days": [1]}, {"zone": "PST", "days": []}, {"zone": "CET", "days": [], "n": 1.5},
+    {"zone": "CET", "days": [], "dst": 0}, {"zone": "CET", "days": [], "ok": "yes"},
+    {"zone": "CET", "days": ["1"]}, {"zone": "CET", "days": [], "extra": 1},
+    {"zone": "CET", "days": [], "where": {"lat": 1, "lon": 2}}, {"zone": "CET", "days": [], "city": 3},
+]
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return load(DEFAULT_MODEL)[1]
+
+
+def reads(c, tok, text: str) -> bool:
+    """Whether ``text``, tokenized, then EOS, is a reply ``c`` allows."""
+    end = c.walk(c.start, tok.encode(text, add_special_tokens=False))
+    return end is not None and c.advance(end, tok.eos_token_id) is DONE
+
+
+def test_a_value_is_allowed_where_the_schema_allows_it(tok):
+    c = json_constraint(tok, SCHEMA)
+    for value in CASES:
+        valid = jsonschema.Draft202012Validator(SCHEMA).is_valid(value)
+        for indent in (None, 2, "\t"):
+            text = json.dumps(value, indent=indent, ensure_ascii=False)
+            assert reads(c, tok, text) == valid, (text, valid)
+            assert reads(c, tok, f" {text}\n") == valid  # up to two whitespace characters around it
+    text = json.dumps(CASES[0])
+    assert not reads(c, tok, "Sure: " + text) and not reads(c, tok, text + " ok")
+    assert not reads(c, tok, text[:-1])  # the end of the text inside the value
+    assert not reads(c, tok, '{"zone": "CET", "zone": "UTC", "days": []}')  # a property twice
+    assert not reads(c, tok, '{"zone": "CET", "days": []\n\n}')  # a blank line
+    assert reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 20 + '"city": "a\\u00e9\\n"}')
+    assert not reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 21 + '"city": "a"}')  # llama.cpp's bound
+    any_object = json_constraint(tok)  # OpenAI's json_object: any object
+    assert reads(any_object, tok, '{"a": [1, {"b": null}], "c": "d"}') and not reads(any_object, tok, "[1]")
+    assert response_constraint(tok, {"type": "json_object"}) is any_object
+    assert response_constraint(tok, {"type": "text"}) is None and response_constraint(tok, None) is None
+    with pytest.raises(ValueError, match="response_format must be"):
+        response_constraint(tok, {"type": "json_schema"})
+
+
+def test_texts_drawn_through_the_constraint_are_valid(tok):
+    """The other way: texts drawn at random under the constraint (biased to end) parse, and
+    ``jsonschema`` accepts them; the masks for sampling equal the constraint's token-by-token
+    answer (:meth:`TokenConstraint.allowed`) on the way."""
+    c = json_constraint(tok, SCHEMA)
+    rng = np.random.default_rng(0)
+    ends = np.array([any(ch in text for ch in '"}],') for text in tok.token_texts]) * 3.0
+    ends[tok.eos_token_id] = 6.0
+    finished = 0
+    for trial in range(12):
+        state, ids = c.start, []
+        while state is not DONE and len(ids) < 300:
+            scores = rng.random(len(ends)) + ends
+            scores[~c.mask(state)] = -np.inf
+            ids.append(int(np.argmax(scores)))
+            if trial == 0 and len(ids) % 5 == 0:
+                assert np.array_equal(c.mask(state), TokenConstraint.allowed(c, state))
+            state = c.advance(state, ids[-1])
+        if state is DONE:
+            finished += 1
+            jsonschema.validate(json.loads(tok.decode(ids[:-1])), SCHEMA)
+    assert finished >= 8
+
+
+SQL = "CREATE TABLE head (age INTEGER, name VARCHAR)\n-- How many heads are older than 56 ?\n"
+QUERY = {"type": "object", "additionalProperties": False, "required": ["kind", "n", "ok"], "properties": {
+    "kind": {"enum": ["select", "insert"]}, "n": {"type": "integer"}, "ok": {"type": "boolean"}}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    pytest.importorskip("openai")
+    s = Server("--model", str(DEFAULT_MODEL), "--adapters", "sql-lossless")
+    yield s
+    assert s.stop() == 0
+
+
+def test_response_format_through_the_server(server, tok):
+    """``response_format`` (json_schema, json_object) on the shipped model with its lossless
+    adapter: the text plain decoding of the base writes under the same constraint, JSON the schema
+    allows; malformed or conflicting requests are a 400 on the field."""
+    base, _ = load(DEFAULT_MODEL)
+    client = server.client()
+    for fmt, schema in [({"type": "json_schema", "json_schema": {"name": "q", "schema": QUERY}}, QUERY),
+                        ({"type": "json_object"}, None)]:
+        want = generate(base, tok, SQL, max_tokens=90, mode="ar", constraint=response_constraint(tok, fmt))
+        r = client.completions.create(model="specstream-tiny:sql-lossless", prompt=SQL, max_tokens=90,
+                                      extra_body={"response_format": fmt})
+        assert (r.choices[0].text, r.choices[0].finish_reason) == (want.text, want.finish_reason)
+        assert r.model_extra["speculative"]["mean_accepted_tokens"] > 1
+        if schema:  # this one the model finishes (any object, it does not: it repeats a key until cut)
+            assert want.finish_reason == "stop"
+            jsonschema.validate(json.loads(want.text), schema)
+    body = {"model": "specstream-tiny", "prompt": SQL, "max_tokens": 4}
+    for extra, param in [({"response_format": {"type": "json_schema"}}, "response_format"),
+                         ({"response_format": {"type": "xml"}}, "response_format"),
+                         ({"response_format": {"type": "json_object"}, "sql_names": True}, "sql_names")]:
+        status, reply = server.post_raw("/v1/completions", json.dumps({**body, **extra}).encode())
+        assert (status, reply["error"]["param"]) == (400, param), reply
+    assert server.get("/health")["status"] == "ok"
+
+
+def test_generate_json_schema(tok, tmp_path):
+    """``generate --json-schema FILE`` writes what the API writes under ``json_constraint``; a bad
+    file, or a schema with another constraint, is one line."""
+    model, _ = load(DEFAULT_MODEL, adapter="sql-lossless")
+    want = generate(model, tok, SQL, max_tokens=60, constraint=json_constraint(tok, QUERY)).text
+    (tmp_path / "q.json").write_text(json.dumps(QUERY))
+    (tmp_path / "list.json").write_text("[1]")
+    run = [sys.executable, "-m", "mlx_specstream.cli", "generate", "--adapter", "sql-lossless", "-p", SQL,
+           "--max-tokens", "60"]
+    res = subprocess.run([*run, "--json-schema", str(tmp_path / "q.json")], capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and res.stdout == want + "\n", res.stderr
+    for extra, said in [(["--json-schema", "q.json", "--sql-names"], "--json-schema cannot be combined with "
+                                                                     "--sql-names"),
+                        (["--json-schema", "list.json"], "list.json: a JSON schema is an object"),
+                        (["--json-schema", "none.json"], "cannot read the schema file")]:
+        res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode != 0 and len(lines) == 1 and said in lines[0], res.stderr
