@@ -24,6 +24,7 @@ from .tree import Tree
 State = Hashable
 DONE: State = ("done",)  # the state after the end of the text (EOS): nothing follows
 MAX_MASKS = 512  # masks kept per constraint (a constraint shared by a server's requests stays bounded)
+MAX_STEPS = 1 << 20  # (state, token) answers a CharConstraint keeps
 
 
 class TokenConstraint:
@@ -72,6 +73,76 @@ class TokenConstraint:
             if self.advance(state, int(t)) is not None:
                 return int(t)
         raise ValueError("the constraint allows no token here")
+
+
+class CharConstraint(TokenConstraint):
+    """A constraint read character by character: a subclass says what each character does
+    (:meth:`_char`) and where the text may end (:meth:`may_end`); a token is its text
+    (``Tokenizer.token_texts``), read one character after another, and the allowed set for
+    sampling is read from ``Tokenizer.text_trie``, so a forbidden prefix is read once for every
+    token that begins with it. A control token (no text) is never allowed, unless
+    :meth:`read_as_text` gives it one."""
+
+    def __init__(self, tokenizer):
+        super().__init__(tokenizer.vocab_size)
+        self.texts = tokenizer.token_texts
+        self.trie = tokenizer.text_trie
+        self.eos = frozenset(tokenizer.eos_token_ids)
+        self.control: list[int] = []  # control tokens read as text (outside the trie)
+        self._next: dict[tuple[State, int], State | None] = {}
+        self._tokenizer = tokenizer
+
+    def _char(self, state: State, ch: str) -> State | None:
+        """The state after character ``ch`` (None: it may not come here)."""
+        raise NotImplementedError
+
+    def may_end(self, state: State) -> bool:
+        """Whether the text may end (EOS) in ``state``."""
+        raise NotImplementedError
+
+    def read_as_text(self, text: str) -> None:
+        """Where ``text`` is one control token (Mistral's ``[TOOL_CALLS]``), read that token as
+        ``text``."""
+        ids = self._tokenizer.encode(text, add_special_tokens=False)
+        if len(ids) == 1 and not self.texts[ids[0]]:
+            self.texts = [*self.texts[: ids[0]], text, *self.texts[ids[0] + 1:]]
+            self.control.append(ids[0])
+
+    def advance(self, state: State, token: int) -> State | None:
+        key = (state, token)
+        if key in self._next:
+            return self._next[key]
+        nxt = None
+        if state != DONE:
+            if token in self.eos:
+                nxt = DONE if self.may_end(state) else None
+            else:
+                text = self.texts[token] if 0 <= token < len(self.texts) else ""
+                nxt = state if text else None
+                for ch in text:
+                    nxt = self._char(nxt, ch)
+                    if nxt is None:
+                        break
+        if len(self._next) >= MAX_STEPS:  # a constraint a server's requests share stays bounded
+            self._next.clear()
+        self._next[key] = nxt
+        return nxt
+
+    def allowed(self, state: State) -> np.ndarray:
+        m = np.zeros(self.vocab_size, bool)
+        for t in (*self.eos, *self.control):
+            m[t] = self.advance(state, t) is not None
+        if state == DONE:
+            return m
+        stack = [(self.trie, state)]
+        while stack:
+            node, st = stack.pop()
+            for ch, child in node.items():
+                if ch == "":
+                    m[child] = True
+                elif (nxt := self._char(st, ch)) is not None:
+                    stack.append((child, nxt))
+        return m
 
 
 def node_states(constraint: TokenConstraint, root_state: State, tree: Tree | None) -> list[State | None]:

@@ -33,14 +33,11 @@ import functools
 import json
 import re
 
-import numpy as np
-
-from .constraint import DONE, State, TokenConstraint
+from .constraint import CharConstraint, State
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
 INDENT = 20  # between two parts of a value: nothing, a space, or a line break and up to 20 spaces or tabs
 SPACE_AROUND = 2  # whitespace characters allowed before the text's first value and after its last
-MAX_STEPS = 1 << 20  # (state, token) answers kept
 # numbers of at most 16 digits before the point, after it and in the exponent (llama.cpp's bounds:
 # a model cannot write digits forever)
 _NUMBER = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?(?:0|[1-9]\d{0,15}))?")
@@ -54,26 +51,18 @@ _SCALARS = {"string": ("string",), "number": ("number",), "integer": ("integer",
             "boolean": ("boolean",), "null": ("null",)}
 
 
-class JSONGrammar(TokenConstraint):
+class JSONGrammar(CharConstraint):
     """The machine over JSON values by schema nodes; a subclass says what surrounds them
     (``start``, :meth:`_frame` for its own states, :meth:`may_end`). ``markers``: texts no string
     may hold; those that are one control token are read as their text."""
 
     def __init__(self, tokenizer, markers=()):
-        super().__init__(tokenizer.vocab_size)
+        super().__init__(tokenizer)
         self.nodes: list[tuple] = []
         self._ids: dict[tuple, int] = {}
         self.marker_texts = [m for m in markers if m]
-        self.texts = list(tokenizer.token_texts)
-        self.markers = []  # markers that are one control token: read as their text
         for marker in self.marker_texts:
-            ids = tokenizer.encode(marker, add_special_tokens=False)
-            if len(ids) == 1 and not self.texts[ids[0]]:
-                self.texts[ids[0]] = marker
-                self.markers.append(ids[0])
-        self.trie = tokenizer.text_trie
-        self.eos = frozenset(tokenizer.eos_token_ids)
-        self._next: dict[tuple[State, int], State | None] = {}
+            self.read_as_text(marker)
         self.skips_ws = SKIPS_WS  # the states JSON's whitespace may come in (it leaves them as they are)
 
     # -- schemas -----------------------------------------------------------------------------
@@ -215,48 +204,8 @@ class JSONGrammar(TokenConstraint):
                 return ("str", text[i:], then)
         return ("str", "", then)
 
-    # -- tokens ------------------------------------------------------------------------------
     def may_end(self, state: State) -> bool:
-        """Whether the text may end (EOS) in ``state``."""
         return state[0] == "end"
-
-    def advance(self, state: State, token: int) -> State | None:
-        key = (state, token)
-        if key in self._next:
-            return self._next[key]
-        nxt = None
-        if state != DONE:
-            if token in self.eos:
-                nxt = DONE if self.may_end(state) else None
-            else:
-                text = self.texts[token] if 0 <= token < len(self.texts) else ""
-                nxt = state if text else None  # a control token that is no marker: never
-                for ch in text:
-                    nxt = self._char(nxt, ch)
-                    if nxt is None:
-                        break
-        if len(self._next) >= MAX_STEPS:  # shared by a server's requests: bounded
-            self._next.clear()
-        self._next[key] = nxt
-        return nxt
-
-    def allowed(self, state: State) -> np.ndarray:
-        """The tokens allowed after ``state``, read from the tokenizer's text trie (a forbidden
-        prefix is read once for every token that begins with it)."""
-        m = np.zeros(self.vocab_size, bool)
-        for t in (*self.eos, *self.markers):
-            m[t] = self.advance(state, t) is not None
-        if state == DONE:
-            return m
-        stack = [(self.trie, state)]
-        while stack:
-            node, st = stack.pop()
-            for ch, child in node.items():
-                if ch == "":
-                    m[child] = True
-                elif (nxt := self._char(st, ch)) is not None:
-                    stack.append((child, nxt))
-        return m
 
 
 # the states whose JSON part may begin with whitespace (it does not change them)

@@ -43,9 +43,7 @@ import re
 import sqlite3
 from collections.abc import Iterator
 
-import numpy as np
-
-from .constraint import DONE, State, TokenConstraint
+from .constraint import CharConstraint, State
 
 # The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
 # that only define or administer a schema: a query that writes `create` or `constraint` has lost
@@ -140,7 +138,7 @@ def schema(text: str) -> dict[str, list[str]]:
         con.close()
 
 
-class SQLNames(TokenConstraint):
+class SQLNames(CharConstraint):
     """The constraint for a schema (:func:`schema`: table -> columns) and a tokenizer's token texts
     (``Tokenizer.token_texts``).
 
@@ -151,7 +149,7 @@ class SQLNames(TokenConstraint):
     pairs."""
 
     def __init__(self, tables: dict[str, list[str]], tokenizer):
-        super().__init__(tokenizer.vocab_size)
+        super().__init__(tokenizer)
         self.columns = {_read(t): sorted({_read(c) for c in cols}) for t, cols in tables.items()}
         if not self.columns:
             raise ValueError("no table names to constrain SQL to")
@@ -163,11 +161,7 @@ class SQLNames(TokenConstraint):
         self.bare_words = [w for w in self.words if _bare(w)]
         self.bare_columns = {t: [c for c in cols if _bare(c)] for t, cols in self.columns.items()}
         self.bare_all_columns = [c for c in self.all_columns if _bare(c)]
-        self.texts = tokenizer.token_texts
-        self.trie = tokenizer.text_trie
-        self.eos = frozenset(tokenizer.eos_token_ids)
         self.start = ("", "", "", frozenset())
-        self._next: dict[tuple[State, int], State | None] = {}
 
     @classmethod
     def from_prompt(cls, prompt: str, tokenizer) -> SQLNames:
@@ -252,44 +246,12 @@ class SQLNames(TokenConstraint):
             return ("", "", after, aliases)
         return ("", "", "", aliases) if ch in _PUNCT else None
 
-    def allowed(self, state: State) -> np.ndarray:
-        """The tokens allowed after ``state``, reading the tokenizer's text trie: a prefix that
-        is forbidden is read once for every token that starts with it, not once per token."""
-        m = np.zeros(self.vocab_size, bool)
-        for e in self.eos:
-            m[e] = self.advance(state, e) is not None
-        if state == DONE:
-            return m
-        stack = [(self.trie, state)]
-        while stack:
-            node, st = stack.pop()
-            for ch, child in node.items():
-                if ch == "":
-                    m[child] = True
-                elif (nxt := self._char(st, ch)) is not None:
-                    stack.append((child, nxt))
-        return m
-
-    def advance(self, state: State, token: int) -> State | None:
-        key = (state, token)
-        if key in self._next:
-            return self._next[key]
-        nxt = None
-        if state != DONE:
-            if token in self.eos:
-                quote, word, after, aliases = state
-                if not quote and (self._finish(word, after, aliases) is not None if word
-                                  else not after.startswith(".")):
-                    nxt = DONE
-            else:
-                text = self.texts[token] if 0 <= token < len(self.texts) else None
-                nxt = state if text else None  # a special token (no text) is never allowed
-                for ch in text or "":
-                    nxt = self._char(nxt, ch)
-                    if nxt is None:
-                        break
-        self._next[key] = nxt
-        return nxt
+    def may_end(self, state: State) -> bool:
+        """Outside quotes, after a finished word that is allowed (or no word, unless a qualifier's
+        dot waits for its column)."""
+        quote, word, after, aliases = state
+        return not quote and (self._finish(word, after, aliases) is not None if word
+                              else not after.startswith("."))
 
 
 def _read(name: str) -> str:

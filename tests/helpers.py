@@ -85,3 +85,27 @@ class Server:
                 self.proc.kill()
                 self.proc.wait()
         return self.proc.returncode
+
+
+def drawn_texts(c, tok, n: int = 12, seed: int = 0, max_tokens: int = 300):
+    """``n`` texts drawn at random under the token constraint ``c`` (each token the allowed one
+    of highest random score, biased to tokens that close a string, an object or a list, and to
+    EOS, so that most texts end), as (token ids without the EOS, whether the text ended); the masks
+    on the first text's way are checked against the constraint's token-by-token answer."""
+    import numpy as np
+
+    from mlx_specstream.constraint import DONE, TokenConstraint
+
+    rng = np.random.default_rng(seed)
+    ends = np.array([any(ch in text for ch in '"}],') for text in tok.token_texts]) * 3.0
+    ends[tok.eos_token_id] = 6.0
+    for trial in range(n):
+        state, ids = c.start, []
+        while state is not DONE and len(ids) < max_tokens:
+            scores = rng.random(len(ends)) + ends
+            scores[~c.mask(state)] = -np.inf
+            if trial == 0 and len(ids) % 5 == 0:
+                assert np.array_equal(c.mask(state), TokenConstraint.allowed(c, state))
+            ids.append(int(np.argmax(scores)))
+            state = c.advance(state, ids[-1])
+        yield (ids[:-1], True) if state is DONE else (ids, False)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import Server
+from helpers import Server, drawn_texts
 
 from mlx_specstream import generate, load, parse_tool_calls, train
 from mlx_specstream.api import DEFAULT_MODEL
@@ -179,7 +179,7 @@ SCHEMA_TOOLS = [
     {"type": "function", "function": {"name": "time_in", "parameters": {
         "type": "object", "required": ["zone"], "additionalProperties": False, "properties": {
             "zone": {"enum": ["CET", "UTC"]}, "dst": {"type": "null"}, "x": {"type": "object"},
-            "n": {"type": "integer"}, "ok": {"type": "boolean"}, "any": {"anyOf": [{"type": "string"}]}}}}}]
+            "n": {"type": "integer"}, "ok": {"type": "boolean"}, "any": {"description": "any JSON value"}}}}}]
 
 
 def forced_reads(c, tok, text: str) -> bool:
@@ -239,20 +239,11 @@ def test_forced_arguments_follow_the_tools_schema():
     for marker in ("</tool_call>", "<tool_call>"):  # the reader would end the call there
         assert not forced_reads(c, tok, call("weather", json.dumps({"city": f"a{marker}b"})))
     # the other way: replies drawn at random through the constraint are calls jsonschema accepts
-    rng = np.random.default_rng(0)
-    ends = np.array([any(ch in text for ch in '"}]') for text in tok.token_texts]) * 3.0
-    ends[tok.eos_token_id] = 6.0
     finished = 0
-    for _ in range(12):
-        state, ids = c.start, []
-        while state is not DONE and len(ids) < 300:
-            scores = rng.random(len(ends)) + ends
-            scores[~c.mask(state)] = -np.inf
-            ids.append(int(np.argmax(scores)))
-            state = c.advance(state, ids[-1])
-        if state is DONE:
+    for ids, ended in drawn_texts(c, tok):
+        if ended:
             finished += 1
-            read = read_tool_calls(tok.decode(ids[:-1]), HERMES)
+            read = read_tool_calls(tok.decode(ids), HERMES)
             assert read.content is None and read.calls, tok.decode(ids)
             for called in read.calls:
                 f = called["function"]
