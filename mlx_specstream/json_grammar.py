@@ -76,6 +76,7 @@ class JSONGrammar(CharConstraint):
         if isinstance(schema, dict):
             values = [schema["const"]] if "const" in schema else schema.get("enum")
             kind = schema.get("type", "object" if "properties" in schema else None)
+            kind = kind if isinstance(kind, str) else None  # a list of types: any value
             if isinstance(values, list) and values and all(
                     v is None or isinstance(v, (str, int, float, bool)) for v in values):
                 node = ("choice", tuple(sorted({json.dumps(v, ensure_ascii=False) for v in values})))
@@ -86,8 +87,9 @@ class JSONGrammar(CharConstraint):
             elif kind == "object":
                 props = schema.get("properties")
                 if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
-                    required = schema.get("required")
-                    required = frozenset(required if isinstance(required, list) else []) & set(props)
+                    listed = schema.get("required")
+                    listed = listed if isinstance(listed, list) else []
+                    required = frozenset(r for r in listed if isinstance(r, str) and r in props)
                     node = ("object", tuple((k, self._node(props[k])) for k in sorted(props)), required)
                 else:
                     node = FREE_OBJECT

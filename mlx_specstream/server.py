@@ -176,6 +176,28 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
         raise APIError(str(e), "messages") from None
 
 
+def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool):
+    """The constraint that shapes the reply (None: none): JSON by ``response_format``
+    (json_grammar.py), or calls to the tools ``forced`` (forced_calls.py); ``sql_names`` makes its
+    own, so it goes with neither."""
+    try:
+        shaped = response_constraint(tokenizer, body.get("response_format"))
+    except ValueError as e:
+        raise APIError(str(e).replace("response_format", "'response_format'", 1), "response_format") from None
+    if shaped and tools:
+        raise APIError("'response_format' and 'tools' cannot be combined (tool_choice 'required' makes the "
+                       "reply calls)", "response_format")
+    if sql_names and (shaped or forced):
+        said = "'response_format'" if shaped else "a forced tool call ('tool_choice')"
+        raise APIError(f"'sql_names' and {said} cannot be combined", "sql_names")
+    if not forced:
+        return shaped
+    try:
+        return forced_calls(tokenizer, tools, forced, max_calls, fmt)
+    except ValueError as e:
+        raise APIError(str(e), "tools") from None
+
+
 # OpenAI fields that would change the reply, which this server does not do: refused, not ignored
 # (a client reading ``logprobs.content`` must not get None). Each maps to whether a value asks for it.
 UNSUPPORTED = {
@@ -249,23 +271,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         sql_names=_field(body, "sql_names", (bool,), False),
     )
     max_calls = 1 if body.get("parallel_tool_calls") is False else None
-    try:  # the reply as JSON (json_grammar.py), or as calls to these tools (forced_calls.py)
-        shaped = response_constraint(tok, body.get("response_format"))
-    except ValueError as e:
-        raise APIError(str(e).replace("response_format", "'response_format'", 1), "response_format") from None
-    if shaped and tools:
-        raise APIError("'response_format' and 'tools' cannot be combined (tool_choice 'required' makes the "
-                       "reply calls)", "response_format")
-    if options["sql_names"] and (shaped or forced):
-        said = "'response_format'" if shaped else "a forced tool call ('tool_choice')"
-        raise APIError(f"'sql_names' and {said} cannot be combined", "sql_names")
-    if shaped:
-        options["constraint"] = shaped
-    if forced:
-        try:
-            options["constraint"] = forced_calls(tok, tools, forced, max_calls, fmt)
-        except ValueError as e:
-            raise APIError(str(e), "tools") from None
+    options["constraint"] = _shape(body, tok, tools, fmt, forced, max_calls, options["sql_names"])
     if options["max_tokens"] < 1:  # OpenAI's range: mlx-lm's -1 (no limit) is not in it
         raise APIError(f"'{max_key}' must be >= 1, not {options['max_tokens']}", max_key)
     if not 0 <= options["temperature"] <= 2:

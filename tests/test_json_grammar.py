@@ -63,6 +63,8 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     assert not reads(c, tok, '{"zone": "CET", "days": []\n\n}')  # a blank line
     assert reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 20 + '"city": "a\\u00e9\\n"}')
     assert not reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 21 + '"city": "a"}')  # llama.cpp's bound
+    odd = json_constraint(tok, {"type": ["string", "null"], "required": [{}]})  # read as any value
+    assert reads(odd, tok, "[1]") and reads(odd, tok, '"a"')
     any_object = json_constraint(tok)  # OpenAI's json_object: any object
     assert reads(any_object, tok, '{"a": [1, {"b": null}], "c": "d"}') and not reads(any_object, tok, "[1]")
     assert response_constraint(tok, {"type": "json_object"}) is any_object
