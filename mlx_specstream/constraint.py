@@ -75,6 +75,17 @@ class TokenConstraint:
         raise ValueError("the constraint allows no token here")
 
 
+BYTE = "\ufffd"  # a byte of a character outside ASCII, as a CharConstraint reads text
+
+
+def read_text(text: str) -> str:
+    """Text as a :class:`CharConstraint` reads it where it must match exactly (a name, an enum's
+    value): each character outside ASCII as one :data:`BYTE` per byte of its UTF-8, so that
+    ``café`` can be written whether the tokenizer has a piece for ``é`` or writes its two bytes as
+    byte tokens (whose text is U+FFFD, one per byte)."""
+    return "".join(ch if ord(ch) < 128 or ch.isspace() else BYTE * len(ch.encode()) for ch in text)
+
+
 class CharConstraint(TokenConstraint):
     """A constraint read character by character: a subclass says what each character does
     (:meth:`_char`) and where the text may end (:meth:`may_end`); a token is its text

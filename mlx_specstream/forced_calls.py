@@ -108,7 +108,7 @@ class ForcedCalls(JSONGrammar):
             return ("after", self.max_calls, SPACE_AROUND) if ch == "]" else None
         raise AssertionError(f"unknown state {kind}")
 
-    def may_end(self, state: State) -> bool:
+    def _whole(self, state: State) -> bool:
         return state[0] == "after"
 
 

@@ -31,16 +31,17 @@ from __future__ import annotations
 import bisect
 import functools
 import json
+import math
 import re
 
-from .constraint import CharConstraint, State
+from .constraint import BYTE, CharConstraint, State, read_text
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
 INDENT = 20  # between two parts of a value: nothing, a space, or a line break and up to 20 spaces or tabs
 SPACE_AROUND = 2  # whitespace characters allowed before the text's first value and after its last
 # numbers of at most 16 digits before the point, after it and in the exponent (llama.cpp's bounds:
 # a model cannot write digits forever)
-_NUMBER = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?(?:0|[1-9]\d{0,15}))?")
+_NUMBER = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?\d{1,16})?")
 _INTEGER = re.compile(r"-?(?:0|[1-9]\d{0,15})")
 _LITERALS = {"t": "rue", "f": "alse", "n": "ull"}
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
@@ -75,22 +76,25 @@ class JSONGrammar(CharConstraint):
         node = ANY
         if isinstance(schema, dict):
             values = [schema["const"]] if "const" in schema else schema.get("enum")
+            values = _values(values) if isinstance(values, list) else None
             kind = schema.get("type", "object" if "properties" in schema else None)
             kind = kind if isinstance(kind, str) else None  # a list of types: any value
-            if isinstance(values, list) and values and all(
-                    v is None or isinstance(v, (str, int, float, bool)) for v in values):
-                node = ("choice", tuple(sorted({json.dumps(v, ensure_ascii=False) for v in values})))
+            if values:
+                node = ("choice", values)
             elif kind in _SCALARS:
                 node = _SCALARS[kind]
             elif kind == "array":
                 node = ("array", self._node(schema.get("items")))
             elif kind == "object":
                 props = schema.get("properties")
+                if isinstance(props, dict):  # a property whose schema is false may not be written
+                    props = {k: v for k, v in props.items() if v is not False}
                 if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
                     listed = schema.get("required")
                     listed = listed if isinstance(listed, list) else []
                     required = frozenset(r for r in listed if isinstance(r, str) and r in props)
-                    node = ("object", tuple((k, self._node(props[k])) for k in sorted(props)), required)
+                    node = ("object", tuple(sorted((read_text(k), self._node(props[k])) for k in props)),
+                            frozenset(map(read_text, required)))
                 else:
                     node = FREE_OBJECT
         if top and node[0] != "object":
@@ -118,7 +122,9 @@ class JSONGrammar(CharConstraint):
                 return ("wsrun", state[1] - 1, state[2])
             return None if ch in WS else self._char(state[2], ch)
         if ch in WS and kind in self.skips_ws:  # JSON's whitespace, as llama.cpp's JSON grammar bounds it
-            return ("wsrun", INDENT, state) if ch == "\n" else ("wsrun", 0, state) if ch == " " else None
+            if ch == "\r":
+                return lit("\n", ("wsrun", INDENT, state))
+            return ("wsrun", INDENT, state) if ch == "\n" else ("wsrun", 0, state)
         if kind == "ws":
             return self._char(state[1], ch)
         if kind == "space":  # ("space", whitespace left, then)
@@ -148,6 +154,10 @@ class JSONGrammar(CharConstraint):
             if ch in "0123456789+-.eE" and (pattern.fullmatch(text) or pattern.fullmatch(text + "0")):
                 return (kind, text, then)
             return self._char(then, ch) if pattern.fullmatch(n) else None
+        if kind in ("choice", "skey") and ch != BYTE and ord(ch) > 127:  # as the texts are read
+            for _ in ch.encode():
+                state = state and self._char(state, BYTE)
+            return state
         node = self.nodes[n]
         if kind == "sv":
             what = node[0]
@@ -207,6 +217,17 @@ class JSONGrammar(CharConstraint):
         return ("str", "", then)
 
     def may_end(self, state: State) -> bool:
+        """Where the value is whole: a number or an enum's value may end the text as it stands."""
+        kind = state[0]
+        if kind in ("number", "integer"):
+            pattern = _NUMBER if kind == "number" else _INTEGER
+            return bool(pattern.fullmatch(state[1])) and self.may_end(state[2])
+        if kind == "choice":
+            return state[2] in self.nodes[state[1]][1] and self.may_end(state[3])
+        return self._whole(state)
+
+    def _whole(self, state: State) -> bool:
+        """Whether ``state`` is after the text's last value (a subclass's own end)."""
         return state[0] == "end"
 
 
@@ -214,6 +235,21 @@ class JSONGrammar(CharConstraint):
 SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se"})
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
 _SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "choice", "number", "integer"})
+
+
+def _values(values: list) -> tuple[str, ...]:
+    """An ``enum``'s values as JSON writes them, as the constraint reads them, sorted (a number
+    both as an integer and with ``.0`` where it is whole, as JSON Schema counts them equal; empty
+    where a value is not a scalar JSON can write)."""
+    texts = set()
+    for v in values:
+        scalar = v is None or isinstance(v, (str, int, float))
+        if not scalar or isinstance(v, float) and not math.isfinite(v):
+            return ()
+        texts.add(json.dumps(v, ensure_ascii=False))
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
+            texts |= {json.dumps(int(v)), json.dumps(float(v))}
+    return tuple(sorted(map(read_text, texts)))
 
 
 def lit(text: str, then: State) -> State:

@@ -25,9 +25,9 @@ must be one of:
 
 A word being written must be the beginning of such a word; outside quotes, of one that needs no
 quotes (``"Order Items"`` cannot be begun bare). A character outside ASCII is read as its UTF-8
-bytes (:func:`_read`), so a name such as ``café`` can be finished whether the tokenizer writes
-``é`` as one piece or as byte tokens. Text in single quotes (a string
-literal) is free; between words only spaces and SQL's operators and punctuation may come; a
+bytes (:func:`~.constraint.read_text`), so a name such as ``café`` can be finished whether the
+tokenizer writes ``é`` as one piece or as byte tokens. Text in single quotes (a string literal)
+is free; between words only spaces and SQL's operators and punctuation may come; a
 name in double quotes, backticks or brackets must be a name. The end of generation (EOS) is
 allowed only outside quotes and after a finished word that is allowed.
 
@@ -43,7 +43,7 @@ import re
 import sqlite3
 from collections.abc import Iterator
 
-from .constraint import CharConstraint, State
+from .constraint import BYTE, CharConstraint, State, read_text
 
 # The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
 # that only define or administer a schema: a query that writes `create` or `constraint` has lost
@@ -65,7 +65,6 @@ nocase binary rowid oid _rowid_
 """.split())
 
 _BARE = re.compile(r"[A-Za-z_]\w*")  # a name that may be written without quotes (order_id)
-BYTE = "\ufffd"  # a byte of a character outside ASCII, as the constraint reads text
 _ALIAS_LIKE = re.compile(r"[A-Za-z][0-9]*")  # T1, t: may be used before the AS that defines it
 _SHORT_ALIAS = re.compile(r"[A-Za-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
 _NAME = r'(?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(]+)'  # a table name, maybe quoted or schema.table
@@ -150,7 +149,7 @@ class SQLNames(CharConstraint):
 
     def __init__(self, tables: dict[str, list[str]], tokenizer):
         super().__init__(tokenizer)
-        self.columns = {_read(t): sorted({_read(c) for c in cols}) for t, cols in tables.items()}
+        self.columns = {read_text(t): sorted({read_text(c) for c in cols}) for t, cols in tables.items()}
         if not self.columns:
             raise ValueError("no table names to constrain SQL to")
         self.all_columns = sorted({c for cols in self.columns.values() for c in cols})
@@ -254,15 +253,8 @@ class SQLNames(CharConstraint):
                               else not after.startswith("."))
 
 
-def _read(name: str) -> str:
-    """A name as the constraint reads text: each character outside ASCII as one :data:`BYTE` per
-    byte of its UTF-8, so that ``café`` can be written whether the tokenizer has a piece for ``é``
-    or writes its two bytes as byte tokens (whose text is U+FFFD, one per byte)."""
-    return "".join(ch if ord(ch) < 128 or ch.isspace() else BYTE * len(ch.encode()) for ch in name)
-
-
 def _bare(name: str) -> bool:
-    """Whether a name (as :func:`_read` gives it) may be written without quotes."""
+    """Whether a name (as :func:`~.constraint.read_text` gives it) may be written without quotes."""
     return _BARE.fullmatch(name.replace(BYTE, "a")) is not None
 
 

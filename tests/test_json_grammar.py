@@ -63,6 +63,21 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     assert not reads(c, tok, '{"zone": "CET", "days": []\n\n}')  # a blank line
     assert reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 20 + '"city": "a\\u00e9\\n"}')
     assert not reads(c, tok, '{"zone": "CET", "days": [],\n' + " " * 21 + '"city": "a"}')  # llama.cpp's bound
+    # found by a review: a value that ends the text as it stands, numbers JSON allows, whitespace
+    # JSON allows, names and values outside ASCII (however the tokenizer cuts them), false schemas
+    for schema, text, allowed in [
+            ({"type": "number"}, "42", True), ({"type": "integer"}, "-7", True), ({}, "3", True),
+            ({"enum": [1, 10]}, "1", True), ({"enum": [1, 10]}, "10", True),
+            ({"type": "number"}, "1e05", True),
+            ({"const": 1.0}, "1", True), ({"const": 2}, "2.0", True), ({"enum": [1, 10]}, "2", False),
+            ({"enum": ["日本", "x"]}, '"日本"', True), ({"enum": ["日本"]}, '"日"', False),
+            ({"properties": {"é": {"type": "string"}}, "required": ["é"]}, '{"é": "x"}', True),
+            ({"properties": {"a": False, "b": {}}}, '{"a": 1}', False),
+            ({"type": "object"}, '{\t"a": 1,\r\n  "b": 2}', True),
+            ({"enum": [float("nan"), 1]}, "NaN", False)]:
+        assert reads(json_constraint(tok, schema), tok, text) is allowed, (schema, text)
+    c = json_constraint(tok, {"enum": ["日本"]})
+    assert c.mask(c.walk(c.start, tok.encode('"', add_special_tokens=False))).any()
     odd = json_constraint(tok, {"type": ["string", "null"], "required": [{}]})  # read as any value
     assert reads(odd, tok, "[1]") and reads(odd, tok, '"a"')
     any_object = json_constraint(tok)  # OpenAI's json_object: any object
