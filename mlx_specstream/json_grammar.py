@@ -9,8 +9,8 @@ once, in any order, only those named: ``additionalProperties`` is read as false,
 schema grammars read it) with ``required``, ``enum`` and ``const`` of scalars. Other keywords
 (``anyOf``, ``$ref``, ``pattern``, bounds, lists of types) leave that value any JSON value.
 Numbers have at most 16 digits before the point, after it and in the exponent; wherever JSON allows
-whitespace there may be a space, or a line break and up to 20 spaces or tabs (llama.cpp's bounds: a
-model cannot write digits or blank lines forever), and up to two whitespace
+whitespace there may be a space or a tab, or a line break (LF or CRLF) and up to 20 spaces or tabs
+(llama.cpp's bounds: a model cannot write digits or blank lines forever), and up to two whitespace
 characters before the text's value and after it. A string may not hold a ``marker`` (a forced
 call's ``</tool_call>``: the reply's reader would end the call there). The end of the text (EOS)
 may come only after the whole value. The decode loop applies a constraint to the target only
@@ -37,7 +37,7 @@ import re
 from .constraint import BYTE, CharConstraint, State, read_text
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
-INDENT = 20  # between two parts of a value: nothing, a space, or a line break and up to 20 spaces or tabs
+INDENT = 20  # between two parts of a value: nothing, a space or tab, or a line break and 20 spaces or tabs
 SPACE_AROUND = 2  # whitespace characters allowed before the text's first value and after its last
 # numbers of at most 16 digits before the point, after it and in the exponent (llama.cpp's bounds:
 # a model cannot write digits forever)
