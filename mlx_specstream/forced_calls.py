@@ -44,7 +44,7 @@ class ForcedCalls(JSONGrammar):
 
     def __init__(self, fmt: ToolFormat, tokenizer, schemas: dict[str, dict | None],
                  max_calls: int | None = None):
-        super().__init__(tokenizer, markers=(fmt.start, fmt.end, fmt.args))
+        super().__init__(tokenizer, markers=fmt.markers)
         self.names = sorted(schemas)
         if not self.names or not all(_NAME.fullmatch(n) for n in self.names):
             raise ValueError("a forced call needs tool names of letters, digits, '_', '-', '.' or ':'")

@@ -61,7 +61,7 @@ class JSONGrammar(CharConstraint):
         super().__init__(tokenizer)
         self.nodes: list[tuple] = []
         self._ids: dict[tuple, int] = {}
-        self.marker_texts = [m for m in markers if m]
+        self.marker_texts = list(markers)
         for marker in self.marker_texts:
             self.read_as_text(marker)
         self.skips_ws = SKIPS_WS  # the states JSON's whitespace may come in (it leaves them as they are)

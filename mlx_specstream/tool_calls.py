@@ -48,12 +48,15 @@ class ToolFormat:
     bare: bool = False
     mark: str = ""
 
+    @property
+    def markers(self) -> tuple[str, ...]:
+        """The texts that mark calls in this format."""
+        return tuple(m for m in (self.start, self.end, self.args) if m)
+
     def special(self, tokenizer) -> bool:
         """Whether the markers are control tokens that text without special tokens leaves out
         (the server then keeps special tokens in a reply that may call tools)."""
-        for marker in (self.start, self.end, self.args):
-            if marker is None:
-                continue
+        for marker in self.markers:
             ids = tokenizer.encode(marker, add_special_tokens=False)
             if len(ids) == 1 and tokenizer.decode(ids, skip_special_tokens=True) == "":
                 return True
@@ -172,7 +175,6 @@ class ToolCallReader:
         self._text = ""  # outside a call: not yet given out; inside: the call's text so far
         self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
         self._space = ""  # whitespace given out only if content follows it
-        self._begun = False  # content or a call has been read
         self._given = False  # content has been given out
         self._after_call = False  # a call came last: the whitespace after it is not content
 
@@ -184,7 +186,6 @@ class ToolCallReader:
         body = text.rstrip()
         self._space = text[len(body):]
         self._given = self._given or bool(body)
-        self._begun = self._begun or self._given
         return body
 
     def _called(self, calls: list[dict]) -> list[dict]:
@@ -192,14 +193,14 @@ class ToolCallReader:
         self.calls += calls[:room]
         # the whitespace around a call is not content: what came before it goes out only between
         # content before and content after it ("a <call> b" reads "a b")
-        self._begun = self._after_call = True
+        self._after_call = True
         self._space = self._space if self._given else ""
         return calls[:room]
 
     def _open(self) -> str:
         """Outside a call: the content before the next one, entering it where the text so far
         opens one (what could still open one is kept)."""
-        if self.fmt.bare and not self._begun:
+        if self.fmt.bare and not (self._given or self.calls):  # the reply's beginning
             lead = self._text.lstrip()
             if not lead:
                 return ""
