@@ -734,6 +734,11 @@ def serve(
     from mlx_specstream.server import serve as run_server
 
     run_server(model or default_model(), adapters, host=host, port=port, max_active=max_active, name=name)
+    # stopped and drained: exit at once, as the forced stop does (the interpreter's teardown can end
+    # in MLX's native threads, SIGABRT, after a clean stop; nothing is left to write)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def main() -> None:

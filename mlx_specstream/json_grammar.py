@@ -3,11 +3,17 @@ character by character by a pushdown machine (docs/design.md#constrained-decodin
 ``response_format`` (:class:`JSONValue`, :func:`response_constraint`) and the arguments of forced
 tool calls (:mod:`.forced_calls`) are decoded under it.
 
-What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._node`): ``type``
-(string, number, integer, boolean, null, array with ``items``, object), ``properties`` (each key
-once, in any order, only those named: ``additionalProperties`` is read as false, as llama.cpp's
-schema grammars read it) with ``required``, ``enum`` and ``const`` of scalars. Other keywords
-(``anyOf``, ``$ref``, ``pattern``, bounds, lists of types) leave that value any JSON value.
+What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._read`): ``type``
+(string, number, integer, boolean, null, array with ``items``, ``minItems`` and ``maxItems``,
+object; a list of types), ``properties`` (each key once, in any order, only those named:
+``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
+``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
+``dict[str, X]``); ``enum`` and ``const`` of scalars; ``anyOf`` and ``oneOf`` (read as
+``anyOf``: a value of several alternatives is not refused), ``allOf`` of one schema, OpenAPI's
+``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``, ``#``; recursive ones
+too), which is what Pydantic's ``model_json_schema`` writes. Other keywords (``pattern``,
+``format``, string lengths, numeric bounds, ``prefixItems``, ``allOf`` of several) leave that
+value unconstrained by them: any value of its type, or any JSON value.
 Numbers have at most 16 digits before the point, after it and in the exponent; wherever JSON allows
 whitespace there may be a space or a tab, or a line break (LF or CRLF) and up to 20 spaces or tabs
 (llama.cpp's bounds: a model cannot write digits or blank lines forever), and up to two whitespace
@@ -18,7 +24,8 @@ may come only after the whole value. The decode loop applies a constraint to the
 
 States are nested tuples ``(kind, ..., then)``: what the next character may be, and the state to
 go on in once that part is written; inside a string or between values they repeat, so a mask
-for sampling is read once per state.
+for sampling is read once per state. Where a value may still be of several alternatives (two
+objects of an ``anyOf`` after ``{``), the state is ``("alt", states)``, each read on.
 
 Example (schema ``{"type": "object", "properties": {"city": {"type": "string"}, "days":
 {"type": "integer"}}, "required": ["city"]}``): after ``{`` only ``"city"`` or ``"days"`` may
@@ -33,6 +40,7 @@ import functools
 import json
 import math
 import re
+import urllib.parse
 
 from .constraint import BYTE, CharConstraint, State, read_text
 
@@ -68,46 +76,117 @@ class JSONGrammar(CharConstraint):
 
     # -- schemas -----------------------------------------------------------------------------
     def _node(self, schema, top: bool = False) -> int:
-        """The index of a schema's node: ``("string",)`` and the other scalars, ``("choice",
-        texts)`` for ``enum``/``const`` (the values as JSON writes them, sorted), ``("array",
-        item)``, ``("object", ((name, node), ...), required)`` (no names: any object), ``ANY``.
-        ``top``: an object whatever the schema says (a call's arguments, OpenAI's
-        ``json_object``)."""
-        node = ANY
-        if isinstance(schema, dict):
-            values = [schema["const"]] if "const" in schema else schema.get("enum")
-            values = _values(values) if isinstance(values, list) else None
-            kind = schema.get("type", "object" if "properties" in schema else None)
-            kind = kind if isinstance(kind, str) else None  # a list of types: any value
-            if values:
-                node = ("choice", values)
-            elif kind in _SCALARS:
-                node = _SCALARS[kind]
-            elif kind == "array":
-                node = ("array", self._node(schema.get("items")))
-            elif kind == "object":
-                props = schema.get("properties")
-                if isinstance(props, dict):  # a property whose schema is false may not be written
-                    props = {k: v for k, v in props.items() if v is not False}
-                if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
-                    listed = schema.get("required")
-                    listed = listed if isinstance(listed, list) else []
-                    required = frozenset(r for r in listed if isinstance(r, str) and r in props)
-                    node = ("object", tuple(sorted((read_text(k), self._node(props[k])) for k in props)),
-                            frozenset(map(read_text, required)))
-                else:
-                    node = FREE_OBJECT
-        if top and node[0] != "object":
-            node = FREE_OBJECT
+        """The index of a schema's node (``$ref`` read against ``schema`` as the root). ``top``: an
+        object whatever the schema says (a call's arguments, OpenAI's ``json_object``)."""
+        n = self._read(schema, schema, {})
+        if top and any(self.nodes[m][0] not in ("object", "map") for m in self._entries(n)):
+            n = self._add(FREE_OBJECT)
+        return n
+
+    def _read(self, schema, root, refs: dict[str, int]) -> int:
+        """A schema's node: ``("string",)`` and the other scalars, ``("choice", texts)`` for
+        ``enum``/``const`` (the values as JSON writes them, sorted), ``("array", item, min, max)``,
+        ``("object", ((name, node), ...), required)`` (no names: any object), ``("map", node)``
+        (any names, each value by the node), ``("union", nodes)`` (``anyOf``, ``oneOf``, a list of
+        types), ``("ref", node)`` (``refs``: the node of each ``$ref`` read so far, so that a
+        schema may refer to itself), ``ANY``."""
+        if not isinstance(schema, dict):
+            return self._add(ANY)
+        if isinstance(schema.get("$ref"), str):
+            return self._ref(schema["$ref"], root, refs)
+        rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
+        one = schema.get("allOf")
+        if isinstance(one, list) and len(one) == 1 and isinstance(one[0], dict):  # as pydantic wraps a $ref
+            return self._read({k: v for k, v in schema.items() if k != "allOf"} | one[0], root, refs)
+        alts = schema.get("anyOf", schema.get("oneOf"))
+        kinds = schema.get("type")
+        if isinstance(alts, list) and alts and all(isinstance(a, dict) for a in alts):
+            alts = [{**rest, **a} for a in alts]
+        elif isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds):
+            alts = [{**rest, "type": k} for k in kinds]
+        else:
+            alts = None
+        if schema.get("nullable") is True:  # OpenAPI's way to say "or null"
+            alts = [*(alts or [rest]), {"type": "null"}]
+        if alts:
+            members = sorted({self._read(a, root, refs) for a in alts})
+            return members[0] if len(members) == 1 else self._add(("union", tuple(members)))
+        if "allOf" in schema:  # more than one schema to meet at once: not read
+            return self._add(ANY)
+        values = [schema["const"]] if "const" in schema else schema.get("enum")
+        values = _values(values) if isinstance(values, list) else None
+        kind = schema.get("type", "object" if "properties" in schema else None)
+        if values:
+            return self._add(("choice", values))
+        if kind in _SCALARS:
+            return self._add(_SCALARS[kind])
+        if kind == "array":
+            lo, hi = schema.get("minItems", 0), schema.get("maxItems")
+            lo = lo if isinstance(lo, int) and lo > 0 else 0
+            hi = hi if isinstance(hi, int) and hi >= lo else None
+            return self._add(("array", self._read(schema.get("items"), root, refs), lo, hi))
+        if kind != "object":
+            return self._add(ANY)
+        props = schema.get("properties")
+        if isinstance(props, dict):  # a property whose schema is false may not be written
+            props = {k: v for k, v in props.items() if v is not False}
+        if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
+            listed = schema.get("required")
+            listed = listed if isinstance(listed, list) else []
+            required = frozenset(r for r in listed if isinstance(r, str) and r in props)
+            return self._add(("object", tuple(sorted((read_text(k), self._read(props[k], root, refs))
+                                                    for k in props)), frozenset(map(read_text, required))))
+        extra = schema.get("additionalProperties")
+        if not props and isinstance(extra, dict) and extra:
+            return self._add(("map", self._read(extra, root, refs)))
+        return self._add(FREE_OBJECT)
+
+    def _ref(self, ref: str, root, refs: dict[str, int]) -> int:
+        """The node of ``$ref`` (a JSON pointer into the root, ``#/$defs/Name``); one node per
+        reference, made before what it refers to is read, so a recursive schema ends."""
+        if ref not in refs:
+            target = _pointer(root, ref)
+            if target is None:
+                return self._add(ANY)
+            refs[ref] = len(self.nodes)
+            self.nodes.append(("ref", None))
+            self.nodes[refs[ref]] = ("ref", self._read(target, root, refs))
+        return refs[ref]
+
+    def _add(self, node: tuple) -> int:
+        """``node``'s index (one index per distinct node)."""
         if node not in self._ids:
             self._ids[node] = len(self.nodes)
             self.nodes.append(node)
         return self._ids[node]
 
+    def _entries(self, n: int) -> tuple[int, ...]:
+        """The nodes a value of node ``n`` may begin as: ``n`` itself, or through references and
+        unions the nodes that are neither (ANY alone where one is ANY, or where a reference
+        leads only to itself)."""
+        out, todo, seen = set(), [n], set()
+        while todo:
+            m = todo.pop()
+            if m not in seen:
+                seen.add(m)
+                node = self.nodes[m]
+                if node[0] in ("ref", "union"):
+                    todo.extend(node[1:] if node[0] == "ref" else node[1])
+                else:
+                    out.add(m)
+        anything = self._add(ANY)
+        return (anything,) if anything in out or not out else tuple(sorted(out))
+
+    def _enter(self, n: int, then: State) -> State:
+        """The state of a value of node ``n``: one ``sv`` state, or an ``alt`` of several."""
+        return alt(("sv", m, then) for m in self._entries(n))
+
     # -- characters --------------------------------------------------------------------------
     def _char(self, state: State, ch: str) -> State | None:
         """The state after character ``ch`` (None: it may not come here)."""
         kind = state[0]
+        if kind == "alt":  # ("alt", states): a value that may still be of any of several nodes
+            return alt(s for s in (self._char(x, ch) for x in state[1]) if s is not None)
         if kind == "lit":
             text, then = state[1], state[2]
             return None if ch != text[0] else (then if len(text) == 1 else ("lit", text[1:], then))
@@ -163,12 +242,14 @@ class JSONGrammar(CharConstraint):
             what = node[0]
             if what == "any":
                 return self._char(("value", then), ch)
+            if what in ("union", "ref"):
+                return self._char(self._enter(n, then), ch)
             if what == "choice":
                 return self._char(("choice", n, "", then), ch)
             if what == "object":
                 return (("sk", n, 0, then) if node[1] else ("keys", then)) if ch == "{" else None
-            if what == "array":
-                return ("sa", node[1], then) if ch == "[" else None
+            if what in ("array", "map"):
+                return (("sa" if what == "array" else "mk", n, then)) if ch == "[{"[what == "map"] else None
             if what == "string":
                 return ("str", "", then) if ch == '"' else None
             if what in ("number", "integer"):
@@ -200,10 +281,24 @@ class JSONGrammar(CharConstraint):
                 i = [k for k, _ in props].index(typed)
                 return ("ws", lit(":", ("sv", props[i][1], ("sm", n, used | 1 << i, then))))
             return ("skey", n, used, typed + ch, then) if begins(left, typed + ch) else None
-        if kind == "sa":  # ("sa", item, then)
-            return then if ch == "]" else self._char(("sv", n, ("se", n, then)), ch)
-        if kind == "se":
-            return ("sv", n, ("se", n, then)) if ch == "," else (then if ch == "]" else None)
+        if kind == "sa":  # ("sa", n, then): after "["
+            item, low, high = node[1:]
+            if ch == "]":
+                return then if low == 0 else None
+            return self._char(("sv", item, ("se", n, 1, then)), ch) if high != 0 else None
+        if kind == "se":  # ("se", n, count, then): after an array's count-th item (counted up to its bounds)
+            item, low, high, count = *node[1:], state[2]
+            if ch == ",":
+                more = high is None or count < high
+                return ("sv", item, ("se", n, min(count + 1, high or low), then)) if more else None
+            return then if ch == "]" and count >= low else None
+        if kind in ("mk", "mm"):  # (kind, n, then): a map's members, after "{" or after a member
+            member = ("str", "", ("ws", lit(":", ("sv", node[1], ("mm", n, then)))))
+            if ch == "}":
+                return then
+            if kind == "mk":
+                return member if ch == '"' else None
+            return ("ws", lit('"', member)) if ch == "," else None
         raise AssertionError(f"unknown state {kind}")
 
     def _in_string(self, text: str, then: State) -> State | None:
@@ -219,6 +314,8 @@ class JSONGrammar(CharConstraint):
     def may_end(self, state: State) -> bool:
         """Where the value is whole: a number or an enum's value may end the text as it stands."""
         kind = state[0]
+        if kind == "alt":
+            return any(self.may_end(s) for s in state[1])
         if kind in ("number", "integer"):
             pattern = _NUMBER if kind == "number" else _INTEGER
             return bool(pattern.fullmatch(state[1])) and self.may_end(state[2])
@@ -232,9 +329,10 @@ class JSONGrammar(CharConstraint):
 
 
 # the states whose JSON part may begin with whitespace (it does not change them)
-SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se"})
+SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se",
+                      "mk", "mm"})
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
-_SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "choice", "number", "integer"})
+_SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "choice", "number", "integer"})
 
 
 def _values(values: list) -> tuple[str, ...]:
@@ -250,6 +348,29 @@ def _values(values: list) -> tuple[str, ...]:
         if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
             texts |= {json.dumps(int(v)), json.dumps(float(v))}
     return tuple(sorted(map(read_text, texts)))
+
+
+def alt(states) -> State | None:
+    """One state for several the text may be in (None: none)."""
+    states = frozenset(states)
+    return None if not states else next(iter(states)) if len(states) == 1 else ("alt", states)
+
+
+def _pointer(root, ref: str):
+    """What a ``$ref`` within the document points to (``#``, ``#/$defs/Item``; JSON pointer
+    escapes ``~0``, ``~1`` and percent-encoding); None where it points to nothing."""
+    if not ref.startswith("#"):
+        return None
+    target = root
+    for part in filter(None, urllib.parse.unquote(ref[1:]).split("/")):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if isinstance(target, dict) and part in target:
+            target = target[part]
+        elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
+            target = target[int(part)]
+        else:
+            return None
+    return target
 
 
 def lit(text: str, then: State) -> State:

@@ -84,6 +84,8 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+        if self.proc.returncode:  # what the server said, for the failure's report
+            sys.stderr.write(self.proc.stderr.read()[-4000:])
         return self.proc.returncode
 
 

@@ -238,6 +238,17 @@ def test_forced_arguments_follow_the_tools_schema():
     assert not forced_reads(c, tok, call("weather", '{"city": "a", "city": "b"}'))  # a property twice
     for marker in ("</tool_call>", "<tool_call>"):  # the reader would end the call there
         assert not forced_reads(c, tok, call("weather", json.dumps({"city": f"a{marker}b"})))
+    # parameters as Pydantic writes them ($defs and $ref), read against their own root
+    guest = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
+             "additionalProperties": False}
+    book = {"$defs": {"Guest": guest}, "type": "object", "required": ["guests"],
+            "properties": {"guests": {"type": "array", "items": {"$ref": "#/$defs/Guest"}, "minItems": 1}},
+            "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "book", "parameters": book}}
+    booked = forced_calls(tok, [tool], fmt=HERMES)
+    for args in ({"guests": [{"name": "Ann"}]}, {"guests": []}, {"guests": [{"nam": "Ann"}]}):
+        valid = jsonschema.Draft202012Validator(book).is_valid(args)
+        assert forced_reads(booked, tok, call("book", json.dumps(args))) == valid, args
     # the other way: replies drawn at random through the constraint are calls jsonschema accepts
     finished = 0
     for ids, ended in drawn_texts(c, tok):
