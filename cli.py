@@ -230,8 +230,9 @@ def generate(
     tools: Path | None = typer.Option(None, "--tools", help="with --chat-template: a JSON file of OpenAI "
                                       "tool definitions for the template (the calls are printed as written)"),
     tool_choice: str | None = typer.Option(None, "--tool-choice", help="with --tools: 'required' (the reply "
-                                           "is calls to the tools) or a tool's name (calls to that one); "
-                                           "default: the model chooses"),
+                                           "is calls to the tools), a tool's name (calls to that one), "
+                                           "'none' (the tools are not shown to the model) or 'auto' (the "
+                                           "default: the model chooses)"),
     json_schema: Path | None = typer.Option(None, "--json-schema", help="the reply is JSON that this file's "
                                             "JSON schema allows ('{\"type\": \"object\"}': any object)"),
     verbose: bool = _flag(False, "--verbose", "-v",
@@ -247,6 +248,8 @@ def generate(
     stop_strings(stop)  # a bad one is said before the model loads
     turn = dict(system=system_prompt, tools=_read_tools(tools, chat_template))
     forced = _forced_names(turn["tools"], tool_choice, sql_names)
+    if tool_choice == "none":  # as the server's: the reply is text, and the model is not told of tools
+        turn["tools"] = None
     schema = _read_schema(json_schema, sql_names, forced)
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,

@@ -15,7 +15,10 @@ token whose ``advance`` is None, node 1's target becomes the best-scoring token 
 
 from __future__ import annotations
 
+import codecs
+import functools
 from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,32 +78,39 @@ class TokenConstraint:
         raise ValueError("the constraint allows no token here")
 
 
-BYTE = "\ufffd"  # a byte of a character outside ASCII, as a CharConstraint reads text
+class Partial(NamedTuple):
+    """Inside a character written byte by byte (byte tokens): its UTF-8 bytes so far (1-3, the
+    start of a valid sequence), and the state before the character."""
 
-
-def read_text(text: str) -> str:
-    """Text as a :class:`CharConstraint` reads it where it must match exactly (a name, an enum's
-    value): each character outside ASCII as one :data:`BYTE` per byte of its UTF-8, so that
-    ``café`` can be written whether the tokenizer has a piece for ``é`` or writes its two bytes as
-    byte tokens (whose text is U+FFFD, one per byte)."""
-    return "".join(ch if ord(ch) < 128 or ch.isspace() else BYTE * len(ch.encode()) for ch in text)
+    head: bytes
+    state: State
 
 
 class CharConstraint(TokenConstraint):
     """A constraint read character by character: a subclass says what each character does
-    (:meth:`_char`) and where the text may end (:meth:`may_end`); a token is its text
-    (``Tokenizer.token_texts``), read one character after another, and the allowed set for
-    sampling is read from ``Tokenizer.text_trie``, so a forbidden prefix is read once for every
+    (:meth:`_char`) and where the text may end (:meth:`may_end`). A token is what it adds to the
+    output (``Tokenizer.token_units``): its characters, or where it is not whole characters by
+    itself (a byte token, a byte-level piece that cuts a character) its bytes, which are put
+    together into characters, so every text allowed is valid UTF-8 and a character is allowed
+    however the tokenizer writes it (``é`` as one piece or as two byte tokens). The allowed set for
+    sampling is read from ``Tokenizer.unit_trie``, so a forbidden prefix is read once for every
     token that begins with it. A control token (no text) is never allowed, unless
-    :meth:`read_as_text` gives it one."""
+    :meth:`read_as_text` gives it one.
+
+    A character's first bytes are allowed only where some character that begins with them may
+    come: one the subclass names (:meth:`literal`: an enum's value, a table's name) or, for text
+    that allows any character there, the first character and the first letter that begin so
+    (:func:`_probes`)."""
 
     def __init__(self, tokenizer):
         super().__init__(tokenizer.vocab_size)
-        self.texts = tokenizer.token_texts
-        self.trie = tokenizer.text_trie
+        self.texts = tokenizer.token_units
+        self.trie = tokenizer.unit_trie
         self.eos = frozenset(tokenizer.eos_token_ids)
         self.control: list[int] = []  # control tokens read as text (outside the trie)
+        self.literal_chars: set[str] = set()  # the characters outside ASCII that literal() was given
         self._next: dict[tuple[State, int], State | None] = {}
+        self._heads: dict[bytes, tuple[str, ...]] = {}
         self._tokenizer = tokenizer
 
     def _char(self, state: State, ch: str) -> State | None:
@@ -111,13 +121,43 @@ class CharConstraint(TokenConstraint):
         """Whether the text may end (EOS) in ``state``."""
         raise NotImplementedError
 
+    def literal(self, text: str) -> str:
+        """``text``, which the constraint matches exactly (a name, an enum's value): its characters
+        outside ASCII are noted, so that their first bytes may be written as byte tokens."""
+        self.literal_chars.update(ch for ch in text if ord(ch) > 127)
+        self._heads.clear()
+        return text
+
     def read_as_text(self, text: str) -> None:
         """Where ``text`` is one control token (Mistral's ``[TOOL_CALLS]``), read that token as
         ``text``."""
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         if len(ids) == 1 and not self.texts[ids[0]]:
-            self.texts = [*self.texts[: ids[0]], text, *self.texts[ids[0] + 1:]]
+            self.texts = [*self.texts[: ids[0]], self.literal(text), *self.texts[ids[0] + 1:]]
             self.control.append(ids[0])
+
+    def _unit(self, state: State, unit: str | int) -> State | None:
+        """The state after one unit of a token: a character, or a byte (int) of a character
+        written as bytes."""
+        if isinstance(unit, str):
+            return None if isinstance(state, Partial) else self._char(state, unit)
+        head, before = (state.head, state.state) if isinstance(state, Partial) else (b"", state)
+        head += bytes((unit,))
+        ch = _decoded(head)
+        if ch is None:  # not UTF-8: a text that decodes to U+FFFD
+            return None
+        if ch:
+            return self._char(before, ch)
+        begun = any(self._char(before, c) is not None for c in self._begun(head))
+        return Partial(head, before) if begun else None
+
+    def _begun(self, head: bytes) -> tuple[str, ...]:
+        """The characters tried after the first bytes ``head`` of one: the literals' that begin so,
+        and :func:`_probes`."""
+        if head not in self._heads:
+            self._heads[head] = (*sorted(c for c in self.literal_chars if c.encode().startswith(head)),
+                                 *_probes(head))
+        return self._heads[head]
 
     def advance(self, state: State, token: int) -> State | None:
         key = (state, token)
@@ -126,12 +166,12 @@ class CharConstraint(TokenConstraint):
         nxt = None
         if state != DONE:
             if token in self.eos:
-                nxt = DONE if self.may_end(state) else None
+                nxt = DONE if not isinstance(state, Partial) and self.may_end(state) else None
             else:
-                text = self.texts[token] if 0 <= token < len(self.texts) else ""
-                nxt = state if text else None
-                for ch in text:
-                    nxt = self._char(nxt, ch)
+                units = self.texts[token] if 0 <= token < len(self.texts) else ""
+                nxt = state if units else None
+                for unit in units:
+                    nxt = self._unit(nxt, unit)
                     if nxt is None:
                         break
         if len(self._next) >= MAX_STEPS:  # a constraint a server's requests share stays bounded
@@ -148,12 +188,40 @@ class CharConstraint(TokenConstraint):
         stack = [(self.trie, state)]
         while stack:
             node, st = stack.pop()
-            for ch, child in node.items():
-                if ch == "":
+            whole = type(st) is not Partial
+            for unit, child in node.items():
+                if unit == "":
                     m[child] = True
-                elif (nxt := self._char(st, ch)) is not None:
+                elif (nxt := self._char(st, unit) if whole and type(unit) is str else self._unit(st, unit)) \
+                        is not None:
                     stack.append((child, nxt))
         return m
+
+
+@functools.cache
+def _probes(head: bytes) -> tuple[str, ...]:
+    """Characters whose UTF-8 begins with ``head`` (the start of a valid sequence): the first one,
+    and the first letter or digit among the next 4,096 (the code points that begin so are a run)."""
+    seq = head
+    while not (ch := _decoded(seq)):
+        seq += bytes((next(b for b in range(0x80, 0xC0) if _decoded(seq + bytes((b,))) is not None),))
+    chars = [ch]
+    for cp in range(ord(ch), min(ord(ch) + 4096, 0xD800 if ord(ch) < 0xD800 else 0x110000)):
+        if not chr(cp).encode().startswith(head):
+            break
+        if chr(cp).isalnum():
+            chars.append(chr(cp))
+            break
+    return tuple(chars)
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(b: bytes) -> str | None:
+    """The characters of ``b``: "" where it is the start of one, None where it is not UTF-8."""
+    try:
+        return codecs.getincrementaldecoder("utf-8")().decode(b)
+    except UnicodeDecodeError:
+        return None
 
 
 def node_states(constraint: TokenConstraint, root_state: State, tree: Tree | None) -> list[State | None]:

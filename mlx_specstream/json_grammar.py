@@ -42,7 +42,7 @@ import math
 import re
 import urllib.parse
 
-from .constraint import BYTE, CharConstraint, State, read_text
+from .constraint import CharConstraint, State
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
 INDENT = 20  # between two parts of a value: nothing, a space or tab, or a line break and 20 spaces or tabs
@@ -53,6 +53,12 @@ _NUMBER = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?(?:[eE][+-]?\d{1,16})
 _INTEGER = re.compile(r"-?(?:0|[1-9]\d{0,15})")
 _LITERALS = {"t": "rue", "f": "alse", "n": "ull"}
 _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
+
+JSON_TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
+# keywords that a schema may hold and this grammar does not enforce (a strict response_format refuses them)
+UNREAD = frozenset("""pattern format minLength maxLength minimum maximum exclusiveMinimum exclusiveMaximum
+multipleOf patternProperties propertyNames minProperties maxProperties prefixItems uniqueItems contains not
+if dependentRequired dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
 # schema nodes (JSONGrammar.nodes holds them; states name them by index)
 ANY, FREE_OBJECT = ("any",), ("object", (), frozenset())
@@ -69,10 +75,11 @@ class JSONGrammar(CharConstraint):
         super().__init__(tokenizer)
         self.nodes: list[tuple] = []
         self._ids: dict[tuple, int] = {}
-        self.marker_texts = list(markers)
+        self.marker_texts = [self.literal(m) for m in markers]
         for marker in self.marker_texts:
             self.read_as_text(marker)
         self.skips_ws = SKIPS_WS  # the states JSON's whitespace may come in (it leaves them as they are)
+        self.unread: set[str] = set()  # the schemas' keywords that do not constrain (UNREAD)
 
     # -- schemas -----------------------------------------------------------------------------
     def _node(self, schema, top: bool = False) -> int:
@@ -92,6 +99,11 @@ class JSONGrammar(CharConstraint):
         schema may refer to itself), ``ANY``."""
         if not isinstance(schema, dict):
             return self._add(ANY)
+        kinds = schema.get("type")
+        for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
+            if kind not in JSON_TYPES:
+                raise ValueError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, not {kind!r}")
+        self.unread.update(k for k in schema if k in UNREAD)
         if isinstance(schema.get("$ref"), str):
             return self._ref(schema["$ref"], root, refs)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
@@ -99,7 +111,6 @@ class JSONGrammar(CharConstraint):
         if isinstance(one, list) and len(one) == 1 and isinstance(one[0], dict):  # as pydantic wraps a $ref
             return self._read({k: v for k, v in schema.items() if k != "allOf"} | one[0], root, refs)
         alts = schema.get("anyOf", schema.get("oneOf"))
-        kinds = schema.get("type")
         if isinstance(alts, list) and alts and all(isinstance(a, dict) for a in alts):
             alts = [{**rest, **a} for a in alts]
         elif isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds):
@@ -112,12 +123,13 @@ class JSONGrammar(CharConstraint):
             members = sorted({self._read(a, root, refs) for a in alts})
             return members[0] if len(members) == 1 else self._add(("union", tuple(members)))
         if "allOf" in schema:  # more than one schema to meet at once: not read
+            self.unread.add("allOf")
             return self._add(ANY)
         values = [schema["const"]] if "const" in schema else schema.get("enum")
         values = _values(values) if isinstance(values, list) else None
         kind = schema.get("type", "object" if "properties" in schema else None)
         if values:
-            return self._add(("choice", values))
+            return self._add(("choice", tuple(map(self.literal, values))))
         if kind in _SCALARS:
             return self._add(_SCALARS[kind])
         if kind == "array":
@@ -134,8 +146,8 @@ class JSONGrammar(CharConstraint):
             listed = schema.get("required")
             listed = listed if isinstance(listed, list) else []
             required = frozenset(r for r in listed if isinstance(r, str) and r in props)
-            return self._add(("object", tuple(sorted((read_text(k), self._read(props[k], root, refs))
-                                                    for k in props)), frozenset(map(read_text, required))))
+            return self._add(("object", tuple(sorted((self.literal(k), self._read(props[k], root, refs))
+                                                    for k in props)), required))
         extra = schema.get("additionalProperties")
         if not props and isinstance(extra, dict) and extra:
             return self._add(("map", self._read(extra, root, refs)))
@@ -233,10 +245,6 @@ class JSONGrammar(CharConstraint):
             if ch in "0123456789+-.eE" and (pattern.fullmatch(text) or pattern.fullmatch(text + "0")):
                 return (kind, text, then)
             return self._char(then, ch) if pattern.fullmatch(n) else None
-        if kind in ("choice", "skey") and ch != BYTE and ord(ch) > 127:  # as the texts are read
-            for _ in ch.encode():
-                state = state and self._char(state, BYTE)
-            return state
         node = self.nodes[n]
         if kind == "sv":
             what = node[0]
@@ -336,7 +344,7 @@ _SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "ch
 
 
 def _values(values: list) -> tuple[str, ...]:
-    """An ``enum``'s values as JSON writes them, as the constraint reads them, sorted (a number
+    """An ``enum``'s values as JSON writes them, sorted (a number
     both as an integer and with ``.0`` where it is whole, as JSON Schema counts them equal; empty
     where a value is not a scalar JSON can write)."""
     texts = set()
@@ -347,7 +355,7 @@ def _values(values: list) -> tuple[str, ...]:
         texts.add(json.dumps(v, ensure_ascii=False))
         if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
             texts |= {json.dumps(int(v)), json.dumps(float(v))}
-    return tuple(sorted(map(read_text, texts)))
+    return tuple(sorted(texts))
 
 
 def alt(states) -> State | None:
@@ -452,7 +460,11 @@ def response_constraint(tokenizer, response_format) -> JSONValue | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise ValueError("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                          "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")
-    return json_constraint(tokenizer, spec.get("schema", {}))
+    shaped = json_constraint(tokenizer, spec.get("schema", {}))
+    if spec.get("strict") is True and shaped.unread:
+        raise ValueError(f"response_format: a strict schema may not use {', '.join(sorted(shaped.unread))}: "
+                         "this server does not enforce it")
+    return shaped
 
 
 @functools.lru_cache(maxsize=16)

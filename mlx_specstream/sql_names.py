@@ -24,9 +24,9 @@ must be one of:
   while Q is an alias still to be defined).
 
 A word being written must be the beginning of such a word; outside quotes, of one that needs no
-quotes (``"Order Items"`` cannot be begun bare). A character outside ASCII is read as its UTF-8
-bytes (:func:`~.constraint.read_text`), so a name such as ``café`` can be finished whether the
-tokenizer writes ``é`` as one piece or as byte tokens. Text in single quotes (a string literal)
+quotes (``"Order Items"`` cannot be begun bare). A name such as ``café`` can be written whether
+the tokenizer writes ``é`` as one piece or as byte tokens (:class:`~.constraint.CharConstraint`
+puts bytes together into characters). Text in single quotes (a string literal)
 is free; between words only spaces and SQL's operators and punctuation may come; a
 name in double quotes, backticks or brackets must be a name. The end of generation (EOS) is
 allowed only outside quotes and after a finished word that is allowed.
@@ -43,7 +43,7 @@ import re
 import sqlite3
 from collections.abc import Iterator
 
-from .constraint import BYTE, CharConstraint, State, read_text
+from .constraint import CharConstraint, State
 
 # The words of SQLite's queries and data changes (sqlite.org/lang_keywords.html, without those
 # that only define or administer a schema: a query that writes `create` or `constraint` has lost
@@ -138,8 +138,7 @@ def schema(text: str) -> dict[str, list[str]]:
 
 
 class SQLNames(CharConstraint):
-    """The constraint for a schema (:func:`schema`: table -> columns) and a tokenizer's token texts
-    (``Tokenizer.token_texts``).
+    """The constraint for a schema (:func:`schema`: table -> columns) and a tokenizer.
 
     State ``(quote, word, after, aliases)``: the open quote ("" outside), the word being written
     (as written), what the last finished word allows next (``after``: "from" after FROM or JOIN,
@@ -149,7 +148,7 @@ class SQLNames(CharConstraint):
 
     def __init__(self, tables: dict[str, list[str]], tokenizer):
         super().__init__(tokenizer)
-        self.columns = {read_text(t): sorted({read_text(c) for c in cols}) for t, cols in tables.items()}
+        self.columns = {self.literal(t): sorted(map(self.literal, set(cols))) for t, cols in tables.items()}
         if not self.columns:
             raise ValueError("no table names to constrain SQL to")
         self.all_columns = sorted({c for cols in self.columns.values() for c in cols})
@@ -213,10 +212,6 @@ class SQLNames(CharConstraint):
 
     # -- characters ------------------------------------------------------------------------------
     def _char(self, state: State, ch: str) -> State | None:
-        if ch != BYTE and ord(ch) > 127 and not ch.isspace():  # as names are read: a BYTE per byte
-            for _ in ch.encode():
-                state = state and self._char(state, BYTE)
-            return state
         quote, word, after, aliases = state
         if quote == "'":
             return ("", "", "", aliases) if ch == "'" else state
@@ -226,7 +221,7 @@ class SQLNames(CharConstraint):
                 return None if done is None else ("", "", *done)
             word += ch
             return (quote, word, after, aliases) if self._partial_ok(word, after, aliases, True) else None
-        if ch.isalnum() or ch in ("_", BYTE):
+        if ch.isalnum() or ch == "_":
             word += ch
             return ("", word, after, aliases) if self._partial_ok(word, after, aliases, False) else None
         if word:
@@ -254,8 +249,8 @@ class SQLNames(CharConstraint):
 
 
 def _bare(name: str) -> bool:
-    """Whether a name (as :func:`~.constraint.read_text` gives it) may be written without quotes."""
-    return _BARE.fullmatch(name.replace(BYTE, "a")) is not None
+    """Whether a name may be written without quotes."""
+    return _BARE.fullmatch(name) is not None
 
 
 def _has_prefix(words: list[str], prefix: str) -> bool:

@@ -66,9 +66,12 @@ class _HFBackend:
         # tokenizers' ByteFallback decodes a run of byte pieces as a whole: if the run is not
         # valid UTF-8, every byte of it becomes U+FFFD (even ASCII ones before the bad byte).
         try:
-            self.whole_byte_runs = tk.decoder is not None and b"ByteFallback" in tk.decoder.__getstate__()
+            decoder = tk.decoder.__getstate__() if tk.decoder is not None else b""
+            self.whole_byte_runs = b"ByteFallback" in decoder
         except Exception:  # an unexpected decoder: be safe
-            self.whole_byte_runs = True
+            decoder, self.whole_byte_runs = b"", True
+        # byte-level BPE (GPT-2, Llama 3, Qwen): each piece's characters stand for bytes
+        self._byte_level = _byte_alphabet() if b"ByteLevel" in decoder else None
 
     def added_texts(self) -> list[str]:
         """The texts of added tokens, which encoding matches in text as one token each."""
@@ -91,6 +94,16 @@ class _HFBackend:
     def byte_value(self, i: int) -> int:
         """The byte of a byte-fallback piece."""
         return int(self.tk.id_to_token(i)[3:5], 16)
+
+    def raw_bytes(self, i: int) -> bytes | None:
+        """The bytes a piece adds to the output where it is not whole characters by itself: a
+        byte-fallback piece's byte, a byte-level BPE piece's bytes; None where they are not known."""
+        if self.is_byte(i):
+            return bytes((self.byte_value(i),))
+        piece = self.tk.id_to_token(i)
+        if self._byte_level is None or piece is None or any(c not in self._byte_level for c in piece):
+            return None
+        return bytes(self._byte_level[c] for c in piece)
 
     @property
     def vocab_size(self) -> int:
@@ -125,6 +138,10 @@ class _SPBackend:
 
     def is_byte(self, i: int) -> bool:
         return 0 <= i < self.sp.get_piece_size() and self.sp.is_byte(i)
+
+    def raw_bytes(self, i: int) -> bytes | None:
+        """A byte piece's byte (``<0xNN>``); None for other pieces (whole characters)."""
+        return bytes((int(self.sp.id_to_piece(i)[3:5], 16),)) if self.is_byte(i) else None
 
     @property
     def vocab_size(self) -> int:
@@ -201,6 +218,15 @@ class StreamingDetokenizer:
         self._prefix = self._read = len(self.tokens)
         self.text += piece
         return piece
+
+
+@functools.cache
+def _byte_alphabet() -> dict[str, int]:
+    """Byte-level BPE's characters for bytes (GPT-2's table: printable Latin-1 bytes stand for
+    themselves, the others for the code points from 256 on, in order), character -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    others = [b for b in range(256) if b not in kept]
+    return {**{chr(b): b for b in kept}, **{chr(256 + k): b for k, b in enumerate(others)}}
 
 
 def _incomplete_character(b: bytes) -> bool:
@@ -291,15 +317,29 @@ class Tokenizer:
         return max(map(len, [*self.token_texts, *self._backend.added_texts()]), default=1) or 1
 
     @functools.cached_property
-    def text_trie(self) -> dict:
-        """The token texts as a trie of characters: ``node[ch]`` is the child after ``ch``;
-        ``node[""]`` lists the tokens whose text ends there (special tokens are left out)."""
-        root: dict = {}
+    def token_units(self) -> list[str | tuple[str | int, ...]]:
+        """What each token adds to the output, as a constraint reads it: its text where that is
+        whole characters, else (a byte-fallback piece of a byte outside ASCII, a byte-level piece
+        that cuts a character) its bytes, those outside ASCII as ints; "" for special tokens and
+        pieces whose bytes are not known."""
+        units: list[str | tuple[str | int, ...]] = []
         for i, text in enumerate(self.token_texts):
-            if text:
+            raw = self._backend.raw_bytes(i) if "\ufffd" in text else None
+            units.append(text if "\ufffd" not in text else "" if raw is None else
+                         tuple(chr(b) if b < 0x80 else b for b in raw))
+        return units
+
+    @functools.cached_property
+    def unit_trie(self) -> dict:
+        """The tokens' units (:attr:`token_units`) as a trie: ``node[unit]`` is the child after a
+        character (str) or a byte (int); ``node[""]`` lists the tokens that end there (special
+        tokens are left out)."""
+        root: dict = {}
+        for i, units in enumerate(self.token_units):
+            if units:
                 node = root
-                for ch in text:
-                    node = node.setdefault(ch, {})
+                for unit in units:
+                    node = node.setdefault(unit, {})
                 node.setdefault("", []).append(i)
         return root
 

@@ -78,6 +78,18 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
         assert reads(json_constraint(tok, schema), tok, text) is allowed, (schema, text)
     c = json_constraint(tok, {"enum": ["日本"]})
     assert c.mask(c.walk(c.start, tok.encode('"', add_special_tokens=False))).any()
+    # found by a new user: byte tokens once read as any byte, so `"thö"` passed for `"thé"`, and
+    # `"` written as a byte token after a character's first byte ended a string the decoder drops
+    by_byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in range(256)}  # the byte tokens
+    c = json_constraint(tok, {"enum": ["café", "thé"]})
+    head = c.walk(c.start, tok.encode('"th', add_special_tokens=False))
+    for ch, ok in (("é", True), ("ö", False)):
+        state = c.walk(head, [*(by_byte[b] for b in ch.encode()), *tok.encode('"', add_special_tokens=False)])
+        assert (state is not None and c.may_end(state)) is ok, ch
+    c = json_constraint(tok, {"type": "string"})
+    opened = c.walk(c.start, tok.encode('"a', add_special_tokens=False))
+    assert c.walk(opened, [by_byte[0xC3], by_byte[0x22]]) is None
+    assert c.walk(opened, [by_byte[0x22]]) is not None  # the byte alone is a quote
     odd = json_constraint(tok, {"allOf": [{"type": "string"}, {"type": "null"}], "required": [{}]})  # any
     assert reads(odd, tok, "[1]") and reads(odd, tok, '"a"')
     any_object = json_constraint(tok)  # OpenAI's json_object: any object
@@ -86,6 +98,14 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     assert response_constraint(tok, {"type": "text"}) is None and response_constraint(tok, None) is None
     with pytest.raises(ValueError, match="response_format must be"):
         response_constraint(tok, {"type": "json_schema"})
+    with pytest.raises(ValueError, match="type must be one of string, .*, not 'str'"):
+        json_constraint(tok, {"properties": {"a": {"type": ["null", "str"]}}})
+    # a strict schema with keywords the grammar does not enforce is refused, as OpenAI refuses them
+    coded = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}
+    spec = {"type": "json_schema", "json_schema": {"name": "c", "schema": coded}}
+    assert response_constraint(tok, spec).unread == {"pattern"}
+    with pytest.raises(ValueError, match="a strict schema may not use pattern"):
+        response_constraint(tok, {**spec, "json_schema": {**spec["json_schema"], "strict": True}})
 
 
 # what Pydantic writes for nested, optional, recursive and union fields: $defs and $ref, anyOf,
@@ -235,6 +255,8 @@ def test_response_format_through_the_server(server, tok):
     body = {"model": "specstream-tiny", "prompt": SQL, "max_tokens": 4}
     for extra, param in [({"response_format": {"type": "json_schema"}}, "response_format"),
                          ({"response_format": {"type": "xml"}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {
+                             "name": "q", "schema": {"type": "text"}}}}, "response_format"),
                          ({"response_format": {"type": "json_object"}, "sql_names": True}, "sql_names")]:
         status, reply = server.post_raw("/v1/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"]) == (400, param), reply

@@ -189,6 +189,13 @@ def test_names_that_need_quotes_or_bytes_never_leave_nothing_allowed(tok):
             state = c.advance(state, t)
     for bad in ("SELECT Order", "SELECT nom AS \"my name\" FROM café ORDER BY my"):
         assert c.walk(c.start, tok.encode(bad, add_special_tokens=False)) is None, bad
+    # found by a new user: byte tokens once read as any byte wrote `cafÝ` for `café`
+    by_byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in range(256)}  # the byte tokens
+    head = c.walk(c.start, tok.encode("SELECT nom FROM caf", add_special_tokens=False))
+    for ch, ok in (("é", True), ("Ý", False), ("è", False)):
+        state = c.walk(head, [by_byte[b] for b in ch.encode()])
+        assert (state is not None and c.may_end(state)) is ok, ch
+    assert c.walk(head, [by_byte[0xC3], by_byte[0x20]]) is None  # a character cut short
 
 
 def test_trie_mask_equals_token_by_token(tok):

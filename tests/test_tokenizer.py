@@ -353,3 +353,55 @@ def test_shipped_tokenizer_agrees_with_sentencepiece():
             assert hf.encode(text) == sp.encode(text)
             ids = hf.encode(text, add_special_tokens=False)
             assert hf.decode(ids) == sp.decode(ids) == text
+
+
+def test_token_units_are_what_decoding_writes(tok):
+    """``token_units`` (what a constraint reads: text, or bytes where a token is not whole
+    characters): put together as UTF-8 they are the decoded text, for token sequences that mix
+    pieces and characters written byte by byte (after an anchor: SentencePiece drops a text's first
+    space)."""
+    units = tok.token_units
+    by_byte = {u[0]: i for i, u in enumerate(units) if isinstance(u, tuple) and len(u) == 1}
+    assert set(range(128, 256)) <= set(by_byte)  # byte fallback, or byte-level BPE's alphabet
+    pieces = [i for i, u in enumerate(units) if u]
+    chars = sorted({c for t in TEXTS for c in t if ord(c) > 127})
+    anchor = tok.encode("a", add_special_tokens=False)
+    rng = random.Random(1)
+    checked = 0
+    for _ in range(300):
+        ids = []
+        for _ in range(rng.randrange(1, 10)):
+            if rng.random() < 0.5:
+                ids.append(rng.choice(pieces))
+            else:
+                ids += [by_byte[b] for b in rng.choice(chars).encode()]
+        raw = b"".join(x.encode() if isinstance(x, str) else bytes((x,)) for i in ids for x in units[i])
+        try:
+            want = raw.decode()
+        except UnicodeDecodeError:
+            continue
+        assert tok.decode(anchor + ids) == tok.decode(anchor) + want, ids
+        checked += 1
+    assert checked > 100
+
+
+def test_constraints_put_bytes_together(tok):
+    """A constraint reads byte tokens as the characters they make: texts drawn at random under a
+    JSON schema's constraint (byte tokens are most of these small vocabularies) decode to JSON the
+    schema allows, with no U+FFFD; an enum's value outside ASCII is written whole, never a
+    character that shares its first bytes."""
+    from helpers import drawn_texts
+
+    from mlx_specstream.json_grammar import json_constraint
+
+    values = ["Café", "thé", "日本語", "🎉"]
+    for schema in ({"enum": values}, {"type": "array", "items": {"type": "string"}, "maxItems": 3}):
+        c = json_constraint(tok, schema)
+        ended = 0
+        for ids, done in drawn_texts(c, tok, n=10, max_tokens=120, check_masks=False):
+            if done:
+                ended += 1
+                value = json.loads(tok.decode(ids))
+                assert "\ufffd" not in tok.decode(ids)
+                assert value in values if "enum" in schema else all(isinstance(v, str) for v in value)
+        assert ended >= 5

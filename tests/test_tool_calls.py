@@ -431,6 +431,10 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
                           "time_in"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0 and res.stdout == forced + "\n", res.stderr
     assert [name for name, _ in functions(parse_tool_calls(forced, tok).calls)] == ["time_in"], forced
+    told = generate(model, tok, tok.apply_chat_template(ask("Lima")), max_tokens=40).text  # no tools
+    res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "tools.json"), "--tool-choice",
+                          "none"], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout == told + "\n" and told != want, res.stderr
     for extra, said in [(["--tools", "tools.json"], "--tools go to the chat template: give --chat-template"),
                         (["--tool-choice", "required"], "--tool-choice picks among the tools: give --tools"),
                         (["--chat-template", "--tools", "tools.json", "--tool-choice", "nope"],
