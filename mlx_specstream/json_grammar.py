@@ -4,16 +4,20 @@ character by character by a pushdown machine (docs/design.md#constrained-decodin
 tool calls (:mod:`.forced_calls`) are decoded under it.
 
 What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._read`): ``type``
-(string, number, integer, boolean, null, array with ``items``, ``minItems`` and ``maxItems``,
-object; a list of types), ``properties`` (each key once, in any order, only those named:
+(string with ``pattern``, ``format`` (:data:`FORMATS`), ``minLength`` and ``maxLength``; number,
+integer, boolean, null, array with ``items``, ``minItems`` and ``maxItems``, object; a list of
+types), ``properties`` (each key once, in any order, only those named:
 ``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
 ``dict[str, X]``); ``enum`` and ``const`` of scalars; ``anyOf`` and ``oneOf`` (read as
 ``anyOf``: a value of several alternatives is not refused), ``allOf`` of one schema, OpenAPI's
 ``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``, ``#``; recursive ones
-too), which is what Pydantic's ``model_json_schema`` writes. Other keywords (``pattern``,
-``format``, string lengths, numeric bounds, ``prefixItems``, ``allOf`` of several) leave that
-value unconstrained by them: any value of its type, or any JSON value.
+too), which is what Pydantic's ``model_json_schema`` writes. Other keywords (:data:`UNREAD`:
+numeric bounds, ``prefixItems``, ``allOf`` of several, other formats) leave that value
+unconstrained by them: any value of its type, or any JSON value; a strict ``response_format``
+with one of them is refused. A string with a pattern, a format or bounds is read with its value
+(escapes decoded) in its state, searched with ``regex``'s partial matching at every character,
+so such a state is read once per string, not once per state of all strings.
 Numbers have at most 16 digits before the point, after it and in the exponent; wherever JSON allows
 whitespace there may be a space or a tab, or a line break (LF or CRLF) and up to 20 spaces or tabs
 (llama.cpp's bounds: a model cannot write digits or blank lines forever), and up to two whitespace
@@ -56,9 +60,9 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
 
 JSON_TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
 # keywords that a schema may hold and this grammar does not enforce (a strict response_format refuses them)
-UNREAD = frozenset("""pattern format minLength maxLength minimum maximum exclusiveMinimum exclusiveMaximum
-multipleOf patternProperties propertyNames minProperties maxProperties prefixItems uniqueItems contains not
-if dependentRequired dependentSchemas unevaluatedProperties unevaluatedItems""".split())
+UNREAD = frozenset("""minimum maximum exclusiveMinimum exclusiveMaximum multipleOf patternProperties
+propertyNames minProperties maxProperties prefixItems uniqueItems contains not if dependentRequired
+dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
 # schema nodes (JSONGrammar.nodes holds them; states name them by index)
 ANY, FREE_OBJECT = ("any",), ("object", (), frozenset())
@@ -104,6 +108,8 @@ class JSONGrammar(CharConstraint):
             if kind not in JSON_TYPES:
                 raise ValueError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, not {kind!r}")
         self.unread.update(k for k in schema if k in UNREAD)
+        if kinds == "string" and schema.get("format") is not None and schema.get("format") not in FORMATS:
+            self.unread.add(f"format {schema['format']!r}")
         if isinstance(schema.get("$ref"), str):
             return self._ref(schema["$ref"], root, refs)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
@@ -130,6 +136,8 @@ class JSONGrammar(CharConstraint):
         kind = schema.get("type", "object" if "properties" in schema else None)
         if values:
             return self._add(("choice", tuple(map(self.literal, values))))
+        if kind == "string" and any(k in schema for k in ("pattern", "format", "minLength", "maxLength")):
+            return self._add(_text_node(schema))
         if kind in _SCALARS:
             return self._add(_SCALARS[kind])
         if kind == "array":
@@ -260,6 +268,8 @@ class JSONGrammar(CharConstraint):
                 return (("sa" if what == "array" else "mk", n, then)) if ch == "[{"[what == "map"] else None
             if what == "string":
                 return ("str", "", then) if ch == '"' else None
+            if what == "text":
+                return ("text", n, "", then) if ch == '"' else None
             if what in ("number", "integer"):
                 return (what, ch, then) if ch == "-" or ch in "0123456789" else None
             literal = "true" if ch == "t" else "false" if ch == "f" else None
@@ -300,6 +310,25 @@ class JSONGrammar(CharConstraint):
                 more = high is None or count < high
                 return ("sv", item, ("se", n, min(count + 1, high or low), then)) if more else None
             return then if ch == "]" and count >= low else None
+        if kind == "text":  # ("text", n, value, then): a string of node n, its value so far (escapes read)
+            if ch == '"':
+                return then if self._text_ok(node, state[2], whole=True) else None
+            if ch == "\\":  # where an escape may go on
+                value = state[2]
+                escaped = self._any_char(node, value) or any(self._text(n, value + e, then)
+                                                               for e in _ESCAPES.values())
+                return ("tesc", n, value, then) if escaped else None
+            return None if ord(ch) < 0x20 else self._text(n, state[2] + ch, then)
+        if kind == "tesc":  # ("tesc", n, value, then): after a backslash
+            if ch in _ESCAPES:
+                return self._text(n, state[2] + _ESCAPES[ch], then)
+            return ("thex", n, state[2], "", then) if ch == "u" and self._any_char(node, state[2]) else None
+        if kind == "thex":  # ("thex", n, value, digits, then): in \uXXXX
+            if ch not in "0123456789abcdefABCDEF":
+                return None
+            digits = state[3] + ch
+            return ("thex", n, state[2], digits, then) if len(digits) < 4 else \
+                self._text(n, state[2] + chr(int(digits, 16)), then)
         if kind in ("mk", "mm"):  # (kind, n, then): a map's members, after "{" or after a member
             member = ("str", "", ("ws", lit(":", ("sv", node[1], ("mm", n, then)))))
             if ch == "}":
@@ -308,6 +337,28 @@ class JSONGrammar(CharConstraint):
                 return member if ch == '"' else None
             return ("ws", lit('"', member)) if ch == "," else None
         raise AssertionError(f"unknown state {kind}")
+
+    def _text(self, n: int, value: str, then: State) -> State | None:
+        """In a string of node n (a ``("text", patterns, min, max)``) whose value so far is
+        ``value``: None where no longer string of the node begins so (or it holds a marker)."""
+        if any(m in value for m in self.marker_texts) or not self._text_ok(self.nodes[n], value, whole=False):
+            return None
+        return ("text", n, value, then)
+
+    @staticmethod
+    def _any_char(node: tuple, value: str) -> bool:
+        """Whether any character may follow ``value`` in a string of the node (no pattern, and
+        room left): only then may it be written as ``\\uXXXX``, whose first digits cannot tell
+        whether a pattern would take it."""
+        return not node[1] and (node[3] is None or len(value) < node[3])
+
+    @staticmethod
+    def _text_ok(node: tuple, value: str, whole: bool) -> bool:
+        """Whether ``value`` is a whole string of the node, or (``whole`` False) begins one."""
+        patterns, low, high = node[1:]
+        if high is not None and len(value) > high or whole and len(value) < low:
+            return False
+        return all(p.search(value, partial=not whole) for p in patterns)
 
     def _in_string(self, text: str, then: State) -> State | None:
         """Inside a string after ``text``: None where it ends with one of the format's markers (a
@@ -337,10 +388,44 @@ class JSONGrammar(CharConstraint):
 
 
 # the states whose JSON part may begin with whitespace (it does not change them)
+_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+# the formats read as patterns (RFC 3339's dates and times, and the shapes of the others; \Z, since
+# $ would match before a last line break)
+_LEAP = "([0-9]{2}(0[48]|[2468][048]|[13579][26])|(0[48]|[2468][048]|[13579][26])00)"
+_DATE = (f"([0-9]{{4}}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         f"|02-(0[1-9]|1[0-9]|2[0-8]))|{_LEAP}-02-29)")  # the days each month has
+_TIME = ("([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\\.[0-9]{1,9})?"
+         "([Zz]|[+-]([01][0-9]|2[0-3]):[0-5][0-9])")
+_IPV4 = "(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])"
+FORMATS = {
+    "date": f"^{_DATE}\\Z", "time": f"^{_TIME}\\Z", "date-time": f"^{_DATE}[Tt]{_TIME}\\Z",
+    "uuid": "^[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}\\Z",
+    "email": "^[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\\.[A-Za-z0-9-]{1,63})+\\Z",
+    "ipv4": f"^({_IPV4}\\.){{3}}{_IPV4}\\Z",
+    "uri": "^[A-Za-z][A-Za-z0-9+.-]*:[^\\s\"<>\\\\^`{|}]+\\Z"}
+
+
+def _text_node(schema: dict) -> tuple:
+    """A string with ``pattern`` (searched, as JSON Schema reads it), a ``format`` of
+    :data:`FORMATS`, ``minLength`` and ``maxLength`` (in characters): ``("text", patterns, min,
+    max)``. ValueError for a pattern that is not a regular expression."""
+    import regex
+
+    texts = [t for t in (schema.get("pattern"), FORMATS.get(schema.get("format"))) if isinstance(t, str)]
+    try:
+        patterns = tuple(regex.compile(t, regex.ASCII) for t in texts)  # \d is [0-9], as ECMA-262's
+    except regex.error as e:
+        raise ValueError(f"a JSON schema's pattern {texts[0]!r} is not a regular expression ({e})") from None
+    low, high = schema.get("minLength", 0), schema.get("maxLength")
+    low = low if isinstance(low, int) and low > 0 else 0
+    return ("text", patterns, low, high if isinstance(high, int) and high >= low else None)
+
+
 SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se",
                       "mk", "mm"})
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
-_SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "choice", "number", "integer"})
+_SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "choice", "number", "integer",
+                           "text", "tesc", "thex"})
 
 
 def _values(values: list) -> tuple[str, ...]:

@@ -101,10 +101,11 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     with pytest.raises(ValueError, match="type must be one of string, .*, not 'str'"):
         json_constraint(tok, {"properties": {"a": {"type": ["null", "str"]}}})
     # a strict schema with keywords the grammar does not enforce is refused, as OpenAI refuses them
-    coded = {"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]+$"}}}
-    spec = {"type": "json_schema", "json_schema": {"name": "c", "schema": coded}}
-    assert response_constraint(tok, spec).unread == {"pattern"}
-    with pytest.raises(ValueError, match="a strict schema may not use pattern"):
+    counted = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1},
+                                                "at": {"type": "string", "format": "hostname"}}}
+    spec = {"type": "json_schema", "json_schema": {"name": "c", "schema": counted}}
+    assert response_constraint(tok, spec).unread == {"minimum", "format 'hostname'"}
+    with pytest.raises(ValueError, match="a strict schema may not use format 'hostname', minimum"):
         response_constraint(tok, {**spec, "json_schema": {**spec["json_schema"], "strict": True}})
 
 
@@ -165,16 +166,60 @@ def test_references_unions_and_bounds(tok):
         assert reads(json_constraint(tok, schema), tok, text) is allowed, (schema, text)
 
 
+STRINGS = {"type": "object", "additionalProperties": False, "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{2}[0-9]+$"}, "tag": {"type": "string", "pattern": "x[yz]"},
+    "d": {"type": "string", "format": "date"}, "u": {"type": "string", "format": "uuid"},
+    "ip": {"type": "string", "format": "ipv4"}, "n": {"type": "string", "minLength": 2, "maxLength": 4},
+    "at": {"type": "string", "format": "date-time"}}}
+UUID = "123e4567-e89b-12d3-a456-426614174000"
+
+
+def test_patterns_formats_and_lengths(tok):
+    """Strings by ``pattern`` (searched, as JSON Schema reads it), ``format`` and
+    ``minLength``/``maxLength`` (characters of the value, escapes decoded), against ``jsonschema``
+    with its format checker; texts drawn under the constraint pass it too (``date-time`` by
+    Python's ISO reader)."""
+    import datetime
+
+    check = jsonschema.Draft202012Validator(STRINGS, format_checker=jsonschema.FormatChecker())
+    c = json_constraint(tok, STRINGS)
+    good = {"code": "AB12", "tag": "__xz__", "d": "2024-02-29", "u": UUID, "ip": "10.0.0.255", "n": "ab",
+            "at": "2024-01-01T10:00:00Z"}
+    cases = [good, {"n": "aé"}, {"n": "aéé\n"}, *({k: v} for k, v in [  # JSON writes é as \u00e9
+        ("code", "ab12"), ("code", "AB"), ("code", "AB12\n"), ("tag", "xx"), ("d", "2023-02-29"),
+        ("d", "2024-13-01"), ("u", UUID[:-1]), ("ip", "256.1.1.1"), ("n", "a"), ("n", "abcde")])]
+    for value in cases:
+        text = json.dumps(value)
+        assert reads(c, tok, text) == check.is_valid(value), text
+    assert not reads(c, tok, '{"at": "2024-01-01 10:00"}')  # RFC 3339: a T, seconds and an offset
+    ended = 0
+    for ids, done in drawn_texts(c, tok, max_tokens=200):
+        if done:
+            ended += 1
+            value = json.loads(tok.decode(ids))
+            check.validate(value)
+            if "at" in value:
+                assert datetime.datetime.fromisoformat(value["at"]).tzinfo is not None
+    assert ended >= 8
+    with pytest.raises(ValueError, match="pattern '\\(' is not a regular expression"):
+        json_constraint(tok, {"type": "string", "pattern": "("})
+
+
 def test_pydantic_models_read_back(tok):
     """A Pydantic model's own schema (``model_json_schema``, as the ``openai`` client sends it): texts
     drawn under the constraint are instances of the model (Pydantic is the oracle)."""
     pydantic = pytest.importorskip("pydantic")
+    import datetime
+    import uuid
     from typing import Literal
 
     class Item(pydantic.BaseModel):
-        name: str
+        name: str = pydantic.Field(max_length=12)
         qty: int
         tags: list[Literal["new", "used"]] = []
+        code: str = pydantic.Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")
+        ref: uuid.UUID
+        when: datetime.date
 
     class Order(pydantic.BaseModel):
         items: list[Item]
@@ -189,7 +234,10 @@ def test_pydantic_models_read_back(tok):
             finished += 1
             Order.model_validate_json(tok.decode(ids))
     assert finished >= 8
-    assert not reads(c, tok, '{"items": [{"name": "a", "qty": "1"}], "prices": {}}')
+    item = {"name": "a", "qty": 1, "code": "ABC-12", "ref": UUID, "when": "2024-02-29"}
+    assert reads(c, tok, json.dumps({"items": [item], "prices": {}}))
+    for wrong in ({"qty": "1"}, {"name": "a" * 13}, {"code": "AB-12"}, {"when": "2023-02-29"}):
+        assert not reads(c, tok, json.dumps({"items": [item | wrong], "prices": {}})), wrong
 
 
 def test_texts_drawn_through_the_constraint_are_valid(tok):
