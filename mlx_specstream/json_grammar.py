@@ -4,8 +4,9 @@ character by character by a pushdown machine (docs/design.md#constrained-decodin
 tool calls (:mod:`.forced_calls`) are decoded under it.
 
 What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._read`): ``type``
-(string with ``pattern``, ``format`` (:data:`FORMATS`), ``minLength`` and ``maxLength``; number,
-integer, boolean, null, array with ``items``, ``minItems`` and ``maxItems``, object; a list of
+(string with ``pattern``, ``format`` (:data:`FORMATS`), ``minLength`` and ``maxLength``; number
+and integer with ``minimum``, ``maximum`` and their exclusive forms (then written without an
+exponent); boolean, null, array with ``items``, ``minItems`` and ``maxItems``, object; a list of
 types), ``properties`` (each key once, in any order, only those named:
 ``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
@@ -13,7 +14,7 @@ types), ``properties`` (each key once, in any order, only those named:
 ``anyOf``: a value of several alternatives is not refused), ``allOf`` of one schema, OpenAPI's
 ``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``, ``#``; recursive ones
 too), which is what Pydantic's ``model_json_schema`` writes. Other keywords (:data:`UNREAD`:
-numeric bounds, ``prefixItems``, ``allOf`` of several, other formats) leave that value
+``multipleOf``, ``prefixItems``, ``allOf`` of several, other formats) leave that value
 unconstrained by them: any value of its type, or any JSON value; a strict ``response_format``
 with one of them is refused. A string with a pattern, a format or bounds is read with its value
 (escapes decoded) in its state, searched with ``regex``'s partial matching at every character,
@@ -45,6 +46,7 @@ import json
 import math
 import re
 import urllib.parse
+from fractions import Fraction
 
 from .constraint import CharConstraint, State
 
@@ -60,7 +62,7 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
 
 JSON_TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
 # keywords that a schema may hold and this grammar does not enforce (a strict response_format refuses them)
-UNREAD = frozenset("""minimum maximum exclusiveMinimum exclusiveMaximum multipleOf patternProperties
+UNREAD = frozenset("""multipleOf patternProperties
 propertyNames minProperties maxProperties prefixItems uniqueItems contains not if dependentRequired
 dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
@@ -138,6 +140,8 @@ class JSONGrammar(CharConstraint):
             return self._add(("choice", tuple(map(self.literal, values))))
         if kind == "string" and any(k in schema for k in ("pattern", "format", "minLength", "maxLength")):
             return self._add(_text_node(schema))
+        if kind in ("number", "integer") and any(k in schema for k in _BOUNDS):
+            return self._add(("bounded", kind == "integer", *_bounds(schema)))
         if kind in _SCALARS:
             return self._add(_SCALARS[kind])
         if kind == "array":
@@ -254,8 +258,15 @@ class JSONGrammar(CharConstraint):
                 return (kind, text, then)
             return self._char(then, ch) if pattern.fullmatch(n) else None
         node = self.nodes[n]
+        if kind == "bounded":  # ("bounded", n, text, then): a number of node n's bounds, read so far
+            text = state[2] + ch
+            if ch in "0123456789-." and _reaches(node, text):
+                return ("bounded", n, text, then)
+            return self._char(then, ch) if _within(node, state[2]) else None
         if kind == "sv":
             what = node[0]
+            if what == "bounded":
+                return ("bounded", n, ch, then) if _reaches(node, ch) else None
             if what == "any":
                 return self._char(("value", then), ch)
             if what in ("union", "ref"):
@@ -380,6 +391,8 @@ class JSONGrammar(CharConstraint):
             return bool(pattern.fullmatch(state[1])) and self.may_end(state[2])
         if kind == "choice":
             return state[2] in self.nodes[state[1]][1] and self.may_end(state[3])
+        if kind == "bounded":
+            return _within(self.nodes[state[1]], state[2]) and self.may_end(state[3])
         return self._whole(state)
 
     def _whole(self, state: State) -> bool:
@@ -421,11 +434,88 @@ def _text_node(schema: dict) -> tuple:
     return ("text", patterns, low, high if isinstance(high, int) and high >= low else None)
 
 
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_DECIMAL = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?")  # a bounded number: no exponent
+_STEP = Fraction(1, 10**16)  # the finest step a bounded number's 16 fraction digits write
+
+
+def _bounds(schema: dict) -> tuple:
+    """``(low, low excluded, high, high excluded)`` as Fractions (None: no bound), from
+    ``minimum``/``maximum`` and ``exclusiveMinimum``/``exclusiveMaximum`` (a number, or draft 4's
+    true beside ``minimum``/``maximum``)."""
+    def number(v):
+        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+        return Fraction(str(v)) if finite else None
+
+    out = []
+    for bound, excluded, pick in (("minimum", "exclusiveMinimum", max), ("maximum", "exclusiveMaximum", min)):
+        value, strict = number(schema.get(bound)), schema.get(excluded)
+        if strict is True:  # draft 4
+            out += [value, value is not None]
+        elif number(strict) is not None and (value is None or pick(value, number(strict)) == number(strict)):
+            out += [number(strict), True]
+        else:
+            out += [value, False]
+    return tuple(out)
+
+
+def _grid(node: tuple) -> tuple[Fraction, Fraction | None, Fraction | None]:
+    """A bounded node's step (1 for integers) and its lowest and highest values on that step."""
+    integer, low, low_out, high, high_out = node[1:]
+    step = Fraction(1) if integer else _STEP
+    lowest = highest = None
+    if low is not None:
+        lowest = math.ceil(low / step) * step
+        lowest += step if low_out and lowest == low else 0
+    if high is not None:
+        highest = math.floor(high / step) * step
+        highest -= step if high_out and highest == high else 0
+    return step, lowest, highest
+
+
+def _reaches(node: tuple, text: str) -> bool:
+    """Whether a number of the node's bounds begins with ``text`` (no exponent; at most 16 digits
+    a part): the numbers that begin so are runs ``[a, b)`` (``12`` begins 12-12.99…, 120-129.99…,
+    ...), mirrored for a minus sign, each tried at its end nearest the bounds."""
+    if not (_DECIMAL.fullmatch(text) or _DECIMAL.fullmatch(text + "0")) or node[1] and "." in text:
+        return False
+    step, lowest, highest = _grid(node)
+    negative = text.startswith("-")
+    whole, dot, fraction = text.lstrip("-").partition(".")
+    if dot:
+        a = Fraction(whole + "." + fraction) if fraction else Fraction(whole)
+        runs = [(a, a + Fraction(1, 10 ** len(fraction)))]
+    elif not whole:
+        runs = [(Fraction(0), Fraction(10**16))]
+    else:
+        runs = [(Fraction(int(whole) * 10**k), Fraction((int(whole) + 1) * 10**k))
+                for k in range(1 if whole == "0" else 17 - len(whole))]
+    for a, b in runs:
+        if not negative:
+            v = a if lowest is None else max(a, lowest)
+            if v <= b - step and (highest is None or v <= highest):
+                return True
+        else:
+            v = -a if highest is None else min(-a, highest)
+            if v >= step - b and (lowest is None or v >= lowest):
+                return True
+    return False
+
+
+def _within(node: tuple, text: str) -> bool:
+    """Whether ``text`` is a whole number within the node's bounds."""
+    if not (_INTEGER if node[1] else _DECIMAL).fullmatch(text):
+        return False
+    _, lowest, highest = _grid(node)
+    v = Fraction(text)
+    return (lowest is None or v >= lowest) and (highest is None or v <= highest)
+
+
 SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se",
                       "mk", "mm"})
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
 _SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "choice", "number", "integer",
-                           "text", "tesc", "thex"})
+                           "text", "tesc", "thex", "bounded"})
 
 
 def _values(values: list) -> tuple[str, ...]:

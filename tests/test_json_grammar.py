@@ -205,6 +205,31 @@ def test_patterns_formats_and_lengths(tok):
         json_constraint(tok, {"type": "string", "pattern": "("})
 
 
+BOUNDED = [{"type": "integer", "minimum": 0}, {"type": "integer", "exclusiveMinimum": -3, "maximum": 120},
+           {"type": "number", "exclusiveMinimum": 0, "maximum": 1}, {"type": "number", "minimum": -2.5},
+           {"type": "integer", "minimum": 10, "maximum": 10}, {"type": "number", "maximum": -0.001}]
+
+
+def test_numbers_within_bounds(tok):
+    """``minimum``, ``maximum`` and their exclusive forms, against ``jsonschema``, on numbers
+    written and drawn; no number is begun that cannot end within the bounds."""
+    texts = ["0", "-0", "-1", "7", "120", "121", "-2", "-3", "1", "0.5", "1.0", "1.5", "0.0", "-2.5", "-2.6",
+             "10", "9", "11", "100", "-0.001", "-0.0009", "-1e1", "3.25"]
+    for schema in BOUNDED:
+        c = json_constraint(tok, schema)
+        for text in texts:
+            # written without an exponent, an integer without a fraction (JSON Schema would take 1.0)
+            plain = "e" not in text and not (schema["type"] == "integer" and "." in text)
+            valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
+            assert reads(c, tok, text) == (valid and plain), (schema, text)
+        ended = 0
+        for ids, done in drawn_texts(c, tok, n=8, max_tokens=40, check_masks=False):
+            ended += done
+            if done:
+                jsonschema.validate(json.loads(tok.decode(ids)), schema)
+        assert ended >= 6, schema
+
+
 def test_pydantic_models_read_back(tok):
     """A Pydantic model's own schema (``model_json_schema``, as the ``openai`` client sends it): texts
     drawn under the constraint are instances of the model (Pydantic is the oracle)."""
@@ -215,7 +240,8 @@ def test_pydantic_models_read_back(tok):
 
     class Item(pydantic.BaseModel):
         name: str = pydantic.Field(max_length=12)
-        qty: int
+        qty: int = pydantic.Field(ge=1, lt=100)
+        share: float = pydantic.Field(gt=0, le=1)
         tags: list[Literal["new", "used"]] = []
         code: str = pydantic.Field(pattern=r"^[A-Z]{3}-[0-9]{2}$")
         ref: uuid.UUID
@@ -234,9 +260,10 @@ def test_pydantic_models_read_back(tok):
             finished += 1
             Order.model_validate_json(tok.decode(ids))
     assert finished >= 8
-    item = {"name": "a", "qty": 1, "code": "ABC-12", "ref": UUID, "when": "2024-02-29"}
+    item = {"name": "a", "qty": 1, "share": 0.5, "code": "ABC-12", "ref": UUID, "when": "2024-02-29"}
     assert reads(c, tok, json.dumps({"items": [item], "prices": {}}))
-    for wrong in ({"qty": "1"}, {"name": "a" * 13}, {"code": "AB-12"}, {"when": "2023-02-29"}):
+    for wrong in ({"qty": "1"}, {"qty": 0}, {"qty": 100}, {"share": 0}, {"share": 1.5}, {"name": "a" * 13},
+                  {"code": "AB-12"}, {"when": "2023-02-29"}):
         assert not reads(c, tok, json.dumps({"items": [item | wrong], "prices": {}})), wrong
 
 
