@@ -98,9 +98,9 @@ class CharConstraint(TokenConstraint):
     :meth:`read_as_text` gives it one.
 
     A character's first bytes are allowed only where some character that begins with them may
-    come: one the subclass names (:meth:`literal`: an enum's value, a table's name) or, for text
-    that allows any character there, the first character and the first letter that begin so
-    (:func:`_probes`)."""
+    come: one the subclass names (:meth:`literal`: an enum's value, a table's name, a pattern) or,
+    for text that allows any character there, the first character and the first letter or digit
+    that begin so (:func:`_probes`)."""
 
     def __init__(self, tokenizer):
         super().__init__(tokenizer.vocab_size)
@@ -203,7 +203,7 @@ def _probes(head: bytes) -> tuple[str, ...]:
     """Characters whose UTF-8 begins with ``head`` (the start of a valid sequence): the first one,
     and the first letter or digit among the next 4,096 (the code points that begin so are a run)."""
     seq = head
-    while not (ch := _decoded(seq)):
+    while not (ch := _decoded(seq)):  # "" (not None): some byte goes on
         seq += bytes((next(b for b in range(0x80, 0xC0) if _decoded(seq + bytes((b,))) is not None),))
     chars = [ch]
     for cp in range(ord(ch), min(ord(ch) + 4096, 0xD800 if ord(ch) < 0xD800 else 0x110000)):
@@ -212,16 +212,18 @@ def _probes(head: bytes) -> tuple[str, ...]:
         if chr(cp).isalnum():
             chars.append(chr(cp))
             break
-    return tuple(chars)
+    return tuple(dict.fromkeys(chars))
 
 
 @functools.lru_cache(maxsize=4096)
 def _decoded(b: bytes) -> str | None:
-    """The characters of ``b``: "" where it is the start of one, None where it is not UTF-8."""
+    """The characters of ``b``: "" where it is the start of one, None where it is not UTF-8 (nor
+    the start of a character: Python's decoder takes ``ED A0``, a surrogate's, as one)."""
     try:
-        return codecs.getincrementaldecoder("utf-8")().decode(b)
+        text = codecs.getincrementaldecoder("utf-8")().decode(b)
     except UnicodeDecodeError:
         return None
+    return text if text or any(_decoded(b + bytes((c,))) is not None for c in range(0x80, 0xC0)) else None
 
 
 def node_states(constraint: TokenConstraint, root_state: State, tree: Tree | None) -> list[State | None]:

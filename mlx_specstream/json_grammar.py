@@ -41,6 +41,7 @@ character; after ``"days": 1`` a digit, ``,`` or ``}``; EOS only after the closi
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import json
 import math
@@ -72,6 +73,16 @@ _SCALARS = {"string": ("string",), "number": ("number",), "integer": ("integer",
             "boolean": ("boolean",), "null": ("null",)}
 
 
+@dataclasses.dataclass
+class _Reading:
+    """One schema being read: its ``root`` (what ``$ref`` points into), the node of each ``$ref``
+    and of each distinct schema read so far (the same part is read once however often it comes)."""
+
+    root: object
+    refs: dict[str, int] = dataclasses.field(default_factory=dict)
+    read: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
 class JSONGrammar(CharConstraint):
     """The machine over JSON values by schema nodes; a subclass says what surrounds them
     (``start``, :meth:`_frame` for its own states, :meth:`may_end`). ``markers``: texts no string
@@ -91,55 +102,66 @@ class JSONGrammar(CharConstraint):
     def _node(self, schema, top: bool = False) -> int:
         """The index of a schema's node (``$ref`` read against ``schema`` as the root). ``top``: an
         object whatever the schema says (a call's arguments, OpenAI's ``json_object``)."""
-        n = self._read(schema, schema, {})
+        n = self._read(schema, _Reading(schema))
         if top and any(self.nodes[m][0] not in ("object", "map") for m in self._entries(n)):
             n = self._add(FREE_OBJECT)
         return n
 
-    def _read(self, schema, root, refs: dict[str, int]) -> int:
-        """A schema's node: ``("string",)`` and the other scalars, ``("choice", texts)`` for
-        ``enum``/``const`` (the values as JSON writes them, sorted), ``("array", item, min, max)``,
-        ``("object", ((name, node), ...), required)`` (no names: any object), ``("map", node)``
-        (any names, each value by the node), ``("union", nodes)`` (``anyOf``, ``oneOf``, a list of
-        types), ``("ref", node)`` (``refs``: the node of each ``$ref`` read so far, so that a
-        schema may refer to itself), ``ANY``."""
+    def _read(self, schema, ctx: _Reading) -> int:
+        """A schema's node, read once per distinct schema (``ctx.read``): :meth:`_parse`."""
+        key = json.dumps(schema, sort_keys=True, default=repr)
+        if key not in ctx.read:
+            ctx.read[key] = self._parse(schema, ctx)
+        return ctx.read[key]
+
+    def _parse(self, schema, ctx: _Reading) -> int:
+        """A schema's node: ``("string",)`` and the other scalars, ``("text", patterns, min, max)``
+        (a string by pattern, format or length), ``("bounded", integer, low, low excluded, high,
+        high excluded)``, ``("choice", texts)`` for ``enum``/``const`` (the values as JSON writes
+        them, sorted), ``("array", item, min, max)``, ``("object", ((name, node), ...),
+        required)`` (no names: any object), ``("map", node)`` (any names, each value by the node),
+        ``("union", nodes)`` (``anyOf``, ``oneOf``, a list of types, ``nullable``), ``("ref",
+        node)`` (``ctx.refs``: one per ``$ref``, so that a schema may refer to itself), ``ANY``.
+        What is read without being enforced goes to :attr:`unread`."""
         if not isinstance(schema, dict):
             return self._add(ANY)
         kinds = schema.get("type")
         for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
             if kind not in JSON_TYPES:
                 raise ValueError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, not {kind!r}")
-        self.unread.update(k for k in schema if k in UNREAD)
-        if kinds == "string" and schema.get("format") is not None and schema.get("format") not in FORMATS:
-            self.unread.add(f"format {schema['format']!r}")
-        if isinstance(schema.get("$ref"), str):
-            return self._ref(schema["$ref"], root, refs)
+        self._unread(schema)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
+        alts = schema.get("anyOf", schema.get("oneOf"))
+        if isinstance(schema.get("$ref"), str):  # its siblings other than nullable are not read
+            alts = [{"$ref": schema["$ref"]}] if schema.get("nullable") is True else None
+            if alts is None:
+                return self._ref(schema["$ref"], ctx)
         one = schema.get("allOf")
         if isinstance(one, list) and len(one) == 1 and isinstance(one[0], dict):  # as pydantic wraps a $ref
-            return self._read({k: v for k, v in schema.items() if k != "allOf"} | one[0], root, refs)
-        alts = schema.get("anyOf", schema.get("oneOf"))
+            return self._read({k: v for k, v in schema.items() if k != "allOf"} | one[0], ctx)
         if isinstance(alts, list) and alts and all(isinstance(a, dict) for a in alts):
-            alts = [{**rest, **a} for a in alts]
-        elif isinstance(kinds, list) and kinds and all(isinstance(k, str) for k in kinds):
+            alts = [a if "$ref" in a else {**rest, **a} for a in alts]
+        elif isinstance(kinds, list) and kinds:
             alts = [{**rest, "type": k} for k in kinds]
         else:
             alts = None
         if schema.get("nullable") is True:  # OpenAPI's way to say "or null"
             alts = [*(alts or [rest]), {"type": "null"}]
         if alts:
-            members = sorted({self._read(a, root, refs) for a in alts})
+            members = sorted({self._read(a, ctx) for a in alts})
             return members[0] if len(members) == 1 else self._add(("union", tuple(members)))
         if "allOf" in schema:  # more than one schema to meet at once: not read
-            self.unread.add("allOf")
             return self._add(ANY)
         values = [schema["const"]] if "const" in schema else schema.get("enum")
         values = _values(values) if isinstance(values, list) else None
-        kind = schema.get("type", "object" if "properties" in schema else None)
+        kind = kinds if isinstance(kinds, str) else "object" if "properties" in schema else None
         if values:
             return self._add(("choice", tuple(map(self.literal, values))))
-        if kind == "string" and any(k in schema for k in ("pattern", "format", "minLength", "maxLength")):
-            return self._add(_text_node(schema))
+        if kind == "string" and any(k in schema for k in _STRING_WORDS):
+            node = _text_node(schema)
+            for pattern in node[1]:
+                self.literal(pattern.pattern)  # its characters' first bytes may be written as bytes
+            return self._add(node)
         if kind in ("number", "integer") and any(k in schema for k in _BOUNDS):
             return self._add(("bounded", kind == "integer", *_bounds(schema)))
         if kind in _SCALARS:
@@ -148,34 +170,68 @@ class JSONGrammar(CharConstraint):
             lo, hi = schema.get("minItems", 0), schema.get("maxItems")
             lo = lo if isinstance(lo, int) and lo > 0 else 0
             hi = hi if isinstance(hi, int) and hi >= lo else None
-            return self._add(("array", self._read(schema.get("items"), root, refs), lo, hi))
+            return self._add(("array", self._read(schema.get("items"), ctx), lo, hi))
         if kind != "object":
             return self._add(ANY)
         props = schema.get("properties")
         if isinstance(props, dict):  # a property whose schema is false may not be written
             props = {k: v for k, v in props.items() if v is not False}
+        extra = schema.get("additionalProperties")
         if isinstance(props, dict) and props and all(_PLAIN.fullmatch(k) for k in props):
             listed = schema.get("required")
             listed = listed if isinstance(listed, list) else []
             required = frozenset(r for r in listed if isinstance(r, str) and r in props)
-            return self._add(("object", tuple(sorted((self.literal(k), self._read(props[k], root, refs))
+            return self._add(("object", tuple(sorted((self.literal(k), self._read(props[k], ctx))
                                                     for k in props)), required))
-        extra = schema.get("additionalProperties")
+        if not props and extra is False:  # no property may be written
+            return self._add(("choice", ("{}",)))
         if not props and isinstance(extra, dict) and extra:
-            return self._add(("map", self._read(extra, root, refs)))
+            return self._add(("map", self._read(extra, ctx)))
         return self._add(FREE_OBJECT)
 
-    def _ref(self, ref: str, root, refs: dict[str, int]) -> int:
+    def _unread(self, schema: dict) -> None:
+        """Note in :attr:`unread` what of ``schema`` the grammar will not enforce."""
+        kinds = schema.get("type")
+        kinds = set(kinds) if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else None
+        said = self.unread
+        said.update(k for k in schema if k in UNREAD)
+        if isinstance(schema.get("allOf"), list) and len(schema["allOf"]) > 1:
+            said.add("allOf")
+        if "anyOf" in schema and "oneOf" in schema:
+            said.add("oneOf beside anyOf")
+        if isinstance(schema.get("$ref"), str):
+            if not schema["$ref"].startswith("#"):
+                said.add(f"$ref {schema['$ref']!r}")
+            said.update(f"{k} beside $ref" for k in schema if k in _CONSTRAINING)
+        if isinstance(schema.get("items"), list):
+            said.add("items as a list")
+        values = [schema["const"]] if "const" in schema else schema.get("enum")
+        if isinstance(values, list) and not _values(values):
+            said.add("enum or const of values other than strings, numbers, booleans and null")
+        if kinds is None and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
+            # a value of any type: its strings or numbers would not be bounded
+            said.update(f"{k} without a type" for k in schema if k in _STRING_WORDS or k in _BOUNDS)
+        if kinds == {"string"} and schema.get("format") is not None and schema.get("format") not in FORMATS:
+            said.add(f"format {schema['format']!r}")
+        props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
+        for name in schema.get("required") if isinstance(schema.get("required"), list) else ():
+            if not isinstance(name, str) or name not in props:
+                said.add(f"required {name!r} (not in properties)")
+        if props and not all(_PLAIN.fullmatch(k) for k in props):
+            said.add("property names with quotes, backslashes or control characters")
+
+    def _ref(self, ref: str, ctx: _Reading) -> int:
         """The node of ``$ref`` (a JSON pointer into the root, ``#/$defs/Name``); one node per
         reference, made before what it refers to is read, so a recursive schema ends."""
-        if ref not in refs:
-            target = _pointer(root, ref)
+        if ref not in ctx.refs:
+            target = _pointer(ctx.root, ref)
             if target is None:
+                self.unread.add(f"$ref {ref!r}")
                 return self._add(ANY)
-            refs[ref] = len(self.nodes)
+            ctx.refs[ref] = len(self.nodes)
             self.nodes.append(("ref", None))
-            self.nodes[refs[ref]] = ("ref", self._read(target, root, refs))
-        return refs[ref]
+            self.nodes[ctx.refs[ref]] = ("ref", self._read(target, ctx))
+        return ctx.refs[ref]
 
     def _add(self, node: tuple) -> int:
         """``node``'s index (one index per distinct node)."""
@@ -435,6 +491,10 @@ def _text_node(schema: dict) -> tuple:
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_STRING_WORDS = ("pattern", "format", "minLength", "maxLength")
+# what constrains a value beside a $ref (annotations such as title or description do not)
+_CONSTRAINING = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf",
+                           "allOf", "additionalProperties", *_BOUNDS, *_STRING_WORDS})
 _DECIMAL = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?")  # a bounded number: no exponent
 _STEP = Fraction(1, 10**16)  # the finest step a bounded number's 16 fraction digits write
 
@@ -533,9 +593,15 @@ def _values(values: list) -> tuple[str, ...]:
     return tuple(sorted(texts))
 
 
+MAX_ALTS = 16  # alternatives an alt state keeps (each keeps its own stack: nested unions multiply them)
+
+
 def alt(states) -> State | None:
-    """One state for several the text may be in (None: none)."""
-    states = frozenset(states)
+    """One state for several the text may be in (None: none). Past :data:`MAX_ALTS` the first by
+    their text are kept: what is allowed narrows, and stays valid (every state kept can end)."""
+    states = frozenset(x for s in states for x in (s[1] if s[0] == "alt" else (s,)))  # flat: no alt in an alt
+    if len(states) > MAX_ALTS:
+        states = frozenset(sorted(states, key=repr)[:MAX_ALTS])
     return None if not states else next(iter(states)) if len(states) == 1 else ("alt", states)
 
 

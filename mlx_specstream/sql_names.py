@@ -64,7 +64,7 @@ row_number rank dense_rank percent_rank cume_dist ntile lag lead first_value las
 nocase binary rowid oid _rowid_
 """.split())
 
-_BARE = re.compile(r"[A-Za-z_]\w*")  # a name that may be written without quotes (order_id)
+_BARE = re.compile(r"[^\W\d]\w*")  # a name that may be written without quotes (order_id, Ärzte)
 _ALIAS_LIKE = re.compile(r"[A-Za-z][0-9]*")  # T1, t: may be used before the AS that defines it
 _SHORT_ALIAS = re.compile(r"[A-Za-z]{1,3}[0-9]*")  # an alias without AS (FROM flight f)
 _NAME = r'(?:"[^"]*"|`[^`]*`|\[[^\]]*\]|[^\s(]+)'  # a table name, maybe quoted or schema.table

@@ -90,6 +90,13 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     opened = c.walk(c.start, tok.encode('"a', add_special_tokens=False))
     assert c.walk(opened, [by_byte[0xC3], by_byte[0x22]]) is None
     assert c.walk(opened, [by_byte[0x22]]) is not None  # the byte alone is a quote
+    # found by a review: ED A0-BF begins a surrogate, which UTF-8 does not write; ED 9E 98 is 힘
+    assert c.walk(opened, [by_byte[0xED], by_byte[0xA0]]) is None
+    assert c.mask(c.walk(opened, [by_byte[0xED]])).any()
+    assert c.walk(opened, [by_byte[b] for b in "힘".encode()]) is not None
+    hangul = json_constraint(tok, {"type": "string", "pattern": "^[éè가-힣]+$"})  # the pattern's characters
+    for text in ("é", "김"):
+        assert hangul.walk(hangul.start, [by_byte[0x22], *(by_byte[b] for b in text.encode())]) is not None
     odd = json_constraint(tok, {"allOf": [{"type": "string"}, {"type": "null"}], "required": [{}]})  # any
     assert reads(odd, tok, "[1]") and reads(odd, tok, '"a"')
     any_object = json_constraint(tok)  # OpenAI's json_object: any object
@@ -101,11 +108,11 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     with pytest.raises(ValueError, match="type must be one of string, .*, not 'str'"):
         json_constraint(tok, {"properties": {"a": {"type": ["null", "str"]}}})
     # a strict schema with keywords the grammar does not enforce is refused, as OpenAI refuses them
-    counted = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 1},
+    counted = {"type": "object", "properties": {"n": {"type": "integer", "multipleOf": 2},
                                                 "at": {"type": "string", "format": "hostname"}}}
     spec = {"type": "json_schema", "json_schema": {"name": "c", "schema": counted}}
-    assert response_constraint(tok, spec).unread == {"minimum", "format 'hostname'"}
-    with pytest.raises(ValueError, match="a strict schema may not use format 'hostname', minimum"):
+    assert response_constraint(tok, spec).unread == {"multipleOf", "format 'hostname'"}
+    with pytest.raises(ValueError, match="a strict schema may not use format 'hostname', multipleOf"):
         response_constraint(tok, {**spec, "json_schema": {**spec["json_schema"], "strict": True}})
 
 
@@ -228,6 +235,46 @@ def test_numbers_within_bounds(tok):
             if done:
                 jsonschema.validate(json.loads(tok.decode(ids)), schema)
         assert ended >= 6, schema
+
+
+def test_schemas_that_multiply_work_stay_bounded(tok):
+    """Found by a review: unions whose alternatives share a prefix nest (two node types with
+    ``children``: an alt state per level doubled), and ``anyOf`` beside ``properties`` read every
+    property again per branch (30 levels: hours). Alternatives are capped, and each distinct part
+    of a schema is read once."""
+    from mlx_specstream.json_grammar import MAX_ALTS
+
+    node = {"anyOf": [{"type": "object", "additionalProperties": False, "properties": {
+        "children": {"type": "array", "items": {"$ref": "#/$defs/N"}}, name: {"type": "string"}}}
+        for name in ("a", "b")]}
+    c = json_constraint(tok, {"$defs": {"N": node}, "$ref": "#/$defs/N"})
+    state = c.walk(c.start, tok.encode('{"children": [' * 20, add_special_tokens=False))
+    assert state[0] == "alt" and len(state[1]) <= MAX_ALTS and c.mask(state).any()
+    assert reads(c, tok, '{"children": [{"children": [{"a": "x"}], "b": "y"}]}')
+    nested = {"type": "string"}
+    for _ in range(30):
+        nested = {"type": "object", "properties": {"x": nested},
+                  "anyOf": [{"required": ["x"]}, {"required": []}]}
+    assert reads(json_constraint(tok, nested), tok, '{"x": {}}')
+
+
+def test_what_is_not_enforced_is_said(tok):
+    """Keywords read without being enforced are listed (``unread``), so a strict
+    ``response_format`` is refused; the rest of these schemas still holds."""
+    integer = {"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A"}
+    for schema, said in [
+            ({**integer, "type": "string"}, "type beside $ref"), ({"$ref": "b.json#/A"}, "$ref 'b.json#/A'"),
+            ({"items": [{"type": "string"}]}, "items as a list"), ({"maxLength": 3}, "maxLength without"),
+            ({"enum": [[1], 2]}, "enum or const of values other than strings"),
+            ({"properties": {"a": {}}, "required": ["b"]}, "required 'b' (not in properties)"),
+            ({"type": "number", "multipleOf": 2}, "multipleOf")]:
+        assert any(u.startswith(said) for u in json_constraint(tok, schema).unread), (schema, said)
+    assert not json_constraint(tok, {"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 3}).unread
+    nullable = json_constraint(tok, {**integer, "nullable": True})
+    assert reads(nullable, tok, "null") and reads(nullable, tok, "3") and not reads(nullable, tok, '"3"')
+    closed = json_constraint(tok, {"type": "object", "additionalProperties": False})
+    assert reads(closed, tok, "{}") and not reads(closed, tok, '{"x": 1}')
+    assert reads(json_constraint(tok, {"type": []}), tok, "[1]")  # no type named: any value
 
 
 def test_pydantic_models_read_back(tok):

@@ -196,6 +196,8 @@ def test_names_that_need_quotes_or_bytes_never_leave_nothing_allowed(tok):
         state = c.walk(head, [by_byte[b] for b in ch.encode()])
         assert (state is not None and c.may_end(state)) is ok, ch
     assert c.walk(head, [by_byte[0xC3], by_byte[0x20]]) is None  # a character cut short
+    doctors = SQLNames.from_prompt("CREATE TABLE Ärzte (name TEXT)", tok)  # found by a review: SQLite
+    assert allowed(doctors, tok, "SELECT name FROM Ärzte")  # takes such a name without quotes
 
 
 def test_trie_mask_equals_token_by_token(tok):
