@@ -112,3 +112,13 @@ def drawn_texts(c, tok, n: int = 12, seed: int = 0, max_tokens: int = 300, check
             ids.append(int(np.argmax(scores)))
             state = c.advance(state, ids[-1])
         yield (ids[:-1], True) if state is DONE else (ids, False)
+
+
+def templated_model(d: Path, model: Path, template: str) -> Path:
+    """``model``'s files (and adapters) linked into the new folder ``d``, with the chat template
+    ``template`` added: a chat model without copying weights."""
+    d.mkdir()
+    for f in model.iterdir():
+        (d / f.name).symlink_to(f.resolve())
+    (d / "chat_template.jinja").write_text(template)
+    return d

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import Server, drawn_texts
+from helpers import Server, drawn_texts, templated_model
 
 from mlx_specstream import generate, load
 from mlx_specstream.api import DEFAULT_MODEL
@@ -342,12 +342,7 @@ CHAT = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{% end
 @pytest.fixture(scope="module")
 def chat_model(tmp_path_factory):
     """The shipped model and adapters (linked) with a chat template, for the chat endpoint."""
-    d = tmp_path_factory.mktemp("chat") / "specstream-tiny"
-    d.mkdir()
-    for f in DEFAULT_MODEL.iterdir():
-        (d / f.name).symlink_to(f.resolve())
-    (d / "chat_template.jinja").write_text(CHAT)
-    return d
+    return templated_model(tmp_path_factory.mktemp("chat") / "specstream-tiny", DEFAULT_MODEL, CHAT)
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from helpers import SERVE, Server
+from helpers import SERVE, Server, templated_model
 
 from mlx_specstream.api import DEFAULT_MODEL, generate, load, stream_generate
 
@@ -39,12 +39,7 @@ CODE = [json.loads(line)["prompt"] for line in (ROOT / "data" / "code" / "test.j
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     """The shipped model with a chat template added (files linked, nothing copied)."""
-    d = tmp_path_factory.mktemp("served") / "specstream-tiny"
-    d.mkdir()
-    for f in MODEL.iterdir():
-        (d / f.name).symlink_to(f.resolve())
-    (d / "chat_template.jinja").write_text(TEMPLATE)
-    return d
+    return templated_model(tmp_path_factory.mktemp("served") / "specstream-tiny", MODEL, TEMPLATE)
 
 
 @pytest.fixture(scope="module")
