@@ -63,7 +63,7 @@ _PLAIN = re.compile(r'[^"\\\x00-\x1f]+')  # a property name JSON writes as it is
 
 JSON_TYPES = ("string", "number", "integer", "boolean", "null", "array", "object")
 # keywords that a schema may hold and this grammar does not enforce (a strict response_format refuses them)
-UNREAD = frozenset("""multipleOf patternProperties
+UNREAD = frozenset("""multipleOf dependencies patternProperties
 propertyNames minProperties maxProperties prefixItems uniqueItems contains not if dependentRequired
 dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
@@ -138,9 +138,11 @@ class JSONGrammar(CharConstraint):
                 return self._ref(schema["$ref"], ctx)
         one = schema.get("allOf")
         if isinstance(one, list) and len(one) == 1 and isinstance(one[0], dict):  # as pydantic wraps a $ref
-            return self._read({k: v for k, v in schema.items() if k != "allOf"} | one[0], ctx)
+            return self._read(_merged({k: v for k, v in schema.items() if k != "allOf"}, one[0]), ctx)
         if isinstance(alts, list) and alts and all(isinstance(a, dict) for a in alts):
-            alts = [a if "$ref" in a else {**rest, **a} for a in alts]
+            if any("$ref" in a for a in alts):  # a reference is read alone: what is beside it is not
+                self.unread.update(f"{k} beside $ref" for k in rest if k in _CONSTRAINING)
+            alts = [a if "$ref" in a else _merged(rest, a) for a in alts]
         elif isinstance(kinds, list) and kinds:
             alts = [{**rest, "type": k} for k in kinds]
         else:
@@ -148,7 +150,14 @@ class JSONGrammar(CharConstraint):
         if schema.get("nullable") is True:  # OpenAPI's way to say "or null"
             alts = [*(alts or [rest]), {"type": "null"}]
         if alts:
-            members = sorted({self._read(a, ctx) for a in alts})
+            members = {self._read(a, ctx) for a in alts}
+            choices = {m for m in members if self.nodes[m][0] == "choice"}
+            if len(choices) > 1:  # enums and consts in one choice (an alt state would hold each)
+                texts = sorted({t for m in choices for t in self.nodes[m][1]})
+                members = members - choices | {self._add(("choice", tuple(texts)))}
+            if len(members) > MAX_ALTS:
+                self.unread.add(f"anyOf of more than {MAX_ALTS} alternatives")
+            members = sorted(members)
             return members[0] if len(members) == 1 else self._add(("union", tuple(members)))
         if "allOf" in schema:  # more than one schema to meet at once: not read
             return self._add(ANY)
@@ -211,7 +220,10 @@ class JSONGrammar(CharConstraint):
         if kinds is None and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
             # a value of any type: its strings or numbers would not be bounded
             said.update(f"{k} without a type" for k in schema if k in _STRING_WORDS or k in _BOUNDS)
-        if kinds == {"string"} and schema.get("format") is not None and schema.get("format") not in FORMATS:
+        fmt = schema.get("format") if isinstance(schema.get("format"), str) else None
+        if kinds == {"string"} and (isinstance(schema.get("pattern"), str) or fmt in FORMATS):
+            said.update(f"{k} beside a pattern or format" for k in ("minLength", "maxLength") if k in schema)
+        if kinds == {"string"} and "format" in schema and fmt not in FORMATS:
             said.add(f"format {schema['format']!r}")
         props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
         for name in schema.get("required") if isinstance(schema.get("required"), list) else ():
@@ -480,14 +492,42 @@ def _text_node(schema: dict) -> tuple:
     max)``. ValueError for a pattern that is not a regular expression."""
     import regex
 
-    texts = [t for t in (schema.get("pattern"), FORMATS.get(schema.get("format"))) if isinstance(t, str)]
-    try:
-        patterns = tuple(regex.compile(t, regex.ASCII) for t in texts)  # \d is [0-9], as ECMA-262's
+    fmt = schema.get("format") if isinstance(schema.get("format"), str) else None
+    texts = [t for t in (schema.get("pattern"), FORMATS.get(fmt)) if isinstance(t, str)]
+    try:  # \d is [0-9] and $ the end only, as ECMA-262's
+        patterns = tuple(regex.compile(_ecma_end(t), regex.ASCII) for t in texts)
     except regex.error as e:
         raise ValueError(f"a JSON schema's pattern {texts[0]!r} is not a regular expression ({e})") from None
+    if patterns:  # lengths beside a pattern are not read (JSONGrammar._unread): together they could
+        return ("text", patterns, 0, None)  # leave a value that matches so far no room to end
     low, high = schema.get("minLength", 0), schema.get("maxLength")
     low = low if isinstance(low, int) and low > 0 else 0
     return ("text", patterns, low, high if isinstance(high, int) and high >= low else None)
+
+
+def _ecma_end(pattern: str) -> str:
+    """``pattern`` with each ``$`` outside a class and not escaped as ``\\Z``: ECMA-262's ``$`` is
+    the end of the text, Python's also a line break before it."""
+    out, escaped, in_class = [], False, False
+    for ch in pattern:
+        if not escaped and not in_class and ch == "$":
+            ch = "\\Z"
+        elif not escaped and ch in "[]":
+            in_class = ch == "["
+        escaped = not escaped and ch == "\\"
+        out.append(ch)
+    return "".join(out)
+
+
+def _merged(base: dict, more: dict) -> dict:
+    """Two schemas a value must both meet, as one where they do not clash: their ``properties``
+    together, their ``required`` together, any other keyword of ``more`` over ``base``'s."""
+    out = {**base, **more}
+    if isinstance(base.get("properties"), dict) and isinstance(more.get("properties"), dict):
+        out["properties"] = {**base["properties"], **more["properties"]}
+    if isinstance(base.get("required"), list) and isinstance(more.get("required"), list):
+        out["required"] = [*base["required"], *(r for r in more["required"] if r not in base["required"])]
+    return out
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
@@ -593,7 +633,7 @@ def _values(values: list) -> tuple[str, ...]:
     return tuple(sorted(texts))
 
 
-MAX_ALTS = 16  # alternatives an alt state keeps (each keeps its own stack: nested unions multiply them)
+MAX_ALTS = 64  # alternatives an alt state keeps (each keeps its own stack: nested unions multiply them)
 
 
 def alt(states) -> State | None:
