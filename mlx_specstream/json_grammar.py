@@ -409,12 +409,7 @@ class JSONGrammar(CharConstraint):
             return ("thex", n, state[2], digits, then) if len(digits) < 4 else \
                 self._text(n, state[2] + chr(int(digits, 16)), then)
         if kind in ("mk", "mm"):  # (kind, n, then): a map's members, after "{" or after a member
-            member = ("str", "", ("ws", lit(":", ("sv", node[1], ("mm", n, then)))))
-            if ch == "}":
-                return then
-            if kind == "mk":
-                return member if ch == '"' else None
-            return ("ws", lit('"', member)) if ch == "," else None
+            return _members(kind == "mk", ch, ("sv", node[1], ("mm", n, then)), then)
         raise AssertionError(f"unknown state {kind}")
 
     def _text(self, n: int, value: str, then: State) -> State | None:
@@ -673,18 +668,25 @@ def begins(words: list[str], prefix: str) -> bool:
     return i < len(words) and words[i].startswith(prefix)
 
 
+def _members(first: bool, ch: str, value: State, then: State) -> State | None:
+    """An object's members after ``{`` (``first``) or after a member: a key (any string), ``:``
+    and a member's ``value`` state (which goes on after the member), apart by ``,``; ``then``
+    after ``}``."""
+    member = ("str", "", ("ws", lit(":", value)))
+    if ch == "}":
+        return then
+    if first:
+        return member if ch == '"' else None
+    return ("ws", lit('"', member)) if ch == "," else None
+
+
 def _json(state: State, ch: str, char) -> State | None:
     """Any JSON value: ``value``, an object's ``keys`` (after ``{``) and ``members`` (after a
     member), an array's ``items`` (after ``[``) and ``elements``, a string's escapes ``esc`` and
     ``hex``. ``char`` reads a character in another state (a number's, an array's first value)."""
     kind, then = state[0], state[-1]
-    if kind == "keys" and ch == "}":
-        return then
     if kind in ("keys", "members"):
-        member = ("str", "", ("ws", lit(":", ("value", ("members", then)))))
-        if kind == "keys":
-            return member if ch == '"' else None
-        return ("ws", lit('"', member)) if ch == "," else (then if ch == "}" else None)
+        return _members(kind == "keys", ch, ("value", ("members", then)), then)
     if kind == "value":
         if ch == "{":
             return ("keys", then)
