@@ -202,6 +202,10 @@ def generate(
     temp: float = typer.Option(0.0, "--temp", help="sampling temperature (0: greedy)"),
     top_p: float = typer.Option(1.0, "--top-p", help="sampling: draw from the most likely tokens up to "
                                 "this total probability (1: all)"),
+    top_k: int = typer.Option(0, "--top-k", help="sampling: draw from the k most likely tokens only "
+                              "(0: all)"),
+    min_p: float = typer.Option(0.0, "--min-p", help="sampling: drop tokens less than this times as likely "
+                                "as the most likely one (0: off)"),
     seed: int | None = typer.Option(None, help="sampling seed (default: a fresh one each run)"),
     mode: str = typer.Option("ss", help="ss: speculative streaming; ar: token by token; lookup: "
                              "prompt-lookup drafts (no adapter needed)"),
@@ -259,14 +263,16 @@ def generate(
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
                              "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
         _generate_coreml(model, text, verbose, chat_template, turn, forced, schema, max_tokens=max_tokens,
-                         temperature=temp, top_p=top_p, seed=seed, mode=mode, branch=branch,
-                         tree_budget=tree_budget, lookup=lookup, sql_names=sql_names, stop=stop)
+                         temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, mode=mode,
+                         branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
+                         stop=stop)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
     _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, turn),
-                                max_tokens=max_tokens, temperature=temp, top_p=top_p, seed=seed, mode=mode,
+                                max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
+                                min_p=min_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
                                 sql_names=sql_names, stop=stop,

@@ -15,6 +15,7 @@ from .adapter import load_adapter
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
 from .errors import OptionError, check_keywords, check_switch
 from .loader import load_model, model_dir
+from .logprobs import TokenLogprob
 from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
 from .project import default_model
 from .runner import PassRequest, Runner
@@ -73,6 +74,7 @@ class StreamResponse:
     pieces: list[str] = field(default_factory=list, repr=False)
     drafted: list[bool] = field(default_factory=list, repr=False)
     stop_sequence: str | None = None  # the stop string that ended the text (finish_reason "stop")
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # per token, if asked for
 
 
 @dataclass
@@ -87,6 +89,7 @@ class GenerationResult:
     stats: Stats
     finish_reason: str | None = None
     steps: list[StreamResponse] = field(default_factory=list, repr=False)
+    logprobs: list[TokenLogprob] | None = field(default=None, repr=False)  # per token, if asked for
 
 
 def _prompt_ids(tokenizer, prompt) -> list[int]:
@@ -212,11 +215,13 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         tokenizer.detokenizer(skip_special_tokens=True) if skip_special_tokens else tokenizer.detokenizer())
     out = ""  # text yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
+    held_logprobs: list[TokenLogprob] = []  # the held tokens' (where asked for)
     for step in decoder.steps():
         if isinstance(step, PassRequest):  # a batched decoder's pass: for the caller to run
             yield step
             continue
         pieces = [detok.add_token(t) for t in step.tokens] if detok else [""] * len(step.tokens)
+        held_logprobs += step.logprobs or []
         n_acc = min(len(step.accepted), len(step.tokens))
         held += [(t, p, i < n_acc) for i, (t, p) in enumerate(zip(step.tokens, pieces))]
         tail = detok.finalize() if detok and step.finished else ""  # bytes held back until the end
@@ -242,13 +247,16 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
             decoder.stats.generated_tokens -= cut
             n_acc = min(n_acc, len(step.tokens) - min(cut, len(step.tokens)))  # accepted, in the output
         ready, held = held[:n], held[n:]
+        tokens = [t for t, _, _ in ready if t is not None]
+        logprobs, held_logprobs = held_logprobs[:len(tokens)], held_logprobs[len(tokens):]
         piece_list = [p for _, p, _ in ready]
         if hits and ready:  # the piece the stop string begins in, cut there
             piece_list[-1] = piece_list[-1][: len(piece_list[-1]) - (pos - end)]
         out += "".join(piece_list)
-        yield StreamResponse([t for t, _, _ in ready if t is not None], "".join(piece_list),
-                             step.accepted[:n_acc], step.rejected, finished, decoder.stats.snapshot(),
-                             piece_list, [d for _, _, d in ready], found[0][1] if found else None)
+        yield StreamResponse(tokens, "".join(piece_list), step.accepted[:n_acc], step.rejected, finished,
+                             decoder.stats.snapshot(), piece_list, [d for _, _, d in ready],
+                             found[0][1] if found else None,
+                             logprobs if step.logprobs is not None else None)
         if finished:
             return
 
@@ -275,13 +283,16 @@ def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
     """Yield, per forward pass, the tokens accepted and their text.
 
     ``prompt`` is text or token ids. Options: ``max_tokens`` (256; -1: until EOS or the end of
-    the context), ``temperature`` (0: greedy),
-    ``top_p``, ``seed``, ``mode`` ("ss"; "ar": token by token through the same code path, the
-    lossless reference; "lookup": prompt-lookup drafts alone), and the overrides ``gamma`` (streams
-    used), ``branch`` (k), ``tree_budget`` (nodes per tree), ``prune_threshold``, ``streams``
-    ("auto", "tree", "deferred") and ``node_cost`` (the cost of one more tree node relative to a
-    one-node pass: each tree is cut to the size with the most expected tokens per unit of cost; 0
-    runs the whole budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU),
+    the context), ``temperature`` (0: greedy), ``top_p``, ``top_k`` and ``min_p`` (sampling: the
+    nucleus, the k most likely tokens, the tokens at least min_p times as likely as the most likely
+    one; after the temperature, top-k first), ``seed``, ``logprobs`` (k: each token's
+    log-probability under the model with the k likeliest tokens', in each response's ``logprobs``:
+    :mod:`~mlx_specstream.logprobs`), ``mode`` ("ss"; "ar": token by token through the same code
+    path, the lossless reference; "lookup": prompt-lookup drafts alone), and the overrides
+    ``gamma`` (streams used), ``branch`` (k), ``tree_budget`` (nodes per tree), ``prune_threshold``,
+    ``streams`` ("auto", "tree", "deferred") and ``node_cost`` (the cost of one more tree node
+    relative to a one-node pass: each tree is cut to the size with the most expected tokens per unit
+    of cost; 0 runs the whole budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU),
     ``lookup`` and ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where
     it has them; both on by default in "ss" mode) and ``sql_names`` (write SQL whose identifiers are
     only the tables and columns of the prompt's ``CREATE TABLE`` statements, keywords and aliases:
@@ -301,12 +312,14 @@ def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Pro
     """Generate a whole completion (a :class:`GenerationResult`: text, tokens, statistics).
 
     ``prompt`` is text or token ids; ``stop`` a string or a list of them. The options are those of
-    :func:`stream_generate` (``max_tokens``, ``temperature``, ``top_p``, ``seed``, ``mode``,
+    :func:`stream_generate` (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``,
+    ``logprobs``, ``mode``,
     ``gamma``, ``branch``, ``tree_budget``, ``prune_threshold``, ``streams``, ``node_cost``,
     ``lookup``, ``ngrams``, ``sql_names``, ``constraint``), which says what each does."""
     _check_names(options, "generate")
     dec = decoder(model, tokenizer, prompt, **options)
     steps = list(responses(dec, tokenizer, check_stop(stop, tokenizer)))
     tokens = [t for s in steps for t in s.tokens]
+    logprobs = None if dec.opts.logprobs is None else [lp for s in steps for lp in s.logprobs or []]
     return GenerationResult("".join(s.text for s in steps), tokens, dec.stats,
-                            steps[-1].finish_reason if steps else None, steps)
+                            steps[-1].finish_reason if steps else None, steps, logprobs)

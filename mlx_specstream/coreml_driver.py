@@ -299,8 +299,8 @@ def load_package(path: str | Path, backend: str = "auto", compute_units: str = "
 
 
 # the options of api.stream_generate a package serves: its adapter, streams and pruning are fixed
-PACKAGE_OPTIONS = ("max_tokens", "temperature", "top_p", "seed", "mode", "branch", "tree_budget", "lookup",
-                   "ngrams", "sql_names", "constraint")
+PACKAGE_OPTIONS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "mode", "branch",
+                   "tree_budget", "lookup", "ngrams", "sql_names", "constraint", "logprobs")
 FIXED_AT_EXPORT = {name: "fixed when the package was exported" for name in
                    ("gamma", "prune_threshold", "streams", "node_cost")}
 
@@ -311,10 +311,11 @@ def _package_options(caller: str, runner: PackageRunner, tokenizer, prompt, opti
     check_keywords(caller, options, PACKAGE_OPTIONS, {**MLX_LM_NAMES, **FIXED_AT_EXPORT})
     if isinstance(prompt, str) and tokenizer is None:
         raise PackageError(f"{runner.path}: no tokenizer beside the package; pass token ids")
-    if (options.get("sql_names") or options.get("constraint") is not None) and not runner.info.sampling:
-        # a constraint reads the logits
+    if (options.get("sql_names") or options.get("constraint") is not None
+            or options.get("logprobs") is not None) and not runner.info.sampling:
+        # a constraint and log-probabilities read the logits
         raise PackageError("this package was exported for greedy decoding only (export with "
-                           "--sampling for --sql-names, --tool-choice or a constraint)")
+                           "--sampling for --sql-names, --tool-choice, a constraint or logprobs)")
     if options.get("mode", "ss") == "ss" and not runner.info.gamma:
         options = {**options, "mode": "ar"}
     return options

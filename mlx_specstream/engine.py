@@ -24,6 +24,7 @@ import numpy as np
 from .constraint import TokenConstraint, constrained_argmax, constrained_logits, node_states
 from .device import on_gpu
 from .errors import ContextLengthError, OptionError, check_kind, check_seed, check_switch, prompt_too_long
+from .logprobs import TokenLogprob, token_logprobs
 from .lookup import LookupScore, lookup_match, match_prior
 from .runner import MLXRunner, PassRequest, Runner
 from .streams import check_prune_threshold
@@ -39,6 +40,8 @@ class DecodeOptions:
     max_tokens: int = 256
     temperature: float = 0.0
     top_p: float = 1.0
+    top_k: int = 0  # sampling: the k most likely tokens only (0: all)
+    min_p: float = 0.0  # sampling: tokens at least min_p times as likely as the most likely one
     seed: int | None = None  # sampling; None: a fresh seed from the OS each generation
     mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
     # ss: prompt-lookup candidates merged into the streams' draft tree (hybrid drafts); None: on
@@ -61,6 +64,9 @@ class DecodeOptions:
     # Tokens the output may contain (e.g. sql_names.SQLNames): decoding is the constrained
     # model's, exactly (docs/design.md#constrained-decoding).
     constraint: TokenConstraint | None = None
+    # Each emitted token's log-probability under the model, with the ``logprobs`` most likely
+    # tokens' (0: the token's alone; None: none), as OpenAI's API returns them (logprobs.py)
+    logprobs: int | None = None
 
 
 # Measured on a 2-core x86 CPU with small products as sgemv (docs/engine.md#cost-of-a-pass-measured):
@@ -152,6 +158,7 @@ class Step:
     accepted: list[int]  # draft tokens accepted this pass
     rejected: list[int]  # the best draft continuation that was not accepted
     finished: str | None = None  # "stop" (EOS) or "length"
+    logprobs: list[TokenLogprob] | None = None  # one per token, where the options ask for them
 
 
 @dataclass
@@ -206,6 +213,7 @@ def check_used(opts: DecodeOptions) -> None:
 
 # Numeric options: whether each is a whole number, and whether None (the default) is allowed
 _TYPED_OPTIONS = {"max_tokens": (True, False), "temperature": (False, False), "top_p": (False, False),
+                  "top_k": (True, False), "min_p": (False, False), "logprobs": (True, True),
                   "gamma": (True, True), "branch": (True, True), "tree_budget": (True, True),
                   "node_cost": (False, True), "prune_threshold": (False, True)}
 
@@ -246,6 +254,13 @@ class Decoder:
                               f"{type(opts.constraint).__name__}")
         if not 0 < opts.top_p <= 1:
             raise OptionError(f"{{top_p}} must be in (0, 1], not {opts.top_p}")
+        if opts.top_k < 0:
+            raise OptionError(f"{{top_k}} must be >= 0 (0: off), not {opts.top_k}")
+        if not 0 <= opts.min_p <= 1:
+            raise OptionError(f"{{min_p}} must be in [0, 1], not {opts.min_p}")
+        if opts.logprobs is not None and opts.logprobs < 0:
+            raise OptionError(f"{{logprobs}} must be >= 0 (the most likely tokens given beside each "
+                              f"token), not {opts.logprobs}")
         self.runner = runner = model if isinstance(model, Runner) else MLXRunner(model)
         runner.check(opts.temperature, opts.branch, opts.tree_budget, opts.prune_threshold)
         self.limit = runner.limit
@@ -283,6 +298,8 @@ class Decoder:
         self.budget = opts.tree_budget if opts.tree_budget is not None else default_budget
         self.threshold = opts.prune_threshold if opts.prune_threshold is not None else (
             cfg.prune_threshold if cfg else 0.0)
+        if vocab is not None and opts.logprobs is not None and opts.logprobs > vocab:
+            raise OptionError(f"{{logprobs}} must be at most the vocabulary's {vocab}, not {opts.logprobs}")
         if vocab is not None and self.branch > vocab:
             raise OptionError(f"{{branch}} must be at most the vocabulary's {vocab}, not {self.branch}")
         check_tree_sizes(branch=self.branch, tree_budget=self.budget)
@@ -330,7 +347,12 @@ class Decoder:
         logits = runner.main_logits()
         if c is not None:
             logits = constrained_logits(c, states, logits)
-        return probabilities(logits, self.opts.temperature, self.opts.top_p)
+        return self._probabilities(logits)
+
+    def _probabilities(self, logits: np.ndarray) -> np.ndarray:
+        """The sampling distribution of ``logits`` (..., V) under this generation's options."""
+        o = self.opts
+        return probabilities(logits, o.temperature, o.top_p, o.top_k, o.min_p)
 
     def _advance_constraint(self, tokens: list[int]) -> None:
         if self.opts.constraint is not None:
@@ -386,7 +408,7 @@ class Decoder:
         if greedy:
             top, vals = streams
             return _Draft(top.tolist(), vals.tolist(), [], [])
-        q = probabilities(streams, self.opts.temperature, self.opts.top_p)
+        q = self._probabilities(streams)
         levels, scores, draws = [], [], []
         for j in range(self.gamma):
             d = [sample(q[j], self.rng) for _ in range(k)]
@@ -413,7 +435,7 @@ class Decoder:
         root = int(target[0]) if opts.temperature == 0 else sample(target[0], self.rng)
         self._advance_constraint([root])
         self.history = self.prompt + [root]
-        step = self._emit([root], [], [], 0)
+        step = self._emit([root], [], [], 0, self._logits([0]))
         if step.finished is None:  # no drafts for a generation that is over
             draft = yield from self._draft(0)
         stats.prefill_time = time.perf_counter() - t0
@@ -451,7 +473,7 @@ class Decoder:
             runner.commit(path)
             self._advance_constraint(accepted + [root])
             self.history += accepted + [root]
-            step = self._emit(accepted + [root], accepted, rejected, emitted)
+            step = self._emit(accepted + [root], accepted, rejected, emitted, self._logits(path))
             # the tokens the pass advanced the output by (EOS included, none past it or the limit)
             stats.count_pass(len(tree), len(kept), len(step.tokens) + (step.finished == "stop"))
             if step.finished is None:
@@ -512,7 +534,8 @@ class Decoder:
             stats.model_time += time.perf_counter() - t_step
             stats.count_pass(1, 1, 1)
             self.history.append(root)
-            step = self._emit([root], [], [], emitted)
+            logits = None if self.opts.logprobs is None else np.array(pending[1].astype(mx.float32))
+            step = self._emit([root], [], [], emitted, logits)
             emitted += len(step.tokens)
             if step.finished is not None and queued is not None:
                 runner.drop_queued()
@@ -522,10 +545,16 @@ class Decoder:
                 return
             pending = queued
 
+    def _logits(self, rows: list[int]) -> np.ndarray | None:
+        """The last pass's main logits at its nodes ``rows`` (those that predicted the emitted
+        tokens), where the options ask for log-probabilities."""
+        return None if self.opts.logprobs is None else self.runner.main_logits()[rows]
+
     def _emit(self, tokens: list[int], accepted: list[int], rejected: list[int],
-              emitted: int) -> Step:
+              emitted: int, logits: np.ndarray | None = None) -> Step:
         """Cut ``tokens`` at EOS or the token limit, whichever comes first (as plain decoding, one
-        token a pass, would meet them), and update the statistics."""
+        token a pass, would meet them), and update the statistics. ``logits`` (one row per token):
+        their log-probabilities (logprobs.py)."""
         room = self.opts.max_tokens - emitted
         context_room = None if self.limit is None else self.limit - len(self.prompt) - emitted
         by_context = context_room is not None and context_room < room
@@ -540,4 +569,5 @@ class Decoder:
                 self.stats.context_limit = self.limit
         self.stats.generated_tokens += len(tokens)
         self.stats.finish_reason = finished
-        return Step(tokens, accepted, rejected, finished)
+        logprobs = None if logits is None else token_logprobs(logits, tokens, self.opts.logprobs)
+        return Step(tokens, accepted, rejected, finished, logprobs)

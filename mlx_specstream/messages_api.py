@@ -175,7 +175,8 @@ class MessageReply(Reply):
             return "stop_sequence", stop_sequence
         return STOP_REASONS.get(finish, finish), None
 
-    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None) -> dict:
+    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None,
+              logprobs: dict | None = None) -> dict:
         read, finish = self.read(text, finish_reason)
         blocks = ([{"type": "text", "text": read.content}] if read.content else []) + [
             _tool_use(c) for c in read.calls]

@@ -34,7 +34,7 @@ from .forced_calls import forced_calls, forced_names
 from .json_grammar import response_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
-from .tokenizer import TokenizerError
+from .tokenizer import Tokenizer, TokenizerError
 from .tool_calls import ToolCallReader, ToolCalls, ToolFormat, read_tool_calls, tool_format, tools_problem
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -201,23 +201,40 @@ def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool
 # OpenAI fields that would change the reply, which this server does not do: refused, not ignored
 # (a client reading ``logprobs.content`` must not get None). Each maps to whether a value asks for it.
 UNSUPPORTED = {
-    "logprobs": lambda v: v is not None and v is not False,  # completions' 0: the sampled token's
-    "top_logprobs": lambda v: v not in (None, 0),
     "echo": lambda v: v not in (None, False),
     "suffix": lambda v: v not in (None, ""),
     "best_of": lambda v: v not in (None, 1),
     "logit_bias": lambda v: bool(v),
     "presence_penalty": lambda v: v not in (None, 0),
     "frequency_penalty": lambda v: v not in (None, 0),
-    # mlx-lm's and vLLM's sampling fields, at their values that change nothing
-    "top_k": lambda v: v not in (None, 0, -1),
-    "min_p": lambda v: v not in (None, 0),
+    # mlx-lm's and vLLM's, at its value that changes nothing
     "repetition_penalty": lambda v: v not in (None, 1),
     # the deprecated function calling (its successor, tools, is served)
     "functions": lambda v: bool(v),
     "function_call": lambda v: v not in (None, "none", "auto"),
 }
 SEEDS = range(-(1 << 63), 1 << 63)  # OpenAI's: a 64-bit signed integer
+MAX_TOP_LOGPROBS = {True: 20, False: 5}  # OpenAI's, for chat (top_logprobs) and completions (logprobs)
+
+
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """How many likeliest tokens to give beside each token's log-probability (None: no
+    log-probabilities): chat's ``logprobs: true`` with ``top_logprobs``, completions' ``logprobs: k``."""
+    most = MAX_TOP_LOGPROBS[chat]
+    if chat:
+        asked = _field(body, "logprobs", (bool,), False)
+        k = _field(body, "top_logprobs", (int,), None)
+        if k is not None and not asked:
+            raise APIError("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        name, k = "top_logprobs", (k or 0) if asked else None
+    else:
+        if body.get("top_logprobs") not in (None, 0):
+            raise APIError("a completion's 'logprobs' says how many likeliest tokens to give (0 to 5); "
+                           "'top_logprobs' is chat's", "top_logprobs", "unsupported_parameter")
+        name, k = "logprobs", _field(body, "logprobs", (int,), None)
+    if k is not None and not 0 <= k <= most:
+        raise APIError(f"'{name}' must be between 0 and {most}, not {k}", name)
+    return k
 
 
 @dataclass
@@ -232,6 +249,7 @@ class Generation:
     include_usage: bool
     tool_format: ToolFormat | None = None  # the calls' format, where the request gave tools
     max_calls: int | None = None  # 1 for parallel_tool_calls: false
+    tokenizer: Tokenizer | None = None  # where the request asked for log-probabilities: their tokens' text
 
 
 def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
@@ -260,11 +278,15 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     max_key = "max_tokens"
     if chat and body.get("max_completion_tokens") is not None:
         max_key = "max_completion_tokens"  # the newer name
+    top_k = _field(body, "top_k", (int,), 0)
     options = dict(
         max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
         temperature=_number(body, "temperature", 0.0),  # OpenAI's range: below
         top_p=_number(body, "top_p", 1.0),
+        top_k=top_k if top_k != -1 else 0,  # -1: off, as vLLM's
+        min_p=_number(body, "min_p", 0.0),
         seed=_seed(body),
+        logprobs=_logprobs(body, chat),
         # an extra field: "ss" (where the adapter has streams), "ar" or "lookup"
         mode=_text(_field(body, "mode", (str,), default_mode(model)), "mode"),
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
@@ -310,7 +332,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     # they mark tool calls
     skip = fmt is None or not fmt.special(tok)
     return Generation(responses(dec, tok, stop, skip_special_tokens=skip), dec.stats, model_id, chat, stream,
-                      usage, fmt, max_calls)
+                      usage, fmt, max_calls, tok if options["logprobs"] is not None else None)
 
 
 # -- replies ---------------------------------------------------------------------------------
@@ -348,32 +370,56 @@ class Reply:
         read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
         return read, called(finish_reason, bool(read.calls))
 
-    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None) -> dict:
-        """The reply to a request without ``stream``: its whole text, why it ended."""
+    def logprobs(self, rs: list[StreamResponse], offset: int = 0) -> dict | None:
+        """OpenAI's ``logprobs`` of responses ``rs`` (None where the request did not ask for them):
+        chat's ``content`` list; completions' lists, ``text_offset`` counted from ``offset``."""
+        tok = self.gen.tokenizer
+        if tok is None:
+            return None
+        items = [lp for r in rs for lp in r.logprobs or []]
+        if self.gen.chat:
+            return {"content": [{**token_text(tok, lp.token), "logprob": lp.logprob,
+                                 "top_logprobs": [{**token_text(tok, t), "logprob": v} for t, v in lp.top]}
+                                for lp in items], "refusal": None}
+        offsets = []
+        for r in rs:  # a token's text is its piece; a last piece without a token is a character's end
+            for piece in r.pieces[:len(r.tokens)]:
+                offsets.append(offset)
+                offset += len(piece)
+        return {"tokens": [token_text(tok, lp.token)["token"] for lp in items],
+                "token_logprobs": [lp.logprob for lp in items],
+                "top_logprobs": [{token_text(tok, t)["token"]: v for t, v in lp.top} for lp in items],
+                "text_offset": offsets}
+
+    def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None,
+              logprobs: dict | None = None) -> dict:
+        """The reply to a request without ``stream``: its whole text, why it ended, the tokens'
+        log-probabilities (:meth:`logprobs`)."""
         if self.gen.chat:
             read, finish_reason = self.read(text, finish_reason)
             message = {"role": "assistant", "content": read.content}  # null where it is only calls
             if read.calls:
                 message["tool_calls"] = read.calls
-            choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": logprobs}
             out = self._base("chat.completion")
         else:
-            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "text": text, "finish_reason": finish_reason, "logprobs": logprobs}
             out = self._base("text_completion")
         stats = self.gen.stats
         return {**out, "choices": [choice], "usage": usage(stats), "speculative": speculative(stats)}
 
     def chunk(self, text: str | None, finish_reason: str | None, first: bool = False,
-              calls: list[dict] | None = None) -> dict:
+              calls: list[dict] | None = None, logprobs: dict | None = None) -> dict:
         """A chunk of the stream: the role (``first``), text, tool calls (each with its ``index``
-        in the reply's calls), or the finish reason."""
+        in the reply's calls), or the finish reason; the log-probabilities of the tokens that
+        came since the last chunk (:meth:`logprobs`)."""
         if self.gen.chat:
             delta = {"role": "assistant", "content": ""} if first else (
                 {"content": text} if text is not None else {"tool_calls": calls} if calls else {})
-            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": logprobs}
             out = {**self._base("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": None}
+            choice = {"index": 0, "text": text or "", "finish_reason": finish_reason, "logprobs": logprobs}
             out = {**self._base("text_completion"), "choices": [choice]}
         if finish_reason is not None:
             out["speculative"] = speculative(self.gen.stats)
@@ -389,14 +435,17 @@ class Reply:
     async def events(self, passes):
         """The reply as server-sent events, from the generation's responses pass by pass: the
         content, each tool call once it is whole, the finish reason, the usage when asked."""
-        reader, n_calls = self.reader(), 0
+        reader, n_calls, offset = self.reader(), 0, 0
         try:
             if self.gen.chat:
                 yield sse(self.chunk(None, None, first=True))
             async for r in passes:
                 text, calls, finish = read_pass(reader, r)
-                if text:
-                    yield sse(self.chunk(text, None))
+                logprobs = self.logprobs([r], offset) if r.tokens else None
+                offset += len(r.text)
+                if text or logprobs:  # a pass's tokens whose text is held back: their logprobs now
+                    shown = text if text or not self.gen.chat else None  # chat: no content, only logprobs
+                    yield sse(self.chunk(shown, None, logprobs=logprobs))
                 for call in calls:
                     yield sse(self.chunk(None, None, calls=[{"index": n_calls, **call}]))
                     n_calls += 1
@@ -420,6 +469,17 @@ def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, li
         rest, last = reader.close()
         text, calls, finish = text + rest, calls + last, called(finish, bool(reader.calls))
     return text, calls, finish
+
+
+def token_text(tokenizer: Tokenizer, token: int) -> dict:
+    """A token as OpenAI's logprobs show it: its ``token`` text (``bytes:\\xe2\\x80`` for bytes
+    that are part of a character; a control token's own text) and its UTF-8 ``bytes``."""
+    units = tokenizer.token_units[token]
+    if isinstance(units, tuple):
+        raw = bytes(ord(u) if isinstance(u, str) else u for u in units)
+        return {"token": "bytes:" + "".join(f"\\x{b:02x}" for b in raw), "bytes": list(raw)}
+    text = units or tokenizer.decode([token])
+    return {"token": text, "bytes": list(text.encode("utf-8", "surrogatepass"))}
 
 
 def called(finish_reason: str | None, calls: bool) -> str | None:
@@ -485,12 +545,10 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         reply = (kind or Reply)(gen)
         if not gen.stream:
             async def whole() -> Response:
-                text, last = [], None
-                async for r in passes(job, out):
-                    text.append(r.text)
-                    last = r
-                return JSONResponse(reply.whole("".join(text), last and last.finish_reason,
-                                                last and last.stop_sequence))
+                rs = [r async for r in passes(job, out)]
+                last = rs[-1] if rs else None
+                return JSONResponse(reply.whole("".join(r.text for r in rs), last and last.finish_reason,
+                                                last and last.stop_sequence, reply.logprobs(rs)))
 
             async def disconnect() -> None:
                 while (await request.receive())["type"] != "http.disconnect":

@@ -81,20 +81,33 @@ def sample(p: np.ndarray, rng: np.random.Generator) -> int:
     return int(min(np.searchsorted(c, rng.random() * c[-1], side="right"), len(p) - 1))
 
 
-def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0) -> np.ndarray:
-    """Sampling distribution of logits (..., V) at a temperature, truncated to nucleus top_p."""
+def probabilities(logits: np.ndarray, temperature: float, top_p: float = 1.0, top_k: int = 0,
+                  min_p: float = 0.0) -> np.ndarray:
+    """Sampling distribution of logits (..., V): at a temperature, then cut to the ``top_k`` most
+    likely tokens (0: all), to the nucleus ``top_p``, and to the tokens at least ``min_p`` times
+    as likely as the most likely one, in that order (transformers' order of its warpers). Every
+    cut keeps the most likely token; ties at the ``top_k`` boundary keep the lower ids."""
     z = logits.astype(np.float64)
     with np.errstate(over="ignore"):  # shifted first: a tiny temperature gives -inf, not inf - inf
         z = (z - z.max(-1, keepdims=True)) / temperature
     p = np.exp(z)
     p /= p.sum(-1, keepdims=True)
+    if not (top_k or top_p < 1.0 or min_p > 0.0):
+        return p
+    order = np.argsort(-p, axis=-1, kind="stable")
+    sorted_p = np.take_along_axis(p, order, -1)
+    keep_sorted = np.ones_like(sorted_p, bool)
+    if top_k:
+        keep_sorted[..., top_k:] = False
+        sorted_p = np.where(keep_sorted, sorted_p, 0.0)
+        sorted_p /= sorted_p.sum(-1, keepdims=True)
     if top_p < 1.0:
-        order = np.argsort(-p, axis=-1, kind="stable")
-        sorted_p = np.take_along_axis(p, order, -1)
         before = np.cumsum(sorted_p, -1) - sorted_p
-        keep_sorted = before < top_p  # always keeps the most likely token
-        keep = np.zeros_like(keep_sorted)
-        np.put_along_axis(keep, order, keep_sorted, -1)
-        p = np.where(keep, p, 0.0)
-        p /= p.sum(-1, keepdims=True)
+        keep_sorted &= before < top_p  # always keeps the most likely token
+    if min_p > 0.0:
+        keep_sorted &= sorted_p >= min_p * sorted_p[..., :1]
+    keep = np.zeros_like(keep_sorted)
+    np.put_along_axis(keep, order, keep_sorted, -1)
+    p = np.where(keep, p, 0.0)
+    p /= p.sum(-1, keepdims=True)
     return p

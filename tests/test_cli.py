@@ -119,6 +119,13 @@ def test_generate_default_model_text_and_verbose():
         res = cli("generate", "--adapter", name, "--prompt", prompt, "-n", "16", "--verbose")
         assert res.returncode == 0, res.stderr
         assert "mean_accepted_tokens" in res.stderr
+    # --top-k 1 leaves one token to draw: sampling at any temperature is greedy decoding
+    res = cli("generate", "--mode", "ar", "--prompt", prompt, "-n", "8", "--temp", "1.5", "--top-k", "1",
+              "--min-p", "0.5", "--seed", "4")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.rstrip("\n") == ref.text
+    assert_one_line_error(cli("generate", "--mode", "ar", "--prompt", prompt, "--temp", "1", "--min-p", "2"),
+                          "--min-p must be in [0, 1]")
 
 
 def test_generate_with_the_chat_template_and_stop_strings(tmp_path):

@@ -30,14 +30,16 @@ class NoRepeat(TokenConstraint):
         return None if token == state else token
 
 
-def exact_distribution(model, temperature=1.0, top_p=1.0, constraint=None):
+def exact_distribution(model, temperature=1.0, top_p=1.0, constraint=None, cut=None):
+    """The probability of every continuation; ``cut(logits, temperature)`` stands for the
+    sampler's own distribution function where given."""
     probs = {}
     for seq in itertools.product(range(V), repeat=N_TOKENS):
         logits = np.array(model(mx.array([PROMPT + list(seq[:-1])]))[0, len(PROMPT) - 1:])
         if constraint is not None:  # forbidden tokens at -inf before temperature and nucleus
             for i, prev in enumerate((constraint.start, *seq[:-1])):
                 logits[i, ~constraint.mask(prev)] = -np.inf
-        p = verify.probabilities(logits, temperature, top_p)
+        p = verify.probabilities(logits, temperature, top_p) if cut is None else cut(logits, temperature)
         probs[seq] = float(np.prod([p[i, t] for i, t in enumerate(seq)]))
     return probs
 
@@ -90,9 +92,13 @@ def model():
 
 
 def sample_counts(model, **kw):
+    return sample_counts_at(model, 1.0, **kw)
+
+
+def sample_counts_at(model, temperature, **kw):
     counts = {}
     for seed in range(N_SAMPLES):
-        out = generate(model, None, PROMPT, max_tokens=N_TOKENS, temperature=1.0, seed=seed, **kw)
+        out = generate(model, None, PROMPT, max_tokens=N_TOKENS, temperature=temperature, seed=seed, **kw)
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
     return counts
 
@@ -137,6 +143,31 @@ def test_top_p_sampling_matches(model):
                        seed=seed, branch=2, streams="tree")
         counts[tuple(out.tokens)] = counts.get(tuple(out.tokens), 0) + 1
     assert all(exact[k] > 0 for k in counts), "a token outside the nucleus was emitted"
+    assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
+
+
+def cut_by_hand(logits, temperature, top_k, min_p):
+    """The oracle of top-k then min-p, row by row in plain Python: softmax at the temperature,
+    the k likeliest kept (ties: lower id), renormalised, those below min_p x the top one dropped."""
+    out = []
+    for row in np.asarray(logits, np.float64):
+        p = np.exp((row - row.max()) / temperature)
+        p /= p.sum()
+        kept = sorted(range(len(p)), key=lambda t: (-p[t], t))[:top_k]
+        kept = [t for t in kept if p[t] >= min_p * p[kept[0]]]
+        q = np.zeros_like(p)
+        q[kept] = p[kept] / p[kept].sum()
+        out.append(q)
+    return np.array(out)
+
+
+def test_top_k_and_min_p_sampling_match(model):
+    """SS samples under top_k and min_p follow the truncated distribution exactly (the oracle
+    computes the cut itself; the sampler's own function is not used for it)."""
+    exact = exact_distribution(model, temperature=0.9, cut=lambda lg, t: cut_by_hand(lg, t, 3, 0.3))
+    counts = sample_counts_at(model, 0.9, branch=2, tree_budget=16, top_k=3, min_p=0.3)
+    assert all(exact[k] > 0 for k in counts), "a token outside the cut was emitted"
+    assert sum(p == 0 for p in exact.values()) > len(exact) / 2  # the cut removes most sequences
     assert chi2_pvalue(counts, exact, N_SAMPLES) > 1e-3
 
 

@@ -171,6 +171,49 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     assert a == client.completions.create(**kw, seed=7).choices[0].text
 
 
+def test_logprobs_and_sampling_cuts(server, base, model_dir):
+    """logprobs (chat's list of tokens, completions' lists with text offsets), streamed and not,
+    equal the Python API's (tests/test_logprobs.py checks those against transformers); top_k and
+    min_p sample as the API does with the same seed."""
+    client = server.client()
+    model, tok = load(model_dir, adapter="sql-lossless")
+    messages = [{"role": "user", "content": "List the names of all employees."}]
+    prompt = tok.apply_chat_template(messages)
+    ref = generate(model, tok, prompt, max_tokens=12, logprobs=3)
+    kw = dict(model="specstream-tiny:sql-lossless", messages=messages, max_tokens=12, logprobs=True,
+              top_logprobs=3)
+    r = client.chat.completions.create(**kw)
+    content = r.choices[0].logprobs.content
+    assert [c.logprob for c in content] == [lp.logprob for lp in ref.logprobs]
+    tops = [[t.logprob for t in c.top_logprobs] for c in content]
+    assert tops == [[v for _, v in lp.top] for lp in ref.logprobs]
+    assert "".join(c.token for c in content) == r.choices[0].message.content == ref.text
+    assert all(bytes(c.bytes).decode() == c.token for c in content)
+    streamed = [c for chunk in client.chat.completions.create(**kw, stream=True) if chunk.choices
+                and chunk.choices[0].logprobs for c in chunk.choices[0].logprobs.content]
+    assert [(c.token, c.logprob) for c in streamed] == [(c.token, c.logprob) for c in content]
+    plain = client.chat.completions.create(model=kw["model"], messages=messages, max_tokens=4)
+    assert plain.choices[0].logprobs is None
+    # completions: tokens, their log-probabilities, the likeliest as {token: logprob}, offsets in the text
+    ref = generate(model, tok, SQL[2], max_tokens=10, logprobs=2)
+    for stream in (False, True):
+        r = client.completions.create(model="specstream-tiny:sql-lossless", prompt=SQL[2], max_tokens=10,
+                                      logprobs=2, stream=stream)
+        chunks = list(r) if stream else [r]
+        lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
+        text = "".join(c.choices[0].text for c in chunks if c.choices)
+        tokens = [t for lp in lps for t in lp.tokens]
+        assert [v for lp in lps for v in lp.token_logprobs] == [lp.logprob for lp in ref.logprobs]
+        assert [len(d) for lp in lps for d in lp.top_logprobs] == [2] * len(ref.tokens)
+        offsets = [o for lp in lps for o in lp.text_offset]
+        assert text == ref.text == "".join(tokens)
+        assert offsets == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+    kw = dict(prompt=SQL[3], max_tokens=16, temperature=1.0, top_k=3, min_p=0.05, seed=11)
+    sampled = client.completions.create(model="specstream-tiny:sql-lossless", extra_body={
+        "top_k": 3, "min_p": 0.05}, **{k: v for k, v in kw.items() if k not in ("top_k", "min_p")})
+    assert sampled.choices[0].text == generate(model, tok, **kw).text
+
+
 @pytest.mark.parametrize("body, status, param", [
     (b"{not json", 400, None),
     (b"[1, 2]", 400, None),
@@ -195,8 +238,16 @@ def test_stop_seed_and_sampling(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "seed": 2**63}).encode(), 400, "seed"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "temperature": 10**400}).encode(), 400,
      "temperature"),  # too large for a float: a 400, not a 500
-    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 0}).encode(), 400, "logprobs"),
-    (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_k": 5}).encode(), 400, "top_k"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 6}).encode(), 400, "logprobs"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": True}).encode(), 400, "logprobs"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_logprobs": 2}).encode(), 400,
+     "top_logprobs"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "top_logprobs": 2}).encode(), 400, "top_logprobs"),  # without logprobs: true
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "logprobs": True, "top_logprobs": 21}).encode(), 400, "top_logprobs"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "top_k": -2}).encode(), 400, "top_k"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "min_p": 1.5}).encode(), 400, "min_p"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "repetition_penalty": 1.3}).encode(), 400,
      "repetition_penalty"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
@@ -221,7 +272,7 @@ def test_stop_seed_and_sampling(server, base, model_dir):
                  "stream_options": {"include_usage": True}}).encode(), 400, "stream_options"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stream": True,
                  "stream_options": {"include_usage": 1}}).encode(), 400, "stream_options.include_usage"),
-    (json.dumps({"model": "specstream-tiny", "prompt": "x", "logprobs": 2}).encode(), 400, "logprobs"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "echo": True}).encode(), 400, "echo"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
                  "response_format": {"type": "xml"}}).encode(), 400, "response_format"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": 10**20}).encode(), 400,

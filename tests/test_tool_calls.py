@@ -474,6 +474,10 @@ def test_messages_api_text_system_and_stop_sequences(server, model_dir):
                                 messages=ask("Oslo")) as s:
         streamed = s.get_final_message()
     assert streamed.content[0].text == want and streamed.stop_reason == "max_tokens"
+    # top_k 1 leaves one token to draw: sampling is greedy decoding
+    r = client.messages.create(model="specstream-tiny", max_tokens=12, system="Answer briefly.",
+                               messages=ask("Oslo"), extra_body={"temperature": 1.0, "top_k": 1})
+    assert r.content[0].text == want
 
 
 def test_messages_api_tool_use_whole_streamed_and_answered(server, model_dir):
