@@ -312,7 +312,7 @@ def _forced_names(tools: list[dict] | None, tool_choice: str | None,
                   sql_names: bool) -> tuple[str, ...] | None:
     """``--tool-choice``: the names of the tools the reply must call (None: the model chooses)."""
     from mlx_specstream.errors import OptionError
-    from mlx_specstream.forced_calls import forced_names
+    from mlx_specstream.tool_choice import forced_names
 
     if tool_choice is None:
         return None
@@ -357,10 +357,10 @@ def _read_schema(path: Path | None, sql_names: bool, forced) -> dict | None:
 
 def _shaped(tok, tools: list[dict] | None, names: tuple[str, ...] | None, schema: dict | None):
     """The constraint that shapes the reply: calls to the tools ``names`` (``--tool-choice``,
-    :mod:`mlx_specstream.forced_calls`), JSON by ``schema`` (``--json-schema``,
+    :mod:`mlx_specstream.tool_choice`), JSON by ``schema`` (``--json-schema``,
     :mod:`mlx_specstream.json_grammar`), or None."""
-    from mlx_specstream.forced_calls import forced_calls
     from mlx_specstream.json_grammar import json_constraint
+    from mlx_specstream.tool_choice import forced_calls
 
     if names is not None:
         return forced_calls(tok, tools, names)

@@ -20,7 +20,7 @@ _API = {
     "detach": "mlx_specstream.adapter",
     "train": "mlx_specstream.trainer",
     "parse_tool_calls": "mlx_specstream.tool_calls",  # a chat reply's tool calls, as OpenAI's
-    "forced_calls": "mlx_specstream.forced_calls",  # constraint=: a reply that is tool calls
+    "forced_calls": "mlx_specstream.tool_choice",  # constraint=: a reply that is tool calls
     "json_constraint": "mlx_specstream.json_grammar",  # constraint=: a reply that is JSON by a schema
 }
 

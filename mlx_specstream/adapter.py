@@ -524,7 +524,10 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | P
     except Exception as e:
         raise AdapterError(f"{path / WEIGHTS_FILE}: corrupt or missing adapter weights ({e})") from None
     with kept_on_failure(model):
-        attach(model, cfg)
+        try:
+            attach(model, cfg)
+        except AdapterError as e:  # a model of another shape (fewer layers, say): said as such
+            raise AdapterError(f"adapter '{adapter_name(path)}' does not fit this model: {e}") from None
         current = adapter_weights(model)
         if set(weights) != set(current):
             missing, extra = sorted(set(current) - set(weights))[:3], sorted(set(weights) - set(current))[:3]

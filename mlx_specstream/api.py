@@ -213,7 +213,7 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
     stop = stop or []
     detok = None if tokenizer is None else (
         tokenizer.detokenizer(skip_special_tokens=True) if skip_special_tokens else tokenizer.detokenizer())
-    out = ""  # text yielded so far
+    out, done = "", 0  # text and tokens yielded so far
     held: list[tuple[int | None, str, bool]] = []  # (token, piece, drafted) not yielded yet
     held_logprobs: list[TokenLogprob] = []  # the held tokens' (where asked for)
     for step in decoder.steps():
@@ -234,13 +234,14 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         found = sorted((i, s) for s in stop if (i := text.find(s, max(0, len(out) - len(s) + 1))) >= 0)
         hits = [i for i, _ in found]
         end = min(hits) if hits else (len(text) if finished else len(text) - held_back(text, stop))
-        n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end; at a stop, those begun before it
-        while n < len(held) and (pos < end if hits else pos + len(held[n][1]) <= end):
+        n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end
+        while not hits and n < len(held) and pos + len(held[n][1]) <= end:
             pos += len(held[n][1])
             n += 1
         while detok is not None and not hits and not finished and n and not held[n - 1][1]:
             n -= 1  # tokens whose text has not come yet (bytes of a character) wait for it
         if hits:
+            n = _through(detok, held, done, text[:end])
             finished = "stop"
             decoder.stats.finish_reason = "stop"
             cut = sum(t is not None for t, _, _ in held[n:])  # the last tokens: this pass's first
@@ -250,15 +251,40 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         tokens = [t for t, _, _ in ready if t is not None]
         logprobs, held_logprobs = held_logprobs[:len(tokens)], held_logprobs[len(tokens):]
         piece_list = [p for _, p, _ in ready]
-        if hits and ready:  # the piece the stop string begins in, cut there
-            piece_list[-1] = piece_list[-1][: len(piece_list[-1]) - (pos - end)]
+        if hits:  # the piece the stop string begins in, cut there
+            piece_list = _fit(piece_list, text[len(out):end])
         out += "".join(piece_list)
+        done += len(tokens)
         yield StreamResponse(tokens, "".join(piece_list), step.accepted[:n_acc], step.rejected, finished,
                              decoder.stats.snapshot(), piece_list, [d for _, _, d in ready],
                              found[0][1] if found else None,
                              logprobs if step.logprobs is not None else None)
         if finished:
             return
+
+
+def _through(detok, held: list[tuple[int | None, str, bool]], done: int, text: str) -> int:
+    """At a stop: how many ``held`` entries go out, the tokens through the one whose text the
+    output ``text`` (all of it before the stop string) ends in: the fewest that decode to text
+    beginning with it. Their pieces cannot say: a byte token's text comes with a later token's."""
+    count = done
+    for n, (token, _, _) in enumerate(held):
+        if detok.text_of(count).startswith(text):
+            return n
+        count += token is not None
+    return len(held)
+
+
+def _fit(pieces: list[str], text: str) -> list[str]:
+    """``pieces`` made to add up to ``text``, which begins with them or they with it: cut where
+    it ends, or the rest of it added to the last piece."""
+    fitted, pos = [], 0
+    for piece in pieces:
+        fitted.append(piece[: max(0, len(text) - pos)])
+        pos += len(piece)
+    if fitted:
+        fitted[-1] += text[pos:]
+    return fitted
 
 
 # mlx-lm's keywords of generate and stream_generate, with ours or what stands for them

@@ -78,6 +78,14 @@ class TokenConstraint:
         raise ValueError("the constraint allows no token here")
 
 
+def check_reads_tokens(tokenizer, who: str) -> None:
+    """A TypeError unless ``tokenizer`` is one from ``load()``: a constraint on characters reads
+    its tokens' text."""
+    if not hasattr(tokenizer, "token_units"):
+        raise TypeError(f"{who} needs the tokenizer from load() (it reads the tokens' text), "
+                        f"not {type(tokenizer).__name__}")
+
+
 class Partial(NamedTuple):
     """Inside a character written byte by byte (byte tokens): its UTF-8 bytes so far (1-3, the
     start of a valid sequence), and the state before the character."""

@@ -237,7 +237,7 @@ class Decoder:
         if not prompt:
             raise ValueError("the prompt is empty")
         if opts.mode not in ("ss", "ar", "lookup"):
-            raise OptionError(f"{{mode}} must be ss, ar or lookup, not '{opts.mode}'")
+            raise OptionError(f"{{mode}} must be ss, ar or lookup, not {opts.mode!r}")
         for name, (whole, optional) in _TYPED_OPTIONS.items():
             if not (optional and getattr(opts, name) is None):
                 check_kind(name, getattr(opts, name), whole)

@@ -1,7 +1,7 @@
 """JSON by a JSON schema, as a token constraint: text that is a JSON value the schema allows, read
 character by character by a pushdown machine (docs/design.md#constrained-decoding). OpenAI's
 ``response_format`` (:class:`JSONValue`, :func:`response_constraint`) and the arguments of forced
-tool calls (:mod:`.forced_calls`) are decoded under it.
+tool calls (:mod:`.tool_choice`) are decoded under it.
 
 What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._read`): ``type``
 (string with ``pattern``, ``format`` (:data:`FORMATS`), ``minLength`` and ``maxLength``; number
@@ -49,7 +49,7 @@ import re
 import urllib.parse
 from fractions import Fraction
 
-from .constraint import CharConstraint, State
+from .constraint import CharConstraint, State, check_reads_tokens
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
 INDENT = 20  # between two parts of a value: nothing, a space or tab, or a line break and 20 spaces or tabs
@@ -725,6 +725,7 @@ def json_constraint(tokenizer, schema: dict | None = None) -> JSONValue:
     """The constraint under which a reply is one JSON value that ``schema`` allows (None: any JSON
     object); for ``generate(..., constraint=...)``. Requests with the same schema share one, and
     its cached masks."""
+    check_reads_tokens(tokenizer, "json_constraint")
     if schema is not None and not isinstance(schema, dict):
         raise ValueError("a JSON schema must be an object")
     return _shared(tokenizer, json.dumps(schema, sort_keys=True))

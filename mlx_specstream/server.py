@@ -30,12 +30,12 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
-from .forced_calls import forced_calls, forced_names
 from .json_grammar import response_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
 from .tool_calls import ToolCallReader, ToolCalls, ToolFormat, read_tool_calls, tool_format, tools_problem
+from .tool_choice import forced_calls, forced_names
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Longest stop string taken: each is looked for in every pass's text, on the thread that decodes
@@ -132,7 +132,7 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None, tuple[str, ...] | None]:
     """The request's ``tools`` for the template, the format its calls are read in (None, None:
     no tools, or ``tool_choice: "none"``, for which the model is not shown them), and the names of
-    the tools a reply must call (:func:`~.forced_calls.forced_names`; None: the model chooses)."""
+    the tools a reply must call (:func:`~.tool_choice.forced_names`; None: the model chooses)."""
     tools = body.get("tools")
     _field(body, "parallel_tool_calls", (bool,), None)
     if tools is not None and (problem := tools_problem(tools)):
@@ -178,7 +178,7 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
 
 def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool):
     """The constraint that shapes the reply (None: none): JSON by ``response_format``
-    (json_grammar.py), or calls to the tools ``forced`` (forced_calls.py); ``sql_names`` makes its
+    (json_grammar.py), or calls to the tools ``forced`` (tool_choice.py); ``sql_names`` makes its
     own, so it goes with neither."""
     try:
         shaped = response_constraint(tokenizer, body.get("response_format"))

@@ -187,6 +187,10 @@ class StreamingDetokenizer:
             common += 1
         return now[common:]
 
+    def text_of(self, n: int) -> str:
+        """The text of the first ``n`` tokens, decoded together."""
+        return self._decode(self.tokens[:n])
+
     def add_token(self, token: int) -> str:
         """Add one token; return the text that became final (possibly "")."""
         self.tokens.append(int(token))

@@ -266,4 +266,6 @@ def parse_tool_calls(text: str, tokenizer) -> ToolCalls:
     """The tool calls in a reply of the model of ``tokenizer``, in the format its chat template
     writes them (:func:`tool_format`); for the Python API, where the prompt was rendered with
     ``tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)``."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_tool_calls reads a reply's text (out.text), not {type(text).__name__}")
     return read_tool_calls(text, tool_format(getattr(tokenizer, "chat_template", None)))

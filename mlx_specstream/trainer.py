@@ -325,9 +325,10 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
     if valid_ds is None:
         train_ds, valid_ds = hold_out(train_ds, seed)
         total = len(train_ds) + (len(valid_ds) if valid_ds is not None else 0)
-        say(f"no validation set (valid.jsonl): {len(valid_ds)} of the {total} training examples held out "
+        none = "no validation set" + (" (valid.jsonl)" if isinstance(data, (str, Path)) else "")
+        say(f"{none}: {len(valid_ds)} of the {total} training examples held out "
             "for validation (acceptance, best adapter)" if valid_ds is not None
-            else f"no validation set (valid.jsonl), and {total} examples are too few to hold some out "
+            else f"{none}, and {total} example{'s are' if total != 1 else ' is'} too few to hold some out "
             f"({HOLD_OUT_MIN} or more): no validation, so no tokens/pass measured and no best adapter "
             "kept; give one to have them")
     valid_digest = examples_digest(valid_ds) if valid_ds is not None else None
@@ -503,7 +504,7 @@ def _train_local(processes: int, arguments: dict) -> dict:
                      worker_kwargs={"progress": False, "callback": None, "log": None})
 
 
-def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback,
+def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback, log,
                      tokenizer, distributed, chat_template, system_prompt, group_by_length, resume, overwrite,
                      progress, **numbers) -> None:
     """:func:`train`'s arguments, each of its type and in its range and all of them together one
@@ -529,6 +530,8 @@ def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_
     check_seed(seed)
     if callback is not None and not callable(callback):
         raise TypeError(f"callback must be a function of (step, info), not {type(callback).__name__}")
+    if log is not None and not callable(log):
+        raise TypeError(f"log must be a function of one message (str), not {type(log).__name__}")
     if isinstance(model, (str, Path)):
         model_dir(model)  # an empty path (an unset variable) is said, not read as the current directory
     else:

@@ -129,7 +129,8 @@ def plan_line(run: Run, n_params: int, steps_per_epoch: int, progress: bool) -> 
     tc = run.tc
     epochs = tc.iters / steps_per_epoch
     said = [f"{tc.mode}" + (f", γ = {tc.gamma}" if tc.gamma else ""), f"{n_params:,} trainable parameters",
-            f"{tc.iters} steps ({epochs:.3g} epoch{'s' * (epochs != 1)} of {steps_per_epoch} "
+            f"{tc.iters} step{'s' * (tc.iters != 1)} ({epochs:.3g} epoch{'s' * (epochs != 1)} of "
+            f"{steps_per_epoch} "
             f"batch{'es' * (steps_per_epoch != 1)} of {tc.batch_size})", f"lr {tc.lr:g}, warmup {tc.warmup}"
             + ("" if tc.warmup < tc.iters else " (none: the run has 1 step)" if tc.iters == 1
                else f" (cut to {tc.iters - 1}: the run has {tc.iters} steps)"),

@@ -15,7 +15,6 @@ from mlx_specstream import generate, load, parse_tool_calls, train
 from mlx_specstream.api import DEFAULT_MODEL
 from mlx_specstream.constraint import DONE, TokenConstraint
 from mlx_specstream.data import DataError, encode_row
-from mlx_specstream.forced_calls import forced_calls
 from mlx_specstream.tool_calls import (
     HERMES,
     LLAMA3,
@@ -25,6 +24,7 @@ from mlx_specstream.tool_calls import (
     read_tool_calls,
     tool_format,
 )
+from mlx_specstream.tool_choice import forced_calls
 
 # a template in the hermes format (Qwen 2.5's): tools listed before the turns, a call as a
 # <tool_call> block with its arguments as JSON
@@ -308,6 +308,12 @@ def test_the_trained_adapter_calls_the_tool_through_the_api(model_dir):
         text = generate(model, tok, tok.apply_chat_template(ask(city), tools=TOOLS), max_tokens=40).text
         read = parse_tool_calls(text, tok)
         assert read.content is None and functions(read.calls) == [("weather", {"city": city})], text
+    # what a notebook gets wrong is said: the result for its text, a name for a list of them
+    with pytest.raises(TypeError, match=r"reads a reply's text \(out.text\), not GenerationResult"):
+        parse_tool_calls(generate(model, tok, "x", max_tokens=2), tok)
+    assert forced_calls(tok, TOOLS, "weather") is forced_calls(tok, TOOLS, ["weather"])
+    with pytest.raises(TypeError, match="forced_calls needs the tokenizer from load()"):
+        forced_calls(None, TOOLS)
 
 
 @pytest.fixture(scope="module")

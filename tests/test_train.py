@@ -707,6 +707,11 @@ def test_init_from_an_adapter_of_another_base(tmp_path):
     assert all(np.array_equal(np.array(v), np.array(saved[k])) for k, v in adapter_weights(model).items())
     detach(model)
     load_adapter(model, tmp_path / "b")
+    # a base of another shape (one layer, under the adapter's two stream layers): said as such
+    shallow = tiny_model("llama", seed=2, num_hidden_layers=1)
+    with pytest.raises(AdapterError, match="adapter 'a' does not fit this model"):
+        train(shallow, (train_ds, None), init=tmp_path / "a", mode="lossless", gamma=2, msa_layers=1,
+              iters=1, batch_size=8, val_every=0, progress=False, log=said.append)
 
 
 @pytest.mark.parametrize("mode", ["lossless", "shared"])

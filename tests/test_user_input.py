@@ -379,6 +379,58 @@ def test_byte_tokens_wait_for_their_character_before_a_stop():
     assert out[-1].finish_reason == "stop" and stats.generated_tokens == 1
 
 
+def test_the_tokens_at_a_stop_are_those_of_the_text_whatever_holds_a_bytes_text():
+    """At a stop, the tokens are the fewest whose text holds the output (the definition, checked
+    by decoding), whatever the passes and wherever the stop string begins: also right after a
+    newline, a byte token here, whose text comes with the token after it; the tokens' count is
+    the one reported and their pieces are the text."""
+    import random
+    from types import SimpleNamespace
+
+    from mlx_specstream.api import responses
+    from mlx_specstream.engine import Stats, Step
+    from mlx_specstream.tokenizer import load_tokenizer
+
+    default_model_or_skip()
+    tok = load_tokenizer(DEFAULT_MODEL)
+    full = "import sys\nimport unittest\n\nfrom os import path\n    x = 'é'\n"
+    ids = tok.encode(full, add_special_tokens=False)
+    assert tok.decode(ids) == full and tok.is_byte_token(ids[2])  # a newline is a byte token
+    rng = random.Random(0)
+    for start in range(len(full) - 1):
+        stop = full[start:start + rng.choice([1, 2, 4])]
+        text = full[:full.index(stop)]
+        want = next(k for k in range(len(ids) + 1) if tok.decode(ids[:k]).startswith(text))
+        cuts = sorted(rng.sample(range(1, len(ids)), 4))
+        passes = [Step(ids[a:b], [], []) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
+        passes[-1].finished = "length"
+        stats = Stats()
+
+        def steps(passes=passes, stats=stats):  # the engine counts each pass's tokens as it yields them
+            for step in passes:
+                stats.generated_tokens += len(step.tokens)
+                yield step
+
+        out = list(responses(SimpleNamespace(steps=steps, stats=stats), tok, [stop]))
+        tokens = [t for r in out for t in r.tokens]
+        assert "".join(r.text for r in out) == text and tokens == ids[:want], (stop, text)
+        assert all("".join(r.pieces) == r.text for r in out) and stats.generated_tokens == want
+
+
+def test_the_public_names_are_the_api_whatever_was_imported_before():
+    """``from mlx_specstream import NAME`` gives the function or class, also once the module that
+    defines it has been imported (a submodule of the same name would take its place)."""
+    import importlib
+    import types
+
+    import mlx_specstream
+
+    for name in mlx_specstream.__all__:
+        importlib.import_module(mlx_specstream._API[name])
+        for _ in range(2):
+            assert not isinstance(getattr(mlx_specstream, name), types.ModuleType), name
+
+
 def first_sql_prompt() -> str:
     return json.loads((DEFAULT_MODEL.parents[2] / "data" / "sql" / "test.jsonl").open().readline())["prompt"]
 

@@ -31,7 +31,7 @@ import functools
 import json
 import re
 
-from .constraint import State
+from .constraint import State, check_reads_tokens
 from .json_grammar import SKIPS_WS, SPACE_AROUND, WS, JSONGrammar, begins, lit
 from .tool_calls import ToolFormat, tool_format, tools_problem
 
@@ -142,7 +142,8 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
     the template got them; ``names``: only those, :func:`forced_names`), at most ``max_calls``,
     with arguments by each tool's ``parameters``, in ``fmt`` (default: the format the tokenizer's
     chat template writes); for ``generate(..., constraint=...)``. Requests for the same tools
-    share one, and its cached masks."""
+    share one, and its cached masks. ``names`` may be one name (a string)."""
+    check_reads_tokens(tokenizer, "forced_calls")
     fmt = fmt or tool_format(getattr(tokenizer, "chat_template", None))
     if fmt is None:
         raise ValueError("the chat template writes no tool calls in a format this package reads "
@@ -150,6 +151,8 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
     if problem := tools_problem(tools):
         raise ValueError(f"{problem[0]} must be {problem[1]}")
     schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
+    if isinstance(names, str):
+        names = [names]
     if names is not None:
         if unknown := [n for n in names if n not in schemas]:
             raise ValueError(f"no tool is named {', '.join(map(repr, unknown))}")
