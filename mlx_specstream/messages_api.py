@@ -26,6 +26,7 @@ import json
 import uuid
 
 from .server import MAX_STOP_CHARS, APIError, Reply, read_pass, speculative, sse
+from .tool_calls import utf8_safe
 
 # Anthropic's error type for each status this server answers with
 ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
@@ -141,17 +142,15 @@ def chat_request(body: dict) -> dict:
     return chat
 
 
-def _tool_use(call: dict) -> dict:
-    """An OpenAI tool call as Anthropic's ``tool_use`` block (its input an object: arguments that
-    are not a JSON object are kept as ``{"arguments": text}``)."""
-    args = call["function"]["arguments"]
+def _tool_use(call_id: str, name: str, args: str) -> dict:
+    """An OpenAI tool call (its id, name and arguments' text) as Anthropic's ``tool_use`` block
+    (its input an object: arguments that are not a JSON object are kept as ``{"arguments": text}``)."""
     try:
-        given = json.loads(args)
+        given = utf8_safe(json.loads(args))
     except ValueError:
         given = None
     given = given if isinstance(given, dict) else {"arguments": args}
-    return {"type": "tool_use", "id": "toolu_" + call["id"].removeprefix("call_"),
-            "name": call["function"]["name"], "input": given}
+    return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name, "input": given}
 
 
 class MessageReply(Reply):
@@ -179,19 +178,20 @@ class MessageReply(Reply):
               logprobs: dict | None = None) -> dict:
         read, finish = self.read(text, finish_reason)
         blocks = ([{"type": "text", "text": read.content}] if read.content else []) + [
-            _tool_use(c) for c in read.calls]
+            _tool_use(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in read.calls]
         return {**self._message(blocks, *self._stop(finish, stop_sequence), self.gen.stats.generated_tokens),
                 "speculative": speculative(self.gen.stats)}
 
     async def events(self, passes):
         """Anthropic's stream: ``message_start``; a text block's start, deltas and stop; a
-        ``tool_use`` block per call (its input as one ``input_json_delta``); ``message_delta`` with
-        the stop reason and usage; ``message_stop``."""
+        ``tool_use`` block per call (its input in ``input_json_delta`` pieces as it is written, or
+        in one where the call is read whole); ``message_delta`` with the stop reason and usage;
+        ``message_stop``."""
         reader, index, text_open, end = self.reader(), 0, False, (None, None)
         try:
             yield sse({"type": "message_start", "message": self._message([], None, None, 0)}, "message_start")
             async for r in passes:
-                text, calls, finish = read_pass(reader, r)
+                text, deltas, finish = read_pass(reader, r)
                 if text and not text_open:
                     yield sse({"type": "content_block_start", "index": index,
                                "content_block": {"type": "text", "text": ""}}, "content_block_start")
@@ -199,18 +199,22 @@ class MessageReply(Reply):
                 if text:
                     yield sse({"type": "content_block_delta", "index": index,
                                "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
-                for call in calls:
-                    if text_open:
+                for d in deltas:
+                    if d.id is not None:  # a call begins: its block
+                        if text_open:
+                            yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
+                            index, text_open = index + 1, False
+                        block = _tool_use(d.id, d.name, d.arguments if d.done else "{}")
+                        yield sse({"type": "content_block_start", "index": index,
+                                   "content_block": {**block, "input": {}}}, "content_block_start")
+                    # a call read whole: its input as Anthropic's (an object); else the text as written
+                    piece = json.dumps(block["input"]) if d.id is not None and d.done else d.arguments
+                    if piece:
+                        yield sse({"type": "content_block_delta", "index": index, "delta": {
+                            "type": "input_json_delta", "partial_json": piece}}, "content_block_delta")
+                    if d.done:
                         yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-                        index, text_open = index + 1, False
-                    block = _tool_use(call)
-                    yield sse({"type": "content_block_start", "index": index,
-                               "content_block": {**block, "input": {}}}, "content_block_start")
-                    yield sse({"type": "content_block_delta", "index": index, "delta": {
-                        "type": "input_json_delta", "partial_json": json.dumps(block["input"])}},
-                        "content_block_delta")
-                    yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
-                    index += 1
+                        index += 1
                 if finish is not None:
                     end = self._stop(finish, r.stop_sequence)
             if text_open:

@@ -34,7 +34,15 @@ from .json_grammar import response_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
-from .tool_calls import ToolCallReader, ToolCalls, ToolFormat, read_tool_calls, tool_format, tools_problem
+from .tool_calls import (
+    CallDelta,
+    ToolCallReader,
+    ToolCalls,
+    ToolFormat,
+    read_tool_calls,
+    tool_format,
+    tools_problem,
+)
 from .tool_choice import forced_calls, forced_names
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -434,21 +442,22 @@ class Reply:
 
     async def events(self, passes):
         """The reply as server-sent events, from the generation's responses pass by pass: the
-        content, each tool call once it is whole, the finish reason, the usage when asked."""
-        reader, n_calls, offset = self.reader(), 0, 0
+        content, the tool calls as they are written (:func:`call_item`), the finish reason, the
+        usage when asked."""
+        reader, offset = self.reader(), 0
         try:
             if self.gen.chat:
                 yield sse(self.chunk(None, None, first=True))
             async for r in passes:
-                text, calls, finish = read_pass(reader, r)
+                text, deltas, finish = read_pass(reader, r)
                 logprobs = self.logprobs([r], offset) if r.tokens else None
                 offset += len(r.text)
                 if text or logprobs:  # a pass's tokens whose text is held back: their logprobs now
                     shown = text if text or not self.gen.chat else None  # chat: no content, only logprobs
                     yield sse(self.chunk(shown, None, logprobs=logprobs))
-                for call in calls:
-                    yield sse(self.chunk(None, None, calls=[{"index": n_calls, **call}]))
-                    n_calls += 1
+                for delta in deltas:
+                    if delta.id is not None or delta.arguments:
+                        yield sse(self.chunk(None, None, calls=[call_item(delta)]))
                 if finish is not None:
                     yield sse(self.chunk(None if self.gen.chat else "", finish))
             if self.gen.include_usage:
@@ -458,17 +467,26 @@ class Reply:
         yield sse("[DONE]")
 
 
-def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, list[dict], str | None]:
-    """A pass's content, the tool calls it completes, and its finish reason (:func:`called`), with
-    ``reader`` reading the calls."""
+def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, list[CallDelta], str | None]:
+    """A pass's content, the pieces of tool calls it writes, and its finish reason
+    (:func:`called`), with ``reader`` reading the calls."""
     if reader is None:
         return r.text, [], r.finish_reason
-    text, calls = reader.feed(r.text)
+    text, deltas = reader.feed(r.text)
     finish = r.finish_reason
     if finish is not None:
         rest, last = reader.close()
-        text, calls, finish = text + rest, calls + last, called(finish, bool(reader.calls))
-    return text, calls, finish
+        text, deltas, finish = text + rest, deltas + last, called(finish, bool(reader.calls))
+    return text, deltas, finish
+
+
+def call_item(delta: CallDelta) -> dict:
+    """A piece of a call as OpenAI's streamed ``tool_calls`` item: the first with the call's id,
+    type and name, each with the next text of its arguments."""
+    if delta.id is None:
+        return {"index": delta.index, "function": {"arguments": delta.arguments}}
+    return {"index": delta.index, "id": delta.id, "type": "function",
+            "function": {"name": delta.name, "arguments": delta.arguments}}
 
 
 def token_text(tokenizer: Tokenizer, token: int) -> dict:

@@ -13,9 +13,13 @@ the model writes is read back here into OpenAI's ``tool_calls``::
 
 The format is the one whose marker the template writes (:func:`tool_format`). The text outside
 the calls is the reply's content; the whitespace around a call is not (but for one run between text
-before a call and text after it: ``a <call> b`` reads ``a b``). A call that cannot be read
-(not JSON, no name, cut short by ``max_tokens``) stays in the content as the model wrote it, so
-nothing the model wrote is lost.
+before a call and text after it: ``a <call> b`` reads ``a b``). A call's ``arguments`` are the
+text the model wrote for them where its name came first and they are an object (otherwise the
+value read, as JSON text). A block that cannot be read (not JSON, no name) stays in the content as
+the model wrote it, so nothing the model wrote is lost; but a marked block whose calls begin as
+calls (``{"name": "f", "arguments": {``) is calls, their arguments as written, cut where the
+reply was cut (``max_tokens``), as OpenAI's: a stream gives a call's name and the beginning of its
+arguments before the block ends (:class:`CallDelta`), and a whole reply reads the same.
 
 Example (hermes)::
 
@@ -28,6 +32,7 @@ Example (hermes)::
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass, field
 
@@ -93,33 +98,53 @@ def tool_format(chat_template: str | None) -> ToolFormat | None:
     return None
 
 
-def _call(obj) -> dict | None:
+def _call(obj, written: str | None = None) -> dict | None:
     """One call object the model wrote (``{"name", "arguments"}``; ``"parameters"`` for the
     arguments, as Llama 3.1's templates write them) as OpenAI's ``tool_calls`` item, whose
-    ``arguments`` is JSON text; None where it is not a call."""
+    ``arguments`` is JSON text: ``written``, the arguments' text as the model wrote it, where
+    known; None where it is not a call."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
         return None
-    args = _utf8(obj.get("arguments", obj.get("parameters", {})))
-    text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": text}}
+    if written is None:
+        args = utf8_safe(obj.get("arguments", obj.get("parameters", {})))
+        written = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+    return {"id": _new_id(), "type": "function", "function": {"name": obj["name"], "arguments": written}}
 
 
-def _utf8(value):
+def _new_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def utf8_safe(value):
     """``value`` with each lone surrogate (JSON's ``"\\ud800"``, which no UTF-8 text holds) as
     U+FFFD, so that a reply carrying it can be sent."""
     if isinstance(value, str):
         return value.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
     if isinstance(value, list):
-        return [_utf8(v) for v in value]
+        return [utf8_safe(v) for v in value]
     if isinstance(value, dict):
-        return {_utf8(k): _utf8(v) for k, v in value.items()}
+        return {utf8_safe(k): utf8_safe(v) for k, v in value.items()}
     return value
 
 
-def _calls(body: str, fmt: ToolFormat) -> list[dict] | None:
+def _calls(body: str, fmt: ToolFormat, marked: bool = True) -> list[dict] | None:
     """The calls of one block's text (after the start marker, to the end marker or the reply's
-    end), or None if it is not calls."""
+    end), or None if it is not calls: read whole where the block is JSON calls, else (``marked``:
+    a marker opened it) the calls that begin as calls (:func:`_begun`), with their arguments as
+    far as they were written."""
+    spans = _begun(body, fmt)
+    written = [body[a:len(body) if e is None else e] for _, a, e in spans]
+    objs = _objects(body, fmt)
+    calls = None if objs is None else [_call(o, w) for o, w in zip(objs, written + [None] * len(objs))]
+    if calls and all(calls):
+        return calls
+    if marked and spans:
+        return [_call({"name": name}, w) for (name, _, _), w in zip(spans, written)]
+    return None
+
+
+def _objects(body: str, fmt: ToolFormat) -> list | None:
+    """The JSON call objects of a block's text, or None where it is not JSON calls."""
     try:
         if fmt.args is not None:  # name[ARGS]{...}, the next call after another start marker
             named = [part.partition(fmt.args) for part in body.split(fmt.start)]
@@ -133,8 +158,68 @@ def _calls(body: str, fmt: ToolFormat) -> list[dict] | None:
             objs = [json.loads(body)]
     except ValueError:
         return None
-    calls = [_call(o) for o in objs]
-    return calls if calls and all(calls) else None
+    return objs
+
+
+# a call object that begins with its name, then its arguments: what a stream can give in part
+_HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+
+
+def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
+    """The calls a block's text so far has begun, as far as their names and arguments can be told
+    before the block ends: (name, where the arguments' object begins, where it ends; None while it
+    is open), in order, up to the first call whose name does not come before its arguments or
+    whose arguments are not an object (such calls are read when the block is whole)."""
+    begun = []
+    if fmt.args is not None:  # name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
+        i = 0
+        while (k := body.find(fmt.args, i)) >= 0:
+            a = k + len(fmt.args)
+            a += len(body[a:]) - len(body[a:].lstrip())
+            if body[a:a + 1] != "{":
+                break
+            end = _json_end(body, a)
+            begun.append((body[i:k].strip(), a, end))
+            if end is None or (i := body.find(fmt.start, end)) < 0:
+                break
+            i += len(fmt.start)
+        return begun
+    i = len(body) - len(body.lstrip())
+    if body[i:i + 1] == "[":  # a list of calls
+        i += 1
+    while (m := _HEADER.match(body, i + len(body[i:]) - len(body[i:].lstrip()))) is not None:
+        a = m.end()
+        if body[a:a + 1] != "{":
+            break
+        end = _json_end(body, a)
+        begun.append((json.loads(m.group(1)), a, end))
+        close = None if end is None else _json_end(body, m.start())
+        if close is None:
+            break
+        rest = body[close:].lstrip()
+        if not rest[:1] or rest[0] not in ",;":
+            break
+        i = len(body) - len(rest) + 1
+    return begun
+
+
+def _json_end(text: str, i: int) -> int | None:
+    """Where the JSON object or array that begins at ``text[i]`` ends (the index after it); None
+    while it is open."""
+    depth, quoted, escaped = 0, False, False
+    for j in range(i, len(text)):
+        c = text[j]
+        if quoted:
+            escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
+        elif c == '"':
+            quoted = True
+        elif c in "{[":
+            depth += 1
+        elif c in "}]":
+            depth -= 1
+            if depth == 0:
+                return j + 1
+    return None
 
 
 def _json_values(text: str) -> list:
@@ -160,9 +245,25 @@ class ToolCalls:
     calls: list[dict] = field(default_factory=list)
 
 
+@dataclass
+class CallDelta:
+    """A piece of a streamed call, as OpenAI's streamed ``tool_calls`` items give it: the call's
+    ``index`` among the reply's calls; its ``id`` and ``name`` in its first piece (None after);
+    the next ``arguments`` text; ``done`` in its last piece."""
+
+    index: int
+    id: str | None
+    name: str | None
+    arguments: str
+    done: bool = False
+
+
 class ToolCallReader:
     """Reads a reply for tool calls as its text arrives, for streaming: :meth:`feed` each piece,
-    then :meth:`close`; each gives the content that became final and the calls completed.
+    then :meth:`close`; each gives the content that became final and the pieces of calls
+    (:class:`CallDelta`) it made known: a call's name and its arguments as they are written, where
+    its name comes first and its arguments are an object; otherwise the whole call once its block
+    is whole. Whole calls are in :attr:`calls`.
 
     Text that could begin the start marker, or is only whitespace, waits until it is known to be
     content; so does a whole reply that begins with ``{`` in a ``bare`` format. ``max_calls``:
@@ -174,6 +275,7 @@ class ToolCallReader:
         self.calls: list[dict] = []
         self._text = ""  # outside a call: not yet given out; inside: the call's text so far
         self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
+        self._sent: list[tuple[str, int]] = []  # the open block's calls given in part: (id, text sent)
         self._space = ""  # whitespace given out only if content follows it
         self._given = False  # content has been given out
         self._after_call = False  # a call came last: the whitespace after it is not content
@@ -188,14 +290,45 @@ class ToolCallReader:
         self._given = self._given or bool(body)
         return body
 
-    def _called(self, calls: list[dict]) -> list[dict]:
-        room = len(calls) if self.max_calls is None else max(0, self.max_calls - len(self.calls))
-        self.calls += calls[:room]
+    def _room(self, n: int) -> int:
+        """How many of ``n`` more calls are kept."""
+        return n if self.max_calls is None else max(0, min(n, self.max_calls - len(self.calls)))
+
+    def _called(self, calls: list[dict]) -> list[CallDelta]:
+        """A block read as ``calls``: they join :attr:`calls`; the pieces not given yet."""
+        deltas = []
+        for call, sent in zip(calls[:self._room(len(calls))], self._sent + [None] * len(calls)):
+            index, args = len(self.calls), call["function"]["arguments"]
+            if sent is None:
+                deltas.append(CallDelta(index, call["id"], call["function"]["name"], args, True))
+            else:
+                call["id"] = sent[0]
+                deltas.append(CallDelta(index, None, None, args[sent[1]:], True))
+            self.calls.append(call)
+        self._sent = []
         # the whitespace around a call is not content: what came before it goes out only between
         # content before and content after it ("a <call> b" reads "a b")
         self._after_call = True
         self._space = self._space if self._given else ""
-        return calls[:room]
+        return deltas
+
+    def _partial(self) -> list[CallDelta]:
+        """Inside a block that a marker opened: the pieces of its calls written since the last."""
+        if not self._opened:  # a bare reply is known to be calls only once it has ended
+            return []
+        deltas = []
+        begun = _begun(self._text, self.fmt)
+        for j, (name, a, e) in enumerate(begun[:self._room(len(begun))]):
+            index = len(self.calls) + j
+            if j == len(self._sent):
+                self._sent.append((_new_id(), 0))
+                deltas.append(CallDelta(index, self._sent[j][0], name, ""))
+            cid, sent = self._sent[j]
+            piece = self._text[a + sent:len(self._text) if e is None else e]
+            if piece:
+                deltas.append(CallDelta(index, None, None, piece))
+                self._sent[j] = (cid, sent + len(piece))
+        return deltas
 
     def _open(self) -> str:
         """Outside a call: the content before the next one, entering it where the text so far
@@ -216,40 +349,41 @@ class ToolCallReader:
         self._text, self._opened = self._text[i + len(self.fmt.start):], self.fmt.start
         return content
 
-    def feed(self, text: str) -> tuple[str, list[dict]]:
-        """Add a piece of the reply: the content it makes final, and the calls it completes."""
+    def _close_block(self, body: str, written: str) -> tuple[str, list[CallDelta]]:
+        """The block ``body`` is whole (``written``: as the model wrote it, markers included)."""
+        read = _calls(body, self.fmt, marked=bool(self._opened))
+        if read is None:  # not a call: the model's text, as it wrote it
+            return self._content(written), []
+        return "", self._called(read)
+
+    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
+        """Add a piece of the reply: the content it makes final, and the pieces of calls."""
         self._text += text
-        content, calls = "", []
+        content, deltas = "", []
         while True:
             if self._opened is None:
                 content += self._open()
                 if self._opened is None:
-                    return content, calls
+                    return content, deltas
             j = self._text.find(self.fmt.end) if self.fmt.end else -1
             if j < 0:
-                return content, calls
-            read = _calls(self._text[:j], self.fmt)
-            if read is None:  # not a call: the model's text, as it wrote it
-                content += self._content(self._opened + self._text[: j + len(self.fmt.end)])
-            else:
-                calls += self._called(read)
+                return content, deltas + self._partial()
+            said, done = self._close_block(self._text[:j], self._opened + self._text[: j + len(self.fmt.end)])
+            content, deltas = content + said, deltas + done
             self._text, self._opened = self._text[j + len(self.fmt.end):], None
 
-    def close(self) -> tuple[str, list[dict]]:
-        """The reply has ended: the content still held, and a last call that ran to the end."""
-        content, calls = "", []
+    def close(self) -> tuple[str, list[CallDelta]]:
+        """The reply has ended: the content still held, and the pieces of a last block that ran to
+        the end."""
+        content, deltas = "", []
         if self._opened is not None:
-            read = _calls(self._text, self.fmt)
-            if read is None:
-                content = self._content(self._opened + self._text)
-            else:
-                calls = self._called(read)
+            content, deltas = self._close_block(self._text, self._opened + self._text)
         elif self._text:
             content = self._content(self._text)
         if not self.calls:
             content += self._space  # no call: the content keeps its trailing whitespace
         self._text, self._opened, self._space, self._after_call = "", None, "", False
-        return content, calls
+        return content, deltas
 
 
 def read_tool_calls(text: str, fmt: ToolFormat | None, max_calls: int | None = None) -> ToolCalls:

@@ -64,6 +64,23 @@ def functions(calls: list[dict]) -> list[tuple[str, dict]]:
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
+def assembled(deltas) -> list[dict]:
+    """Streamed pieces of calls put together as a client of OpenAI's stream does: by index, the
+    id and name of the first piece, the arguments' pieces joined; each call's last piece is marked."""
+    calls = {}
+    for d in deltas:
+        if d.id is not None:
+            assert d.index == len(calls) and d.index not in calls  # a call begins once, in order
+            calls[d.index] = {"id": d.id, "type": "function", "function": {"name": d.name, "arguments": ""},
+                              "done": False}
+        call = calls[d.index]
+        assert not call["done"]
+        call["function"]["arguments"] += d.arguments
+        call["done"] = d.done
+    assert all(c.pop("done") for c in calls.values())
+    return list(calls.values())
+
+
 def test_a_reply_read_whole_or_piece_by_piece():
     """Content is the text outside the calls, without the whitespace around them; read in pieces of
     any size it is the same, and text that could begin a marker waits until it cannot."""
@@ -79,7 +96,12 @@ def test_a_reply_read_whole_or_piece_by_piece():
             calls += done
             assert "<" not in "".join(content), size  # no piece of a marker went out as content
         text, done = reader.close()
-        assert ("".join(content) + text, functions(calls + done)) == ("Let me look.", functions(whole.calls))
+        got = assembled(calls + done)
+        assert ("".join(content) + text, functions(got)) == ("Let me look.", functions(whole.calls))
+        assert got == reader.calls  # the calls given in pieces are the reader's whole calls
+        assert [c["function"]["arguments"] for c in got] == ['{"city": "Paris"}', '{"zone": "CET"}']
+        # a call's name and the first characters of its arguments come before its block ends
+        assert size > 4 or any(d.arguments and not d.done for d in calls)
     assert read_tool_calls(CALLS, HERMES, max_calls=1).calls[0]["function"]["name"] == "weather"
     assert len(read_tool_calls(CALLS, HERMES, max_calls=1).calls) == 1
 
@@ -94,8 +116,17 @@ def test_what_is_not_a_call_stays_as_the_model_wrote_it():
                           (f"hi\n{call}\n{call}\n", "hi")]:
         assert read_tool_calls(text, HERMES).content == content
         assert read_in_pieces(text, HERMES, 2)[0] == content
-    # a lone surrogate, which JSON may escape but no UTF-8 reply can hold, is U+FFFD
-    assert read_tool_calls(call, HERMES).calls[0]["function"]["arguments"] == '{"q": "\ufffd"}'
+    # arguments are the text the model wrote (a lone surrogate stays JSON's escape, which a UTF-8
+    # reply can hold); read into a value (Anthropic's input), it is U+FFFD
+    assert read_tool_calls(call, HERMES).calls[0]["function"]["arguments"] == '{"q": "\\ud800"}'
+    assert read_tool_calls('<tool_call>{"arguments": {"q": "\\ud800"}, "name": "a"}</tool_call>',
+                           HERMES).calls[0]["function"]["arguments"] == '{"q": "\ufffd"}'
+    # a block cut once its call has begun (name, then arguments) is that call, cut, as a stream
+    # gave it; before that it is the model's text
+    cut = '<tool_call>{"name": "weather", "arguments": {"city": "Pa'
+    for read in (read_tool_calls(cut, HERMES).calls, read_in_pieces(cut, HERMES, 3)[1]):
+        assert [(c["function"]["name"], c["function"]["arguments"]) for c in read] == [
+            ("weather", '{"city": "Pa')]
     only = read_tool_calls('[TOOL_CALLS] [{"name": "a", "arguments": {"x": 1}}, '
                            '{"name": "b", "arguments": {}}]', MISTRAL)
     assert only.content is None and functions(only.calls) == [("a", {"x": 1}), ("b", {})]
@@ -112,7 +143,7 @@ def read_in_pieces(text: str, fmt, size: int) -> tuple[str, list[dict], str]:
         content.append(piece)
         calls += done
     piece, done = reader.close()
-    return "".join(content) + piece, calls + done, early
+    return "".join(content) + piece, assembled(calls + done), early
 
 
 # how the templates of other families write an assistant turn's calls (Llama 3.1's line, one call
@@ -326,7 +357,8 @@ def server(model_dir):
 
 def test_the_server_returns_the_calls_whole_and_streamed(server, model_dir):
     """OpenAI's ``tool_calls`` through the official client: the API's reading of the same decoding,
-    content null, finish_reason ``tool_calls``; streamed, one delta per call with its index."""
+    content null, finish_reason ``tool_calls``; streamed, a call's id and name first, then its
+    arguments in pieces as they are written, which a client joins into the same call."""
     model, tok = load(model_dir, adapter="tools")
     client = server.client()
     text = generate(model, tok, tok.apply_chat_template(ask("Berlin"), tools=TOOLS), max_tokens=40).text
@@ -345,8 +377,12 @@ def test_the_server_returns_the_calls_whole_and_streamed(server, model_dir):
         assert not delta.content  # no piece of the call's text as content
         deltas += delta.tool_calls or []
         finish = chunk.choices[0].finish_reason or finish
-    assert [(d.index, d.function.name, json.loads(d.function.arguments)) for d in deltas] == [(0, *want[0])]
-    assert finish == "tool_calls" and deltas[0].id.startswith("call_")
+    assert deltas[0].index == 0 and deltas[0].function.name == "weather" and deltas[0].id.startswith("call_")
+    assert len(deltas) > 2
+    assert all(d.index == 0 and d.id is None and d.function.name is None for d in deltas[1:])
+    joined = "".join(d.function.arguments for d in deltas)
+    assert json.loads(joined) == want[0][1] and joined == message.tool_calls[0].function.arguments
+    assert finish == "tool_calls"
     # the call and its result sent back: the template gets the arguments as an object
     history = [*ask("Berlin"), message.model_dump(exclude_none=True),
                {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "12 C, rain"}]
@@ -405,7 +441,9 @@ def test_a_forced_call_is_decoded_under_the_constraint(server, model_dir):
     deltas = [d for chunk in client.chat.completions.create(  # the last request's, streamed
         model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS2, tool_choice=named, max_tokens=60,
         stream=True) for d in chunk.choices[0].delta.tool_calls or []]
-    assert [(d.function.name, json.loads(d.function.arguments)) for d in deltas] == want
+    names = {d.index: d.function.name for d in deltas if d.id is not None}
+    joined = {i: "".join(d.function.arguments for d in deltas if d.index == i) for i in names}
+    assert [(names[i], json.loads(joined[i])) for i in sorted(names)] == want
     _, anthropic = anthropic_client(server)
     r = anthropic.messages.create(model="specstream-tiny:tools", max_tokens=60, messages=ask("Berlin"),
                                   tool_choice={"type": "tool", "name": "time_in"},
