@@ -203,22 +203,21 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
     return begun
 
 
+_BRACKET_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?|[{}\[\]]')  # a string to its end, or open
+
+
 def _json_end(text: str, i: int) -> int | None:
     """Where the JSON object or array that begins at ``text[i]`` ends (the index after it); None
     while it is open."""
-    depth, quoted, escaped = 0, False, False
-    for j in range(i, len(text)):
-        c = text[j]
-        if quoted:
-            escaped, quoted = (False, True) if escaped else (c == "\\", c != '"')
-        elif c == '"':
-            quoted = True
-        elif c in "{[":
+    depth = 0
+    for m in _BRACKET_OR_STRING.finditer(text, i):
+        c = m.group()
+        if c in "{[":
             depth += 1
         elif c in "}]":
             depth -= 1
             if depth == 0:
-                return j + 1
+                return m.end()
     return None
 
 

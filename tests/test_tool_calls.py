@@ -102,6 +102,12 @@ def test_a_reply_read_whole_or_piece_by_piece():
         assert [c["function"]["arguments"] for c in got] == ['{"city": "Paris"}', '{"zone": "CET"}']
         # a call's name and the first characters of its arguments come before its block ends
         assert size > 4 or any(d.arguments and not d.done for d in calls)
+    # arguments whose strings hold brackets, quotes and backslashes end where their object ends
+    tricky = '{"s": "}{\\"]\\\\", "n": [1, {"k": "\\\\"}], "e": {}}'
+    text = f'<tool_call>{{"name": "f", "arguments": {tricky}}}</tool_call>'
+    assert json.loads(tricky) and read_tool_calls(text, HERMES).calls[0]["function"]["arguments"] == tricky
+    for size in range(1, 8):
+        assert [c["function"]["arguments"] for c in read_in_pieces(text, HERMES, size)[1]] == [tricky]
     assert read_tool_calls(CALLS, HERMES, max_calls=1).calls[0]["function"]["name"] == "weather"
     assert len(read_tool_calls(CALLS, HERMES, max_calls=1).calls) == 1
 
