@@ -15,13 +15,13 @@ token whose ``advance`` is None, node 1's target becomes the best-scoring token 
 
 from __future__ import annotations
 
-import codecs
 import functools
 from collections.abc import Callable, Hashable
 from typing import NamedTuple
 
 import numpy as np
 
+from .tokenizer import utf8_text
 from .tree import Tree
 
 State = Hashable
@@ -151,7 +151,7 @@ class CharConstraint(TokenConstraint):
             return None if isinstance(state, Partial) else self._char(state, unit)
         head, before = (state.head, state.state) if isinstance(state, Partial) else (b"", state)
         head += bytes((unit,))
-        ch = _decoded(head)
+        ch = utf8_text(head)
         if ch is None:  # not UTF-8: a text that decodes to U+FFFD
             return None
         if ch:
@@ -211,8 +211,8 @@ def _probes(head: bytes) -> tuple[str, ...]:
     """Characters whose UTF-8 begins with ``head`` (the start of a valid sequence): the first one,
     and the first letter or digit among the next 4,096 (the code points that begin so are a run)."""
     seq = head
-    while not (ch := _decoded(seq)):  # "" (not None): some byte goes on
-        seq += bytes((next(b for b in range(0x80, 0xC0) if _decoded(seq + bytes((b,))) is not None),))
+    while not (ch := utf8_text(seq)):  # "" (not None): some byte goes on
+        seq += bytes((next(b for b in range(0x80, 0xC0) if utf8_text(seq + bytes((b,))) is not None),))
     chars = [ch]
     for cp in range(ord(ch), min(ord(ch) + 4096, 0xD800 if ord(ch) < 0xD800 else 0x110000)):
         if not chr(cp).encode().startswith(head):
@@ -221,17 +221,6 @@ def _probes(head: bytes) -> tuple[str, ...]:
             chars.append(chr(cp))
             break
     return tuple(dict.fromkeys(chars))
-
-
-@functools.lru_cache(maxsize=4096)
-def _decoded(b: bytes) -> str | None:
-    """The characters of ``b``: "" where it is the start of one, None where it is not UTF-8 (nor
-    the start of a character: Python's decoder takes ``ED A0``, a surrogate's, as one)."""
-    try:
-        text = codecs.getincrementaldecoder("utf-8")().decode(b)
-    except UnicodeDecodeError:
-        return None
-    return text if text or any(_decoded(b + bytes((c,))) is not None for c in range(0x80, 0xC0)) else None
 
 
 def node_states(constraint: TokenConstraint, root_state: State, tree: Tree | None) -> list[State | None]:

@@ -216,7 +216,7 @@ class StreamingDetokenizer:
                     break
                 tail = bytes(self._tokenizer._backend.byte_value(t) for t in self.tokens[end:])
                 head = self._pending(end) if end > self._read else ""
-                if _incomplete_character(tail) and not head.endswith("\ufffd"):
+                if utf8_text(tail) == "" and not head.endswith("\ufffd"):
                     piece = head + "\ufffd"
                     break
         self._prefix = self._read = len(self.tokens)
@@ -233,12 +233,16 @@ def _byte_alphabet() -> dict[str, int]:
     return {**{chr(b): b for b in kept}, **{chr(256 + k): b for k, b in enumerate(others)}}
 
 
-def _incomplete_character(b: bytes) -> bool:
-    """Whether ``b`` is the beginning of one UTF-8 character, short of its end."""
+@functools.lru_cache(maxsize=4096)
+def utf8_text(b: bytes) -> str | None:
+    """The characters of ``b``: "" where it is the beginning of one UTF-8 character, short of its
+    end, that some bytes complete; None where it is neither (Python's incremental decoder takes
+    ``ED A0``, a surrogate's beginning, as a beginning, which no byte completes)."""
     try:
-        return codecs.getincrementaldecoder("utf-8")().decode(b) == ""
+        text = codecs.getincrementaldecoder("utf-8")().decode(b)
     except UnicodeDecodeError:
-        return False
+        return None
+    return text if text or any(utf8_text(b + bytes((c,))) is not None for c in range(0x80, 0xC0)) else None
 
 
 class Tokenizer:
