@@ -161,8 +161,7 @@ class JSONGrammar(CharConstraint):
             return members[0] if len(members) == 1 else self._add(("union", tuple(members)))
         if "allOf" in schema:  # more than one schema to meet at once: not read
             return self._add(ANY)
-        values = [schema["const"]] if "const" in schema else schema.get("enum")
-        values = _values(values) if isinstance(values, list) else None
+        values = _enum(schema)
         kind = kinds if isinstance(kinds, str) else "object" if "properties" in schema else None
         if values:
             return self._add(("choice", tuple(map(self.literal, values))))
@@ -214,8 +213,7 @@ class JSONGrammar(CharConstraint):
             said.update(f"{k} beside $ref" for k in schema if k in _CONSTRAINING)
         if isinstance(schema.get("items"), list):
             said.add("items as a list")
-        values = [schema["const"]] if "const" in schema else schema.get("enum")
-        if isinstance(values, list) and not _values(values):
+        if _enum(schema) == ():
             said.add("enum or const of values other than strings, numbers, booleans and null")
         if kinds is None and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
             # a value of any type: its strings or numbers would not be bounded
@@ -613,10 +611,13 @@ _SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "ch
                            "text", "tesc", "thex", "bounded"})
 
 
-def _values(values: list) -> tuple[str, ...]:
-    """An ``enum``'s values as JSON writes them, sorted (a number
-    both as an integer and with ``.0`` where it is whole, as JSON Schema counts them equal; empty
-    where a value is not a scalar JSON can write)."""
+def _enum(schema: dict) -> tuple[str, ...] | None:
+    """A schema's ``const`` or ``enum`` values as JSON writes them, sorted (a number both as an
+    integer and with ``.0`` where it is whole, as JSON Schema counts them equal); None where it has
+    neither, empty where a value is not a scalar JSON can write."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    if not isinstance(values, list):
+        return None
     texts = set()
     for v in values:
         scalar = v is None or isinstance(v, (str, int, float))
