@@ -495,10 +495,15 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 
 @contextmanager
 def _write_errors_as_os_errors(out: Path) -> Iterator[None]:
-    """coremltools' failures to write a file (a full disk: its MIL FileWriter raises RuntimeError)
-    as the OSError any other write failure is, naming the package: one line on the command line."""
+    """coremltools' failures to write a file (a full disk: its MIL FileWriter raises RuntimeError,
+    its copy of a package shutil.Error, a list of the files not copied) as the OSError any other
+    write failure is, naming the package: one line on the command line."""
     try:
         yield
+    except shutil.Error as e:
+        failed = e.args[0] if e.args and isinstance(e.args[0], list) else []
+        why = failed[0][2] if failed and len(failed[0]) == 3 else str(e)
+        raise OSError(f"cannot write {out}: {why}") from None
     except RuntimeError as e:
         said = str(e).splitlines()[0] if str(e) else type(e).__name__
         if "FileWriter" not in said and "writing" not in said:

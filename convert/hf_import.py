@@ -151,7 +151,8 @@ def _check_destination(src: Path, dest: Path, overwrite: bool) -> None:
 # settings) are not taken from a default config, whose sizes are not the checkpoint's.
 FAMILY_DEFAULTS = ("rms_norm_eps", "layer_norm_eps", "sliding_window", "tie_word_embeddings", "hidden_act",
                    "attention_bias", "mlp_bias", "use_sliding_window", "max_window_layers",
-                   "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping")
+                   "query_pre_attn_scalar", "final_logit_softcapping", "attn_logit_softcapping",
+                   "max_position_embeddings")
 
 
 def with_family_defaults(cfg: dict, outer: dict | None = None) -> dict:
@@ -186,6 +187,20 @@ def with_family_defaults(cfg: dict, outer: dict | None = None) -> dict:
     if given.get("rope_theta") is None and params.get("rope_theta") is None and base is not None:
         out["rope_theta"] = base  # only the base: a scaling or partial rotary factor given stays the config's
     return out
+
+
+def _own_head(cfg: dict, weights: dict[str, mx.array]) -> dict:
+    """``cfg`` untied where it ties the LM head to the token embeddings but the checkpoint stores a
+    head of its own that differs from them: transformers 5 builds the model with the stored head,
+    and so does the import (the embeddings as the head would give other logits)."""
+    heads = [k for k in weights if k.endswith("lm_head.weight")]
+    embeddings = [k for k in weights if k.endswith("embed_tokens.weight")]
+    if not cfg.get("tie_word_embeddings") or len(heads) != 1 or len(embeddings) != 1:
+        return cfg
+    head, embedding = weights[heads[0]], weights[embeddings[0]]
+    if head.shape == embedding.shape and mx.array_equal(head, embedding).item():
+        return cfg
+    return {**cfg, "tie_word_embeddings": False}
 
 
 def _mlx_lm_compatible(cfg: dict) -> dict:
@@ -243,8 +258,8 @@ def convert(
             f"{src}: already-quantized checkpoints ({method}) are not supported; convert the "
             "float checkpoint (and use -q to quantize)"
         )
-    model = build_model(cfg)
     weights = read_weights(src)
+    model = build_model(_own_head(cfg, weights))
     try:
         apply_weights(model, weights, DTYPES[dtype] if dtype else None)
     except CheckpointError as e:

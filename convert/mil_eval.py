@@ -19,15 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..errors import MissingPackageError
+from ..errors import MissingPackageError, PackageError
 
 
 class UnsupportedOpError(NotImplementedError):
     """The package uses a MIL op that the reference evaluator does not implement."""
-
-
-class PackageError(ValueError):
-    """Not a readable Core ML ML-program package."""
 
 
 def coremltools(feature: str = "reading a Core ML package"):
@@ -101,7 +97,10 @@ class Package:
         self.metadata = dict(spec.description.metadata.userDefined)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            self.program = load_mil(spec, spec.specificationVersion, weights_dir_of(self.path))
+            try:
+                self.program = load_mil(spec, spec.specificationVersion, weights_dir_of(self.path))
+            except Exception as e:  # a weight file cut short or damaged: coremltools says only where
+                raise PackageError(f"{self.path}: corrupt or truncated weights ({e})") from None
         self.functions = list(self.program.functions)
         self.default_function = getattr(self.program, "default_function_name", "main")
         if spec.description.functions:

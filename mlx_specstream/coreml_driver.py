@@ -27,14 +27,10 @@ import numpy as np
 
 from .adapter import AdapterConfig
 from .api import MLX_LM_NAMES, GenerationResult, StreamResponse, generate, stream_generate
-from .errors import check_keywords
+from .errors import PackageError, check_keywords
 from .ngrams import NGRAMS_FILE, NgramTable
 from .runner import Runner
 from .tree import Tree, ancestors, chain, reorder
-
-
-class PackageError(ValueError):
-    """Not a Speculative Streaming Core ML package, or a request it cannot serve."""
 
 
 @dataclass

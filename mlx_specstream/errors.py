@@ -34,6 +34,10 @@ def prompt_too_long(n_prompt: int, limit: int, holder: str = "the model's contex
             "the prompt and one generated")
 
 
+class PackageError(ValueError):
+    """Not a readable Speculative Streaming Core ML package, or a request it cannot serve."""
+
+
 class AdapterError(ValueError):
     """An adapter is missing, corrupt, or made for another base model."""
 

@@ -142,8 +142,7 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
     dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
-    if not overwrite:
-        raise _exists(dest)
+    # what the flag would not help is said first
     if dest.is_symlink() or not dest.is_dir():
         raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
@@ -155,6 +154,8 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "
                               f"({shown}): refusing to replace it; choose another path")
+    if not overwrite:
+        raise _exists(dest)
 
 
 def check_replaceable_file(dest: str | Path, overwrite: bool, ours) -> None:

@@ -297,6 +297,9 @@ def test_package_is_judged_by_its_saved_file(packages, tmp_path):
     with np.errstate(all="ignore"):
         after = pkg2.predict(inputs, pkg2.new_state(), function="prefill")["main_logits"]
     assert not np.allclose(before, after)
+    blob.write_bytes(bytes(data[:1000]))  # cut short: said as such, not coremltools' index error
+    with pytest.raises(PackageError, match=r"copy.mlpackage: corrupt or truncated weights"):
+        Package(copy)
 
 
 def test_a_package_renamed_with_its_tokenizer_finds_it(packages, tmp_path):
@@ -392,6 +395,14 @@ def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
         with pytest.raises(RuntimeError, match="disk full"):
             export_coreml(model_dir, out, adapter="lossless", progress=None, **SIZES)
         assert os.listdir(tmp_path) == []
+
+    def copy_fails(*a, **k):  # coremltools' copy of a package on a full disk: shutil's list of failures
+        raise shutil.Error([("a/weight.bin", "b/weight.bin", "[Errno 28] No space left on device")])
+
+    monkeypatch.setattr(coreml_export, "_finish_function", copy_fails)
+    with pytest.raises(OSError, match=r"^cannot write .*x.mlpackage: \[Errno 28\] No space left on device$"):
+        export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", progress=None, **SIZES)
+    assert os.listdir(tmp_path) == []
     with pytest.raises(ExportError, match="tree_size=99 is out of range 1..40"):
         export_coreml(model_dir, tmp_path / "x.mlpackage", adapter="lossless", tree_size=99, progress=None)
     assert os.listdir(tmp_path) == []

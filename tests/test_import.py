@@ -170,6 +170,8 @@ def _rope_as_transformers_4(cfg):
      _drop("rope_theta", "rope_parameters", "rope_scaling", "tie_word_embeddings"), ("tie_word_embeddings",)),
     (lambda: transformers.Phi3Config(**SMALL, num_key_value_heads=2, intermediate_size=128, pad_token_id=0,
                                      rms_norm_eps=1e-5), _drop("rms_norm_eps"), ("rms_norm_eps",)),
+    (lambda: transformers.LlamaConfig(**SMALL, num_key_value_heads=2, intermediate_size=128),
+     _drop("max_position_embeddings"), ("max_position_embeddings",)),  # the context: 2,048 there
     (lambda: transformers.MistralConfig(**SMALL, num_key_value_heads=2, intermediate_size=128,
                                         sliding_window=4096), _drop("sliding_window"), ("sliding_window",)),
     (lambda: transformers.PhiConfig(hidden_size=160, num_attention_heads=2, num_hidden_layers=2,
@@ -194,6 +196,8 @@ def test_settings_a_config_leaves_out_are_transformers_defaults(tmp_path, config
     written = json.loads((tmp_path / "mlx" / "config.json").read_text())
     for key in defaulted:
         assert written[key] == getattr(hf.config, key)
+    if "max_position_embeddings" in defaulted:  # the context a generation stops at
+        assert model.max_positions == hf.config.max_position_embeddings == 2048
     if "sliding_window" in defaulted:  # past 4,096 tokens the window shows; here it is said
         assert model.args.window(0) == hf.config.sliding_window == 4096
 
@@ -383,10 +387,36 @@ def _set_config(src, edit):
     (src / "config.json").write_text(json.dumps(cfg))
 
 
+def test_a_stored_head_unlike_the_tied_embeddings_is_the_head(tmp_path):
+    """A checkpoint that says its head is tied but stores one of its own, unlike the embeddings:
+    transformers builds it with the stored head, and so does the import; a stored head equal to the
+    embeddings stays tied."""
+    from safetensors.numpy import load_file, save_file
+
+    torch.manual_seed(0)
+    path = tmp_path / "hf"
+    config = transformers.Qwen2Config(**SMALL, num_key_value_heads=2, intermediate_size=128,
+                                      tie_word_embeddings=True)
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    tensors = load_file(path / "model.safetensors")
+    ids = np.random.default_rng(1).integers(0, 100, (1, 12))
+    for scale, tied in ((0.5, False), (1.0, True)):
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"] * scale
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+        hf = transformers.AutoModelForCausalLM.from_pretrained(path).eval()
+        model, _ = load(convert_ok(path, tmp_path / f"mlx{scale}"))
+        assert np.abs(mlx_logits(model, ids) - torch_logits(hf, ids)).max() < TOL
+        assert model.tied is tied
+
+
 @pytest.mark.parametrize("break_it,fragment", [
     (lambda d: _set_config(d, lambda c: c.pop("hidden_size")), "config.json has no hidden_size"),
     (lambda d: _set_config(d, lambda c: c.update(hidden_size="64")), "hidden_size is '64', which is not int"),
     (lambda d: _set_config(d, lambda c: c.update(rms_norm_eps=True)), "rms_norm_eps is True"),
+    (lambda d: _set_config(d, lambda c: c.update(max_position_embeddings="x")),
+     "max_position_embeddings is 'x', which is not int"),
+    (lambda d: _set_config(d, lambda c: c.update(max_position_embeddings=-5)),
+     "max_position_embeddings is -5, which is not at least 1"),
     (lambda d: _set_config(d, lambda c: c.update(rope_parameters="oops")), "rope_parameters is 'oops'"),
     (lambda d: (d / "config.json").write_text("[1, 2]"), "a JSON object of settings was expected, not list"),
     (lambda d: _set_config(d, lambda c: c.update(model_type=["llama"])),
@@ -515,13 +545,13 @@ def test_existing_destination(converted, tmp_path):
     dest = tmp_path / "out"
     dest.mkdir()
     (dest / "keep.txt").write_text("mine")
-    res = cli("convert", "--hf-path", src, "--mlx-path", dest)
-    assert res.returncode == 1 and res.stderr.strip().startswith("error:") and "--overwrite" in res.stderr
-    assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
-    # --overwrite never deletes what the project did not write: the user's file stays
-    res = cli("convert", "--hf-path", src, "--mlx-path", dest, "--overwrite")
-    assert res.returncode == 1 and "did not write" in res.stderr and "keep.txt" in res.stderr
-    assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
+    # --overwrite never deletes what the project did not write: said first, flag or not (no
+    # "use --overwrite" that would then be refused); the user's file stays
+    for flag in ((), ("--overwrite",)):
+        res = cli("convert", "--hf-path", src, "--mlx-path", dest, *flag)
+        assert res.returncode == 1 and "did not write" in res.stderr and "keep.txt" in res.stderr
+        assert "--overwrite" not in res.stderr and res.stderr.strip().startswith("error:")
+        assert "Traceback" not in res.stderr and (dest / "keep.txt").read_text() == "mine"
     assert sorted(p.name for p in dest.iterdir()) == ["keep.txt"]
     # a model directory the project wrote is replaced; convert says what its tokenizer files are
     model_dir = tmp_path / "model"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..errors import UnsupportedModelError
 from . import gemma3, llama, opt, phi, qwen3, smollm3
-from .base import CausalLM
+from .base import CausalLM, max_positions
 
 ARCHITECTURES = {
     "llama": llama.Model,
@@ -31,6 +31,7 @@ def build_model(config: dict) -> CausalLM:
         raise UnsupportedModelError(
             f"unknown model_type '{model_type}' (supported: {', '.join(sorted(ARCHITECTURES))})"
         )
+    max_positions(config)  # checked here: the engine reads it from the config, not a family's args
     return ARCHITECTURES[model_type](config)
 
 

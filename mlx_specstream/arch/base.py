@@ -337,9 +337,15 @@ def activation(name: str):
 
 
 def max_positions(config: dict) -> int | None:
-    """Tokens a model of ``config`` can hold (prompt + generated), or None where it sets none."""
+    """Tokens a model of ``config`` can hold (prompt + generated), or None where it sets none; a
+    :class:`ConfigError` where it is not a whole number >= 1."""
     n = config.get("max_position_embeddings")
-    return int(n) if n else None
+    if n is None:
+        return None
+    check_value("max_position_embeddings", n, "int")
+    if n < 1:
+        raise ConfigError(f"config.json: max_position_embeddings is {n}, which is not at least 1")
+    return n
 
 
 class CausalLM(nn.Module):
