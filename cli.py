@@ -510,7 +510,8 @@ def convert(
                                            "(--to mlx) --hf-path, as in mlx_lm.convert"),
     adapter: str | None = typer.Option(None, "--adapter", help="(--to coreml) adapter name or path"),
     out: Path | None = typer.Option(None, "--out", help="(--to coreml) NAME.mlpackage to write"),
-    precision: str = typer.Option("float16", "--precision", help="(--to coreml) float16 or float32 compute"),
+    precision: str | None = typer.Option(None, "--precision", help="(--to coreml) float16 (default) or "
+                                         "float32 compute"),
     context: int | None = typer.Option(None, "--context", help="(--to coreml) KV-cache slots (default 2048 "
                                                                "or the model's limit); a step's tree takes "
                                                                "its room: the package holds slots - tree "
@@ -531,7 +532,7 @@ def convert(
     only = {"mlx": {"--hf-path": hf_path, "--mlx-path": mlx_path, "--dtype": dtype},
             "coreml": {"--adapter": adapter, "--out": out, "--context": context,
                        "--tree-size": tree_size, "--chunk": chunk, "--sampling": sampling or None,
-                       "--precision": None if precision == "float16" else precision}}
+                       "--precision": precision}}
     other = "coreml" if to == "mlx" else "mlx"
     stray = [flag for flag, value in only[other].items() if value is not None]
     if stray:
@@ -557,7 +558,7 @@ def convert(
         typer.echo(f"wrote {out_dir}{note}")
         return
     _convert_coreml(model, out, adapter=adapter, quantize=quantize, q_bits=q_bits, q_group_size=q_group_size,
-                    precision=precision, context=context, tree_size=tree_size,
+                    precision=precision or "float16", context=context, tree_size=tree_size,
                     chunk=chunk, sampling=sampling, overwrite=overwrite)
 
 

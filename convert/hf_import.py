@@ -64,6 +64,10 @@ def _weight_files(src: Path) -> tuple[str, list[Path]]:
     shards = sorted(src.glob("model-*-of-*.safetensors"))
     if shards:
         return "safetensors", shards
+    broken = [p.name for p in src.iterdir() if p.is_symlink() and not p.exists()
+              and p.name.endswith((".safetensors", ".bin", ".json"))]
+    if broken:  # a download's links into a cache that is gone
+        raise CheckpointError(f"{src}: {', '.join(sorted(broken)[:3])}: a link to a file that does not exist")
     raise CheckpointError(
         f"{src}: no weights (model.safetensors, model.safetensors.index.json, pytorch_model.bin "
         "or pytorch_model.bin.index.json)"
@@ -253,7 +257,10 @@ def convert(
     cfg = with_family_defaults(read_config(src))
     qc = cfg.get("quantization_config") or cfg.get("quantization")
     if qc:
-        method = qc.get("quant_method", "mlx") if isinstance(qc, dict) else "unknown"
+        method = "unknown"
+        if isinstance(qc, dict):  # mlx-lm's {"bits", "group_size"}; transformers' quant_method or load_in_*
+            method = qc.get("quant_method") or next((k for k, v in qc.items() if v is True), None) or (
+                "mlx" if "bits" in qc else "unknown")
         raise CheckpointError(
             f"{src}: already-quantized checkpoints ({method}) are not supported; convert the "
             "float checkpoint (and use -q to quantize)"

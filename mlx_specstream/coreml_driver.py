@@ -122,11 +122,15 @@ class PackageRunner(Runner):
     def __init__(self, path: str | Path, backend: str = "auto", compute_units: str = "cpu_and_gpu"):
         self.path = Path(path)
         if not (self.path / "Manifest.json").is_file():
-            raise PackageError(f"{self.path}: no such .mlpackage")
+            said = "not an .mlpackage (no Manifest.json)" if self.path.exists() else "no such .mlpackage"
+            raise PackageError(f"{self.path}: {said}")
         if backend == "auto":
             backend = "coreml" if core_ml_available() else "reference"
         if backend not in ("coreml", "reference"):
             raise PackageError(f"backend must be 'coreml', 'reference' or 'auto', not '{backend}'")
+        if backend == "coreml" and not core_ml_available():
+            raise PackageError("backend 'coreml' runs packages on macOS (coremltools' native library); here "
+                               "'reference' (the package evaluator) or 'auto'")
         self.backend = backend
         from .convert.mil_eval import Package, coremltools, read_metadata
 

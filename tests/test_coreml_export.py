@@ -10,6 +10,7 @@ from fp16 rounding of keys/values (where tokens differ, the test reports the mar
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -477,6 +478,14 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
     assert_one_line_error(res, "--to coreml needs --out NAME.mlpackage")
     assert sorted(os.listdir(tmp_path)) == ["file", "taken.mlpackage"]
     assert os.listdir(tmp_path / "taken.mlpackage") == []
+    res = cli("generate", "--model", str(tmp_path / "taken.mlpackage"), "--prompt", "w1")
+    assert_one_line_error(res, "taken.mlpackage: not an .mlpackage (no Manifest.json)")
+
+
+@pytest.mark.skipif(sys.platform == "darwin", reason="Core ML runs packages there")
+def test_core_ml_backend_off_macos_is_said(packages):
+    with pytest.raises(PackageError, match="backend 'coreml' runs packages on macOS"):
+        load_package(packages["f32"].package, backend="coreml")
 
 
 def test_base_model_package(model_dir, tmp_path):

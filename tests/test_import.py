@@ -454,6 +454,15 @@ def test_integer_weights_for_a_float_parameter(llama_copy, tmp_path):
 def test_missing_weights_file(llama_copy, tmp_path):
     (llama_copy / "model.safetensors").unlink()
     bad(llama_copy, tmp_path / "out", "no weights")
+    (llama_copy / "model.safetensors").symlink_to(tmp_path / "gone")  # a download's cache removed
+    bad(llama_copy, tmp_path / "out", "model.safetensors: a link to a file that does not exist")
+
+
+def test_a_quantized_checkpoint_is_said_by_its_method(llama_copy, tmp_path):
+    for q, said in (({"quant_method": "gptq", "bits": 4}, "(gptq)"),
+                    ({"load_in_4bit": True}, "(load_in_4bit)"), ({"bits": 4, "group_size": 64}, "(mlx)")):
+        _set_config(llama_copy, lambda c, q=q: c.update(quantization_config=q))
+        bad(llama_copy, tmp_path / "out", f"already-quantized checkpoints {said}")
 
 
 def test_missing_tensor(llama_copy, tmp_path):
@@ -590,6 +599,7 @@ def test_destination_inside_source(converted, tmp_path):
     (["--to", "onnx"], "unknown output format"),
     (["--q-group-size", "7"], "--q-group-size must be 32, 64 or 128"),  # asked for without -q: checked
     (["--adapter", "sql", "--precision", "float32"], "--adapter, --precision: an option of --to coreml"),
+    (["--precision", "float16"], "--precision: an option of --to coreml"),  # its default, said: refused too
 ])
 def test_bad_options(converted, tmp_path, args, fragment):
     _, src, _ = converted["llama3"]
