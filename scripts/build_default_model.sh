@@ -6,7 +6,7 @@
 #
 #   scripts/build_default_model.sh              # everything, on a CUDA GPU if there is one, else the CPU
 #   RESUME=1 scripts/build_default_model.sh     # continue an interrupted base-model run (runs/base)
-#   SKIP_TRAIN=1 scripts/build_default_model.sh # data + tokenizer + MLX conversion of the shipped weights
+#   SKIP_TRAIN=1 scripts/build_default_model.sh # data + MLX conversion of the shipped weights and tokenizer
 #   TRAIN_ARGS="--hidden 512 --layers 10" scripts/build_default_model.sh  # extra flags for train_base.py train
 #   SKIP_ADAPTERS=1 scripts/build_default_model.sh   # the base model only
 #
@@ -26,9 +26,11 @@ MODEL=models/specstream-tiny
 HF=$MODEL/hf
 
 "$PY" scripts/make_data.py
-# a resumed run keeps the tokenizer its checkpoint was trained with
-[ "${RESUME:-0}" = 1 ] || "$PY" scripts/train_base.py tokenizer --out "$HF"
 if [ "${SKIP_TRAIN:-0}" != 1 ]; then
+  # a new base gets a new tokenizer; a resumed run keeps the one its checkpoint was trained with, and
+  # the shipped weights keep theirs (the generator has changed since it was trained: a tokenizer
+  # trained now would cut the text otherwise than the weights read it)
+  [ "${RESUME:-0}" = 1 ] || "$PY" scripts/train_base.py tokenizer --out "$HF"
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "build_default_model: no CUDA GPU; training on the CPU (slow: see the header)" >&2
   fi

@@ -40,6 +40,7 @@ from make_data import functions_of  # noqa: E402
 from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.adapter import load_adapter, new_adapter  # noqa: E402
 from mlx_specstream.api import DEFAULT_MODEL, generate, load  # noqa: E402
+from mlx_specstream.data import make_project_train_split  # noqa: E402
 from mlx_specstream.outputs import run_meta, write_text_atomic  # noqa: E402
 
 
@@ -59,8 +60,12 @@ def user_functions(packages: list[str], seed: int) -> list[dict]:
 
 
 def project_functions(split: str, seed: int) -> list[dict]:
-    """Prompts of the project's own code split (standard-library functions), given alone."""
-    rows = [json.loads(line) for line in (ROOT / "data/code" / f"{split}.jsonl").read_text().splitlines()]
+    """Prompts of the project's own code split (standard-library functions), given alone (its
+    train split made first where a fresh checkout does not have it yet)."""
+    path = ROOT / "data/code" / f"{split}.jsonl"
+    if not path.is_file():
+        make_project_train_split(path.parent)
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
     rows = [{"prompt": r["prompt"], "completion": ""} for r in rows if r["meta"].get("docstring")]
     random.Random(seed).shuffle(rows)
     return rows

@@ -48,6 +48,7 @@ import os
 import platform
 import random
 import re
+import subprocess
 import sys
 import time
 from datetime import date
@@ -73,13 +74,24 @@ def read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def pretrain_file(data: Path) -> Path:
+    """``data/pretrain.jsonl.gz``, made first (scripts/make_data.py, about 20 s) where a fresh
+    checkout does not have it yet, as ``specstream-mlx train`` makes a train split."""
+    path = data / "pretrain.jsonl.gz"
+    if not path.is_file():
+        print(f"{path} is made, not shipped: making it now with scripts/make_data.py", flush=True)
+        subprocess.run([sys.executable, str(Path(__file__).with_name("make_data.py")), "--out", str(data)],
+                       check=True)
+    return path
+
+
 # --------------------------------------------------------------------------------------------
 # tokenizer
 # --------------------------------------------------------------------------------------------
 def train_tokenizer(data: Path, out: Path, vocab: int = 4096, threads: int = 2) -> None:
     import sentencepiece as spm
 
-    docs = read_jsonl(data / "pretrain.jsonl.gz")
+    docs = read_jsonl(pretrain_file(data))
     lines = [ln for d in docs for ln in d["text"].split("\n") if ln.strip()]
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / "tokenizer"
@@ -163,7 +175,7 @@ def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
 def build_code_stream(args, sp) -> np.ndarray:
     """The code stream: the stdlib documents of data/pretrain.jsonl.gz, as one array of ids."""
     t = time.time()
-    code = [d["text"] for d in read_jsonl(args.data / "pretrain.jsonl.gz") if d["src"] != "sql"]
+    code = [d["text"] for d in read_jsonl(pretrain_file(args.data)) if d["src"] != "sql"]
     stream = encode_docs(sp, code, args.threads)
     print(f"data: {stream.size} code tokens ({len(code)} docs; SQL generated on the fly) in "
           f"{time.time() - t:.1f}s", flush=True)
@@ -509,7 +521,9 @@ def cmd_train(args) -> None:
         if st["step"] >= args.steps:
             st["stopped"] = f"reached --steps {args.steps}"
             break
-        if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - args.reserve_s:
+        # the reserve for the final save, at most a quarter of a short run (--max-minutes 1 trains)
+        reserve = min(args.reserve_s, args.max_minutes * 15) if args.max_minutes is not None else 0.0
+        if args.max_minutes is not None and time.time() - T0 > args.max_minutes * 60 - reserve:
             break
         if args.run_steps is not None and st["step"] >= first_step + args.run_steps:
             break
@@ -812,7 +826,8 @@ def main(argv=None) -> None:
     r.add_argument("--max-minutes", type=float, default=None,
                    help="end this run within this many minutes (start-up included) with a checkpoint; "
                         "--resume continues it")
-    r.add_argument("--reserve-s", type=float, default=60.0, help="seconds kept for the final save")
+    r.add_argument("--reserve-s", type=float, default=60.0,
+                   help="seconds kept for the final save (at most a quarter of --max-minutes)")
     r.add_argument("--run-steps", type=int, default=None,
                    help="end this run after this many steps with a checkpoint; --resume continues it")
     r.add_argument("--sql-frac", type=float, default=0.75, help="share of rows that are generated SQL")

@@ -12,6 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx_specstream  # noqa: F401  (first: the optimized BLAS before MLX, as the scripts do)
+
+# isort: split
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
