@@ -405,7 +405,7 @@ class JSONGrammar(CharConstraint):
                 return None
             digits = state[3] + ch
             return ("thex", n, state[2], digits, then) if len(digits) < 4 else \
-                self._text(n, state[2] + chr(int(digits, 16)), then)
+                self._text(n, _joined(state[2], chr(int(digits, 16))), then)
         if kind in ("mk", "mm"):  # (kind, n, then): a map's members, after "{" or after a member
             return _members(kind == "mk", ch, ("sv", node[1], ("mm", n, then)), then)
         raise AssertionError(f"unknown state {kind}")
@@ -420,9 +420,9 @@ class JSONGrammar(CharConstraint):
     @staticmethod
     def _any_char(node: tuple, value: str) -> bool:
         """Whether any character may follow ``value`` in a string of the node (no pattern, and
-        room left): only then may it be written as ``\\uXXXX``, whose first digits cannot tell
-        whether a pattern would take it."""
-        return not node[1] and (node[3] is None or len(value) < node[3])
+        room left, or a surrogate pair's second half to come): only then may it be written as
+        ``\\uXXXX``, whose first digits cannot tell whether a pattern would take it."""
+        return not node[1] and (node[3] is None or len(value) < node[3] or _high_surrogate(value[-1:]))
 
     @staticmethod
     def _text_ok(node: tuple, value: str, whole: bool) -> bool:
@@ -609,6 +609,18 @@ SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
 _SCHEMA_KINDS = frozenset({"sv", "sk", "sm", "skey", "sa", "se", "mk", "mm", "choice", "number", "integer",
                            "text", "tesc", "thex", "bounded"})
+
+
+def _high_surrogate(ch: str) -> bool:
+    return len(ch) == 1 and 0xD800 <= ord(ch) <= 0xDBFF
+
+
+def _joined(value: str, ch: str) -> str:
+    """``value`` and the character of a ``\\uXXXX`` escape: a surrogate pair's halves (JSON's
+    ``\\ud83d\\ude00``) joined into the one character they stand for, as lengths count it."""
+    if _high_surrogate(value[-1:]) and 0xDC00 <= ord(ch) <= 0xDFFF:
+        return value[:-1] + chr(0x10000 + (ord(value[-1]) - 0xD800 << 10) + ord(ch) - 0xDC00)
+    return value + ch
 
 
 def _enum(schema: dict) -> tuple[str, ...] | None:

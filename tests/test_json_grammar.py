@@ -192,7 +192,8 @@ def test_patterns_formats_and_lengths(tok):
     c = json_constraint(tok, STRINGS)
     good = {"code": "AB12", "tag": "__xz__", "d": "2024-02-29", "u": UUID, "ip": "10.0.0.255", "n": "ab",
             "at": "2024-01-01T10:00:00Z"}
-    cases = [good, {"n": "aé"}, {"n": "aéé\n"}, *({k: v} for k, v in [  # JSON writes é as \u00e9
+    cases = [good, {"n": "aé"}, {"n": "aéé\n"}, {"n": "😀😀😀😀"}, {"n": "😀"}, {"n": "a😀😀😀😀"},
+             *({k: v} for k, v in [  # JSON writes é as \u00e9, 😀 as a pair \ud83d\ude00: one character
         ("code", "ab12"), ("code", "AB"), ("tag", "xx"), ("d", "2023-02-29"),
         ("d", "2024-13-01"), ("u", UUID[:-1]), ("ip", "256.1.1.1"), ("n", "a"), ("n", "abcde")])]
     for value in cases:
