@@ -100,7 +100,8 @@ class Package:
             try:
                 self.program = load_mil(spec, spec.specificationVersion, weights_dir_of(self.path))
             except Exception as e:  # a weight file cut short or damaged: coremltools says only where
-                raise PackageError(f"{self.path}: corrupt or truncated weights ({e})") from None
+                raise PackageError(f"{self.path}: its program or weights do not load ({e}): a corrupt or "
+                                   "truncated weight file, or a package of a newer Core ML?") from None
         self.functions = list(self.program.functions)
         self.default_function = getattr(self.program, "default_function_name", "main")
         if spec.description.functions:

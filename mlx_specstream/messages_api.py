@@ -191,28 +191,29 @@ class MessageReply(Reply):
         try:
             yield sse({"type": "message_start", "message": self._message([], None, None, 0)}, "message_start")
             async for r in passes:
-                text, deltas, finish = read_pass(reader, r)
-                if text and not text_open:
-                    yield sse({"type": "content_block_start", "index": index,
-                               "content_block": {"type": "text", "text": ""}}, "content_block_start")
-                    text_open = True
-                if text:
-                    yield sse({"type": "content_block_delta", "index": index,
-                               "delta": {"type": "text_delta", "text": text}}, "content_block_delta")
-                for d in deltas:
-                    if d.id is not None:  # a call begins: its block
+                events, finish = read_pass(reader, r)
+                for e in events:  # in the reply's order: a block is stopped before the next starts
+                    if isinstance(e, str):
+                        if not text_open:
+                            yield sse({"type": "content_block_start", "index": index,
+                                       "content_block": {"type": "text", "text": ""}}, "content_block_start")
+                            text_open = True
+                        yield sse({"type": "content_block_delta", "index": index,
+                                   "delta": {"type": "text_delta", "text": e}}, "content_block_delta")
+                        continue
+                    if e.id is not None:  # a call begins: its block
                         if text_open:
                             yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
                             index, text_open = index + 1, False
-                        block = _tool_use(d.id, d.name, d.arguments if d.done else "{}")
+                        block = _tool_use(e.id, e.name, e.arguments if e.done else "{}")
                         yield sse({"type": "content_block_start", "index": index,
                                    "content_block": {**block, "input": {}}}, "content_block_start")
                     # a call read whole: its input as Anthropic's (an object); else the text as written
-                    piece = json.dumps(block["input"]) if d.id is not None and d.done else d.arguments
+                    piece = json.dumps(block["input"]) if e.id is not None and e.done else e.arguments
                     if piece:
                         yield sse({"type": "content_block_delta", "index": index, "delta": {
                             "type": "input_json_delta", "partial_json": piece}}, "content_block_delta")
-                    if d.done:
+                    if e.done:
                         yield sse({"type": "content_block_stop", "index": index}, "content_block_stop")
                         index += 1
                 if finish is not None:

@@ -36,10 +36,12 @@ from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
 from .tool_calls import (
     CallDelta,
+    Event,
     ToolCallReader,
     ToolCalls,
     ToolFormat,
     read_tool_calls,
+    split_events,
     tool_format,
     tools_problem,
 )
@@ -396,7 +398,9 @@ class Reply:
                 offset += len(piece)
         return {"tokens": [token_text(tok, lp.token)["token"] for lp in items],
                 "token_logprobs": [lp.logprob for lp in items],
-                "top_logprobs": [{token_text(tok, t)["token"]: v for t, v in lp.top} for lp in items],
+                # the likeliest and the chosen token, as OpenAI's (up to logprobs + 1 entries)
+                "top_logprobs": [{**{token_text(tok, t)["token"]: v for t, v in lp.top},
+                                  token_text(tok, lp.token)["token"]: lp.logprob} for lp in items],
                 "text_offset": offsets}
 
     def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None,
@@ -449,7 +453,8 @@ class Reply:
             if self.gen.chat:
                 yield sse(self.chunk(None, None, first=True))
             async for r in passes:
-                text, deltas, finish = read_pass(reader, r)
+                events, finish = read_pass(reader, r)
+                text, deltas = split_events(events)
                 logprobs = self.logprobs([r], offset) if r.tokens else None
                 offset += len(r.text)
                 if text or logprobs:  # a pass's tokens whose text is held back: their logprobs now
@@ -467,17 +472,16 @@ class Reply:
         yield sse("[DONE]")
 
 
-def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[str, list[CallDelta], str | None]:
-    """A pass's content, the pieces of tool calls it writes, and its finish reason
-    (:func:`called`), with ``reader`` reading the calls."""
+def read_pass(reader: ToolCallReader | None, r: StreamResponse) -> tuple[list[Event], str | None]:
+    """A pass's content and the pieces of tool calls it writes, in the reply's order, and its
+    finish reason (:func:`called`), with ``reader`` reading the calls."""
     if reader is None:
-        return r.text, [], r.finish_reason
-    text, deltas = reader.feed(r.text)
+        return [r.text] if r.text else [], r.finish_reason
+    events = reader.feed(r.text)
     finish = r.finish_reason
     if finish is not None:
-        rest, last = reader.close()
-        text, deltas, finish = text + rest, deltas + last, called(finish, bool(reader.calls))
-    return text, deltas, finish
+        events, finish = events + reader.close(), called(finish, bool(reader.calls))
+    return events, finish
 
 
 def call_item(delta: CallDelta) -> dict:

@@ -135,7 +135,10 @@ def _calls(body: str, fmt: ToolFormat, marked: bool = True) -> list[dict] | None
     spans = _begun(body, fmt)
     written = [body[a:len(body) if e is None else e] for _, a, e in spans]
     objs = _objects(body, fmt)
-    calls = None if objs is None else [_call(o, w) for o, w in zip(objs, written + [None] * len(objs))]
+    # a call streamed in part keeps the name it was streamed with (an object that says "name" twice)
+    named = [{**o, "name": s[0]} if isinstance(o, dict) and s else o
+             for o, s in zip(objs or [], spans + [None] * len(objs or []))]
+    calls = None if objs is None else [_call(o, w) for o, w in zip(named, written + [None] * len(named))]
     if calls and all(calls):
         return calls
     if marked and spans:
@@ -178,8 +181,10 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
             a += len(body[a:]) - len(body[a:].lstrip())
             if body[a:a + 1] != "{":
                 break
-            end = _json_end(body, a)
-            begun.append((body[i:k].strip(), a, end))
+            end, name = _json_end(body, a), body[i:k].strip()
+            if not name:
+                break
+            begun.append((name, a, end))
             if end is None or (i := body.find(fmt.start, end)) < 0:
                 break
             i += len(fmt.start)
@@ -191,8 +196,14 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
         a = m.end()
         if body[a:a + 1] != "{":
             break
+        try:
+            name = json.loads(m.group(1))
+        except ValueError:  # not a JSON string (a bad escape): read once the block is whole
+            break
+        if not name:
+            break
         end = _json_end(body, a)
-        begun.append((json.loads(m.group(1)), a, end))
+        begun.append((name, a, end))
         close = None if end is None else _json_end(body, m.start())
         if close is None:
             break
@@ -255,6 +266,23 @@ class CallDelta:
     name: str | None
     arguments: str
     done: bool = False
+
+
+Event = str | CallDelta  # what a reader gives: content, or a piece of a call
+
+
+def _add(events: list[Event], *items: Event) -> None:
+    """Append ``items`` to ``events``, content next to content joined and empty content left out."""
+    for item in items:
+        if isinstance(item, str) and events and isinstance(events[-1], str):
+            events[-1] += item
+        elif item != "":
+            events.append(item)
+
+
+def split_events(events: list[Event]) -> tuple[str, list[CallDelta]]:
+    """Events as their content (joined) and their pieces of calls."""
+    return "".join(e for e in events if isinstance(e, str)), [e for e in events if isinstance(e, CallDelta)]
 
 
 class ToolCallReader:
@@ -355,34 +383,36 @@ class ToolCallReader:
             return self._content(written), []
         return "", self._called(read)
 
-    def feed(self, text: str) -> tuple[str, list[CallDelta]]:
-        """Add a piece of the reply: the content it makes final, and the pieces of calls."""
+    def feed(self, text: str) -> list[Event]:
+        """Add a piece of the reply: the content it makes final and the pieces of calls, in the
+        order the reply has them."""
         self._text += text
-        content, deltas = "", []
+        events: list[Event] = []
         while True:
             if self._opened is None:
-                content += self._open()
+                _add(events, self._open())
                 if self._opened is None:
-                    return content, deltas
+                    return events
             j = self._text.find(self.fmt.end) if self.fmt.end else -1
             if j < 0:
-                return content, deltas + self._partial()
+                return events + self._partial()
             said, done = self._close_block(self._text[:j], self._opened + self._text[: j + len(self.fmt.end)])
-            content, deltas = content + said, deltas + done
+            _add(events, said, *done)
             self._text, self._opened = self._text[j + len(self.fmt.end):], None
 
-    def close(self) -> tuple[str, list[CallDelta]]:
-        """The reply has ended: the content still held, and the pieces of a last block that ran to
-        the end."""
-        content, deltas = "", []
+    def close(self) -> list[Event]:
+        """The reply has ended: the content still held and the pieces of a last block that ran to
+        the end, in order."""
+        events: list[Event] = []
         if self._opened is not None:
-            content, deltas = self._close_block(self._text, self._opened + self._text)
+            said, done = self._close_block(self._text, self._opened + self._text)
+            _add(events, said, *done)
         elif self._text:
-            content = self._content(self._text)
+            _add(events, self._content(self._text))
         if not self.calls:
-            content += self._space  # no call: the content keeps its trailing whitespace
+            _add(events, self._space)  # no call: the content keeps its trailing whitespace
         self._text, self._opened, self._space, self._after_call = "", None, "", False
-        return content, deltas
+        return events
 
 
 def read_tool_calls(text: str, fmt: ToolFormat | None, max_calls: int | None = None) -> ToolCalls:
@@ -391,7 +421,7 @@ def read_tool_calls(text: str, fmt: ToolFormat | None, max_calls: int | None = N
     if fmt is None:
         return ToolCalls(text)
     reader = ToolCallReader(fmt, max_calls)
-    content = reader.feed(text)[0] + reader.close()[0]
+    content = split_events(reader.feed(text) + reader.close())[0]
     return ToolCalls(content if content or not reader.calls else None, reader.calls)
 
 

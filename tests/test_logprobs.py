@@ -85,6 +85,9 @@ def test_logprobs_follow_the_output_cut(lossless):
     each token's alone; without the option there are none."""
     model, tok = lossless
     full = generate(model, tok, SQL[1], max_tokens=30, logprobs=0)
+    for n in (1, 2, 7):  # max_tokens inside a pass's accepted drafts
+        short = generate(model, tok, SQL[1], max_tokens=n, logprobs=0)
+        assert short.tokens == full.tokens[:n] and short.logprobs == full.logprobs[:n]
     assert all(lp.top == () for lp in full.logprobs)
     stop = full.text.split()[3]
     cut = generate(model, tok, SQL[1], max_tokens=30, logprobs=0, stop=stop)

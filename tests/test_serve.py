@@ -204,14 +204,21 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
         text = "".join(c.choices[0].text for c in chunks if c.choices)
         tokens = [t for lp in lps for t in lp.tokens]
         assert [v for lp in lps for v in lp.token_logprobs] == [lp.logprob for lp in ref.logprobs]
-        assert [len(d) for lp in lps for d in lp.top_logprobs] == [2] * len(ref.tokens)
+        tops = [d for lp in lps for d in lp.top_logprobs]  # the 2 likeliest, and the chosen token (OpenAI's)
+        assert len(tops) == len(ref.tokens) and all(2 <= len(d) <= 3 for d in tops)
+        assert [sorted(d.values(), reverse=True)[:2] for d in tops] == [[v for _, v in lp.top]
+                                                                        for lp in ref.logprobs]
+        assert all(t in d and d[t] == v for d, t, v in zip(tops, tokens, [lp.logprob for lp in ref.logprobs]))
         offsets = [o for lp in lps for o in lp.text_offset]
         assert text == ref.text == "".join(tokens)
         assert offsets == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
     kw = dict(prompt=SQL[3], max_tokens=16, temperature=1.0, top_k=3, min_p=0.05, seed=11)
-    sampled = client.completions.create(model="specstream-tiny:sql-lossless", extra_body={
+    sampled = client.completions.create(model="specstream-tiny:sql-lossless", logprobs=0, extra_body={
         "top_k": 3, "min_p": 0.05}, **{k: v for k, v in kw.items() if k not in ("top_k", "min_p")})
     assert sampled.choices[0].text == generate(model, tok, **kw).text
+    lp = sampled.choices[0].logprobs  # logprobs 0: each token's own entry, whatever was drawn
+    want = [[(t, v)] for t, v in zip(lp.tokens, lp.token_logprobs)]
+    assert [list(d.items()) for d in lp.top_logprobs] == want
 
 
 @pytest.mark.parametrize("body, status, param", [

@@ -21,7 +21,9 @@ from mlx_specstream.tool_calls import (
     MISTRAL,
     MISTRAL_ARGS,
     ToolCallReader,
+    ToolCalls,
     read_tool_calls,
+    split_events,
     tool_format,
 )
 from mlx_specstream.tool_choice import forced_calls
@@ -91,11 +93,11 @@ def test_a_reply_read_whole_or_piece_by_piece():
     for size in range(1, 12):
         reader, content, calls = ToolCallReader(HERMES), [], []
         for i in range(0, len(CALLS), size):
-            text, done = reader.feed(CALLS[i:i + size])
+            text, done = split_events(reader.feed(CALLS[i:i + size]))
             content.append(text)
             calls += done
             assert "<" not in "".join(content), size  # no piece of a marker went out as content
-        text, done = reader.close()
+        text, done = split_events(reader.close())
         got = assembled(calls + done)
         assert ("".join(content) + text, functions(got)) == ("Let me look.", functions(whole.calls))
         assert got == reader.calls  # the calls given in pieces are the reader's whole calls
@@ -138,6 +140,32 @@ def test_what_is_not_a_call_stays_as_the_model_wrote_it():
     assert only.content is None and functions(only.calls) == [("a", {"x": 1}), ("b", {})]
 
 
+def test_malformed_names_stay_the_models_text_and_a_streamed_name_stays():
+    """A block whose name is empty or not a JSON string is the model's text, whole or in pieces
+    (no call is begun for it); an object that says "name" twice keeps the name it was streamed with."""
+    for text, fmt in [('<tool_call>{"name": "", "arguments": {"x": 1}}</tool_call>', HERMES),
+                      ('<tool_call>{"name": "a\\qb", "arguments": {"x": 1}}</tool_call>', HERMES),
+                      ('<tool_call>{"name": "a\tb", "arguments": {"x": 1}}</tool_call>', HERMES),
+                      ('[TOOL_CALLS][ARGS]{"x": 1}', MISTRAL_ARGS)]:
+        assert read_tool_calls(text, fmt) == ToolCalls(text, []), text
+        for size in (1, 5, 30):
+            assert read_in_pieces(text, fmt, size)[:2] == (text, []), (text, size)
+    twice = '<tool_call>{"name": "a", "arguments": {"x": 1}, "name": "b"}</tool_call>'
+    assert functions(read_tool_calls(twice, HERMES).calls) == [("a", {"x": 1})]
+    assert functions(read_in_pieces(twice, HERMES, 7)[1]) == [("a", {"x": 1})]
+
+
+def test_events_come_in_the_replys_order():
+    """Content after a call that was streamed in part comes after the call's last piece (Anthropic's
+    blocks follow the reply's order), and content before a call before its first piece."""
+    reader = ToolCallReader(HERMES)
+    first = reader.feed('Let me see. <tool_call>{"name": "f", "arguments": {"a": 1')
+    assert first[0] == "Let me see." and first[1].id is not None and first[-1].arguments == '{"a": 1'
+    events = reader.feed('}}</tool_call> Done.') + reader.close()
+    assert [type(e).__name__ for e in events] == ["CallDelta", "str"] and events[0].done
+    assert events[1] == " Done."  # "a <call> b" reads "a b"
+
+
 def read_in_pieces(text: str, fmt, size: int) -> tuple[str, list[dict], str]:
     """``text`` fed to a reader ``size`` characters at a time: the content, the calls, and the
     content given out before the reply's last piece was fed."""
@@ -145,10 +173,10 @@ def read_in_pieces(text: str, fmt, size: int) -> tuple[str, list[dict], str]:
     for i in range(0, len(text), size):
         if i + size >= len(text):
             early = "".join(content)
-        piece, done = reader.feed(text[i:i + size])
+        piece, done = split_events(reader.feed(text[i:i + size]))
         content.append(piece)
         calls += done
-    piece, done = reader.close()
+    piece, done = split_events(reader.close())
     return "".join(content) + piece, assembled(calls + done), early
 
 
@@ -557,6 +585,46 @@ def test_messages_api_tool_use_whole_streamed_and_answered(server, model_dir):
         {"function": {"name": "weather", "arguments": {"city": "Berlin"}}}]},
         {"role": "tool", "content": "12 C, rain"}]
     assert answered.usage.input_tokens == len(tok.apply_chat_template(openai_history, tools=TOOLS))
+
+
+def test_messages_stream_blocks_follow_the_reply():
+    """Anthropic's stream of a call streamed over several passes, then text: each block starts,
+    gets its deltas and stops before the next starts, at indices 0, 1, ..., and the tool_use
+    block's input pieces join into its arguments."""
+    import asyncio
+
+    from mlx_specstream.api import StreamResponse
+    from mlx_specstream.engine import Stats
+    from mlx_specstream.messages_api import MessageReply
+    from mlx_specstream.server import Generation
+
+    gen = Generation(None, Stats(), "m", chat=True, stream=True, include_usage=False, tool_format=HERMES)
+    texts = ['<tool_call>{"name": "f", "arguments": {"a": 1', '}}</tool_call> Done.', ' More.']
+
+    async def passes():
+        for i, t in enumerate(texts):
+            yield StreamResponse([1], t, [], [], "stop" if i == len(texts) - 1 else None)
+
+    async def collect():
+        return [e async for e in MessageReply(gen).events(passes())]
+
+    events = [json.loads(line[6:]) for e in asyncio.run(collect()) for line in e.splitlines()
+              if line.startswith("data: ")]
+    blocks, open_index = [], None
+    for e in events:
+        if e["type"] == "content_block_start":
+            assert open_index is None and e["index"] == len(blocks)
+            open_index = e["index"]
+            blocks.append({**e["content_block"], "parts": []})
+        elif e["type"] == "content_block_delta":
+            assert e["index"] == open_index
+            blocks[-1]["parts"].append(e["delta"].get("text", e["delta"].get("partial_json")))
+        elif e["type"] == "content_block_stop":
+            assert e["index"] == open_index
+            open_index = None
+    assert open_index is None and [b["type"] for b in blocks] == ["tool_use", "text"]
+    assert json.loads("".join(blocks[0]["parts"])) == {"a": 1}
+    assert "".join(blocks[1]["parts"]) == "Done. More."
 
 
 def test_messages_api_errors_are_anthropics(server):
