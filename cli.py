@@ -421,7 +421,8 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
     runner, tok = load_package(package)
     if tok is None:
         raise ValueError(f"{package}: no tokenizer directory beside the package "
-                         f"({tokenizer_dir(package).name})")
+                         f"({tokenizer_dir(package).name}; export writes one where the model has tokenizer "
+                         "files): the Python API's stream_package takes token ids")
     _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
                                constraint=_shaped(tok, turn["tools"], forced, schema), **options),
                 tok, verbose,

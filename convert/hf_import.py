@@ -275,7 +275,7 @@ def convert(
         if heads and not any(a.endswith(generates) for a in heads):
             raise CheckpointError(f"{src}: a {heads[0]} checkpoint is not a causal language model (a "
                                   f"...ForCausalLM one generates text): {e}") from None
-        raise
+        raise CheckpointError(f"{src}: {e}") from None
     del weights
     # the config of what was built (a multimodal checkpoint's text model: its text config)
     # transformers' private keys go, except those the family reads (OPT's _remove_final_layer_norm)

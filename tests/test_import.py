@@ -469,7 +469,8 @@ def test_missing_tensor(llama_copy, tmp_path):
     w = mx.load(str(llama_copy / "model.safetensors"))
     del w["model.layers.1.mlp.up_proj.weight"]
     mx.save_safetensors(str(llama_copy / "model.safetensors"), w)
-    bad(llama_copy, tmp_path / "out", "missing weight tensors: model.layers.1.mlp.up_proj.weight")
+    bad(llama_copy, tmp_path / "out",
+        f"{llama_copy}: missing weight tensors: model.layers.1.mlp.up_proj.weight")
 
 
 def test_unexpected_tensor(llama_copy, tmp_path):
