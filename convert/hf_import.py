@@ -74,7 +74,22 @@ def _weight_files(src: Path) -> tuple[str, list[Path]]:
     )
 
 
+def _header_dtypes(f: Path) -> set[str]:
+    """The dtypes a safetensors file's header names (empty where the header does not read)."""
+    try:
+        with open(f, "rb") as fh:
+            n = int.from_bytes(fh.read(8), "little")
+            header = json.loads(fh.read(n)) if n < 1 << 28 else {}
+        return {v["dtype"] for v in header.values()
+                if isinstance(v, dict) and isinstance(v.get("dtype"), str)}
+    except (OSError, ValueError, AttributeError):
+        return set()
+
+
 def _read_safetensors(f: Path) -> dict[str, mx.array]:
+    if fp8 := sorted(d for d in _header_dtypes(f) if d.startswith("F8")):  # MLX would read them as bytes
+        raise CheckpointError(f"{f}: {', '.join(fp8)} (8-bit float) weights are not supported: convert the "
+                              "checkpoint's float16, bfloat16 or float32 release (and -q to quantize)")
     try:
         return mx.load(str(f))
     except Exception as e:  # mlx raises RuntimeError/ValueError on malformed files

@@ -339,9 +339,8 @@ def generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Pro
 
     ``prompt`` is text or token ids; ``stop`` a string or a list of them. The options are those of
     :func:`stream_generate` (``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``min_p``, ``seed``,
-    ``logprobs``, ``mode``,
-    ``gamma``, ``branch``, ``tree_budget``, ``prune_threshold``, ``streams``, ``node_cost``,
-    ``lookup``, ``ngrams``, ``sql_names``, ``constraint``), which says what each does."""
+    ``logprobs``, ``mode``, ``gamma``, ``branch``, ``tree_budget``, ``prune_threshold``, ``streams``,
+    ``node_cost``, ``lookup``, ``ngrams``, ``sql_names``, ``constraint``), which says what each does."""
     _check_names(options, "generate")
     dec = decoder(model, tokenizer, prompt, **options)
     steps = list(responses(dec, tokenizer, check_stop(stop, tokenizer)))

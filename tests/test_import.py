@@ -458,6 +458,15 @@ def test_missing_weights_file(llama_copy, tmp_path):
     bad(llama_copy, tmp_path / "out", "model.safetensors: a link to a file that does not exist")
 
 
+def test_fp8_weights_are_said(llama_copy, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(llama_copy / "model.safetensors")
+    tensors["model.norm.weight"] = tensors["model.norm.weight"].to(torch.float8_e4m3fn)
+    save_file(tensors, llama_copy / "model.safetensors")
+    bad(llama_copy, tmp_path / "out", "F8_E4M3 (8-bit float) weights are not supported")
+
+
 def test_a_quantized_checkpoint_is_said_by_its_method(llama_copy, tmp_path):
     for q, said in (({"quant_method": "gptq", "bits": 4}, "(gptq)"),
                     ({"load_in_4bit": True}, "(load_in_4bit)"), ({"bits": 4, "group_size": 64}, "(mlx)")):
