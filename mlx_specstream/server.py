@@ -396,11 +396,11 @@ class Reply:
             for piece in r.pieces[:len(r.tokens)]:
                 offsets.append(offset)
                 offset += len(piece)
-        return {"tokens": [token_text(tok, lp.token)["token"] for lp in items],
-                "token_logprobs": [lp.logprob for lp in items],
+        tokens = [token_text(tok, lp.token)["token"] for lp in items]
+        return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
                 # the likeliest and the chosen token, as OpenAI's (up to logprobs + 1 entries)
-                "top_logprobs": [{**{token_text(tok, t)["token"]: v for t, v in lp.top},
-                                  token_text(tok, lp.token)["token"]: lp.logprob} for lp in items],
+                "top_logprobs": [{**{token_text(tok, t)["token"]: v for t, v in lp.top}, token: lp.logprob}
+                                 for token, lp in zip(tokens, items)],
                 "text_offset": offsets}
 
     def whole(self, text: str, finish_reason: str | None, stop_sequence: str | None = None,

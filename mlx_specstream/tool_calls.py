@@ -135,10 +135,10 @@ def _calls(body: str, fmt: ToolFormat, marked: bool = True) -> list[dict] | None
     spans = _begun(body, fmt)
     written = [body[a:len(body) if e is None else e] for _, a, e in spans]
     objs = _objects(body, fmt)
-    # a call streamed in part keeps the name it was streamed with (an object that says "name" twice)
-    named = [{**o, "name": s[0]} if isinstance(o, dict) and s else o
-             for o, s in zip(objs or [], spans + [None] * len(objs or []))]
-    calls = None if objs is None else [_call(o, w) for o, w in zip(named, written + [None] * len(named))]
+    calls = None
+    if objs is not None:  # a call streamed in part keeps its streamed name (an object may say "name" twice)
+        calls = [_call({**o, "name": spans[k][0]}, written[k]) if k < len(spans) and isinstance(o, dict)
+                 else _call(o) for k, o in enumerate(objs)]
     if calls and all(calls):
         return calls
     if marked and spans:
@@ -177,8 +177,7 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
     if fmt.args is not None:  # name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
         i = 0
         while (k := body.find(fmt.args, i)) >= 0:
-            a = k + len(fmt.args)
-            a += len(body[a:]) - len(body[a:].lstrip())
+            a = _past_space(body, k + len(fmt.args))
             if body[a:a + 1] != "{":
                 break
             end, name = _json_end(body, a), body[i:k].strip()
@@ -189,10 +188,10 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
                 break
             i += len(fmt.start)
         return begun
-    i = len(body) - len(body.lstrip())
+    i = _past_space(body, 0)
     if body[i:i + 1] == "[":  # a list of calls
         i += 1
-    while (m := _HEADER.match(body, i + len(body[i:]) - len(body[i:].lstrip()))) is not None:
+    while (m := _HEADER.match(body, _past_space(body, i))) is not None:
         a = m.end()
         if body[a:a + 1] != "{":
             break
@@ -204,23 +203,28 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
             break
         end = _json_end(body, a)
         begun.append((name, a, end))
-        close = None if end is None else _json_end(body, m.start())
+        close = None if end is None else _json_end(body, end, depth=1)  # the call object's end
         if close is None:
             break
-        rest = body[close:].lstrip()
-        if not rest[:1] or rest[0] not in ",;":
+        i = _past_space(body, close)
+        if body[i:i + 1] not in (",", ";"):
             break
-        i = len(body) - len(rest) + 1
+        i += 1
     return begun
+
+
+def _past_space(text: str, i: int) -> int:
+    """Where the whitespace at ``text[i:]`` ends."""
+    return len(text) - len(text[i:].lstrip())
 
 
 _BRACKET_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?|[{}\[\]]')  # a string to its end, or open
 
 
-def _json_end(text: str, i: int) -> int | None:
+def _json_end(text: str, i: int, depth: int = 0) -> int | None:
     """Where the JSON object or array that begins at ``text[i]`` ends (the index after it); None
-    while it is open."""
-    depth = 0
+    while it is open. ``depth``: that many are open already at ``i`` (1: the end of the one that
+    holds ``text[i:]``)."""
     for m in _BRACKET_OR_STRING.finditer(text, i):
         c = m.group()
         if c in "{[":
@@ -237,11 +241,11 @@ def _json_values(text: str) -> list:
     (ValueError where it is anything else)."""
     decoder, values, i = json.JSONDecoder(), [], 0
     while True:
-        i = len(text) - len(text[i:].lstrip())
+        i = _past_space(text, i)
         if i == len(text):
             return values
         if values and text[i] == ";":
-            i = len(text) - len(text[i + 1:].lstrip())
+            i = _past_space(text, i + 1)
         value, i = decoder.raw_decode(text, i)
         values.append(value)
 
