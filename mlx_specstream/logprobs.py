@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .runner import logsumexp, top_logprobs
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -32,16 +34,13 @@ class TokenLogprob:
 
 
 def token_logprobs(logits: np.ndarray, tokens: Sequence[int], k: int) -> list[TokenLogprob]:
-    """The log-probabilities of ``tokens`` (N,) under ``logits`` (N, V), row i predicting token
-    i, each with the ``k`` most likely tokens of its row."""
-    z = np.asarray(logits, np.float64)
-    m = z.max(-1, keepdims=True)
-    lp = z - (m + np.log(np.exp(z - m).sum(-1, keepdims=True)))
-    k = min(k, lp.shape[-1])
-    out = []
-    for row, token in zip(lp, tokens):
-        top = np.argpartition(-row, k - 1)[:k] if 0 < k < len(row) else np.arange(k)
-        top = top[np.lexsort((top, -row[top]))]  # most likely first, then by id
-        out.append(TokenLogprob(int(token), float(row[token]),
-                                tuple((int(t), float(row[t])) for t in top)))
-    return out
+    """The log-probabilities of ``tokens`` (N,) under ``logits`` (at least N rows of V), row i
+    predicting token i, each with the ``k`` most likely tokens of its row (the stream drafts' top-k,
+    :func:`~.runner.top_logprobs`)."""
+    ids = np.asarray(tokens, np.int64)
+    z = np.asarray(logits, np.float64)[:len(ids)]
+    chosen = z[np.arange(len(ids)), ids] - logsumexp(z)[:, 0]
+    k = min(k, z.shape[-1])
+    top, vals = top_logprobs(z, k) if k else (ids[:, None][:, :0], chosen[:, None][:, :0])
+    return [TokenLogprob(int(t), float(c), tuple(zip(map(int, tt), map(float, vv))))
+            for t, c, tt, vv in zip(ids, chosen, top, vals)]
