@@ -164,6 +164,45 @@ def _objects(body: str, fmt: ToolFormat) -> list | None:
     return objs
 
 
+_SPACE = re.compile(r"\s*")  # what str.strip strips: the same Unicode whitespace
+
+
+def _past_space(text: str, i: int) -> int:
+    """Where the whitespace at ``text[i:]`` ends (without copying the rest of ``text``)."""
+    return _SPACE.match(text, i).end()
+
+
+_CHARS = r'(?:[^"\\]|\\.)*(")?'  # a JSON string's characters, to its closing quote (or open)
+_STRING_REST = re.compile(_CHARS)
+_BRACKET_OR_STRING = re.compile(rf'"{_CHARS}|[{{}}\[\]]')
+
+ScanState = tuple[int, int, bool]  # where a scan resumes, the depth there, whether inside a string
+
+
+def _json_scan(text: str, i: int, depth: int = 0, in_string: bool = False) -> tuple[int | None, ScanState]:
+    """Where the JSON object or array that begins at ``text[i]`` ends (the index after it; None
+    while it is open), and where a scan of the same text with more written resumes.
+    ``depth``: that many are open already at ``i`` (1: the end of the one that holds
+    ``text[i:]``); ``in_string``: ``i`` is inside a string (a resumed scan)."""
+    if in_string:
+        m = _STRING_REST.match(text, i)
+        if m.group(1) is None:
+            return None, (m.end(), depth, True)
+        i = m.end()
+    for m in _BRACKET_OR_STRING.finditer(text, i):
+        c = m.group()
+        if c[0] == '"':
+            if m.group(1) is None:  # open: it runs to the text's end (or to a last backslash)
+                return None, (m.end(), depth, True)
+        elif c in "{[":
+            depth += 1
+        else:
+            depth -= 1
+            if depth == 0:
+                return m.end(), (m.end(), 0, False)
+    return None, (len(text), depth, False)
+
+
 # a call object that begins with its name, then its arguments: what a stream can give in part
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
@@ -173,67 +212,93 @@ def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
     before the block ends: (name, where the arguments' object begins, where it ends; None while it
     is open), in order, up to the first call whose name does not come before its arguments or
     whose arguments are not an object (such calls are read when the block is whole)."""
-    begun = []
-    if fmt.args is not None:  # name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
-        i = 0
-        while (k := body.find(fmt.args, i)) >= 0:
-            a = _past_space(body, k + len(fmt.args))
-            if body[a:a + 1] != "{":
-                break
-            end, name = _json_end(body, a), body[i:k].strip()
-            if not name:
-                break
-            begun.append((name, a, end))
-            if end is None or (i := body.find(fmt.start, end)) < 0:
-                break
-            i += len(fmt.start)
-        return begun
-    i = _past_space(body, 0)
-    if body[i:i + 1] == "[":  # a list of calls
-        i += 1
-    while (m := _HEADER.match(body, _past_space(body, i))) is not None:
-        a = m.end()
-        if body[a:a + 1] != "{":
-            break
-        try:
-            name = json.loads(m.group(1))
-        except ValueError:  # not a JSON string (a bad escape): read once the block is whole
-            break
-        if not name:
-            break
-        end = _json_end(body, a)
-        begun.append((name, a, end))
-        close = None if end is None else _json_end(body, end, depth=1)  # the call object's end
+    return _BlockScan(fmt).begun(body)
+
+
+class _BlockScan:
+    """An open block's text read as it grows, for a stream: the calls it has begun
+    (:meth:`begun`) and where its end marker is (:meth:`end`). What is settled is read once: a
+    call whose object and the separator after it have been written is kept, open arguments are
+    scanned on from where the last scan stopped, and the end marker is looked for in the new text
+    only; so reading a block costs in proportion to its length, not its length times its pieces.
+
+    Example (Hermes' JSON calls), the text growing by pieces::
+
+        '{"name": "f", "arguments": {"x": "a'     -> [("f", 27, None)]  (scan resumes at 35, in a string)
+        '{"name": "f", "arguments": {"x": "ab"}}' -> [("f", 27, 38)]
+    """
+
+    def __init__(self, fmt: ToolFormat):
+        self.fmt = fmt
+        self._settled: list[tuple[str, int, int]] = []  # calls read to the separator after them
+        self._next: int | None = None  # where the next call's text begins (None: the block's start)
+        self._scan: tuple[int, ScanState] | None = None  # open arguments: where they begin, the scan
+        self._end_from = 0  # the end marker is not before this
+
+    def end(self, body: str) -> int:
+        """Where the end marker begins in ``body`` (-1: not yet, or the format has none)."""
+        if not self.fmt.end:
+            return -1
+        j = body.find(self.fmt.end, self._end_from)
+        self._end_from = max(0, len(body) - len(self.fmt.end) + 1) if j < 0 else j
+        return j
+
+    def begun(self, body: str) -> list[tuple[str, int, int | None]]:
+        """:func:`_begun` of ``body``, the block's text so far (each call's text extends the last)."""
+        i = self._next if self._next is not None else self._first(body)
+        while (head := self._head(body, i)) is not None:
+            name, a = head
+            end = self._args_end(body, a)
+            after = None if end is None else self._after(body, end)
+            if after is None:
+                return [*self._settled, (name, a, end)]
+            self._settled.append((name, a, end))
+            self._next = i = after
+        return list(self._settled)
+
+    def _first(self, body: str) -> int:
+        """Where the first call begins: past a list's bracket in JSON formats."""
+        if self.fmt.args is not None:
+            return 0
+        i = _past_space(body, 0)
+        return i + 1 if body[i:i + 1] == "[" else i
+
+    def _head(self, body: str, i: int) -> tuple[str, int] | None:
+        """The name of the call whose text begins at ``i``, and where its arguments' object begins;
+        None where that is not (yet) a name followed by an object."""
+        if self.fmt.args is not None:  # name[ARGS]{...}[TOOL_CALLS]name[ARGS]{...}
+            k = body.find(self.fmt.args, i)
+            if k < 0:
+                return None
+            name, a = body[i:k].strip(), _past_space(body, k + len(self.fmt.args))
+        else:
+            m = _HEADER.match(body, _past_space(body, i))
+            if m is None:
+                return None
+            try:
+                name, a = json.loads(m.group(1)), m.end()
+            except ValueError:  # not a JSON string (a bad escape): read once the block is whole
+                return None
+        return (name, a) if name and body[a:a + 1] == "{" else None
+
+    def _args_end(self, body: str, a: int) -> int | None:
+        """Where the arguments' object that begins at ``a`` ends (None while it is open)."""
+        state = self._scan[1] if self._scan and self._scan[0] == a else (a, 0, False)
+        end, state = _json_scan(body, *state)
+        self._scan = (a, state) if end is None else None
+        return end
+
+    def _after(self, body: str, end: int) -> int | None:
+        """Where the next call's text begins after a call whose arguments end at ``end``; None
+        where no next call is (yet) marked."""
+        if self.fmt.args is not None:
+            i = body.find(self.fmt.start, end)
+            return None if i < 0 else i + len(self.fmt.start)
+        close = _json_scan(body, end, depth=1)[0]  # the call object's end
         if close is None:
-            break
+            return None
         i = _past_space(body, close)
-        if body[i:i + 1] not in (",", ";"):
-            break
-        i += 1
-    return begun
-
-
-def _past_space(text: str, i: int) -> int:
-    """Where the whitespace at ``text[i:]`` ends."""
-    return len(text) - len(text[i:].lstrip())
-
-
-_BRACKET_OR_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?|[{}\[\]]')  # a string to its end, or open
-
-
-def _json_end(text: str, i: int, depth: int = 0) -> int | None:
-    """Where the JSON object or array that begins at ``text[i]`` ends (the index after it); None
-    while it is open. ``depth``: that many are open already at ``i`` (1: the end of the one that
-    holds ``text[i:]``)."""
-    for m in _BRACKET_OR_STRING.finditer(text, i):
-        c = m.group()
-        if c in "{[":
-            depth += 1
-        elif c in "}]":
-            depth -= 1
-            if depth == 0:
-                return m.end()
-    return None
+        return i + 1 if body[i:i + 1] in (",", ";") else None
 
 
 def _json_values(text: str) -> list:
@@ -306,6 +371,7 @@ class ToolCallReader:
         self.calls: list[dict] = []
         self._text = ""  # outside a call: not yet given out; inside: the call's text so far
         self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
+        self._block = _BlockScan(fmt)  # inside a call: its text read so far
         self._sent: list[tuple[str, int]] = []  # the open block's calls given in part: (id, text sent)
         self._space = ""  # whitespace given out only if content follows it
         self._given = False  # content has been given out
@@ -348,7 +414,7 @@ class ToolCallReader:
         if not self._opened:  # a bare reply is known to be calls only once it has ended
             return []
         deltas = []
-        begun = _begun(self._text, self.fmt)
+        begun = self._block.begun(self._text)
         for j, (name, a, e) in enumerate(begun[:self._room(len(begun))]):
             index = len(self.calls) + j
             if j == len(self._sent):
@@ -369,7 +435,7 @@ class ToolCallReader:
             if not lead:
                 return ""
             if lead.startswith("{"):
-                self._text, self._opened = lead, ""
+                self._text, self._opened, self._block = lead, "", _BlockScan(self.fmt)
                 return ""
         i = self._text.find(self.fmt.start)
         if i < 0:
@@ -378,6 +444,7 @@ class ToolCallReader:
             return content
         content = self._content(self._text[:i])
         self._text, self._opened = self._text[i + len(self.fmt.start):], self.fmt.start
+        self._block = _BlockScan(self.fmt)
         return content
 
     def _close_block(self, body: str, written: str) -> tuple[str, list[CallDelta]]:
@@ -397,7 +464,7 @@ class ToolCallReader:
                 _add(events, self._open())
                 if self._opened is None:
                     return events
-            j = self._text.find(self.fmt.end) if self.fmt.end else -1
+            j = self._block.end(self._text)
             if j < 0:
                 return events + self._partial()
             said, done = self._close_block(self._text[:j], self._opened + self._text[: j + len(self.fmt.end)])
