@@ -11,6 +11,7 @@ decoded by the :class:`~mlx_specstream.scheduler.Scheduler` pass by pass among t
 from __future__ import annotations
 
 import asyncio
+import codecs
 import json
 import logging
 import os
@@ -367,6 +368,7 @@ class Reply:
         self.gen = gen
         self.id = ("chatcmpl-" if gen.chat else "cmpl-") + uuid.uuid4().hex[:24]
         self.created = int(time.time())
+        self.offsets = TextOffsets(gen.tokenizer)
 
     def _base(self, kind: str) -> dict:
         return {"id": self.id, "object": kind, "created": self.created, "model": self.gen.model_id}
@@ -380,9 +382,9 @@ class Reply:
         read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
         return read, called(finish_reason, bool(read.calls))
 
-    def logprobs(self, rs: list[StreamResponse], offset: int = 0) -> dict | None:
-        """OpenAI's ``logprobs`` of responses ``rs`` (None where the request did not ask for them):
-        chat's ``content`` list; completions' lists, ``text_offset`` counted from ``offset``."""
+    def logprobs(self, rs: list[StreamResponse]) -> dict | None:
+        """OpenAI's ``logprobs`` of responses ``rs``, the reply's next (None where the request did
+        not ask for them): chat's ``content`` list; completions' lists, with ``text_offset``."""
         tok = self.gen.tokenizer
         if tok is None:
             return None
@@ -391,11 +393,7 @@ class Reply:
             return {"content": [{**token_text(tok, lp.token), "logprob": lp.logprob,
                                  "top_logprobs": [{**token_text(tok, t), "logprob": v} for t, v in lp.top]}
                                 for lp in items], "refusal": None}
-        offsets = []
-        for r in rs:  # a token's text is its piece; a last piece without a token is a character's end
-            for piece in r.pieces[:len(r.tokens)]:
-                offsets.append(offset)
-                offset += len(piece)
+        offsets = [o for r in rs for o in self.offsets(r.tokens, r.pieces)]
         tokens = [token_text(tok, lp.token)["token"] for lp in items]
         return {"tokens": tokens, "token_logprobs": [lp.logprob for lp in items],
                 # the likeliest and the chosen token, as OpenAI's (up to logprobs + 1 entries)
@@ -448,15 +446,14 @@ class Reply:
         """The reply as server-sent events, from the generation's responses pass by pass: the
         content, the tool calls as they are written (:func:`call_item`), the finish reason, the
         usage when asked."""
-        reader, offset = self.reader(), 0
+        reader = self.reader()
         try:
             if self.gen.chat:
                 yield sse(self.chunk(None, None, first=True))
             async for r in passes:
                 events, finish = read_pass(reader, r)
                 text, deltas = split_events(events)
-                logprobs = self.logprobs([r], offset) if r.tokens else None
-                offset += len(r.text)
+                logprobs = self.logprobs([r]) if r.tokens else None
                 if text or logprobs:  # a pass's tokens whose text is held back: their logprobs now
                     shown = text if text or not self.gen.chat else None  # chat: no content, only logprobs
                     yield sse(self.chunk(shown, None, logprobs=logprobs))
@@ -491,6 +488,33 @@ def call_item(delta: CallDelta) -> dict:
         return {"index": delta.index, "function": {"arguments": delta.arguments}}
     return {"index": delta.index, "id": delta.id, "type": "function",
             "function": {"name": delta.name, "arguments": delta.arguments}}
+
+
+class TextOffsets:
+    """Where each token's text begins in a reply (completions' ``text_offset``): after the whole
+    characters of the tokens before it. A token's text is its piece of the stream, except where
+    the piece is empty and its text comes with a later piece: the bytes of a character cut between
+    tokens (each begins where the character does), and byte-fallback pieces, which ``tokenizers``'
+    ByteFallback decoder holds until the next piece (after ``<0x0A>``, the next token begins one
+    character later).
+
+    Example: tokens ``<0x0A>``, ``▁▁▁▁return`` with pieces ``""``, ``"\\n    return"`` from
+    offset 7 begin at 7 and 8."""
+
+    def __init__(self, tokenizer: Tokenizer | None):
+        self.tokenizer, self.at, self.held = tokenizer, 0, b""  # held: byte pieces since the last piece
+
+    def __call__(self, tokens: list[int], pieces: list[str]) -> list[int]:
+        """The offsets of the reply's next ``tokens``, whose pieces are ``pieces``."""
+        offsets = []
+        for token, piece in zip(tokens, pieces):
+            whole = codecs.getincrementaldecoder("utf-8")("replace").decode(self.held)
+            offsets.append(self.at + len(whole))
+            if piece:
+                self.at, self.held = self.at + len(piece), b""
+            elif self.tokenizer is not None and self.tokenizer.is_byte_token(token):
+                self.held += bytes((self.tokenizer.byte_value(token),))
+        return offsets
 
 
 def token_text(tokenizer: Tokenizer, token: int) -> dict:

@@ -212,6 +212,17 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
         offsets = [o for lp in lps for o in lp.text_offset]
         assert text == ref.text == "".join(tokens)
         assert offsets == [sum(map(len, tokens[:i])) for i in range(len(tokens))]
+    # a newline is a byte piece (<0x0A>), whose text comes with the next token's: each token still
+    # begins after the whole characters of the tokens before it, decoded together
+    ids = tok.encode("def add(a, b):\n")
+    for stream in (False, True):
+        r = client.completions.create(model="specstream-tiny:code", prompt="def add(a, b):\n", max_tokens=40,
+                                      logprobs=0, stream=stream)
+        lps = [c.choices[0].logprobs for c in (list(r) if stream else [r]) if c.choices and c.choices[0].logprobs]
+        out = generate(load(model_dir, adapter="code")[0], tok, ids, max_tokens=40).tokens
+        assert any(tok.is_byte_token(t) for t in out)
+        assert [o for lp in lps for o in lp.text_offset] == [len(tok.decode(out[:i]).rstrip("\ufffd"))
+                                                             for i in range(len(out))]
     kw = dict(prompt=SQL[3], max_tokens=16, temperature=1.0, top_k=3, min_p=0.05, seed=11)
     sampled = client.completions.create(model="specstream-tiny:sql-lossless", logprobs=0, extra_body={
         "top_k": 3, "min_p": 0.05}, **{k: v for k, v in kw.items() if k not in ("top_k", "min_p")})
