@@ -37,6 +37,7 @@ from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
 from .tool_calls import (
     CallDelta,
+    CallRules,
     Event,
     ToolCallReader,
     ToolCalls,
@@ -259,7 +260,7 @@ class Generation:
     stream: bool
     include_usage: bool
     tool_format: ToolFormat | None = None  # the calls' format, where the request gave tools
-    max_calls: int | None = None  # 1 for parallel_tool_calls: false
+    call_rules: CallRules = CallRules()  # which calls are read, and whether there is content
     tokenizer: Tokenizer | None = None  # where the request asked for log-probabilities: their tokens' text
 
 
@@ -305,6 +306,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     )
     max_calls = 1 if body.get("parallel_tool_calls") is False else None
     options["constraint"] = _shape(body, tok, tools, fmt, forced, max_calls, options["sql_names"])
+    names = frozenset(forced or (t["function"]["name"] for t in tools or []))
+    rules = CallRules(max_calls, names, calls_only=bool(forced))
     if options["max_tokens"] < 1:  # OpenAI's range: mlx-lm's -1 (no limit) is not in it
         raise APIError(f"'{max_key}' must be >= 1, not {options['max_tokens']}", max_key)
     if not 0 <= options["temperature"] <= 2:
@@ -343,7 +346,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     # they mark tool calls
     skip = fmt is None or not fmt.special(tok)
     return Generation(responses(dec, tok, stop, skip_special_tokens=skip), dec.stats, model_id, chat, stream,
-                      usage, fmt, max_calls, tok if options["logprobs"] is not None else None)
+                      usage, fmt, rules, tok if options["logprobs"] is not None else None)
 
 
 # -- replies ---------------------------------------------------------------------------------
@@ -375,11 +378,11 @@ class Reply:
 
     def reader(self) -> ToolCallReader | None:
         """What reads the reply's tool calls, where the request gave tools."""
-        return self.gen.tool_format and ToolCallReader(self.gen.tool_format, self.gen.max_calls)
+        return self.gen.tool_format and ToolCallReader(self.gen.tool_format, self.gen.call_rules)
 
     def read(self, text: str, finish_reason: str | None) -> tuple[ToolCalls, str | None]:
         """A whole reply read for tool calls, and its finish reason (:func:`called`)."""
-        read = read_tool_calls(text, self.gen.tool_format, self.gen.max_calls)
+        read = read_tool_calls(text, self.gen.tool_format, self.gen.call_rules)
         return read, called(finish_reason, bool(read.calls))
 
     def logprobs(self, rs: list[StreamResponse]) -> dict | None:

@@ -98,12 +98,30 @@ def tool_format(chat_template: str | None) -> ToolFormat | None:
     return None
 
 
-def _call(obj, written: str | None = None) -> dict | None:
+@dataclass(frozen=True)
+class CallRules:
+    """How a reply is read for calls, besides its format: ``max_calls``, calls after that many are
+    left out (OpenAI's ``parallel_tool_calls: false`` asks for one); ``names``, the tools it may
+    call (a call to another name is the model's text, as an app that dispatches on the name needs;
+    None: any name); ``calls_only``, the reply is calls and nothing else (a forced ``tool_choice``:
+    the text around its calls, and a call cut before its arguments begin, are the template's
+    markup, never content)."""
+
+    max_calls: int | None = None
+    names: frozenset[str] | None = None
+    calls_only: bool = False
+
+    def allows(self, name) -> bool:
+        """Whether ``name`` is a call's name: a non-empty string, one of :attr:`names`."""
+        return isinstance(name, str) and bool(name) and (self.names is None or name in self.names)
+
+
+def _call(obj, rules: CallRules, written: str | None = None) -> dict | None:
     """One call object the model wrote (``{"name", "arguments"}``; ``"parameters"`` for the
     arguments, as Llama 3.1's templates write them) as OpenAI's ``tool_calls`` item, whose
     ``arguments`` is JSON text: ``written``, the arguments' text as the model wrote it, where
-    known; None where it is not a call."""
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+    known; None where it is not a call (or not one the ``rules`` allow)."""
+    if not isinstance(obj, dict) or not rules.allows(obj.get("name")):
         return None
     if written is None:
         args = utf8_safe(obj.get("arguments", obj.get("parameters", {})))
@@ -127,22 +145,22 @@ def utf8_safe(value):
     return value
 
 
-def _calls(body: str, fmt: ToolFormat, marked: bool = True) -> list[dict] | None:
+def _calls(body: str, fmt: ToolFormat, rules: CallRules, marked: bool = True) -> list[dict] | None:
     """The calls of one block's text (after the start marker, to the end marker or the reply's
     end), or None if it is not calls: read whole where the block is JSON calls, else (``marked``:
     a marker opened it) the calls that begin as calls (:func:`_begun`), with their arguments as
     far as they were written."""
-    spans = _begun(body, fmt)
+    spans = _begun(body, fmt, rules)
     written = [body[a:len(body) if e is None else e] for _, a, e in spans]
     objs = _objects(body, fmt)
     calls = None
     if objs is not None:  # a call streamed in part keeps its streamed name (an object may say "name" twice)
-        calls = [_call({**o, "name": spans[k][0]}, written[k]) if k < len(spans) and isinstance(o, dict)
-                 else _call(o) for k, o in enumerate(objs)]
+        calls = [_call({**o, "name": spans[k][0]}, rules, written[k])
+                 if k < len(spans) and isinstance(o, dict) else _call(o, rules) for k, o in enumerate(objs)]
     if calls and all(calls):
         return calls
     if marked and spans:
-        return [_call({"name": name}, w) for (name, _, _), w in zip(spans, written)]
+        return [_call({"name": name}, rules, w) for (name, _, _), w in zip(spans, written)]
     return None
 
 
@@ -207,12 +225,13 @@ def _json_scan(text: str, i: int, depth: int = 0, in_string: bool = False) -> tu
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
-def _begun(body: str, fmt: ToolFormat) -> list[tuple[str, int, int | None]]:
+def _begun(body: str, fmt: ToolFormat, rules: CallRules) -> list[tuple[str, int, int | None]]:
     """The calls a block's text so far has begun, as far as their names and arguments can be told
     before the block ends: (name, where the arguments' object begins, where it ends; None while it
     is open), in order, up to the first call whose name does not come before its arguments or
-    whose arguments are not an object (such calls are read when the block is whole)."""
-    return _BlockScan(fmt).begun(body)
+    whose arguments are not an object (such calls are read when the block is whole), or whose name
+    the ``rules`` do not allow."""
+    return _BlockScan(fmt, rules).begun(body)
 
 
 class _BlockScan:
@@ -228,8 +247,8 @@ class _BlockScan:
         '{"name": "f", "arguments": {"x": "ab"}}' -> [("f", 27, 38)]
     """
 
-    def __init__(self, fmt: ToolFormat):
-        self.fmt = fmt
+    def __init__(self, fmt: ToolFormat, rules: CallRules):
+        self.fmt, self.rules = fmt, rules
         self._settled: list[tuple[str, int, int]] = []  # calls read to the separator after them
         self._next: int | None = None  # where the next call's text begins (None: the block's start)
         self._scan: tuple[int, ScanState] | None = None  # open arguments: where they begin, the scan
@@ -279,7 +298,7 @@ class _BlockScan:
                 name, a = json.loads(m.group(1)), m.end()
             except ValueError:  # not a JSON string (a bad escape): read once the block is whole
                 return None
-        return (name, a) if name and body[a:a + 1] == "{" else None
+        return (name, a) if self.rules.allows(name) and body[a:a + 1] == "{" else None
 
     def _args_end(self, body: str, a: int) -> int | None:
         """Where the arguments' object that begins at ``a`` ends (None while it is open)."""
@@ -362,22 +381,24 @@ class ToolCallReader:
     is whole. Whole calls are in :attr:`calls`.
 
     Text that could begin the start marker, or is only whitespace, waits until it is known to be
-    content; so does a whole reply that begins with ``{`` in a ``bare`` format. ``max_calls``:
-    calls after that many are left out (OpenAI's ``parallel_tool_calls: false`` asks for one).
+    content; so does a whole reply that begins with ``{`` in a ``bare`` format. ``rules``: which
+    calls are read, and whether there is content (:class:`CallRules`).
     """
 
-    def __init__(self, fmt: ToolFormat, max_calls: int | None = None):
-        self.fmt, self.max_calls = fmt, max_calls
+    def __init__(self, fmt: ToolFormat, rules: CallRules = CallRules()):
+        self.fmt, self.rules = fmt, rules
         self.calls: list[dict] = []
         self._text = ""  # outside a call: not yet given out; inside: the call's text so far
         self._opened: str | None = None  # inside a call: the marker that opened it ("" for none)
-        self._block = _BlockScan(fmt)  # inside a call: its text read so far
+        self._block = _BlockScan(fmt, rules)  # inside a call: its text read so far
         self._sent: list[tuple[str, int]] = []  # the open block's calls given in part: (id, text sent)
         self._space = ""  # whitespace given out only if content follows it
         self._given = False  # content has been given out
         self._after_call = False  # a call came last: the whitespace after it is not content
 
     def _content(self, text: str) -> str:
+        if self.rules.calls_only:  # a forced reply: what is not a call is the template's markup
+            return ""
         if self._after_call:
             text = text.lstrip()
             self._after_call = not text
@@ -389,7 +410,8 @@ class ToolCallReader:
 
     def _room(self, n: int) -> int:
         """How many of ``n`` more calls are kept."""
-        return n if self.max_calls is None else max(0, min(n, self.max_calls - len(self.calls)))
+        limit = self.rules.max_calls
+        return n if limit is None else max(0, min(n, limit - len(self.calls)))
 
     def _called(self, calls: list[dict]) -> list[CallDelta]:
         """A block read as ``calls``: they join :attr:`calls`; the pieces not given yet."""
@@ -435,7 +457,7 @@ class ToolCallReader:
             if not lead:
                 return ""
             if lead.startswith("{"):
-                self._text, self._opened, self._block = lead, "", _BlockScan(self.fmt)
+                self._text, self._opened, self._block = lead, "", _BlockScan(self.fmt, self.rules)
                 return ""
         i = self._text.find(self.fmt.start)
         if i < 0:
@@ -444,12 +466,12 @@ class ToolCallReader:
             return content
         content = self._content(self._text[:i])
         self._text, self._opened = self._text[i + len(self.fmt.start):], self.fmt.start
-        self._block = _BlockScan(self.fmt)
+        self._block = _BlockScan(self.fmt, self.rules)
         return content
 
     def _close_block(self, body: str, written: str) -> tuple[str, list[CallDelta]]:
         """The block ``body`` is whole (``written``: as the model wrote it, markers included)."""
-        read = _calls(body, self.fmt, marked=bool(self._opened))
+        read = _calls(body, self.fmt, self.rules, marked=bool(self._opened))
         if read is None:  # not a call: the model's text, as it wrote it
             return self._content(written), []
         return "", self._called(read)
@@ -486,14 +508,14 @@ class ToolCallReader:
         return events
 
 
-def read_tool_calls(text: str, fmt: ToolFormat | None, max_calls: int | None = None) -> ToolCalls:
+def read_tool_calls(text: str, fmt: ToolFormat | None, rules: CallRules = CallRules()) -> ToolCalls:
     """A whole reply read for tool calls in ``fmt`` (None: it is all content), as
     :class:`ToolCallReader` reads it piece by piece."""
     if fmt is None:
         return ToolCalls(text)
-    reader = ToolCallReader(fmt, max_calls)
+    reader = ToolCallReader(fmt, rules)
     content = split_events(reader.feed(text) + reader.close())[0]
-    return ToolCalls(content if content or not reader.calls else None, reader.calls)
+    return ToolCalls(None if rules.calls_only or (reader.calls and not content) else content, reader.calls)
 
 
 def parse_tool_calls(text: str, tokenizer) -> ToolCalls:

@@ -218,7 +218,8 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
     for stream in (False, True):
         r = client.completions.create(model="specstream-tiny:code", prompt="def add(a, b):\n", max_tokens=40,
                                       logprobs=0, stream=stream)
-        lps = [c.choices[0].logprobs for c in (list(r) if stream else [r]) if c.choices and c.choices[0].logprobs]
+        chunks = list(r) if stream else [r]
+        lps = [c.choices[0].logprobs for c in chunks if c.choices and c.choices[0].logprobs]
         out = generate(load(model_dir, adapter="code")[0], tok, ids, max_tokens=40).tokens
         assert any(tok.is_byte_token(t) for t in out)
         assert [o for lp in lps for o in lp.text_offset] == [len(tok.decode(out[:i]).rstrip("\ufffd"))

@@ -20,6 +20,7 @@ from mlx_specstream.tool_calls import (
     LLAMA3,
     MISTRAL,
     MISTRAL_ARGS,
+    CallRules,
     ToolCallReader,
     ToolCalls,
     read_tool_calls,
@@ -110,8 +111,8 @@ def test_a_reply_read_whole_or_piece_by_piece():
     assert json.loads(tricky) and read_tool_calls(text, HERMES).calls[0]["function"]["arguments"] == tricky
     for size in range(1, 8):
         assert [c["function"]["arguments"] for c in read_in_pieces(text, HERMES, size)[1]] == [tricky]
-    assert read_tool_calls(CALLS, HERMES, max_calls=1).calls[0]["function"]["name"] == "weather"
-    assert len(read_tool_calls(CALLS, HERMES, max_calls=1).calls) == 1
+    assert read_tool_calls(CALLS, HERMES, CallRules(max_calls=1)).calls[0]["function"]["name"] == "weather"
+    assert len(read_tool_calls(CALLS, HERMES, CallRules(max_calls=1)).calls) == 1
 
 
 def test_what_is_not_a_call_stays_as_the_model_wrote_it():
@@ -166,10 +167,10 @@ def test_events_come_in_the_replys_order():
     assert events[1] == " Done."  # "a <call> b" reads "a b"
 
 
-def read_in_pieces(text: str, fmt, size: int) -> tuple[str, list[dict], str]:
+def read_in_pieces(text: str, fmt, size: int, rules: CallRules = CallRules()) -> tuple[str, list[dict], str]:
     """``text`` fed to a reader ``size`` characters at a time: the content, the calls, and the
     content given out before the reply's last piece was fed."""
-    reader, content, calls, early = ToolCallReader(fmt), [], [], ""
+    reader, content, calls, early = ToolCallReader(fmt, rules), [], [], ""
     for i in range(0, len(text), size):
         if i + size >= len(text):
             early = "".join(content)
@@ -512,6 +513,33 @@ def test_a_forced_call_is_decoded_under_the_constraint(server, model_dir):
                                   tools=[{"name": t["function"]["name"],
                                           "input_schema": t["function"]["parameters"]} for t in TOOLS2])
     assert r.stop_reason == "tool_use" and [(b.name, b.input) for b in r.content] == want
+    # cut by max_tokens at every length: never content (the template's markup), whole and streamed
+    for n in range(1, 24, 2):
+        kw = dict(model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS2, tool_choice="required",
+                  max_tokens=n)
+        r = client.chat.completions.create(**kw)
+        assert r.choices[0].message.content is None and r.choices[0].finish_reason == "length", n
+        streamed = client.chat.completions.create(**kw, stream=True)
+        assert not [c for c in streamed if c.choices[0].delta.content], n
+
+
+def test_the_rules_a_request_sets_for_its_calls():
+    """A call to a name that is not a tool stays the model's text (whole and streamed); a forced
+    reply is calls only: what is around its calls, or a call cut before its arguments, is no content."""
+    declared = CallRules(names=frozenset({"weather"}))
+    whole = read_tool_calls(CALLS, HERMES, declared)
+    assert functions(whole.calls) == [("weather", {"city": "Paris"})]
+    assert whole.content == ('Let me look.\n<tool_call>{"name": "time", "parameters": {"zone": "CET"}}'
+                             '</tool_call>')
+    for size in (1, 3, 7):
+        content, calls, _ = read_in_pieces(CALLS, HERMES, size, declared)
+        assert (content, functions(calls)) == (whole.content, functions(whole.calls)), size
+    forced = CallRules(calls_only=True)
+    for text in ("\n\n<tool_c", '\n\n<tool_call>\n{"name": "weather", "arguments":', CALLS + "\n<tool_ca"):
+        read = read_tool_calls(text, HERMES, forced)
+        assert read.content is None and len(read.calls) == 2 * (text.startswith(CALLS)), text
+        for size in (1, 4):
+            assert read_in_pieces(text, HERMES, size, forced)[0] == ""
 
 
 def test_generate_renders_the_tools_file(model_dir, tmp_path):
