@@ -20,6 +20,7 @@ import numpy as np
 
 from .arch.base import check_value
 from .errors import AdapterError, OptionError, check_keywords, check_path, check_seed
+from .loader import model_dir
 from .lora import LoRALinear
 from .ngrams import NGRAMS_FILE, NgramTable
 from .outputs import save_safetensors
@@ -393,7 +394,6 @@ def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False)
         raise AdapterError("this model's adapter is fused into its weights: save it from a model "
                            "loaded with fuse=False")
     dest = adapter_destination(dest, getattr(model, "path", None))
-    overwrite = overwrite or (dest.is_dir() and not any(dest.iterdir()))  # an empty folder holds nothing
     with atomic_dir(dest, "adapter", overwrite=overwrite) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         config = asdict(model.adapter_config)
@@ -416,6 +416,8 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     check_path(name_or_path, "the adapter's name", AdapterError, "give a name or a path")
     p = Path(name_or_path)
     bare = is_bare_name(name_or_path)
+    if bare and model_path is not None and not Path(model_path).is_dir():
+        model_dir(model_path)  # the model is what is missing: said as such
     q = Path(model_path) / "adapters" / str(name_or_path) if bare and model_path is not None else None
     for candidate in (q, p):
         if candidate is not None and (candidate / CONFIG_FILE).is_file():

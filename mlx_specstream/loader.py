@@ -36,6 +36,8 @@ DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
 def read_config(path: Path) -> dict:
     cfg_file = Path(path) / "config.json"
+    if not Path(path).is_dir():
+        raise CheckpointError(f"{path}: no such model directory")
     if not cfg_file.is_file():
         raise CheckpointError(f"{path}: no config.json")
     try:

@@ -48,7 +48,9 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
                                         ".training_report.json.tmp*", ".ngrams.npz.tmp*")),
     "training run": (None, ("checkpoints", "distilled")),
     "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "adapter_config.json",
-                                  "optimizer.safetensors", "best.safetensors")),
+                                  "optimizer.safetensors", "best.safetensors",
+                                  # `ngrams --adapter CHECKPOINT` (a checkpoint loads as an adapter)
+                                  "ngrams.npz", ".ngrams.npz.tmp*")),
     "Core ML package": ("Manifest.json", ("Manifest.json", "Data")),
     "Core ML tokenizer": ("specstream.json", ("specstream.json", "ngrams.npz", *TOKENIZER_FILES)),
 }
@@ -137,8 +139,8 @@ def _exists(dest: Path) -> OutputExistsError:
 
 
 def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
-    """Raise unless ``dest`` is absent, or ``overwrite`` is set and ``dest`` is a ``kind``
-    directory that holds only what the project writes. Call before any work starts."""
+    """Raise unless ``dest`` is absent or an empty directory, or ``overwrite`` is set and ``dest``
+    is a ``kind`` directory that holds only what the project writes. Call before any work starts."""
     dest = Path(dest)
     if not dest.exists() and not dest.is_symlink():
         return
@@ -154,7 +156,7 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "
                               f"({shown}): refusing to replace it; choose another path")
-    if not overwrite:
+    if not overwrite and any(dest.iterdir()):  # an empty folder holds nothing to lose
         raise _exists(dest)
 
 
@@ -201,7 +203,26 @@ def recorded_command(argv: list[str]) -> str:
         flag, eq, value = a.partition("=") if a.startswith("--") else ("", "", a)
         return flag + eq + (recorded_path(value) if at_root and os.path.isabs(value) else value)
 
-    return shlex.join([arg(Path(argv[0]).as_posix()), *map(arg, argv[1:])])
+    module = is_cli_module(argv[0])
+    head = ["python", "-m", "mlx_specstream.cli"] if module else [arg(Path(argv[0]).as_posix())]
+    return shlex.join([*head, *map(arg, argv[1:])])
+
+
+def is_cli_module(program: str) -> bool:
+    """Whether ``program`` (``sys.argv[0]``) is this package's command-line module, run as
+    ``python -m mlx_specstream.cli`` (whose file path would not run again as a command)."""
+    cli = Path(__file__).with_name("cli.py")
+    return Path(program).name == cli.name and Path(program).resolve() == cli.resolve()
+
+
+def cli_command() -> str | None:
+    """This process's command as :func:`recorded_command` records it where it is
+    ``specstream-mlx`` (or its module); None for a Python caller (a notebook, a script)."""
+    import sys
+
+    program = sys.argv[0] if sys.argv else ""
+    ours = Path(program).name.startswith("specstream") or is_cli_module(program)
+    return recorded_command(sys.argv) if ours else None
 
 
 def run_meta(command: str | None = None, **extra) -> dict:

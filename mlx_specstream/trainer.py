@@ -77,6 +77,7 @@ from .errors import (
     check_path,
     check_seed,
     check_switch,
+    verbatim,
 )
 from .loader import model_dir
 from .lora import LoRALinear
@@ -86,6 +87,7 @@ from .outputs import (
     check_replaceable,
     check_replaceable_file,
     check_writable,
+    cli_command,
     recorded_path,
     signals_held,
     write_text_atomic,
@@ -241,7 +243,7 @@ def _check_numbers(**values) -> None:
 def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if mode == "lora":
         if alphas is not None:
-            raise ValueError("lora mode trains the main stream only: it takes no alphas")
+            raise OptionError("{mode=lora} trains the main stream only: it takes no {alphas}")
         return [1.0]
     if alphas is None:
         return [0.0] + [1.0] * gamma if mode == "lossless" else [1.0] + [0.1] * gamma
@@ -253,14 +255,14 @@ def _resolve_alphas(alphas, mode: str, gamma: int) -> list[float]:
     if len(alphas) == 2 and gamma != 1:
         alphas = [alphas[0]] + [alphas[1]] * gamma
     if len(alphas) != gamma + 1:
-        raise ValueError(f"alphas: give alpha_0 and alpha_1..alpha_{gamma} ({gamma + 1} numbers), "
-                         f"or two (alpha_0, one alpha for every stream); got {len(alphas)}")
+        raise OptionError(f"{{alphas}}: give alpha_0 and alpha_1..alpha_{gamma} ({gamma + 1} numbers), "
+                          f"or two (alpha_0, one alpha for every stream); got {len(alphas)}")
     if not all(math.isfinite(a) and a >= 0 for a in alphas):
         raise OptionError(f"{{alphas}} must be finite numbers >= 0, not {alphas}")
     if mode == "lossless" and alphas[0] != 0:
-        raise ValueError("lossless mode trains no main-stream parameters: alpha_0 must be 0")
+        raise OptionError("{mode=lossless} trains no main-stream parameters: alpha_0 of {alphas} must be 0")
     if not any(alphas[1:]):
-        raise ValueError("alphas: at least one stream weight must be > 0")
+        raise OptionError("{alphas}: at least one stream weight must be > 0")
     return alphas
 
 
@@ -379,7 +381,7 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool, bare: bool) -> None
     if work.exists() or work.is_symlink():  # a dangling link too: said now, not after the work
         check_replaceable(work, "training run", True)
     found = checkpoints(work / "checkpoints")
-    if out_dir.exists() and not (resume or overwrite):
+    if out_dir.exists() and any(out_dir.iterdir()) and not (resume or overwrite):  # empty: nothing to lose
         again = ", or {resume=True} to continue its training" if found else ""
         raise OutputExistsError(" already exists: give another {out}, or {overwrite=True} to replace it"
                                 + again, subject=str(out_dir))
@@ -518,13 +520,13 @@ def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_
         if value is not None:
             check_path(value, f"{{{name}}}", OptionError, "give an adapter name or a path")
     if mode not in MODES:
-        raise ValueError(f"mode must be 'lossless', 'shared' or 'lora', not '{mode}'")
+        raise OptionError(f"{{mode}} must be 'lossless', 'shared' or 'lora', not '{verbatim(mode)}'")
     if iters is not None and epochs is not None:
         raise OptionError("give either {iters} or {epochs}, not both")
     if over is not None and mode == "lora":
-        raise ValueError("over (a fine-tune under the streams) is for lossless and shared mode")
+        raise OptionError("{over} (a fine-tune under the streams) is for lossless and shared mode")
     if self_distill and mode != "lossless":
-        raise ValueError("self-distillation is for lossless mode (shared mode learns the data)")
+        raise OptionError("{self_distill} is for lossless mode (shared mode learns the data)")
     # in the order of train's signature; processes None: the default
     _check_numbers(iters=iters, epochs=epochs, **{k: v for k, v in numbers.items() if k in _RANGES})
     check_seed(seed)
@@ -656,8 +658,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     out_dir, name, bare = _resolve_out(out, model_path)
     alphas = _resolve_alphas(alphas, mode, gamma)
     if fine_tune_lr is not None and mode != "shared":
-        raise ValueError(f"fine_tune_lr: only shared mode trains an every-row LoRA beside its streams "
-                         f"(this is {mode} mode: use lr)")
+        raise OptionError(f"{{fine_tune_lr}}: only shared mode trains an every-row LoRA beside its streams "
+                          f"(this is {mode} mode: use {{lr}})")
 
     if not on_gpu() and any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()):
         say("the base is quantized, and on a CPU MLX's quantized products are many times slower than "
@@ -834,7 +836,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         "history": run.history,
         "val_history": run.val_history,
         "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,
-        "command": " ".join(sys.argv) if Path(sys.argv[0]).name.startswith("specstream") else None,
+        "command": cli_command(),
     }
     model.eval()
     if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)

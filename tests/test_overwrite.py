@@ -440,7 +440,7 @@ def test_every_script_checks_its_results_file_before_the_work():
 def test_a_recorded_command_names_no_directory_of_the_machine(tmp_path, monkeypatch):
     """Run from the repository's root, its paths are recorded relative to it (the command runs
     again there); run elsewhere, as typed, with the directory it ran in (it runs again there)."""
-    from mlx_specstream.outputs import recorded_command, run_meta
+    from mlx_specstream.outputs import cli_command, recorded_command, run_meta
     from mlx_specstream.project import REPOSITORY
 
     argv = [f"{REPOSITORY}/.venv/bin/specstream-mlx", "bench", "--out", f"{REPOSITORY}/results/x",
@@ -454,6 +454,31 @@ def test_a_recorded_command_names_no_directory_of_the_machine(tmp_path, monkeypa
             "--adapter", f"{REPOSITORY}/models/m/adapters/a"]
     assert recorded_command(argv) == " ".join(argv)
     assert run_meta("c")["cwd"] == str(tmp_path.resolve())
+    # run as a module, the command is the module's (its file would not run as a command)
+    argv = [str(REPOSITORY / "mlx_specstream" / "cli.py"), "train", "--out", "a b"]
+    assert recorded_command(argv) == "python -m mlx_specstream.cli train --out 'a b'"
+    monkeypatch.setattr("sys.argv", argv)
+    assert cli_command() == recorded_command(argv)
+    monkeypatch.setattr("sys.argv", ["/x/ipykernel_launcher.py", "-f", "k.json"])
+    assert cli_command() is None  # a notebook: no command to record
+
+
+def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path):
+    """An empty folder is taken as the output without --overwrite (nothing in it to lose); a
+    checkpoint that `ngrams --adapter CHECKPOINT` wrote n-grams into is still the run's."""
+    from mlx_specstream.outputs import check_replaceable, foreign_entries
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    check_replaceable(empty, "adapter", overwrite=False)
+    (empty / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="did not write"):
+        check_replaceable(empty, "adapter", overwrite=True)
+    step = tmp_path / "run.train" / "checkpoints" / "step-0000020"
+    step.mkdir(parents=True)
+    for f in ("state.json", "adapter.safetensors", "adapter_config.json", "ngrams.npz"):
+        (step / f).write_text("")
+    assert foreign_entries(tmp_path / "run.train", "training run") == []
 
 
 def test_a_failed_atomic_write_names_the_file_asked_for(tmp_path):
