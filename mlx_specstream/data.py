@@ -272,8 +272,11 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
                         "prompts when asked (--chat-template, chat_template=True): "
                         + ("ask for it, or drop them" if can else "drop them from this row"))
     has_pc = "prompt" in row or "completion" in row
-    if has_pc and "messages" in row:
-        raise DataError(f"{where}: give 'messages' or 'prompt' and 'completion', not both")
+    kinds = [k for k, has in (("'messages'", "messages" in row), ("'prompt' and 'completion'", has_pc),
+                              ("'text'", "text" in row)) if has]
+    if len(kinds) > 1:  # which one the row means is not for the reader to guess
+        said = "not both" if len(kinds) == 2 else "only one"
+        raise DataError(f"{where}: give {' or '.join(kinds)}, {said}")
     if has_pc:
         if "prompt" not in row or "completion" not in row:
             have, missing = ("prompt", "completion") if "prompt" in row else ("completion", "prompt")

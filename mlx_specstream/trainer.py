@@ -301,14 +301,17 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
                 system=system_prompt, vocab_size=vocab_size, progress=progress)
     pair = isinstance(data, tuple | list) and len(data) == 2 and isinstance(data[0], Dataset | list) \
         and isinstance(data[1], Dataset | list | None)
-    if isinstance(data, Dataset) or isinstance(data, list) and not pair:
+    alone = isinstance(data, Dataset) or isinstance(data, list) and not pair
+    if alone:
         data, pair = (data, None), True  # the training set alone: validation held out of it
     if isinstance(data, tuple | list):
         if not pair:
             raise ValueError("data: a directory, a list of rows (dicts, as train.jsonl's lines), or a "
                              "(train, valid) pair of such lists or of Dataset (valid may be None)")
-        train_ds, valid_ds = (_dataset(x, tokenizer, f"data[{i}]", read) for i, x in enumerate(data))
-        for where, ds in (("data[0] (train)", train_ds), ("data[1] (valid)", valid_ds)):
+        names = ("data", None) if alone else ("data[0]", "data[1]")  # how the caller's rows are named
+        train_ds, valid_ds = (_dataset(x, tokenizer, name, read) for name, x in zip(names, data))
+        wheres = ("data", None) if alone else ("data[0] (train)", "data[1] (valid)")
+        for where, ds in zip(wheres, (train_ds, valid_ds)):
             if ds is not None:  # as reading a file would have refused or cut it
                 check_dataset(ds, where, vocab_size, max_seq_len)
     elif not isinstance(data, (str, Path)):

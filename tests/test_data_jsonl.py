@@ -272,6 +272,8 @@ def test_message_contents_and_text_are_checked(tmp_path):
     assert encode_row(tools, tok, chat_template=True).tokens[-2:] == tail
     with pytest.raises(DataError, match="x.jsonl:4: give 'messages' or 'prompt' and 'completion', not both"):
         encode_row({**msgs, "prompt": "a", "completion": "b"}, tok, where="x.jsonl:4")
+    with pytest.raises(DataError, match="x.jsonl:5: give 'prompt' and 'completion' or 'text', not both"):
+        encode_row({"prompt": "a", "completion": "b", "text": "c"}, tok, where="x.jsonl:5")
     f = write(tmp_path / "sur.jsonl", ['{"prompt": "a\\ud800", "completion": "b"}'])
     with pytest.raises(DataError, match=r"sur.jsonl:1: 'prompt' is not valid Unicode text"):
         load_jsonl(f, tok)

@@ -668,6 +668,12 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
             train(model, (ds, None), max_seq_len=32, progress=False)
     with pytest.raises(ValueError, match=re.escape("data[1] (valid): no examples")):
         train(model, (Dataset(examples), Dataset([])), progress=False)
+    # the training set alone is named as the caller named it: data[2] is its third row
+    with pytest.raises(ValueError, match=re.escape("data[2]: 'prompt' and 'completion' must both be")):
+        train(model, [{"prompt": [1, 2], "completion": [3]}] * 2 + [{"prompt": 1, "completion": [3]}],
+              progress=False)
+    with pytest.raises(ValueError, match=re.escape("data: no examples")):
+        train(model, Dataset([]), progress=False)
     assert model.adapter_config is had
 
 
