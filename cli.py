@@ -457,7 +457,8 @@ def bench(
                                              "MODEL/adapters or path) instead of the project's; may be "
                                              "given several times"),
     data: Path | None = typer.Option(None, "--data", help="prompts to time: a JSONL file, or a directory "
-                                     "with test.jsonl (else valid.jsonl), rows as train reads them"),
+                                     "with test.jsonl (else valid.jsonl), prompt/completion or messages rows "
+                                     "as train reads them (text rows, with no prompt, are skipped)"),
     chat_template: bool = _flag(False, "--chat-template",
                                 help="send --data's text prompts through the model's chat template, "
                                 "as train --chat-template trains on them"),

@@ -487,7 +487,8 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
     if plain and has_chat_template(tok):
         say(outside_template(str(path), plain))
     if unjudged := sum(not r.strip() for r in refs):
-        say(f"{path}: {unjudged} of {_count(len(refs), 'prompt')} have no completion to judge the "
+        say(f"{path}: {_count(unjudged, 'prompt')} of {len(refs)} {'has' if unjudged == 1 else 'have'} "
+            "no completion to judge the "
             + ("outputs against: no exact match" if unjudged == len(refs) else "output against: exact match "
                f"over the other {len(refs) - unjudged}"))
     return prompts, refs

@@ -129,13 +129,13 @@ def test_bench_takes_paths_as_text_and_says_prompts_without_a_reference(tmp_path
                             for x, c in zip(texts, ["", "x", "nothing"])))
     res = run_bench(str(DEFAULT_MODEL), None, 3, 16, str(tmp_path / "out"), data=str(data), methods=methods(),
                     clock=clock)
-    assert "1 of 3 prompts have no completion to judge the output against: exact match over the other 2" \
+    assert "1 prompt of 3 has no completion to judge the output against: exact match over the other 2" \
         in capsys.readouterr().err
     assert res["results"][0]["exact_match"] == 0.5  # the fake decoder writes "x"
     assert (tmp_path / "out" / "results.json").is_file()
     data.write_text("".join(json.dumps({"prompt": x, "completion": ""}) + "\n" for x in texts))
     res = run_bench(DEFAULT_MODEL, None, 3, 16, tmp_path / "out2", data=data, methods=methods(), clock=clock)
-    assert "3 of 3 prompts have no completion to judge the outputs against: no exact match" \
+    assert "3 prompts of 3 have no completion to judge the outputs against: no exact match" \
         in capsys.readouterr().err
     assert "exact_match" not in res["results"][0] and "edit_similarity" not in res["results"][0]
 
