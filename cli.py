@@ -427,7 +427,7 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
     _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
                                constraint=_shaped(tok, turn["tools"], forced, schema), **options),
                 tok, verbose,
-                first_said=f"running {package.name} on {runner.description}")
+                first_said=f"running {package.name} ({runner.info.said}) on {runner.description}")
 
 
 def _convert_coreml(model: Path | None, out: Path | None, *, adapter: str | None, quantize: bool,
@@ -524,7 +524,8 @@ def convert(
     chunk: int | None = typer.Option(None, "--chunk", help="(--to coreml) prompt tokens per prefill call "
                                                            "(default 64)"),
     sampling: bool = _flag(False, "--sampling", help="(--to coreml) also output full logits, "
-                                                     "for --temp > 0 and --sql-names"),
+                                                     "for --temp > 0, --sql-names, --json-schema, "
+                                                     "--tool-choice and log-probabilities"),
 ) -> None:
     """Import a checkpoint to an MLX model dir (default), or export an MLX model to Core ML.
 

@@ -35,7 +35,7 @@ and sliding window (Gemma 3: the window applies to main and stream rows by key p
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -97,7 +97,6 @@ class GraphConfig:
     sampling: bool = False  # also output full main/stream logits (sampling needs them)
     embed_scale: float = 1.0  # Gemma: embeddings times sqrt(hidden)
     logit_softcap: float | None = None  # Gemma: logits -> tanh(logits / cap) * cap
-    extra: dict = field(default_factory=dict)
 
     @property
     def accept_max(self) -> int:

@@ -92,6 +92,15 @@ class PackageInfo:
         return (f"the package's context ({self.context} cache slots, less a step's tree of "
                 f"{self.tree_size}, plus 2)")
 
+    @property
+    def said(self) -> str:
+        """What ``generate --verbose`` says of the package: its adapter and weights."""
+        adapter = (f"adapter {self.adapter or '(unnamed)'} ({self.mode}, γ = {self.gamma})" if self.gamma
+                   else "no adapter: the base model")
+        weights = f"int{self.q_bits} weights, " if self.q_bits else ""
+        return (f"{adapter}; {weights}{self.precision or 'float16'} compute, a tree of {self.tree_size} "
+                "nodes a step")
+
 
 def core_ml_available() -> bool:
     """True where coremltools can run predictions (macOS with its native library)."""

@@ -59,7 +59,7 @@ import sql_domains  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import sqlgen  # noqa: E402
-from sqlgen import check_sql, create_table, q, say, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
+from sqlgen import check_sql, create_table, parent_phrase, q, say, sql_prompt  # noqa: E402,F401  (check_sql: part of this module's API)
 
 SEED = 1234
 SPLIT_SEED = 7  # which domains / modules are held out
@@ -83,7 +83,6 @@ class Column:
     type: str
     gen: str
     phrase: str
-    table: Table | None = None
 
     @property
     def is_key(self) -> bool:
@@ -123,9 +122,6 @@ class Table:
     columns: list[Column] = field(default_factory=list)
     domain: str = ""
 
-    def col(self, name: str) -> Column:
-        return next(c for c in self.columns if c.name == name)
-
     @property
     def key(self) -> Column:
         return next(c for c in self.columns if c.gen == "key")
@@ -140,7 +136,7 @@ def parse_table(spec: str, domain: str) -> Table:
         if not m:
             raise ValueError(f"{domain}: bad column spec {raw!r}")
         cname, ctype, gen, phrase = m.groups()
-        table.columns.append(Column(cname, ctype, gen, phrase or cname.replace("_", " "), table))
+        table.columns.append(Column(cname, ctype, gen, phrase or cname.replace("_", " ")))
     return table
 
 
@@ -669,11 +665,6 @@ def join_parts(tables):
     fk = next(c for c in child.columns if c.gen == f"fk:{parent.name}")
     on = f"FROM {child.name} AS T1 JOIN {parent.name} AS T2 ON T1.{fk.name} = T2.{parent.key.name}"
     return parent, child, fk, on
-
-
-def parent_phrase(parent: Table, c: Column) -> str:
-    """How a question names a parent column: 'department location', or 'department name'."""
-    return c.phrase if c.phrase.startswith(parent.ent) else f"{parent.ent} {c.phrase}"
 
 
 def f_join_eq(rng, tables):

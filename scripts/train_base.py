@@ -41,7 +41,6 @@ needs, valid exact match at the end); ``--work`` (default runs/base): ckpt.pt an
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import math
 import os
@@ -66,12 +65,7 @@ SCORE = "completion loss"  # what the validation score measures (a resumed run s
 
 sys.path.insert(0, str(ROOT / "scripts"))
 import sqlgen  # noqa: E402
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+from make_data import read_jsonl  # noqa: E402
 
 
 def pretrain_file(data: Path) -> Path:

@@ -431,6 +431,9 @@ def test_cli_convert_and_generate(model_dir, tmp_path):
     res = cli("generate", "--model", str(out), "--prompt", "w3 w9 w0 w5", "--max-tokens", "12")
     assert res.returncode == 0, res.stderr
     assert "reference evaluator" in res.stderr
+    said = cli("generate", "--model", str(out), "--prompt", "w3", "--max-tokens", "2", "--verbose").stderr
+    assert "running tiny.mlpackage (adapter lossless (lossless, γ = 3); float16 compute, a tree of 12 " \
+           "nodes a step) on the reference evaluator" in said, said
     # the fp16 package against the fp32 MLX model (fp16 KV): same text unless a near-tie flips
     model = load_for_export(model_dir, "lossless", precision="float32")
     tok = _tok(model_dir)
@@ -465,9 +468,10 @@ def test_cli_bad_input(model_dir, tmp_path, args, fragment):
 
 def test_cli_bad_output_paths(model_dir, tmp_path):
     (tmp_path / "taken.mlpackage").mkdir()
+    (tmp_path / "taken.mlpackage" / "notes.txt").write_text("mine")
     res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
-              str(tmp_path / "taken.mlpackage"))
-    assert_one_line_error(res, "taken.mlpackage already exists (use --overwrite to replace it)")
+              str(tmp_path / "taken.mlpackage"), "--overwrite")
+    assert_one_line_error(res, "taken.mlpackage: holds files mlx-specstream did not write as a Core ML")
     (tmp_path / "file").write_text("x")
     res = cli("convert", "--to", "coreml", "--model", str(model_dir), "--out",
               str(tmp_path / "file" / "o.mlpackage"))
@@ -477,9 +481,10 @@ def test_cli_bad_output_paths(model_dir, tmp_path):
     res = cli("convert", "--to", "coreml", "--model", str(model_dir))
     assert_one_line_error(res, "--to coreml needs --out NAME.mlpackage")
     assert sorted(os.listdir(tmp_path)) == ["file", "taken.mlpackage"]
-    assert os.listdir(tmp_path / "taken.mlpackage") == []
-    res = cli("generate", "--model", str(tmp_path / "taken.mlpackage"), "--prompt", "w1")
-    assert_one_line_error(res, "taken.mlpackage: not an .mlpackage (no Manifest.json)")
+    assert os.listdir(tmp_path / "taken.mlpackage") == ["notes.txt"]
+    (tmp_path / "empty.mlpackage").mkdir()  # an export into it would be taken: nothing in it to lose
+    res = cli("generate", "--model", str(tmp_path / "empty.mlpackage"), "--prompt", "w1")
+    assert_one_line_error(res, "empty.mlpackage: not an .mlpackage (no Manifest.json)")
 
 
 @pytest.mark.skipif(sys.platform == "darwin", reason="Core ML runs packages there")

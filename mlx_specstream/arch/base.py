@@ -349,9 +349,13 @@ def max_positions(config: dict) -> int | None:
 
 
 class CausalLM(nn.Module):
-    """The interface the engine relies on; each architecture fills in embed/layers/head."""
+    """The interface the engine relies on; each architecture fills in embed/head and keeps its
+    backbone, whose ``layers`` are the decoder layers, in ``self.model``."""
 
-    layers: list
+    @property
+    def layers(self) -> list:
+        """The decoder layers, in order."""
+        return self.model.layers
 
     @property
     def max_positions(self) -> int | None:

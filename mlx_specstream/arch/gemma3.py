@@ -148,10 +148,6 @@ class Model(CausalLM):
         if not self.tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
-    @property
-    def layers(self):
-        return self.model.layers
-
     def embed(self, tokens, positions):
         h = self.model.embed_tokens(tokens)
         return h * mx.array(self.args.hidden_size**0.5, h.dtype)

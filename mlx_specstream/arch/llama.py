@@ -120,10 +120,6 @@ class Model(CausalLM):
         """Layer ``i`` (subclasses add their per-layer options)."""
         return Block(args, rope, window=args.window(i))
 
-    @property
-    def layers(self):
-        return self.model.layers
-
     def embed(self, tokens, positions):
         return self.model.embed_tokens(tokens)
 

@@ -77,10 +77,6 @@ class Model(CausalLM):
         if not self.tied:
             self.lm_head = nn.Linear(args.word_embed_proj_dim, args.vocab_size, bias=False)
 
-    @property
-    def layers(self):
-        return self.model.layers
-
     def embed(self, tokens, positions):
         d = self.model
         h = d.embed_tokens(tokens)

@@ -72,10 +72,6 @@ class Model(CausalLM):
         self.model = Inner(args, rope)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=True)
 
-    @property
-    def layers(self):
-        return self.model.layers
-
     def embed(self, tokens, positions):
         return self.model.embed_tokens(tokens)
 

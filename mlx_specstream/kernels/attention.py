@@ -68,10 +68,6 @@ def set_backend(backend: str) -> str:
     return old
 
 
-def get_backend() -> str:
-    return _backend
-
-
 # ---- visibility ------------------------------------------------------------------------------
 
 def parents_from_bits(anc_bits: np.ndarray, m: int) -> np.ndarray:

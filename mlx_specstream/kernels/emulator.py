@@ -546,8 +546,7 @@ class EmulatedKernel:
         self.source = source
         self.header = header
         self.ensure_row_contiguous = ensure_row_contiguous
-        self.atomic_outputs = atomic_outputs
-        self.compile_options = compile_options
+        self.atomic_outputs = atomic_outputs  # compile_options (Metal compiler flags): nothing to set in g++
 
     def _prepare(self, inputs, output_dtypes, template):
         if len(inputs) != len(self.input_names):
