@@ -109,6 +109,9 @@ def chat_request(body: dict) -> dict:
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
             "messages": system + [t for i, m in enumerate(body["messages"]) for t in _message(m, i)]}
+    last = chat["messages"][-1]
+    if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):  # a prefill: go on
+        chat["continue_final_message"] = True
     for name in ("temperature", "top_p", "top_k", "mode", "sql_names"):  # the last two: this server's
         if name in body:
             chat[name] = body[name]

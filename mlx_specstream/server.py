@@ -164,7 +164,10 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
 
 def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     """The chat's messages (and ``tools``) as the template renders them (text: its size is
-    checked before it is tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`)."""
+    checked before it is tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`);
+    with ``continue_final_message`` (vLLM's field; Anthropic's prefill) the reply goes on from the
+    last message, an assistant's text begun by the client."""
+    go_on = _field(body, "continue_final_message", (bool,), False)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
@@ -181,8 +184,12 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     if not tokenizer.chat_template:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")
+    if go_on and flat[-1]["role"] != "assistant":
+        raise APIError("'continue_final_message' goes on from an assistant's message: the last message "
+                       f"is the {flat[-1]['role']}'s", "continue_final_message")
     try:
-        return tokenizer.apply_chat_template(flat, add_generation_prompt=True, tokenize=False,
+        return tokenizer.apply_chat_template(flat, add_generation_prompt=not go_on, tokenize=False,
+                                             continue_final_message=go_on,
                                              **({"tools": tools} if tools else {}))
     except TokenizerError as e:
         raise APIError(str(e), "messages") from None

@@ -245,6 +245,9 @@ def utf8_text(b: bytes) -> str | None:
     return text if text or any(utf8_text(b + bytes((c,))) is not None for c in range(0x80, 0xC0)) else None
 
 
+_GO_ON = "CONTINUE_FINAL_MESSAGE_TAG "  # marks where a continued last message ends (transformers' mark)
+
+
 class Tokenizer:
     """A tokenizer read from local files; see :func:`load_tokenizer`."""
 
@@ -363,10 +366,13 @@ class Tokenizer:
         return StreamingDetokenizer(self, skip_special_tokens)
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = True, **kwargs) -> list[int] | str:
+                            tokenize: bool = True, continue_final_message: bool = False,
+                            **kwargs) -> list[int] | str:
         """Render ``messages`` ([{"role": ..., "content": ...}]) with the model's chat template:
         its token ids, or with ``tokenize=False`` its text (``transformers``' and mlx-lm's
-        signature and defaults).
+        signature and defaults). ``continue_final_message``: the rendering ends inside the last
+        message, right after its text, for the model to go on writing it (a reply's start given
+        by the caller, Anthropic's prefill), as ``transformers`` cuts it; no generation prompt then.
 
         The template (jinja2, run sandboxed) sees ``messages``, ``add_generation_prompt``, the
         special tokens (``bos_token``, ``eos_token``, ...) and ``kwargs``. Its text is tokenized
@@ -391,6 +397,12 @@ class Tokenizer:
         def tojson(x, indent=None, ensure_ascii=False, **_):
             return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent)
 
+        if continue_final_message:
+            final = messages[-1].get("content") if messages and isinstance(messages[-1], dict) else None
+            if not isinstance(final, str):
+                raise TokenizerError("continue_final_message: the last message must have text to continue")
+            messages = [*messages[:-1], {**messages[-1], "content": final + _GO_ON}]
+            add_generation_prompt = False
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = tojson
@@ -403,6 +415,13 @@ class Tokenizer:
             raise
         except Exception as e:  # a template's error is the messages' (None + str, say)
             raise TokenizerError(f"chat template: {e}") from None
+        if continue_final_message:
+            at = text.rfind(_GO_ON.strip())
+            if at < 0 or final.strip() not in text:
+                raise TokenizerError("continue_final_message: the chat template does not write the last "
+                                     "message's text as it is, so there is no place to go on from")
+            # where the template keeps the text's spacing it ends at the mark, else (trimmed) before
+            text = text[:at] if text.startswith(_GO_ON, at) else text[:at].rstrip()
         return self.rendered_ids(text) if tokenize else text
 
     def rendered_ids(self, text: str) -> list[int]:

@@ -286,6 +286,10 @@ def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_pa
 
     prompt = tok.apply_chat_template(convo[:-1])
     assert prompt == hf(convo[:-1], True)
+    for text in ("Café", "Café ", "SELECT name\n"):  # a reply begun by the caller goes on from its text
+        begun = [*convo[:-1], {"role": "assistant", "content": text}]
+        assert tok.apply_chat_template(begun, continue_final_message=True) == ref.apply_chat_template(
+            begun, continue_final_message=True, return_dict=False)
     assert (prompt[0] == tok.bos_token_id) == template.startswith("{{ bos_token }}")
     # the reply as the template ends its turn, and EOS after it where that turn's end is not one
     eos = [] if "eos_token" in template else [tok.eos_token_id]

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import openai
 import pytest
 from helpers import Server, drawn_texts
 
@@ -612,6 +613,22 @@ def test_messages_api_text_system_and_stop_sequences(server, model_dir):
     r = client.messages.create(model="specstream-tiny", max_tokens=12, system="Answer briefly.",
                                messages=ask("Oslo"), extra_body={"temperature": 1.0, "top_k": 1})
     assert r.content[0].text == want
+    # a last assistant message is the reply's beginning (Anthropic's prefill), as transformers renders
+    # it with continue_final_message; OpenAI's chat takes it with vLLM's field of that name
+    begun = [*ask("Oslo"), {"role": "assistant", "content": "It is"}]
+    prompt = tok.apply_chat_template(system + begun, continue_final_message=True)
+    assert prompt[-3:] != tok.apply_chat_template(system + ask("Oslo"))[-3:]
+    want = generate(model, tok, prompt, max_tokens=8, mode="ar").text
+    r = client.messages.create(model="specstream-tiny", max_tokens=8, system="Answer briefly.",
+                               messages=begun)
+    assert r.content[0].text == want and r.usage.input_tokens == len(prompt)
+    chat = server.client().chat.completions.create(model="specstream-tiny", max_tokens=8,
+                                                   messages=system + begun,
+                                                   extra_body={"continue_final_message": True})
+    assert chat.choices[0].message.content == want
+    with pytest.raises(openai.BadRequestError, match="goes on from an assistant's message"):
+        server.client().chat.completions.create(model="specstream-tiny", max_tokens=8, messages=ask("Oslo"),
+                                                extra_body={"continue_final_message": True})
 
 
 def test_messages_api_tool_use_whole_streamed_and_answered(server, model_dir):
