@@ -97,12 +97,40 @@ def _tools(tools) -> list[dict]:
     return out
 
 
+# The fields of Anthropic's Messages requests (its client's, 2.14), and this server's own; those
+# that would change the reply and are not served here are refused in chat_request
+FIELDS = frozenset({"model", "max_tokens", "messages", "system", "stop_sequences", "stream", "temperature",
+                    "top_p", "top_k", "tools", "tool_choice", "thinking", "output_config", "metadata",
+                    "service_tier", "cache_control", "container", "diagnostics", "inference_geo", "speed",
+                    "user_profile_id", "workspace_id", "mode", "sql_names"})
+
+
+def _output_format(config) -> dict | None:
+    """``output_config`` as OpenAI's ``response_format``: its ``format`` (a JSON schema the reply
+    follows, as Anthropic's structured outputs guarantee: strict, so a schema keyword that
+    decoding cannot enforce is refused); ``effort`` is for reasoning models, none of them here."""
+    if not isinstance(config, dict) or set(config) - {"format", "effort"}:
+        raise APIError("'output_config' must be an object with 'format' (and 'effort')", "output_config")
+    fmt = config.get("format")
+    if fmt is None:
+        return None
+    if not (isinstance(fmt, dict) and fmt.get("type") == "json_schema"
+            and isinstance(fmt.get("schema"), dict)):
+        raise APIError("'output_config.format' must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                       "output_config.format")
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
 def chat_request(body: dict) -> dict:
     """The OpenAI chat request an Anthropic Messages request stands for (checks Anthropic's own
     fields; the rest is checked as every chat request is)."""
     for name in ("model", "max_tokens", "messages"):
         if body.get(name) is None:
             raise APIError(f"'{name}' is required", name)
+    if unknown := sorted(set(body) - FIELDS):  # as Anthropic's API: extra inputs are not permitted
+        raise APIError(f"'{unknown[0]}': extra inputs are not permitted", unknown[0])
+    if body.get("container") is not None:
+        raise APIError("'container' (code execution) is not supported by this server", "container")
     if not isinstance(body["messages"], list) or not body["messages"]:
         raise APIError("'messages' must be a non-empty list of messages", "messages")
     system = body.get("system")
@@ -142,6 +170,8 @@ def chat_request(body: dict) -> dict:
             chat["parallel_tool_calls"] = False
     if isinstance(body.get("thinking"), dict) and body["thinking"].get("type") == "enabled":
         raise APIError("'thinking' is not supported by this server", "thinking")
+    if body.get("output_config") is not None and (shape := _output_format(body["output_config"])):
+        chat["response_format"] = shape
     return chat
 
 

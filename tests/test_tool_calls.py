@@ -700,6 +700,29 @@ def test_messages_stream_blocks_follow_the_reply():
     assert "".join(blocks[1]["parts"]) == "Done. More."
 
 
+def test_messages_api_structured_output(server):
+    """``output_config.format`` (and the client's ``parse`` with a pydantic model) constrains the
+    reply to JSON that the schema allows, as Anthropic's structured outputs do."""
+    import jsonschema
+    from pydantic import BaseModel
+
+    _, client = anthropic_client(server)
+
+    class City(BaseModel):
+        name: str
+        population: int
+
+    r = client.messages.parse(model="specstream-tiny", max_tokens=60, messages=ask("Oslo"),
+                              output_format=City)
+    assert isinstance(r.parsed_output, City) and r.stop_reason == "end_turn", r
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}, "city": {"enum": ["Oslo", "Lima"]}},
+              "required": ["ok", "city"], "additionalProperties": False}
+    r = client.messages.create(model="specstream-tiny", max_tokens=200, messages=ask("Oslo"),
+                               output_config={"format": {"type": "json_schema", "schema": schema}})
+    assert r.stop_reason == "end_turn", r.content[0].text
+    jsonschema.validate(json.loads(r.content[0].text), schema)
+
+
 def test_messages_api_errors_are_anthropics(server):
     anthropic, client = anthropic_client(server)
     with pytest.raises(anthropic.NotFoundError) as e:
@@ -712,7 +735,10 @@ def test_messages_api_errors_are_anthropics(server):
                          "must name the tool"),
                         ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
                          "content blocks of type 'image' are not supported"),
-                        ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4")]:
+                        ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4"),
+                        ({"n": 2}, "'n': extra inputs are not permitted"),
+                        ({"output_config": {"format": {"type": "json_schema", "schema": {
+                            "type": "integer", "multipleOf": 7}}}}, "multipleOf")]:
         status, reply = server.post_raw("/v1/messages", json.dumps({**body, **extra}).encode())
         assert status == 400 and reply["type"] == "error", reply
         assert reply["error"]["type"] == "invalid_request_error" and said in reply["error"]["message"], reply
