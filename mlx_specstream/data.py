@@ -112,14 +112,19 @@ def _encode_pair(tokenizer, prompt: str | list[int], completion: str) -> tuple[l
     return p, c
 
 
+_TEXT_PARTS = {"text": "text", "refusal": "refusal"}  # a content part's type: the key of its text
+
+
 def message_text(content, where: str) -> str:
-    """A message's content: a string, or OpenAI's list of parts whose text parts are joined (as
-    the server reads them)."""
+    """A message's content: a string, or OpenAI's list of parts whose texts are joined (as the
+    server reads them): ``text`` parts, and an assistant's ``refusal`` parts."""
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(c, dict) and c.get("type") == "text"
-                                         and isinstance(c.get("text"), str) for c in content):
-        return "".join(c["text"] for c in content)
+    if isinstance(content, list):
+        keys = [_TEXT_PARTS.get(c.get("type")) if isinstance(c, dict) and isinstance(c.get("type"), str)
+                else None for c in content]
+        if all(k is not None and isinstance(c.get(k), str) for k, c in zip(keys, content)):
+            return "".join(c[k] for k, c in zip(keys, content))
     said = json.dumps(content, ensure_ascii=False, default=repr)
     raise DataError(f"{where}: a message's 'content' must be text (a string or a list of text parts), "
                     f"not {said[:60] + '...' * (len(said) > 60)}")

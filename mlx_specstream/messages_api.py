@@ -175,6 +175,13 @@ def chat_request(body: dict) -> dict:
     return chat
 
 
+def count_request(body: dict) -> dict:
+    """The chat request whose prompt a ``count_tokens`` request counts (it has no ``max_tokens``)."""
+    if "max_tokens" in body:
+        raise APIError("'max_tokens': extra inputs are not permitted", "max_tokens")
+    return chat_request({**body, "max_tokens": 1})
+
+
 def _tool_use(call_id: str, name: str, args: str) -> dict:
     """An OpenAI tool call (its id, name and arguments' text) as Anthropic's ``tool_use`` block
     (its input an object: arguments that are not a JSON object are kept as ``{"arguments": text}``)."""

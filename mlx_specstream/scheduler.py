@@ -55,7 +55,9 @@ class Scheduler:
 
     @property
     def waiting(self) -> int:
-        return self._waiting.qsize()
+        """Requests waiting for a slot; not those whose client has gone (dropped when their turn comes)."""
+        with self._waiting.mutex:
+            return sum(job is not None and not job.cancelled.is_set() for job in self._waiting.queue)
 
     def start(self) -> None:
         self._thread.start()

@@ -228,6 +228,10 @@ UNSUPPORTED = {
     "frequency_penalty": lambda v: v not in (None, 0),
     # mlx-lm's and vLLM's, at its value that changes nothing
     "repetition_penalty": lambda v: v not in (None, 1),
+    # replies in other modalities, or with web results
+    "modalities": lambda v: v not in (None, ["text"]),
+    "audio": lambda v: v is not None,
+    "web_search_options": lambda v: v is not None,
     # the deprecated function calling (its successor, tools, is served)
     "functions": lambda v: bool(v),
     "function_call": lambda v: v not in (None, "none", "auto"),
@@ -271,8 +275,8 @@ class Generation:
     tokenizer: Tokenizer | None = None  # where the request asked for log-probabilities: their tokens' text
 
 
-def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
-    """Check a request body and build its decoder (errors: :class:`APIError`)."""
+def _model(body: dict, pool: ModelPool) -> tuple[str, object, Tokenizer]:
+    """The request's model id, the model it names and the tokenizer (errors: :class:`APIError`)."""
     model_id = _field(body, "model", (str,), what="a model id")
     if model_id is None:
         raise APIError("'model' is required", "model")
@@ -281,9 +285,21 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         model = pool.get(model_id)
     except UnknownModelError as e:
         raise APIError(str(e), "model", "model_not_found", status=404) from None
-    tok = pool.tokenizer
-    if tok is None:
+    if pool.tokenizer is None:
         raise APIError("the model has no tokenizer files", "model")
+    return model_id, model, pool.tokenizer
+
+
+def chat_prompt_tokens(body: dict, pool: ModelPool) -> int:
+    """How many tokens a chat request's prompt holds, rendered as :func:`parse` renders it
+    (Anthropic's ``count_tokens``)."""
+    _, _, tok = _model(body, pool)
+    return len(tok.rendered_ids(_chat_prompt(body, tok, _tools(body, tok)[0])))
+
+
+def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
+    """Check a request body and build its decoder (errors: :class:`APIError`)."""
+    model_id, model, tok = _model(body, pool)
     tools, fmt, forced = _tools(body, tok) if chat else (None, None, None)
     if not chat and body.get("tools"):
         raise APIError("'tools' go to the chat template: use /v1/chat/completions", "tools",
@@ -638,6 +654,16 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         except APIError as e:
             return JSONResponse(error_body(e), status_code=e.status)
 
+    async def count_tokens(request: Request) -> Response:
+        """Anthropic's token count of a Messages request's prompt: ``{"input_tokens": n}``."""
+        from .messages_api import count_request, error_body
+
+        try:
+            counted = count_request(await body_of(request))
+            return JSONResponse({"input_tokens": chat_prompt_tokens(counted, pool)})
+        except APIError as e:
+            return JSONResponse(error_body(e), status_code=e.status)
+
     loaded = int(time.time())  # every model's "created": when this server loaded it
     described = {m["id"]: {"object": "model", "created": loaded, "owned_by": "specstream-mlx", **m}
                  for m in pool.describe()}
@@ -680,7 +706,8 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
               Route("/health", health),
               Route("/v1/completions", completions, methods=["POST"]),
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-              Route("/v1/messages", messages, methods=["POST"])]
+              Route("/v1/messages", messages, methods=["POST"]),
+              Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]
     return Starlette(routes=routes, lifespan=lifespan,
                      exception_handlers={APIError: api_error, HTTPException: http_error,
                                          Exception: server_error})

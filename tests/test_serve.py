@@ -112,6 +112,12 @@ def test_chat_through_template(server, base):
     stream = client.chat.completions.create(model="specstream-tiny:sql-lossless", messages=messages,
                                             max_tokens=16, stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream) == r.choices[0].message.content
+    # an assistant's refusal part (OpenAI's) is that turn's text
+    said = [*messages, {"role": "assistant", "content": [{"type": "refusal", "refusal": "I cannot."}]},
+            {"role": "user", "content": "Count them."}]
+    plain = [*messages, {"role": "assistant", "content": "I cannot."}, said[-1]]
+    r = client.chat.completions.create(model="specstream-tiny:sql-lossless", messages=said, max_tokens=8)
+    assert r.choices[0].message.content == ar(base, base[1].apply_chat_template(plain), 8)
 
 
 def test_replies_are_text_without_control_tokens(server, base):
@@ -292,6 +298,10 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stream": True,
                  "stream_options": {"include_usage": 1}}).encode(), 400, "stream_options.include_usage"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "echo": True}).encode(), 400, "echo"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "modalities": ["text", "audio"]}).encode(), 400,
+     "modalities"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "audio": {"voice": "alloy"}}).encode(), 400,
+     "audio"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
                  "response_format": {"type": "xml"}}).encode(), 400, "response_format"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "max_tokens": 10**20}).encode(), 400,
@@ -421,6 +431,20 @@ def test_disconnect_frees_the_slot(server):
     assert server.get("/health")["active"] == 1
     conn.close()
     assert wait_idle(server) == 0
+
+
+def test_a_waiting_request_whose_client_left_is_not_counted():
+    """/health's "waiting" counts the requests that will be decoded: one cancelled while it waits
+    leaves the count at once (it is dropped when its turn comes)."""
+    from mlx_specstream.scheduler import Job, Scheduler
+
+    scheduler = Scheduler(max_active=1)  # not started: every job waits
+    jobs = [Job(iter(()), lambda *_: None) for _ in range(3)]
+    for job in jobs:
+        scheduler.submit(job)
+    assert scheduler.waiting == 3
+    jobs[1].cancel()
+    assert (scheduler.waiting, scheduler.active) == (2, 0)
 
 
 def test_any_openai_seed_and_a_model_id_with_a_slash(model_dir):

@@ -626,6 +626,9 @@ def test_messages_api_text_system_and_stop_sequences(server, model_dir):
                                                    messages=system + begun,
                                                    extra_body={"continue_final_message": True})
     assert chat.choices[0].message.content == want
+    # count_tokens: the prompt's tokens, as a reply's usage counts them
+    counted = client.messages.count_tokens(model="specstream-tiny", system="Answer briefly.", messages=begun)
+    assert counted.input_tokens == len(prompt)
     with pytest.raises(openai.BadRequestError, match="goes on from an assistant's message"):
         server.client().chat.completions.create(model="specstream-tiny", max_tokens=8, messages=ask("Oslo"),
                                                 extra_body={"continue_final_message": True})
@@ -744,3 +747,6 @@ def test_messages_api_errors_are_anthropics(server):
         assert reply["error"]["type"] == "invalid_request_error" and said in reply["error"]["message"], reply
     status, reply = server.post_raw("/v1/messages", b"{not json")
     assert status == 400 and reply["error"]["type"] == "invalid_request_error"
+    nope = json.dumps({**body, "model": "nope"}).encode()
+    status, reply = server.post_raw("/v1/messages/count_tokens", nope)
+    assert status == 404 and reply["type"] == "error" and reply["error"]["type"] == "not_found_error", reply
