@@ -31,7 +31,7 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
-from .json_grammar import response_constraint
+from .json_grammar import json_constraint, response_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
@@ -149,6 +149,16 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
     _field(body, "parallel_tool_calls", (bool,), None)
     if tools is not None and (problem := tools_problem(tools)):
         raise APIError(f"'{problem[0]}' must be {problem[1]}", problem[0])
+    for i, t in enumerate(tools or []):  # a strict tool's schema: only what decoding enforces
+        if t["function"].get("strict") is not True:
+            continue
+        try:
+            unread = json_constraint(tokenizer, t["function"].get("parameters", {})).unread
+        except ValueError as e:
+            raise APIError(f"'tools[{i}]': {e}", f"tools[{i}]") from None
+        if unread:
+            raise APIError(f"'tools[{i}]': a strict tool's parameters may not use "
+                           f"{', '.join(sorted(unread))}: this server does not enforce it", f"tools[{i}]")
     try:
         forced = forced_names(tools, body.get("tool_choice"))
     except ValueError as e:

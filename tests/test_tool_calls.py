@@ -457,6 +457,10 @@ def test_the_server_returns_the_calls_whole_and_streamed(server, model_dir):
     assert r.usage.prompt_tokens == len(rendered)
 
 
+STRICT_SEVENS = {"type": "function", "function": {"name": "pick", "strict": True, "parameters": {
+    "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}}}}
+
+
 def test_tool_choice_and_bad_tools(server, model_dir):
     """``tool_choice: "none"``: the model is not shown the tools and its text is the reply; a
     malformed tool or choice is a 400 in OpenAI's shape."""
@@ -477,7 +481,9 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                 "response_format", None),
                                ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", None),
                                ({"tools": "weather"}, "tools", None),
-                               ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None)]:
+                               ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None),
+                               # strict (openai.pydantic_function_tool's): only what the grammar enforces
+                               ({"tools": [*TOOLS, STRICT_SEVENS]}, "tools[1]", None)]:
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
     assert server.get("/health")["status"] == "ok"
