@@ -176,10 +176,8 @@ def chat_request(body: dict) -> dict:
 
 
 def count_request(body: dict) -> dict:
-    """The chat request whose prompt a ``count_tokens`` request counts (it has no ``max_tokens``)."""
-    if "max_tokens" in body:
-        raise APIError("'max_tokens': extra inputs are not permitted", "max_tokens")
-    return chat_request({**body, "max_tokens": 1})
+    """The chat request whose prompt a ``count_tokens`` request counts (it needs no ``max_tokens``)."""
+    return chat_request({"max_tokens": 1, **body})
 
 
 def _tool_use(call_id: str, name: str, args: str) -> dict:

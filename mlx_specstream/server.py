@@ -207,8 +207,9 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
 
 def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool):
     """The constraint that shapes the reply (None: none): JSON by ``response_format``
-    (json_grammar.py), or calls to the tools ``forced`` (tool_choice.py); ``sql_names`` makes its
-    own, so it goes with neither."""
+    (json_grammar.py), or calls to the tools ``forced`` (tool_choice.py), or where the model
+    chooses and a tool is strict, text or calls by the tools' schemas; ``sql_names`` makes its
+    own, so it goes with none of them."""
     try:
         shaped = response_constraint(tokenizer, body.get("response_format"))
     except ValueError as e:
@@ -216,13 +217,16 @@ def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool
     if shaped and tools:
         raise APIError("'response_format' and 'tools' cannot be combined (tool_choice 'required' makes the "
                        "reply calls)", "response_format")
-    if sql_names and (shaped or forced):
-        said = "'response_format'" if shaped else "a forced tool call ('tool_choice')"
+    # tool_choice "auto" with a strict tool: text, or calls to the tools by their schemas
+    strict = not forced and any(t["function"].get("strict") is True for t in tools or [])
+    if sql_names and (shaped or forced or strict):
+        said = ("'response_format'" if shaped else "a forced tool call ('tool_choice')" if forced
+                else "a strict tool")
         raise APIError(f"'sql_names' and {said} cannot be combined", "sql_names")
-    if not forced:
+    if not (forced or strict):
         return shaped
     try:
-        return forced_calls(tokenizer, tools, forced, max_calls, fmt)
+        return forced_calls(tokenizer, tools, forced, max_calls, fmt, optional=strict)
     except ValueError as e:
         raise APIError(str(e), "tools") from None
 

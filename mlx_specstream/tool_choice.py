@@ -40,10 +40,13 @@ _NAME = re.compile(r"[A-Za-z0-9_.:-]+")  # a name JSON writes as it is (OpenAI's
 
 class ForcedCalls(JSONGrammar):
     """Replies that are calls in ``fmt`` to the tools of ``schemas`` (name -> its ``parameters``
-    schema), at most ``max_calls`` (None: any number, in the formats that write several)."""
+    schema), at most ``max_calls`` (None: any number, in the formats that write several).
+    ``optional``: text may come first, and the calls only once it writes the format's start
+    marker (``tool_choice: "auto"`` with a strict tool: the model chooses, but what it calls is a
+    tool, by its schema); a Llama 3 reply that begins with ``{`` is calls, as the reader reads it."""
 
     def __init__(self, fmt: ToolFormat, tokenizer, schemas: dict[str, dict | None],
-                 max_calls: int | None = None):
+                 max_calls: int | None = None, optional: bool = False):
         super().__init__(tokenizer, markers=fmt.markers)
         self.names = sorted(schemas)
         if not self.names or not all(_NAME.fullmatch(n) for n in self.names):
@@ -53,7 +56,7 @@ class ForcedCalls(JSONGrammar):
         self.key = '"parameters"' if fmt.bare else '"arguments"'
         self.close = fmt.args[0] if fmt.args else '"'  # what ends a call's name
         self.skips_ws = SKIPS_WS | {"list"}
-        self.start = ("space", SPACE_AROUND, self._call(1))
+        self.start = ("prose", 0, True) if optional else ("space", SPACE_AROUND, self._call(1))
 
     # -- the reply: calls in the format ------------------------------------------------------
     def _call(self, k: int) -> State:
@@ -91,6 +94,8 @@ class ForcedCalls(JSONGrammar):
         """The states around the calls: ``after`` (a call is whole: EOS, whitespace or the next
         call), ``name`` (a call's name being written), ``list`` (after a call of Mistral's list)."""
         kind = state[0]
+        if kind == "prose":  # ("prose", characters of the start marker written, at the reply's start)
+            return self._prose(state[1], state[2], ch)
         if kind == "after":  # ("after", calls written, whitespace left)
             if ch in WS:
                 return ("after", state[1], state[2] - 1) if state[2] > 0 else None
@@ -108,8 +113,24 @@ class ForcedCalls(JSONGrammar):
             return ("after", self.max_calls, SPACE_AROUND) if ch == "]" else None
         raise AssertionError(f"unknown state {kind}")
 
+    def _prose(self, matched: int, first: bool, ch: str) -> State | None:
+        """Text before any call: the calls' state once it writes the start marker (or, Llama 3's,
+        begins with ``{``); else how much of the marker its end has written."""
+        start = self.fmt.start
+        if first and self.fmt.bare and ch in "{ \t\n\r":  # a reply that begins with {: calls
+            return self._char(self._call(1), ch) if ch == "{" else ("prose", 0, True)
+        typed = start[:matched] + ch
+        if typed == start:
+            state = self._call(1)
+            if not self.fmt.bare:  # the marker begins the call: read it there
+                for c in start:
+                    state = self._char(state, c)
+            return state
+        k = next(k for k in range(len(typed), -1, -1) if start.startswith(typed[len(typed) - k:]))
+        return ("prose", k, False)
+
     def _whole(self, state: State) -> bool:
-        return state[0] == "after"
+        return state[0] in ("after", "prose")
 
 
 def forced_names(tools: list[dict] | None, choice) -> tuple[str, ...] | None:
@@ -137,12 +158,13 @@ def forced_names(tools: list[dict] | None, choice) -> tuple[str, ...] | None:
 
 
 def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None = None,
-                 fmt: ToolFormat | None = None) -> ForcedCalls:
+                 fmt: ToolFormat | None = None, optional: bool = False) -> ForcedCalls:
     """The constraint under which a reply is calls to ``tools`` (OpenAI's tool definitions, as
     the template got them; ``names``: only those, :func:`forced_names`), at most ``max_calls``,
     with arguments by each tool's ``parameters``, in ``fmt`` (default: the format the tokenizer's
     chat template writes); for ``generate(..., constraint=...)``. Requests for the same tools
-    share one, and its cached masks. ``names`` may be one name (a string)."""
+    share one, and its cached masks. ``names`` may be one name (a string). ``optional``: the
+    reply may be text instead, or text then calls (:class:`ForcedCalls`)."""
     check_reads_tokens(tokenizer, "forced_calls")
     fmt = fmt or tool_format(getattr(tokenizer, "chat_template", None))
     if fmt is None:
@@ -157,9 +179,9 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
         if unknown := [n for n in names if n not in schemas]:
             raise ValueError(f"no tool is named {', '.join(map(repr, unknown))}")
         schemas = {n: schemas[n] for n in names}
-    return _shared(fmt, tokenizer, json.dumps(schemas, sort_keys=True), max_calls)
+    return _shared(fmt, tokenizer, json.dumps(schemas, sort_keys=True), max_calls, optional)
 
 
 @functools.lru_cache(maxsize=16)
-def _shared(fmt: ToolFormat, tokenizer, schemas: str, max_calls: int | None) -> ForcedCalls:
-    return ForcedCalls(fmt, tokenizer, json.loads(schemas), max_calls)
+def _shared(fmt: ToolFormat, tokenizer, schemas: str, max_calls: int | None, optional: bool) -> ForcedCalls:
+    return ForcedCalls(fmt, tokenizer, json.loads(schemas), max_calls, optional)

@@ -310,6 +310,29 @@ def test_a_forced_reply_is_calls_in_the_templates_format_and_nothing_else():
             assert np.array_equal(c.allowed(state), TokenConstraint.allowed(c, state)), fmt.name
 
 
+def test_optional_calls_are_text_or_calls_by_the_schemas():
+    """``optional`` (tool_choice "auto" with a strict tool): any text, or text and then calls,
+    each naming a tool and following its schema; text that only looks like the marker's beginning
+    stays text. In Llama 3's format a reply that begins with ``{`` is calls, as the reader reads it.
+    The masks for sampling equal the token-by-token answer."""
+    _, tok = load(DEFAULT_MODEL)
+    c = forced_calls(tok, SCHEMA_TOOLS, fmt=HERMES, optional=True)
+    call = '<tool_call>\n{"name": "time_in", "arguments": {"zone": "CET"}}\n</tool_call>'
+    for text, ok in [("It is sunny.", True), ("", True), ("a <tool b < c <tool_cal", True),
+                     ("Let me see.\n" + call, True), (call + "\n" + call, True),
+                     ("Let me see. " + call.replace("time_in", "weathr"), False),
+                     (call.replace("CET", "PST"), False), (call + " and more text", False),
+                     ("<<tool_call>" + call[len("<tool_call>"):], True)]:
+        assert forced_reads(c, tok, text) == ok, text
+    for state in (c.start, c.walk(c.start, tok.encode("Let me <tool", add_special_tokens=False))):
+        assert (c.allowed(state) == TokenConstraint.allowed(c, state)).all()
+    llama = forced_calls(tok, SCHEMA_TOOLS, fmt=LLAMA3, optional=True)
+    one = '{"name": "time_in", "parameters": {"zone": "UTC"}}'
+    assert forced_reads(llama, tok, " " + one) and forced_reads(llama, tok, "It is late.")
+    assert not forced_reads(llama, tok, one.replace("UTC", "X"))
+    assert forced_reads(llama, tok, "<|python_tag|>" + one)
+
+
 def test_forced_arguments_follow_the_tools_schema():
     """Arguments are what each tool's ``parameters`` allow (the oracle: ``jsonschema``, on replies
     the constraint allows and on replies it refuses; test_json_grammar.py has the rules one by
@@ -520,6 +543,19 @@ def test_a_forced_call_is_decoded_under_the_constraint(server, model_dir):
                                   tools=[{"name": t["function"]["name"],
                                           "input_schema": t["function"]["parameters"]} for t in TOOLS2])
     assert r.stop_reason == "tool_use" and [(b.name, b.input) for b in r.content] == want
+    # tool_choice "auto" with a strict tool: the model chooses, and a call it makes follows the schema
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    prompt = tok.apply_chat_template(ask("Berlin"), tools=strict)
+    text = generate(model, tok, prompt, max_tokens=60, mode="ar",
+                    constraint=forced_calls(tok, strict, optional=True)).text
+    free = generate(model, tok, prompt, max_tokens=60, mode="ar").text
+    assert "Berlin" in free and "Berlin" not in text  # the case: unconstrained, the call breaks the enum
+    r = client.chat.completions.create(model="specstream-tiny:tools", messages=ask("Berlin"), tools=strict,
+                                       max_tokens=60)
+    got = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+    assert got == functions(parse_tool_calls(text, tok).calls) and got[0][1]["city"] in ("Paris", "Oslo")
     # cut by max_tokens at every length: never content (the template's markup), whole and streamed
     for n in range(1, 24, 2):
         kw = dict(model="specstream-tiny:tools", messages=ask("Berlin"), tools=TOOLS2, tool_choice="required",
