@@ -145,12 +145,16 @@ def utf8_safe(value):
     return value
 
 
-def _calls(body: str, fmt: ToolFormat, rules: CallRules, marked: bool = True) -> list[dict] | None:
+def _calls(body: str, fmt: ToolFormat, rules: CallRules,
+           marked: bool = True) -> tuple[list[dict], str] | None:
     """The calls of one block's text (after the start marker, to the end marker or the reply's
-    end), or None if it is not calls: read whole where the block is JSON calls, else (``marked``:
-    a marker opened it) the calls that begin as calls (:func:`_begun`), with their arguments as
-    far as they were written."""
-    spans = _begun(body, fmt, rules)
+    end) and the text after them that is not calls, or None if it is not calls: read whole where
+    the block is JSON calls the ``rules`` allow, else (``marked``: a marker opened it) the calls
+    that begin as calls (:meth:`_BlockScan.begun`), with their arguments as far as they were written, up to
+    the first that is not one (another tool's, say), which with what follows it is the model's
+    text as written."""
+    scan = _BlockScan(fmt, rules)
+    spans = scan.begun(body)
     written = [body[a:len(body) if e is None else e] for _, a, e in spans]
     objs = _objects(body, fmt)
     calls = None
@@ -158,9 +162,10 @@ def _calls(body: str, fmt: ToolFormat, rules: CallRules, marked: bool = True) ->
         calls = [_call({**o, "name": spans[k][0]}, rules, written[k])
                  if k < len(spans) and isinstance(o, dict) else _call(o, rules) for k, o in enumerate(objs)]
     if calls and all(calls):
-        return calls
+        return calls, ""
     if marked and spans:
-        return [_call({"name": name}, rules, w) for (name, _, _), w in zip(spans, written)]
+        rest = "" if scan.stop is None else body[scan.stop - (len(fmt.start) if fmt.args is not None else 0):]
+        return [_call({"name": name}, rules, w) for (name, _, _), w in zip(spans, written)], rest
     return None
 
 
@@ -225,15 +230,6 @@ def _json_scan(text: str, i: int, depth: int = 0, in_string: bool = False) -> tu
 _HEADER = re.compile(r'\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"(?:arguments|parameters)"\s*:\s*')
 
 
-def _begun(body: str, fmt: ToolFormat, rules: CallRules) -> list[tuple[str, int, int | None]]:
-    """The calls a block's text so far has begun, as far as their names and arguments can be told
-    before the block ends: (name, where the arguments' object begins, where it ends; None while it
-    is open), in order, up to the first call whose name does not come before its arguments or
-    whose arguments are not an object (such calls are read when the block is whole), or whose name
-    the ``rules`` do not allow."""
-    return _BlockScan(fmt, rules).begun(body)
-
-
 class _BlockScan:
     """An open block's text read as it grows, for a stream: the calls it has begun
     (:meth:`begun`) and where its end marker is (:meth:`end`). What is settled is read once: a
@@ -253,6 +249,7 @@ class _BlockScan:
         self._next: int | None = None  # where the next call's text begins (None: the block's start)
         self._scan: tuple[int, ScanState] | None = None  # open arguments: where they begin, the scan
         self._end_from = 0  # the end marker is not before this
+        self.stop: int | None = None  # where reading stopped after whole calls (at one it cannot read)
 
     def end(self, body: str) -> int:
         """Where the end marker begins in ``body`` (-1: not yet, or the format has none)."""
@@ -263,8 +260,13 @@ class _BlockScan:
         return j
 
     def begun(self, body: str) -> list[tuple[str, int, int | None]]:
-        """:func:`_begun` of ``body``, the block's text so far (each call's text extends the last)."""
+        """The calls the block's text so far (``body``; each call's text extends the last) has
+        begun, as far as their names and arguments can be told before the block ends: (name, where
+        the arguments' object begins, where it ends; None while it is open), in order, up to the
+        first call whose name does not come before its arguments, whose arguments are not an object
+        (such calls are read when the block is whole), or whose name the rules do not allow."""
         i = self._next if self._next is not None else self._first(body)
+        self.stop = None
         while (head := self._head(body, i)) is not None:
             name, a = head
             end = self._args_end(body, a)
@@ -273,6 +275,7 @@ class _BlockScan:
                 return [*self._settled, (name, a, end)]
             self._settled.append((name, a, end))
             self._next = i = after
+        self.stop = i if self._settled else None
         return list(self._settled)
 
     def _first(self, body: str) -> int:
@@ -398,6 +401,7 @@ class ToolCallReader:
 
     def _content(self, text: str) -> str:
         if self.rules.calls_only:  # a forced reply: what is not a call is the template's markup
+            self._given = self._given or bool(text.strip())
             return ""
         if self._after_call:
             text = text.lstrip()
@@ -443,7 +447,10 @@ class ToolCallReader:
                 self._sent.append((_new_id(), 0))
                 deltas.append(CallDelta(index, self._sent[j][0], name, ""))
             cid, sent = self._sent[j]
-            piece = self._text[a + sent:len(self._text) if e is None else e]
+            upto = e
+            if e is None:  # open arguments: not the text's end that may begin the end marker
+                upto = len(self._text) - (held_back(self._text, [self.fmt.end]) if self.fmt.end else 0)
+            piece = self._text[a + sent:upto]
             if piece:
                 deltas.append(CallDelta(index, None, None, piece))
                 self._sent[j] = (cid, sent + len(piece))
@@ -469,12 +476,15 @@ class ToolCallReader:
         self._block = _BlockScan(self.fmt, self.rules)
         return content
 
-    def _close_block(self, body: str, written: str) -> tuple[str, list[CallDelta]]:
-        """The block ``body`` is whole (``written``: as the model wrote it, markers included)."""
+    def _close_block(self, body: str, written: str) -> list[Event]:
+        """The block ``body`` is whole (``written``: as the model wrote it, markers included): its
+        events, in order."""
         read = _calls(body, self.fmt, self.rules, marked=bool(self._opened))
         if read is None:  # not a call: the model's text, as it wrote it
-            return self._content(written), []
-        return "", self._called(read)
+            return [self._content(written)]
+        calls, rest = read
+        done = self._called(calls)
+        return [*done, self._content(rest)]
 
     def feed(self, text: str) -> list[Event]:
         """Add a piece of the reply: the content it makes final and the pieces of calls, in the
@@ -489,8 +499,8 @@ class ToolCallReader:
             j = self._block.end(self._text)
             if j < 0:
                 return events + self._partial()
-            said, done = self._close_block(self._text[:j], self._opened + self._text[: j + len(self.fmt.end)])
-            _add(events, said, *done)
+            written = self._opened + self._text[: j + len(self.fmt.end)]
+            _add(events, *self._close_block(self._text[:j], written))
             self._text, self._opened = self._text[j + len(self.fmt.end):], None
 
     def close(self) -> list[Event]:
@@ -498,8 +508,7 @@ class ToolCallReader:
         the end, in order."""
         events: list[Event] = []
         if self._opened is not None:
-            said, done = self._close_block(self._text, self._opened + self._text)
-            _add(events, said, *done)
+            _add(events, *self._close_block(self._text, self._opened + self._text))
         elif self._text:
             _add(events, self._content(self._text))
         if not self.calls:

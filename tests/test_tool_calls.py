@@ -577,7 +577,27 @@ def test_the_rules_a_request_sets_for_its_calls():
     for size in (1, 3, 7):
         content, calls, _ = read_in_pieces(CALLS, HERMES, size, declared)
         assert (content, functions(calls)) == (whole.content, functions(whole.calls)), size
+    # reading stops at the first call to another name: it and what follows are the model's text
+    f_only = CallRules(names=frozenset({"f"}))
+    for fmt, text, rest in [
+            (MISTRAL, '[TOOL_CALLS] [{"name": "f", "arguments": {"a": 1}}, {"name": "g", "arguments": {}}]',
+             '{"name": "g", "arguments": {}}]'),
+            (MISTRAL_ARGS, '[TOOL_CALLS]f[ARGS]{"a": 1}[TOOL_CALLS]g[ARGS]{}', "[TOOL_CALLS]g[ARGS]{}")]:
+        whole = read_tool_calls(text, fmt, f_only)
+        assert (whole.content, functions(whole.calls)) == (rest, [("f", {"a": 1})]), fmt.name
+        for size in (1, 2, 5, 9):
+            content, calls, _ = read_in_pieces(text, fmt, size, f_only)
+            assert (content, functions(calls)) == (rest, [("f", {"a": 1})]), (fmt.name, size)
     forced = CallRules(calls_only=True)
+    text = 'Sure! {"name": "f", "parameters": {"x": 1}}'  # text first: a Llama 3 reply that is no call
+    assert read_tool_calls(text, LLAMA3, forced).calls == [] == read_in_pieces(text, LLAMA3, 6, forced)[1]
+    # a call cut inside its arguments, where the end marker had begun: its streamed arguments are
+    # the whole read's, never a piece of the marker
+    for cut in range(40, 61):
+        text = '<tool_call>{"name": "f", "arguments": {"a": tru</tool_call>'[:cut]
+        for size in (1, 3, 4):
+            streamed, whole = read_in_pieces(text, HERMES, size)[1], read_tool_calls(text, HERMES).calls
+            assert [c["function"] for c in streamed] == [c["function"] for c in whole], (cut, size)
     for text in ("\n\n<tool_c", '\n\n<tool_call>\n{"name": "weather", "arguments":', CALLS + "\n<tool_ca"):
         read = read_tool_calls(text, HERMES, forced)
         assert read.content is None and len(read.calls) == 2 * (text.startswith(CALLS)), text
