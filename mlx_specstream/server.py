@@ -533,10 +533,11 @@ def call_item(delta: CallDelta) -> dict:
 class TextOffsets:
     """Where each token's text begins in a reply (completions' ``text_offset``): after the whole
     characters of the tokens before it. A token's text is its piece of the stream, except where
-    the piece is empty and its text comes with a later piece: the bytes of a character cut between
-    tokens (each begins where the character does), and byte-fallback pieces, which ``tokenizers``'
-    ByteFallback decoder holds until the next piece (after ``<0x0A>``, the next token begins one
-    character later).
+    the piece is empty and its text comes with a later piece: a token whose bytes end inside a
+    character (a byte-level BPE piece ``Ġð``: the space is whole, the character's bytes are not),
+    and byte-fallback pieces, which ``tokenizers``' ByteFallback decoder holds until the next piece
+    (after ``<0x0A>``, the next token begins one character later); so the bytes of the tokens
+    since the last piece are kept, and their whole characters counted.
 
     Example: tokens ``<0x0A>``, ``▁▁▁▁return`` with pieces ``""``, ``"\\n    return"`` from
     offset 7 begin at 7 and 8."""
@@ -552,8 +553,8 @@ class TextOffsets:
             offsets.append(self.at + len(whole))
             if piece:
                 self.at, self.held = self.at + len(piece), b""
-            elif self.tokenizer is not None and self.tokenizer.is_byte_token(token):
-                self.held += bytes((self.tokenizer.byte_value(token),))
+            elif self.tokenizer is not None:
+                self.held += self.tokenizer.raw_bytes(token) or b""
         return offsets
 
 

@@ -214,7 +214,7 @@ class StreamingDetokenizer:
                 end = len(self.tokens) - cut
                 if end < self._read or not self._tokenizer.is_byte_token(self.tokens[end]):
                     break
-                tail = bytes(self._tokenizer.byte_value(t) for t in self.tokens[end:])
+                tail = b"".join(self._tokenizer.raw_bytes(t) for t in self.tokens[end:])
                 head = self._pending(end) if end > self._read else ""
                 if utf8_text(tail) == "" and not head.endswith("\ufffd"):
                     piece = head + "\ufffd"
@@ -358,9 +358,10 @@ class Tokenizer:
         """Whether ``i`` is a byte-fallback piece (``<0xNN>``)."""
         return self._backend.is_byte(int(i))
 
-    def byte_value(self, i: int) -> int:
-        """The byte of a byte-fallback piece (:meth:`is_byte_token`)."""
-        return self._backend.byte_value(int(i))
+    def raw_bytes(self, i: int) -> bytes | None:
+        """The bytes token ``i`` adds to the output where it is not whole characters by itself (a
+        byte-fallback piece, a byte-level BPE piece); None where they are not known."""
+        return self._backend.raw_bytes(int(i))
 
     def detokenizer(self, skip_special_tokens: bool = False) -> StreamingDetokenizer:
         return StreamingDetokenizer(self, skip_special_tokens)

@@ -235,6 +235,28 @@ def test_eos_ids(sp_dir, bpe_dir):
     assert bpe.vocab_size == 400
 
 
+@pytest.mark.parametrize("which", ["sp", "bpe", "llama_json"])
+def test_text_offsets_count_the_whole_characters_before_each_token(sp_dir, bpe_dir, llama_json_dir, which):
+    """The server's ``text_offset``: where each token's text begins, whatever the tokenizer holds
+    back (byte-fallback runs, byte-level pieces that cut a character): the whole characters of the
+    tokens before it, decoded together. The oracle is the larger of two counts, each exact for one
+    kind of decoder: the decoded text less the U+FFFD a cut character ends it with (byte-level BPE
+    replaces only that character's bytes), and the longest cleanly decoded prefix (ByteFallback
+    turns a whole run of byte pieces into U+FFFD when it ends inside a character)."""
+    from mlx_specstream.server import TextOffsets
+
+    tok = load_tokenizer({"sp": sp_dir, "bpe": bpe_dir, "llama_json": llama_json_dir}[which])
+    ids = tok.encode("a 😀 b\n\n日本語 🎉🚀 x\ty 👩‍👩‍👧!", add_special_tokens=False)
+    detok = tok.detokenizer()
+    pieces = [detok.add_token(t) for t in ids]
+    assert "" in pieces  # the case: tokens whose text comes with a later one
+    offsets = TextOffsets(tok)
+    got = offsets(ids[:5], pieces[:5]) + offsets(ids[5:], pieces[5:])  # across two responses
+    texts = [tok.decode(ids[:i]) for i in range(len(ids))]
+    clean = [max(len(t) for t in texts[:i + 1] if not t.endswith("\ufffd")) for i in range(len(ids))]
+    assert got == [max(len(t.rstrip("\ufffd")), c) for t, c in zip(texts, clean)]
+
+
 def test_chat_template(bpe_dir, sp_dir):
     tok = load_tokenizer(bpe_dir)
     msgs = [{"role": "user", "content": "Hi é"}]
