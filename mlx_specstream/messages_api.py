@@ -91,8 +91,9 @@ def _tools(tools) -> list[dict]:
             raise APIError(f"'tools[{i}]' must be a tool of this client: {{\"name\", \"description\", "
                            "\"input_schema\"}} (Anthropic's server tools are not run here)", f"tools[{i}]")
         function = {"name": t["name"], "parameters": t.get("input_schema", {})}
-        if "description" in t:
-            function["description"] = t["description"]
+        for key in ("description", "strict"):
+            if key in t:
+                function[key] = t[key]
         out.append({"type": "function", "function": function})
     return out
 

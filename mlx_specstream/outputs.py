@@ -156,8 +156,12 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "
                               f"({shown}): refusing to replace it; choose another path")
-    if not overwrite and any(dest.iterdir()):  # an empty folder holds nothing to lose
-        raise _exists(dest)
+    if any(dest.iterdir()):
+        if not overwrite:
+            raise _exists(dest)
+    elif os.path.ismount(dest) or dest.resolve() == Path.cwd().resolve():  # empty, but not to be moved
+        raise FileExistsError(f"{dest} is a mount point or the working directory: it cannot be replaced; "
+                              "give a new folder inside it")
 
 
 def check_replaceable_file(dest: str | Path, overwrite: bool, ours) -> None:

@@ -149,7 +149,13 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
     _field(body, "parallel_tool_calls", (bool,), None)
     if tools is not None and (problem := tools_problem(tools)):
         raise APIError(f"'{problem[0]}' must be {problem[1]}", problem[0])
-    for i, t in enumerate(tools or []):  # a strict tool's schema: only what decoding enforces
+    try:
+        forced = forced_names(tools, body.get("tool_choice"))
+    except ValueError as e:
+        raise APIError(str(e).replace("tool_choice", "'tool_choice'", 1), "tool_choice") from None
+    if not tools or body.get("tool_choice") == "none":
+        return None, None, None
+    for i, t in enumerate(tools):  # a strict tool's schema: only what decoding enforces
         if t["function"].get("strict") is not True:
             continue
         try:
@@ -159,12 +165,6 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
         if unread:
             raise APIError(f"'tools[{i}]': a strict tool's parameters may not use "
                            f"{', '.join(sorted(unread))}: this server does not enforce it", f"tools[{i}]")
-    try:
-        forced = forced_names(tools, body.get("tool_choice"))
-    except ValueError as e:
-        raise APIError(str(e).replace("tool_choice", "'tool_choice'", 1), "tool_choice") from None
-    if not tools or body.get("tool_choice") == "none":
-        return None, None, None
     fmt = tool_format(tokenizer.chat_template)
     if fmt is None:
         raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "
@@ -194,9 +194,10 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     if not tokenizer.chat_template:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")
-    if go_on and flat[-1]["role"] != "assistant":
-        raise APIError("'continue_final_message' goes on from an assistant's message: the last message "
-                       f"is the {flat[-1]['role']}'s", "continue_final_message")
+    if go_on and (flat[-1]["role"] != "assistant" or flat[-1].get("tool_calls")):
+        said = f"is the {flat[-1]['role']}'s" if flat[-1]["role"] != "assistant" else "calls tools"
+        raise APIError(f"'continue_final_message' goes on from an assistant's text: the last message {said}",
+                       "continue_final_message")
     try:
         return tokenizer.apply_chat_template(flat, add_generation_prompt=not go_on, tokenize=False,
                                              continue_final_message=go_on,
@@ -215,14 +216,19 @@ def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool
     except ValueError as e:
         raise APIError(str(e).replace("response_format", "'response_format'", 1), "response_format") from None
     if shaped and tools:
-        raise APIError("'response_format' and 'tools' cannot be combined (tool_choice 'required' makes the "
-                       "reply calls)", "response_format")
+        raise APIError("'response_format' ('output_config') and 'tools' cannot be combined (tool_choice "
+                       "'required' makes the reply calls)", "response_format")
     # tool_choice "auto" with a strict tool: text, or calls to the tools by their schemas
     strict = not forced and any(t["function"].get("strict") is True for t in tools or [])
     if sql_names and (shaped or forced or strict):
         said = ("'response_format'" if shaped else "a forced tool call ('tool_choice')" if forced
                 else "a strict tool")
         raise APIError(f"'sql_names' and {said} cannot be combined", "sql_names")
+    if body.get("continue_final_message") and (shaped or forced or strict):
+        # the constraint would read the reply from its start, not from inside the message it goes on
+        raise APIError("a reply that goes on from the last assistant message ('continue_final_message', "
+                       "Anthropic's prefill) cannot be combined with a JSON schema ('response_format', "
+                       "'output_config'), a forced tool call or a strict tool", "continue_final_message")
     if not (forced or strict):
         return shaped
     try:
@@ -307,8 +313,19 @@ def _model(body: dict, pool: ModelPool) -> tuple[str, object, Tokenizer]:
 def chat_prompt_tokens(body: dict, pool: ModelPool) -> int:
     """How many tokens a chat request's prompt holds, rendered as :func:`parse` renders it
     (Anthropic's ``count_tokens``)."""
-    _, _, tok = _model(body, pool)
-    return len(tok.rendered_ids(_chat_prompt(body, tok, _tools(body, tok)[0])))
+    _, model, tok = _model(body, pool)
+    prompt = _chat_prompt(body, tok, _tools(body, tok)[0])
+    _check_size(prompt, model, tok, "messages")
+    return len(tok.rendered_ids(prompt))
+
+
+def _check_size(prompt, model, tok: Tokenizer, field: str) -> None:
+    """A text prompt far longer than the context is refused unencoded: encoding megabytes would
+    hold up every other request."""
+    limit = getattr(model, "max_positions", None)
+    if isinstance(prompt, str) and limit and len(prompt) > limit * tok.max_token_chars:
+        raise APIError(f"the prompt ({len(prompt)} characters) is longer than the model's context of "
+                       f"{limit} tokens", field, "context_length_exceeded")
 
 
 def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
@@ -356,10 +373,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         raise APIError("'stream_options' is only allowed with 'stream': true", "stream_options")
     usage = _field(stream_options or {}, "include_usage", (bool,), False, within="stream_options")
     limit = getattr(model, "max_positions", None)
-    if isinstance(prompt, str) and tok is not None and limit and len(prompt) > limit * tok.max_token_chars:
-        # refused unencoded: encoding megabytes would hold up every other request
-        raise APIError(f"the prompt ({len(prompt)} characters) is longer than the model's context of "
-                       f"{limit} tokens", "messages" if chat else "prompt", "context_length_exceeded")
+    _check_size(prompt, model, tok, "messages" if chat else "prompt")
     try:
         ids = prompt
         if isinstance(prompt, str):  # a chat's rendering as transformers takes it (no BOS but the template's)

@@ -418,7 +418,7 @@ class Tokenizer:
             raise TokenizerError(f"chat template: {e}") from None
         if continue_final_message:
             at = text.rfind(_GO_ON.strip())
-            if at < 0 or final.strip() not in text:
+            if at < 0 or not text[:at].rstrip().endswith(final.strip()):  # the text, right before the mark
                 raise TokenizerError("continue_final_message: the chat template does not write the last "
                                      "message's text as it is, so there is no place to go on from")
             # where the template keeps the text's spacing it ends at the mark, else (trimmed) before

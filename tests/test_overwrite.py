@@ -463,7 +463,7 @@ def test_a_recorded_command_names_no_directory_of_the_machine(tmp_path, monkeypa
     assert cli_command() is None  # a notebook: no command to record
 
 
-def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path):
+def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path, monkeypatch):
     """An empty folder is taken as the output without --overwrite (nothing in it to lose); a
     checkpoint that `ngrams --adapter CHECKPOINT` wrote n-grams into is still the run's."""
     from mlx_specstream.outputs import check_replaceable, foreign_entries
@@ -471,6 +471,15 @@ def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     check_replaceable(empty, "adapter", overwrite=False)
+    # but not one that cannot be moved aside: a mount point, the working directory
+    monkeypatch.setattr("os.path.ismount", lambda p: Path(p) == empty)
+    with pytest.raises(FileExistsError, match="is a mount point or the working directory"):
+        check_replaceable(empty, "adapter", overwrite=True)
+    monkeypatch.undo()
+    monkeypatch.chdir(empty)
+    with pytest.raises(FileExistsError, match="is a mount point or the working directory"):
+        check_replaceable(Path("."), "adapter", overwrite=False)
+    monkeypatch.chdir(tmp_path)
     (empty / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="did not write"):
         check_replaceable(empty, "adapter", overwrite=True)

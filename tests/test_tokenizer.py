@@ -312,6 +312,15 @@ def test_chat_ids_and_chat_rows_are_transformers(llama_json_dir, bpe_dir, tmp_pa
         begun = [*convo[:-1], {"role": "assistant", "content": text}]
         assert tok.apply_chat_template(begun, continue_final_message=True) == ref.apply_chat_template(
             begun, continue_final_message=True, return_dict=False)
+    # a template that leaves out part of the message (a reasoning model's): no place to go on from,
+    # even where an earlier message holds the text (transformers' check looks anywhere: it cuts)
+    tok.chat_template = ("{% for m in messages %}<{{ m['role'] }}>{{ m['content'].split('</think>')[-1] }}"
+                         "{% endfor %}")
+    said = [{"role": "user", "content": "Say <think>x</think>4"},
+            {"role": "assistant", "content": "<think>x</think>4"}]
+    with pytest.raises(TokenizerError, match="no place to go on from"):
+        tok.apply_chat_template(said, continue_final_message=True)
+    tok.chat_template = template
     assert (prompt[0] == tok.bos_token_id) == template.startswith("{{ bos_token }}")
     # the reply as the template ends its turn, and EOS after it where that turn's end is not one
     eos = [] if "eos_token" in template else [tok.eos_token_id]

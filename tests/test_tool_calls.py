@@ -691,7 +691,7 @@ def test_messages_api_text_system_and_stop_sequences(server, model_dir):
     # count_tokens: the prompt's tokens, as a reply's usage counts them
     counted = client.messages.count_tokens(model="specstream-tiny", system="Answer briefly.", messages=begun)
     assert counted.input_tokens == len(prompt)
-    with pytest.raises(openai.BadRequestError, match="goes on from an assistant's message"):
+    with pytest.raises(openai.BadRequestError, match="goes on from an assistant's text"):
         server.client().chat.completions.create(model="specstream-tiny", max_tokens=8, messages=ask("Oslo"),
                                                 extra_body={"continue_final_message": True})
 
@@ -802,6 +802,12 @@ def test_messages_api_errors_are_anthropics(server):
                          "content blocks of type 'image' are not supported"),
                         ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4"),
                         ({"n": 2}, "'n': extra inputs are not permitted"),
+                        ({"tools": [{"name": "pick", "strict": True,
+                                     "input_schema": STRICT_SEVENS["function"]["parameters"]}]},
+                         "a strict tool's parameters may not use multipleOf"),
+                        ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "{"}],
+                          "output_config": {"format": {"type": "json_schema", "schema": {"type": "object"}}}},
+                         "cannot be combined with a JSON schema"),
                         ({"output_config": {"format": {"type": "json_schema", "schema": {
                             "type": "integer", "multipleOf": 7}}}}, "multipleOf")]:
         status, reply = server.post_raw("/v1/messages", json.dumps({**body, **extra}).encode())
@@ -809,6 +815,9 @@ def test_messages_api_errors_are_anthropics(server):
         assert reply["error"]["type"] == "invalid_request_error" and said in reply["error"]["message"], reply
     status, reply = server.post_raw("/v1/messages", b"{not json")
     assert status == 400 and reply["error"]["type"] == "invalid_request_error"
+    huge = json.dumps({**body, "messages": [{"role": "user", "content": "x " * 200_000}]}).encode()
+    status, reply = server.post_raw("/v1/messages/count_tokens", huge)  # refused before it is encoded
+    assert status == 400 and "longer than the model's context" in reply["error"]["message"], reply
     nope = json.dumps({**body, "model": "nope"}).encode()
     status, reply = server.post_raw("/v1/messages/count_tokens", nope)
     assert status == 404 and reply["type"] == "error" and reply["error"]["type"] == "not_found_error", reply
