@@ -31,6 +31,7 @@ from pathlib import Path
 
 from .errors import Said
 from .project import PROJECT_DATA
+from .tool_calls import tools_problem
 
 TRAIN_FILE, VALID_FILE = "train.jsonl", "valid.jsonl"
 POLICIES = ("truncate", "skip")
@@ -147,6 +148,34 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
         if isinstance(m.get("tool_calls"), list):
             out[-1]["tool_calls"] = [_call_arguments(c) for c in m["tool_calls"]]
     return out
+
+
+def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
+    """A training row's tools and calls as the server and ``generate`` take them: OpenAI's tool
+    definitions; each call names one of them (the server reads a call to another name as text)
+    with arguments that are a JSON object (or its text), so an adapter learns only calls that
+    come back as calls."""
+    if tools is not None and (problem := tools_problem(tools)):
+        raise DataError(f"{where}: '{problem[0]}' must be {problem[1]}")
+    names = {t["function"]["name"] for t in tools or []}
+    for i, m in enumerate(messages):
+        for j, call in enumerate(m.get("tool_calls") or []):
+            at = f"{where}: messages[{i}].tool_calls[{j}]"
+            f = call.get("function") if isinstance(call, dict) else None
+            if not (isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]):
+                raise DataError(f'{at} must be {{"type": "function", "function": '
+                                '{"name": ..., "arguments": ...}}')
+            if tools is not None and f["name"] not in names:
+                raise DataError(f"{at} calls '{f['name']}', which is not one of the row's tools "
+                                f"({', '.join(sorted(names))})")
+            args = f.get("arguments", {})
+            try:
+                args = json.loads(args) if isinstance(args, str) else args
+            except ValueError:
+                args = None
+            if not isinstance(args, dict):
+                raise DataError(f"{at}.function.arguments must be a JSON object (or its text), not "
+                                f"{json.dumps(f.get('arguments'))[:60]}")
 
 
 def _call_arguments(call):
@@ -315,6 +344,7 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
                             "has none: give prompt/completion rows")
         if not msgs[-1].get("tool_calls"):  # the reply to learn: text, or tool calls
             message_text(msgs[-1].get("content"), where)
+        _check_calls(msgs, tools, where)
         return _chat_example(tokenizer, chat_messages(msgs, where), where, tools, add_eos)
     if "text" in row:
         text = row["text"]

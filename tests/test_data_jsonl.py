@@ -177,7 +177,8 @@ def test_every_assistant_reply_of_a_conversation_is_learned(tmp_path):
     tok = CharTokenizer()
     chat = [{"role": "system", "content": "s"}, {"role": "user", "content": "q1"},
             {"role": "assistant", "content": "a1"}, {"role": "user", "content": "q2"},
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {"role": "assistant", "content": None,
+             "tool_calls": [{"id": "1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
             {"role": "tool", "content": "42"}, {"role": "assistant", "content": ""},
             {"role": "user", "content": "q3"},
             {"role": "assistant", "content": [{"type": "text", "text": "a3"}]}]
@@ -313,6 +314,31 @@ def test_a_chat_template_taking_keywords_through_kwargs_begins_the_assistants_tu
     row = {"prompt": "hi", "completion": "yo"}
     assert encode_row(row, Wrapped(), chat_template=True).tokens == encode_row(
         row, CharTokenizer(), chat_template=True).tokens
+
+
+def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
+    """A row's tools are OpenAI's definitions, and each call names one of them with arguments that
+    are a JSON object: what the server reads back as a call (else the adapter would learn text that
+    comes back as content, or JSON that no client parses)."""
+    tok = shipped_tokenizer_copy(tmp_path / "tok")
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
+                         "{% for c in m['tool_calls'] or [] %}<call>{{ c['function'] | tojson }}</call>{% endfor %}"
+                         "{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    weather = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+
+    def row(name="weather", arguments='{"city": "Oslo"}', tools=(weather,)):
+        call = {"id": "c", "type": "function", "function": {"name": name, "arguments": arguments}}
+        reply = {"role": "assistant", "content": None, "tool_calls": [call]}
+        return {"tools": list(tools), "messages": [{"role": "user", "content": "q"}, reply]}
+
+    assert encode_row(row(), tok).tokens and encode_row(row(arguments={"city": "Oslo"}), tok).tokens
+    for bad, said in [(row(arguments="{city: Paris"), "function.arguments must be a JSON object"),
+                      (row(arguments="[1, 2]"), "function.arguments must be a JSON object"),
+                      (row(name="time"), "calls 'time', which is not one of the row's tools (weather)"),
+                      (row(tools=[{"type": "function", "name": "weather"}]), "'tools[0]' must be")]:
+        with pytest.raises(DataError, match=re.escape(said)):
+            encode_row(bad, tok, where="x.jsonl:2")
 
 
 def test_a_tool_calling_history_trains_on_what_the_server_renders(tmp_path):
