@@ -322,8 +322,8 @@ def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
     comes back as content, or JSON that no client parses)."""
     tok = shipped_tokenizer_copy(tmp_path / "tok")
     tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}"
-                         "{% for c in m['tool_calls'] or [] %}<call>{{ c['function'] | tojson }}</call>{% endfor %}"
-                         "{% endfor %}"
+                         "{% for c in m['tool_calls'] or [] %}<call>{{ c['function'] | tojson }}</call>"
+                         "{% endfor %}{% endfor %}"
                          "{% if add_generation_prompt %}[assistant]{% endif %}")
     weather = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
 
