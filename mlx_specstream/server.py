@@ -165,7 +165,7 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
         if unread:
             raise APIError(f"'tools[{i}]': a strict tool's parameters may not use "
                            f"{', '.join(sorted(unread))}: this server does not enforce it", f"tools[{i}]")
-    fmt = tool_format(tokenizer.chat_template)
+    fmt = tool_format(tokenizer.template_for(tools))
     if fmt is None:
         raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "
                        "blocks, Mistral's [TOOL_CALLS], Llama 3's JSON)", "tools", "unsupported_parameter")

@@ -252,7 +252,7 @@ class Tokenizer:
     """A tokenizer read from local files; see :func:`load_tokenizer`."""
 
     def __init__(self, backend, path: Path, special: dict[str, str | None], bos_token_id: int | None,
-                 eos_token_ids: set[int], add_bos_token: bool | None, chat_template: str | None):
+                 eos_token_ids: set[int], add_bos_token: bool | None, chat_templates: dict[str, str]):
         self._backend = backend
         self.kind = backend.kind  # "tokenizers" or "sentencepiece"
         self.path = path
@@ -266,7 +266,15 @@ class Tokenizer:
         self.eos_token_id = named if named in self.eos_token_ids else (
             min(eos_token_ids) if eos_token_ids else None)
         self.add_bos_token = add_bos_token
-        self.chat_template = chat_template
+        # a model may name several (transformers' "default" and "tool_use"): chat_template is the default
+        self.chat_templates = chat_templates
+        self.chat_template = chat_templates.get("default") or next(iter(chat_templates.values()), None)
+
+    def template_for(self, tools) -> str | None:
+        """The chat template that renders a conversation with ``tools`` (transformers' rule: the
+        one named ``tool_use`` where there are tools and the model has one, else the default)."""
+        named = self.chat_templates.get("tool_use") if tools else None
+        return named or self.chat_template
 
     def __repr__(self) -> str:
         return (f"Tokenizer({self.kind}, vocab_size={self.vocab_size}, bos={self.bos_token_id}, "
@@ -385,6 +393,7 @@ class Tokenizer:
                 f"{self.path}: the tokenizer has no chat template (no 'chat_template' in "
                 "tokenizer_config.json, no chat_template.jinja); pass the prompt as plain text"
             )
+        import jinja2
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         def raise_exception(message):
@@ -409,7 +418,11 @@ class Tokenizer:
         env.filters["tojson"] = tojson
         env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
         try:
-            template = env.from_string(self.chat_template)
+            template = env.from_string(self.template_for(kwargs.get("tools")))
+        except jinja2.TemplateSyntaxError as e:  # the template's own fault, not the messages'
+            raise TokenizerError(f"chat template: line {e.lineno}: {e.message} (the template does not "
+                                 "parse)") from None
+        try:
             text = template.render(messages=messages, add_generation_prompt=add_generation_prompt,
                                    **{**self.special_tokens, **kwargs})
         except TokenizerError:  # the template's own raise_exception
@@ -445,16 +458,27 @@ class Tokenizer:
         return out
 
 
-def _chat_template(path: Path, cfg: dict) -> str | None:
-    template = cfg.get("chat_template")
-    if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
-        template = named.get("default") or next(iter(named.values()), None)
-    if not template and (path / "chat_template.jinja").is_file():
-        template = (path / "chat_template.jinja").read_text(encoding="utf-8")
-    if not template:
-        template = _read_json(path / "chat_template.json").get("chat_template")
-    return template or None
+def _chat_templates(path: Path, cfg: dict) -> dict[str, str]:
+    """The model's chat templates by name, where transformers finds them: ``chat_template.jinja``
+    (``default``) and ``additional_chat_templates/NAME.jinja``, which come before the
+    ``chat_template`` of tokenizer_config.json, then of chat_template.json (a template, or a list
+    of ``{"name", "template"}``)."""
+    files = [path / "chat_template.jinja", *sorted((path / "additional_chat_templates").glob("*.jinja"))]
+    templates = {}
+    for f in files:
+        if f.is_file():
+            try:
+                templates["default" if f.parent == path else f.stem] = f.read_text(encoding="utf-8")
+            except UnicodeDecodeError as e:
+                raise TokenizerError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    for source in (cfg, _read_json(path / "chat_template.json")):
+        template = source.get("chat_template") if not templates else None
+        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
+            templates = {t["name"]: t["template"] for t in template if isinstance(t, dict)
+                         and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+        elif isinstance(template, str) and template:
+            templates = {"default": template}
+    return templates
 
 
 def _gpt2_bpe(path: Path):
@@ -521,4 +545,4 @@ def load_tokenizer(path: str | Path) -> Tokenizer | None:
     if add_bos is None and sp is not None:
         add_bos = True  # SentencePiece models (llama-style) start with BOS
     return Tokenizer(backend, path, special, bos_id, eos, None if add_bos is None else bool(add_bos),
-                     _chat_template(path, cfg))
+                     _chat_templates(path, cfg))

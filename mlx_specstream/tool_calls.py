@@ -89,6 +89,13 @@ def tools_problem(tools) -> tuple[str, str] | None:
     return None
 
 
+def tools_template(tokenizer) -> str | None:
+    """The chat template ``tokenizer`` renders a conversation with tools by (its ``tool_use``
+    template, where the model names one: :meth:`~.tokenizer.Tokenizer.template_for`)."""
+    pick = getattr(tokenizer, "template_for", None)
+    return pick(True) if pick is not None else getattr(tokenizer, "chat_template", None)
+
+
 def tool_format(chat_template: str | None) -> ToolFormat | None:
     """The format a chat template writes tool calls in: the first of :data:`FORMATS` whose mark
     it holds (None: it writes none this module reads)."""
@@ -533,4 +540,4 @@ def parse_tool_calls(text: str, tokenizer) -> ToolCalls:
     ``tokenizer.apply_chat_template(messages, tools=tools, tokenize=False)``."""
     if not isinstance(text, str):
         raise TypeError(f"parse_tool_calls reads a reply's text (out.text), not {type(text).__name__}")
-    return read_tool_calls(text, tool_format(getattr(tokenizer, "chat_template", None)))
+    return read_tool_calls(text, tool_format(tools_template(tokenizer)))

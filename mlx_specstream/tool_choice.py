@@ -33,7 +33,7 @@ import re
 
 from .constraint import State, check_reads_tokens
 from .json_grammar import SKIPS_WS, SPACE_AROUND, WS, JSONGrammar, begins, lit
-from .tool_calls import ToolFormat, tool_format, tools_problem
+from .tool_calls import ToolFormat, tool_format, tools_problem, tools_template
 
 _NAME = re.compile(r"[A-Za-z0-9_.:-]+")  # a name JSON writes as it is (OpenAI's: [A-Za-z0-9_-])
 
@@ -166,7 +166,7 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
     share one, and its cached masks. ``names`` may be one name (a string). ``optional``: the
     reply may be text instead, or text then calls (:class:`ForcedCalls`)."""
     check_reads_tokens(tokenizer, "forced_calls")
-    fmt = fmt or tool_format(getattr(tokenizer, "chat_template", None))
+    fmt = fmt or tool_format(tools_template(tokenizer))
     if fmt is None:
         raise ValueError("the chat template writes no tool calls in a format this package reads "
                          "(<tool_call> blocks, Mistral's [TOOL_CALLS], Llama 3's JSON)")

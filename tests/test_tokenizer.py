@@ -235,6 +235,41 @@ def test_eos_ids(sp_dir, bpe_dir):
     assert bpe.vocab_size == 400
 
 
+def test_the_chat_template_is_the_one_transformers_picks(bpe_dir, tmp_path):
+    """chat_template.jinja comes before tokenizer_config.json's template, and a model's
+    ``tool_use`` template renders a conversation with tools (transformers' rules); a template that
+    does not parse is said as the template's fault, with its line."""
+    from transformers import AutoTokenizer
+
+    d = tmp_path / "tok"
+    d.mkdir()
+    for f in bpe_dir.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg = {k: v["content"] if isinstance(v, dict) else v for k, v in cfg.items()}  # as transformers reads it
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    msgs = [{"role": "user", "content": "hi"}]
+    tool_use = "T:{{ messages[0].content }}{% for t in tools %} {{ t.function.name }}{% endfor %}"
+    named = [{"name": "default", "template": "D:{{ messages[0]['content'] }}"},
+             {"name": "tool_use", "template": tool_use}]
+    for setup in ("named", "jinja"):
+        if setup == "named":
+            (d / "tokenizer_config.json").write_text(json.dumps({**cfg, "chat_template": named}))
+        else:
+            (d / "chat_template.jinja").write_text("JINJA:{{ messages[0]['content'] }}")
+        ref, tok = AutoTokenizer.from_pretrained(str(d)), load_tokenizer(d)
+        for kw in ({}, {"tools": tools}):
+            assert tok.apply_chat_template(msgs, tokenize=False, **kw) == ref.apply_chat_template(
+                msgs, tokenize=False, add_generation_prompt=True, **kw), (setup, kw)
+    assert load_tokenizer(d).apply_chat_template(msgs, tokenize=False) == "JINJA:hi"
+    (d / "chat_template.jinja").write_text("{% for m in messages %}\n{{ m.content }<|end|>{% endfor %}")
+    with pytest.raises(TokenizerError, match=r"chat template: line 2: unexpected '}' \(the template does"):
+        load_tokenizer(d).apply_chat_template(msgs)
+    (d / "chat_template.jinja").write_bytes(b"\xff{{ x }}")
+    with pytest.raises(TokenizerError, match="chat_template.jinja: not UTF-8 text"):
+        load_tokenizer(d)
+
+
 @pytest.mark.parametrize("which", ["sp", "bpe", "llama_json"])
 def test_text_offsets_count_the_whole_characters_before_each_token(sp_dir, bpe_dir, llama_json_dir, which):
     """The server's ``text_offset``: where each token's text begins, whatever the tokenizer holds
