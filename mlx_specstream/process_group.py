@@ -95,8 +95,12 @@ class LocalGroup:
         if self._rank != 0:
             return PeerStopped("the first training process stopped")
         why = self.errors[peer - 1] if peer - 1 < len(self.errors) else None
-        if why is not None and why.poll(5):  # it says why before it exits
-            return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
+        try:
+            if why is not None and why.poll(5):  # it says why before it exits
+                return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
+        except (EOFError, OSError):  # it ended without a word: killed (out of memory, a signal)
+            return PeerStopped(f"training process {peer} of {self._size} ended without saying why (killed? "
+                               "out of memory?)")
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 
@@ -161,6 +165,8 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
             ours.close()
             theirs.close()
         for p in procs:
+            if p.pid is None:  # never started (the start raised)
+                continue
             p.join(timeout=30)
             if p.is_alive():
                 p.terminate()

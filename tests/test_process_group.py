@@ -4,6 +4,7 @@ shared out, and a failing process reported instead of waited for."""
 from __future__ import annotations
 
 import os
+import signal
 import time
 
 import mlx.core as mx
@@ -69,6 +70,18 @@ def test_a_failing_process_is_reported_not_waited_for(error, says):
     with pytest.raises(PeerStopped, match=says):
         run_local(3, _fail_job, {"error": error}, quiet=(ValueError,))
     assert time.perf_counter() - t < 25
+
+
+def _killed_job(distributed) -> None:
+    if distributed.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a process: no word
+    for _ in range(3):
+        distributed.all_sum(mx.ones(4))
+
+
+def test_a_killed_process_is_said_in_one_line():
+    with pytest.raises(PeerStopped, match="process 1 of 2 ended without saying why"):
+        run_local(2, _killed_job, {})
 
 
 def _first_fails_job(distributed) -> None:
