@@ -15,6 +15,7 @@ from mlx_specstream.api import DEFAULT_MODEL, load
 from mlx_specstream.bench import (
     Method,
     best_time,
+    read_prompts,
     reference,
     results_markdown,
     run_bench,
@@ -176,6 +177,26 @@ def test_task_metrics():
     m = task_metrics("code", ["return x\n", "retrun"], ["return x", "return"])
     # "retrun" -> "return": 5 of 6 characters in the longest matching blocks: ratio 2 * 5 / 12
     assert m == {"exact_match": 0.5, "edit_similarity": round((1.0 + 10 / 12) / 2, 4)}
+
+
+def test_a_reply_that_calls_tools_is_read_as_train_reads_it(tmp_path, capsys):
+    """A messages row ending in tool calls (content null), which train learns, is a prompt to
+    time with no text to judge its output against."""
+    from test_data_jsonl import shipped_tokenizer_copy
+
+    tok = shipped_tokenizer_copy(tmp_path / "tok")
+    tok.chat_template = ("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% for c in "
+                         "m['tool_calls'] or [] %}<call>{{ c['function'] | tojson }}{% endfor %}{% endfor %}"
+                         "{% if add_generation_prompt %}[assistant]{% endif %}")
+    call = {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    rows = [{"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": None,
+                                                                "tool_calls": [call]}]},
+            {"messages": [{"role": "user", "content": "r"}, {"role": "assistant", "content": "yes"}]}]
+    data = tmp_path / "valid.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    prompts, refs = read_prompts(data, tok, 2)
+    assert refs == ["", "yes"] and prompts[0] == tok.apply_chat_template(rows[0]["messages"][:1])
+    assert "1 prompt of 2 has no completion to judge" in capsys.readouterr().out
 
 
 def test_bench_cli_errors(tmp_path):
