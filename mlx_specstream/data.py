@@ -507,7 +507,7 @@ def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str
     file = isinstance(source, Path)
     ds = Dataset([], source if file else None)
     name = source.name if file else source
-    no_target = plain = 0
+    no_target = plain = own_turns = 0
     from tqdm import tqdm
 
     # a bar only when tokenizing takes seconds (30,000 sql rows: ~10 s)
@@ -518,6 +518,7 @@ def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str
         if isinstance(row, dict) and row.get("completion", None) in ("", []):
             ds.n_empty += 1
         plain += isinstance(row, dict) and isinstance(row.get("prompt"), str) and not chat_template
+        own_turns += isinstance(row, dict) and "messages" in row
         for one in assistant_turns(row):
             ds.n_read += 1
             ex = replace(encode_row(one, tokenizer, chat_template=chat_template, system=system,
@@ -536,6 +537,9 @@ def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str
             ds.examples.append(ex)
     if plain and tokenizer is not None and has_chat_template(tokenizer):
         ds.notes.append(outside_template(name, plain))
+    if system and own_turns:  # a conversation says its own system turn, or has none
+        ds.notes.append(Said(f": the system prompt goes before prompt/completion rows only: {own_turns} "
+                             "'messages' rows keep their own turns", subject=name))
     if ds.n_truncated:
         ds.notes.append(f"{name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")

@@ -333,6 +333,9 @@ def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
         return {"tools": list(tools), "messages": [{"role": "user", "content": "q"}, reply]}
 
     assert encode_row(row(), tok).tokens and encode_row(row(arguments={"city": "Oslo"}), tok).tokens
+    ds = load_jsonl(write(tmp_path / "train.jsonl", [row()]), tok, chat_template=True, system="Be brief.")
+    assert any("system prompt goes before prompt/completion rows only: 1 'messages' rows keep" in str(n)
+               for n in ds.notes)  # it is not added to a conversation, which says its own
     for bad, said in [(row(arguments="{city: Paris"), "function.arguments must be a JSON object"),
                       (row(arguments="[1, 2]"), "function.arguments must be a JSON object"),
                       (row(name="time"), "calls 'time', which is not one of the row's tools (weather)"),
