@@ -372,7 +372,11 @@ def _as_sent(tok, text: str, chat_template: bool, turn: dict):
     """The prompt as the model gets it: with ``--chat-template`` a user turn of the chat template,
     after ``turn``'s system prompt and with its tools."""
     from mlx_specstream.data import chat_prompt
+    from mlx_specstream.tool_calls import tool_format, tools_template
 
+    if chat_template and turn["tools"] and tool_format(tools_template(tok)) is None:  # as the server says it
+        raise ValueError("this model's chat template writes no tool calls this package reads (<tool_call> "
+                         "blocks, Mistral's [TOOL_CALLS], Llama 3's JSON): drop --tools")
     return chat_prompt(tok, text, **turn) if chat_template else text
 
 

@@ -641,6 +641,15 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
         res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
         lines = res.stderr.strip().splitlines()
         assert res.returncode != 0 and len(lines) == 1 and said in lines[0], res.stderr
+    plain = tmp_path / "plain"  # a chat template that writes no tool calls: the tools would be lost
+    plain.mkdir()
+    for f in model_dir.iterdir():
+        if f.name != "chat_template.jinja":
+            (plain / f.name).symlink_to(f.resolve())
+    (plain / "chat_template.jinja").write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    res = subprocess.run([*run[:5], str(plain), *run[6:], "--chat-template", "--tools", "tools.json"],
+                         capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert res.returncode != 0 and "chat template writes no tool calls" in res.stderr, res.stderr
 
 
 # -- Anthropic's Messages API, through the official anthropic client ---------------------------
