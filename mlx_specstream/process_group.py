@@ -99,8 +99,9 @@ class LocalGroup:
             if why is not None and why.poll(5):  # it says why before it exits
                 return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
         except (EOFError, OSError):  # it ended without a word: killed (out of memory, a signal)
-            return PeerStopped(f"training process {peer} of {self._size} ended without saying why (killed? "
-                               "out of memory?)")
+            return PeerStopped(f"training process {peer} of {self._size} ended without saying why: killed "
+                               "(out of memory?), or, from a script, train(processes=...) called outside "
+                               "if __name__ == '__main__': (each process imports the script again)")
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 
