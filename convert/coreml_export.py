@@ -39,9 +39,9 @@ from ..errors import MissingPackageError, SaidInOptions, verbatim
 from ..loader import model_name
 from ..ngrams import NGRAMS_FILE
 from ..outputs import (
-    TOKENIZER_FILES,
     check_replaceable,
     check_writable,
+    copy_tokenizer,
     make_parents,
     remove_empty,
     replace_dirs,
@@ -467,9 +467,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
             if tok is not None:
                 tok_tmp = tmp / tokenizer_dir(out).name
                 tok_tmp.mkdir()
-                for name in TOKENIZER_FILES:
-                    if (Path(model_path) / name).is_file():
-                        shutil.copy2(Path(model_path) / name, tok_tmp / name)
+                copy_tokenizer(Path(model_path), tok_tmp)
                 (tok_tmp / "specstream.json").write_text(json.dumps(meta, indent=2))
                 if getattr(model, "adapter_ngrams", None) is not None:  # the adapter's n-gram drafts
                     model.adapter_ngrams.save(tok_tmp / NGRAMS_FILE)

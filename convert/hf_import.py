@@ -16,7 +16,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -35,7 +34,7 @@ from ..loader import (
     read_config,
     save_model,
 )
-from ..outputs import TOKENIZER_FILES, check_replaceable, check_writable
+from ..outputs import check_replaceable, check_writable, copy_tokenizer
 
 
 def _progress(items, desc: str):
@@ -308,7 +307,5 @@ def convert(
 
     with atomic_dir(dest, "model", overwrite=overwrite) as tmp:
         save_model(model, out_cfg, tmp)
-        for name in TOKENIZER_FILES:
-            if (src / name).is_file():
-                shutil.copy2(src / name, tmp / name)
+        copy_tokenizer(src, tmp)
     return where

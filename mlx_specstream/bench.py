@@ -470,7 +470,7 @@ def read_prompts(path: Path, tok, n: int, chat_template: bool = False, vocab_siz
             raise DataError(f"{where}: {prompt_too_long(ex.n_prompt, limit)}")
         prompts.append(ex.tokens[:ex.n_prompt])
         # the reply's text: a chat row's tokens end its turn as the template does (<|im_end|>)
-        reply = row["messages"][-1]["content"] if "messages" in row else row.get("completion")
+        reply = row["messages"][-1].get("content") if "messages" in row else row.get("completion")
         if reply is None and "messages" in row:  # a reply that only calls tools: no text to judge
             reply = ""
         if isinstance(reply, list) and "messages" not in row:  # token ids: an EOS ends them, not the text

@@ -151,12 +151,10 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
 
 
 def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
-    """A training row's tools and calls as the server and ``generate`` take them: OpenAI's tool
-    definitions; each call names one of them (the server reads a call to another name as text)
-    with arguments that are a JSON object (or its text), so an adapter learns only calls that
-    come back as calls."""
-    if tools is not None and (problem := tools_problem(tools)):
-        raise DataError(f"{where}: '{problem[0]}' must be {problem[1]}")
+    """A training row's calls as the server reads them back: each names one of the row's
+    ``tools`` (OpenAI's definitions, checked before; the server reads a call to another name as
+    text) with arguments that are a JSON object (or its text), so an adapter learns only calls
+    that come back as calls."""
     names = {t["function"]["name"] for t in tools or []}
     for i, m in enumerate(messages):
         for j, call in enumerate(m.get("tool_calls") or []):
@@ -299,6 +297,8 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DataError(f"{where}: 'tools' must be a list of objects (OpenAI's tool definitions)")
+    if tools is not None and (problem := tools_problem(tools)):
+        raise DataError(f"{where}: '{problem[0]}' must be {problem[1]}")
     templated = "messages" in row or chat_template and isinstance(row.get("prompt"), str)
     if tools is not None and not templated:
         can = isinstance(row.get("prompt"), str)

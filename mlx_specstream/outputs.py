@@ -36,7 +36,7 @@ from .project import REPOSITORY
 # Files a model directory's tokenizer may consist of (copied along by import and export).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "special_tokens_map.json",
                    "added_tokens.json", "vocab.json", "merges.txt", "generation_config.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.txt")
+                   "chat_template.jinja", "chat_template.json", "vocab.txt", "additional_chat_templates")
 
 # kind -> (the entry that marks such a directory, or None, and the names the project writes in it)
 KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
@@ -156,12 +156,20 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
         shown = ", ".join(foreign[:4]) + (", ..." if len(foreign) > 4 else "")
         raise FileExistsError(f"{dest}: holds files mlx-specstream did not write as {_a(kind)} "
                               f"({shown}): refusing to replace it; choose another path")
-    if any(dest.iterdir()):
-        if not overwrite:
-            raise _exists(dest)
-    elif os.path.ismount(dest) or dest.resolve() == Path.cwd().resolve():  # empty, but not to be moved
-        raise FileExistsError(f"{dest} is a mount point or the working directory: it cannot be replaced; "
-                              "give a new folder inside it")
+    if os.path.ismount(dest):  # not to be moved aside
+        raise FileExistsError(f"{dest} is a mount point: it cannot be replaced; give a new folder inside it")
+    if not overwrite and any(dest.iterdir()):  # an empty folder holds nothing to lose
+        raise _exists(dest)
+
+
+def copy_tokenizer(src: Path, dest: Path) -> None:
+    """The tokenizer's files of directory ``src`` (:data:`TOKENIZER_FILES`, the folder of named
+    chat templates too) copied into ``dest``."""
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copy2(src / name, dest / name)
+        elif (src / name).is_dir():
+            shutil.copytree(src / name, dest / name)
 
 
 def check_replaceable_file(dest: str | Path, overwrite: bool, ours) -> None:

@@ -268,7 +268,7 @@ class Tokenizer:
         self.add_bos_token = add_bos_token
         # a model may name several (transformers' "default" and "tool_use"): chat_template is the default
         self.chat_templates = chat_templates
-        self.chat_template = chat_templates.get("default") or next(iter(chat_templates.values()), None)
+        self.chat_template = chat_templates.get("default")  # several, none the default: none (transformers')
 
     def template_for(self, tools) -> str | None:
         """The chat template that renders a conversation with ``tools`` (transformers' rule: the
@@ -388,7 +388,7 @@ class Tokenizer:
         as ``transformers`` tokenizes it: special tokens' strings are those tokens, and no BOS is
         added (a template that wants one writes ``{{ bos_token }}``: ChatML does not).
         """
-        if not self.chat_template:
+        if not self.template_for(kwargs.get("tools")):
             raise TokenizerError(
                 f"{self.path}: the tokenizer has no chat template (no 'chat_template' in "
                 "tokenizer_config.json, no chat_template.jinja); pass the prompt as plain text"

@@ -716,11 +716,17 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> tup
     errors = [{"form": r["meta"]["form"], "prompt": r["prompt"], "ref": r["completion"], "pred": p}
               for ok, p, r in zip(em, preds, rows) if not ok]
     rows = read_jsonl(data / "code" / f"{split}.jsonl")[:n]
-    preds, _ = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
+    preds, ended = greedy(model, sp, [r["prompt"] for r in rows], 192, device, bsz)
     em = [p.strip() == r["completion"].strip() for p, r in zip(preds, rows)]
     sim = [difflib.SequenceMatcher(None, p, r["completion"]).ratio() for p, r in zip(preds, rows)]
+
+    def mean_sim(done: bool) -> float | None:  # outputs that end with EOS, or run on (a loop, mostly)
+        picked = [x for x, e in zip(sim, ended) if e == done]
+        return round(sum(picked) / len(picked), 4) if picked else None
+
     res["code"] = {"n": len(rows), "exact_match": sum(em) / len(rows),
-                   "edit_similarity": sum(sim) / len(rows),
+                   "edit_similarity": sum(sim) / len(rows), "ends_with_eos": sum(ended) / len(rows),
+                   "edit_similarity_ended": mean_sim(True), "edit_similarity_not_ended": mean_sim(False),
                    "examples": [{"prompt": r["prompt"], "ref": r["completion"], "pred": p}
                                 for p, r in list(zip(preds, rows))[:3]]}
     res["seconds"] = round(time.time() - t, 1)
@@ -728,7 +734,9 @@ def run_eval(model, sp, data: Path, split: str, n: int, device, bsz: int) -> tup
           f"(valid sql {res['sql']['valid_sql']:.3f}, ends with EOS {res['sql']['ends_with_eos']:.3f}, "
           f"n={res['sql']['n']}); "
           f"code exact match {res['code']['exact_match']:.3f}, edit similarity "
-          f"{res['code']['edit_similarity']:.3f} (n={res['code']['n']}); {res['seconds']}s", flush=True)
+          f"{res['code']['edit_similarity']:.3f} (ends with EOS {res['code']['ends_with_eos']:.3f}; "
+          f"ended {res['code']['edit_similarity_ended']}, not {res['code']['edit_similarity_not_ended']}; "
+          f"n={res['code']['n']}); {res['seconds']}s", flush=True)
     return res, errors
 
 

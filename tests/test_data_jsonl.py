@@ -333,6 +333,10 @@ def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
         return {"tools": list(tools), "messages": [{"role": "user", "content": "q"}, reply]}
 
     assert encode_row(row(), tok).tokens and encode_row(row(arguments={"city": "Oslo"}), tok).tokens
+    flat = [{"type": "function", "name": "weather"}]  # not OpenAI's shape: refused in a prompt row too
+    with pytest.raises(DataError, match=re.escape("x.jsonl:3: 'tools[0]' must be")):
+        encode_row({"prompt": "q", "completion": "a", "tools": flat}, tok, chat_template=True,
+                   where="x.jsonl:3")
     ds = load_jsonl(write(tmp_path / "train.jsonl", [row()]), tok, chat_template=True, system="Be brief.")
     assert any("system prompt goes before prompt/completion rows only: 1 'messages' rows keep" in str(n)
                for n in ds.notes)  # it is not added to a conversation, which says its own

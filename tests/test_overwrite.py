@@ -471,15 +471,11 @@ def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path, mo
     empty = tmp_path / "empty"
     empty.mkdir()
     check_replaceable(empty, "adapter", overwrite=False)
-    # but not one that cannot be moved aside: a mount point, the working directory
+    # but not one that cannot be moved aside: a mount point (the working directory can be)
     monkeypatch.setattr("os.path.ismount", lambda p: Path(p) == empty)
-    with pytest.raises(FileExistsError, match="is a mount point or the working directory"):
+    with pytest.raises(FileExistsError, match="is a mount point: it cannot be replaced"):
         check_replaceable(empty, "adapter", overwrite=True)
     monkeypatch.undo()
-    monkeypatch.chdir(empty)
-    with pytest.raises(FileExistsError, match="is a mount point or the working directory"):
-        check_replaceable(Path("."), "adapter", overwrite=False)
-    monkeypatch.chdir(tmp_path)
     (empty / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match="did not write"):
         check_replaceable(empty, "adapter", overwrite=True)
@@ -488,6 +484,21 @@ def test_an_empty_folder_or_a_checkpoints_ngrams_is_nothing_to_keep(tmp_path, mo
     for f in ("state.json", "adapter.safetensors", "adapter_config.json", "ngrams.npz"):
         (step / f).write_text("")
     assert foreign_entries(tmp_path / "run.train", "training run") == []
+
+
+def test_the_tokenizer_travels_with_its_named_chat_templates(tmp_path):
+    """convert and the Core ML export copy a model's tokenizer, additional_chat_templates/ too
+    (a tool_use template), and a model folder that holds it is still ours to replace."""
+    from mlx_specstream.outputs import copy_tokenizer, foreign_entries
+
+    src, dest = tmp_path / "src", tmp_path / "dest"
+    (src / "additional_chat_templates").mkdir(parents=True)
+    (src / "additional_chat_templates" / "tool_use.jinja").write_text("T")
+    (src / "tokenizer.json").write_text("{}")
+    _model_dir(dest, "ours")
+    copy_tokenizer(src, dest)
+    assert (dest / "additional_chat_templates" / "tool_use.jinja").read_text() == "T"
+    assert foreign_entries(dest, "model") == []
 
 
 def test_a_failed_atomic_write_names_the_file_asked_for(tmp_path):

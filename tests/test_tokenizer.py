@@ -262,6 +262,14 @@ def test_the_chat_template_is_the_one_transformers_picks(bpe_dir, tmp_path):
             assert tok.apply_chat_template(msgs, tokenize=False, **kw) == ref.apply_chat_template(
                 msgs, tokenize=False, add_generation_prompt=True, **kw), (setup, kw)
     assert load_tokenizer(d).apply_chat_template(msgs, tokenize=False) == "JINJA:hi"
+    (d / "chat_template.jinja").unlink()  # named templates, none the default: only tools render
+    (d / "additional_chat_templates").mkdir()
+    (d / "additional_chat_templates" / "tool_use.jinja").write_text(tool_use)
+    tok = load_tokenizer(d)
+    assert tok.apply_chat_template(msgs, tokenize=False, tools=tools) == "T:hi weather"
+    with pytest.raises(TokenizerError, match="no chat template"):
+        tok.apply_chat_template(msgs)
+    (d / "chat_template.jinja").write_text("JINJA:{{ messages[0]['content'] }}")
     (d / "chat_template.jinja").write_text("{% for m in messages %}\n{{ m.content }<|end|>{% endfor %}")
     with pytest.raises(TokenizerError, match=r"chat template: line 2: unexpected '}' \(the template does"):
         load_tokenizer(d).apply_chat_template(msgs)
