@@ -358,13 +358,16 @@ def _read_schema(path: Path | None, sql_names: bool, forced) -> dict | None:
 
 def _shaped(tok, tools: list[dict] | None, names: tuple[str, ...] | None, schema: dict | None):
     """The constraint that shapes the reply: calls to the tools ``names`` (``--tool-choice``,
-    :mod:`mlx_specstream.tool_choice`), JSON by ``schema`` (``--json-schema``,
+    :mod:`mlx_specstream.tool_choice`), text or calls by the tools' schemas where one is strict
+    (as the server decodes ``"auto"``), JSON by ``schema`` (``--json-schema``,
     :mod:`mlx_specstream.json_grammar`), or None."""
     from mlx_specstream.json_grammar import json_constraint
-    from mlx_specstream.tool_choice import forced_calls
+    from mlx_specstream.tool_choice import forced_calls, has_strict
 
     if names is not None:
         return forced_calls(tok, tools, names)
+    if has_strict(tools):
+        return forced_calls(tok, tools, optional=True)
     return None if schema is None else json_constraint(tok, schema)
 
 

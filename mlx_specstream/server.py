@@ -47,7 +47,7 @@ from .tool_calls import (
     tool_format,
     tools_problem,
 )
-from .tool_choice import forced_calls, forced_names
+from .tool_choice import forced_calls, forced_names, has_strict
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 # Longest stop string taken: each is looked for in every pass's text, on the thread that decodes
@@ -219,7 +219,7 @@ def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool
         raise APIError("'response_format' ('output_config') and 'tools' cannot be combined (tool_choice "
                        "'required' makes the reply calls)", "response_format")
     # tool_choice "auto" with a strict tool: text, or calls to the tools by their schemas
-    strict = not forced and any(t["function"].get("strict") is True for t in tools or [])
+    strict = not forced and has_strict(tools)
     if sql_names and (shaped or forced or strict):
         said = ("'response_format'" if shaped else "a forced tool call ('tool_choice')" if forced
                 else "a strict tool")

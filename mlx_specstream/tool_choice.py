@@ -133,6 +133,13 @@ class ForcedCalls(JSONGrammar):
         return state[0] in ("after", "prose")
 
 
+def has_strict(tools: list[dict] | None) -> bool:
+    """Whether a tool is marked ``strict`` (OpenAI's: its calls follow its schema), so that a reply
+    the model chooses is decoded under ``forced_calls(..., optional=True)``."""
+    return any(isinstance(t, dict) and isinstance(t.get("function"), dict)
+               and t["function"].get("strict") is True for t in tools or [])
+
+
 def forced_names(tools: list[dict] | None, choice) -> tuple[str, ...] | None:
     """The names of the tools a reply must call for OpenAI's ``tool_choice``: all of ``tools``
     for ``"required"``, one for ``{"type": "function", "function": {"name": ...}}``, None (the model

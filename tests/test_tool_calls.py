@@ -641,6 +641,14 @@ def test_generate_renders_the_tools_file(model_dir, tmp_path):
         res = subprocess.run([*run, *extra], capture_output=True, text=True, timeout=300, cwd=tmp_path)
         lines = res.stderr.strip().splitlines()
         assert res.returncode != 0 and len(lines) == 1 and said in lines[0], res.stderr
+    strict = [{"type": "function", "function": {**TOOLS[0]["function"], "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"]}}}]
+    (tmp_path / "strict.json").write_text(json.dumps(strict))  # as the server decodes "auto" with it
+    want = generate(model, tok, tok.apply_chat_template(ask("Lima"), tools=strict), max_tokens=40,
+                    constraint=forced_calls(tok, strict, optional=True)).text
+    res = subprocess.run([*run, "--chat-template", "--tools", str(tmp_path / "strict.json")],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0 and res.stdout == want + "\n" and "Lima" not in want, res.stderr
     plain = tmp_path / "plain"  # a chat template that writes no tool calls: the tools would be lost
     plain.mkdir()
     for f in model_dir.iterdir():
