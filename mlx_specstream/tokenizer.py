@@ -272,8 +272,9 @@ class Tokenizer:
 
     def template_for(self, tools) -> str | None:
         """The chat template that renders a conversation with ``tools`` (transformers' rule: the
-        one named ``tool_use`` where there are tools and the model has one, else the default)."""
-        named = self.chat_templates.get("tool_use") if tools else None
+        one named ``tool_use`` where tools are given, an empty list too, and the model has one,
+        else the default)."""
+        named = self.chat_templates.get("tool_use") if tools is not None else None
         return named or self.chat_template
 
     def __repr__(self) -> str:

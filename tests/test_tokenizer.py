@@ -258,7 +258,7 @@ def test_the_chat_template_is_the_one_transformers_picks(bpe_dir, tmp_path):
         else:
             (d / "chat_template.jinja").write_text("JINJA:{{ messages[0]['content'] }}")
         ref, tok = AutoTokenizer.from_pretrained(str(d)), load_tokenizer(d)
-        for kw in ({}, {"tools": tools}):
+        for kw in ({}, {"tools": tools}, {"tools": []}):
             assert tok.apply_chat_template(msgs, tokenize=False, **kw) == ref.apply_chat_template(
                 msgs, tokenize=False, add_generation_prompt=True, **kw), (setup, kw)
     assert load_tokenizer(d).apply_chat_template(msgs, tokenize=False) == "JINJA:hi"
