@@ -166,12 +166,7 @@ def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
             if tools is not None and f["name"] not in names:
                 raise DataError(f"{at} calls '{f['name']}', which is not one of the row's tools "
                                 f"({', '.join(sorted(names))})")
-            args = f.get("arguments", {})
-            try:
-                args = json.loads(args) if isinstance(args, str) else args
-            except ValueError:
-                args = None
-            if not isinstance(args, dict):
+            if not isinstance(_call_arguments(call)["function"].get("arguments", {}), dict):
                 raise DataError(f"{at}.function.arguments must be a JSON object (or its text), not "
                                 f"{json.dumps(f.get('arguments'))[:60]}")
 

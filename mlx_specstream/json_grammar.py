@@ -757,10 +757,18 @@ def response_constraint(tokenizer, response_format) -> JSONValue | None:
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise ValueError("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                          "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")
-    shaped = json_constraint(tokenizer, spec.get("schema", {}))
-    if spec.get("strict") is True and shaped.unread:
-        raise ValueError(f"response_format: a strict schema may not use {', '.join(sorted(shaped.unread))}: "
-                         "this server does not enforce it")
+    if spec.get("strict") is True:
+        return strict_constraint(tokenizer, spec.get("schema", {}), "response_format: a strict schema")
+    return json_constraint(tokenizer, spec.get("schema", {}))
+
+
+def strict_constraint(tokenizer, schema: dict, what: str) -> JSONValue:
+    """The constraint of ``schema`` where it is strict (OpenAI's: the output follows it), so none
+    of its keywords may go unenforced: ValueError naming them, ``what`` saying whose schema."""
+    shaped = json_constraint(tokenizer, schema)
+    if shaped.unread:
+        raise ValueError(f"{what} may not use {', '.join(sorted(shaped.unread))}: this server does not "
+                         "enforce it")
     return shaped
 
 

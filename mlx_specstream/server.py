@@ -31,7 +31,7 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
-from .json_grammar import json_constraint, response_constraint
+from .json_grammar import response_constraint, strict_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
@@ -159,12 +159,9 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
         if t["function"].get("strict") is not True:
             continue
         try:
-            unread = json_constraint(tokenizer, t["function"].get("parameters", {})).unread
+            strict_constraint(tokenizer, t["function"].get("parameters", {}), "a strict tool's parameters")
         except ValueError as e:
             raise APIError(f"'tools[{i}]': {e}", f"tools[{i}]") from None
-        if unread:
-            raise APIError(f"'tools[{i}]': a strict tool's parameters may not use "
-                           f"{', '.join(sorted(unread))}: this server does not enforce it", f"tools[{i}]")
     fmt = tool_format(tokenizer.template_for(tools))
     if fmt is None:
         raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "

@@ -389,7 +389,8 @@ class Tokenizer:
         as ``transformers`` tokenizes it: special tokens' strings are those tokens, and no BOS is
         added (a template that wants one writes ``{{ bos_token }}``: ChatML does not).
         """
-        if not self.template_for(kwargs.get("tools")):
+        source = self.template_for(kwargs.get("tools"))
+        if not source:
             raise TokenizerError(
                 f"{self.path}: the tokenizer has no chat template (no 'chat_template' in "
                 "tokenizer_config.json, no chat_template.jinja); pass the prompt as plain text"
@@ -419,7 +420,7 @@ class Tokenizer:
         env.filters["tojson"] = tojson
         env.globals.update(raise_exception=raise_exception, strftime_now=strftime_now)
         try:
-            template = env.from_string(self.template_for(kwargs.get("tools")))
+            template = env.from_string(source)
         except jinja2.TemplateSyntaxError as e:  # the template's own fault, not the messages'
             raise TokenizerError(f"chat template: line {e.lineno}: {e.message} (the template does not "
                                  "parse)") from None
@@ -472,14 +473,17 @@ def _chat_templates(path: Path, cfg: dict) -> dict[str, str]:
                 templates["default" if f.parent == path else f.stem] = f.read_text(encoding="utf-8")
             except UnicodeDecodeError as e:
                 raise TokenizerError(f"{f}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    for source in (cfg, _read_json(path / "chat_template.json")):
-        template = source.get("chat_template") if not templates else None
-        if isinstance(template, list):  # [{"name": "default", "template": ...}, ...]
-            templates = {t["name"]: t["template"] for t in template if isinstance(t, dict)
-                         and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
-        elif isinstance(template, str) and template:
-            templates = {"default": template}
-    return templates
+    return (templates or _named_templates(cfg.get("chat_template"))
+            or _named_templates(_read_json(path / "chat_template.json").get("chat_template")))
+
+
+def _named_templates(template) -> dict[str, str]:
+    """A config's ``chat_template`` by name: a template is the ``default``; a list of
+    ``{"name": ..., "template": ...}`` names each."""
+    if isinstance(template, list):
+        return {t["name"]: t["template"] for t in template if isinstance(t, dict)
+                and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)}
+    return {"default": template} if isinstance(template, str) and template else {}
 
 
 def _gpt2_bpe(path: Path):

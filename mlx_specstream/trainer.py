@@ -310,10 +310,9 @@ def _run_data(data, tokenizer, vocab_size: int | None, *, say, max_seq_len: int,
                              "(train, valid) pair of such lists or of Dataset (valid may be None)")
         names = ("data", None) if alone else ("data[0]", "data[1]")  # how the caller's rows are named
         train_ds, valid_ds = (_dataset(x, tokenizer, name, read) for name, x in zip(names, data))
-        wheres = ("data", None) if alone else ("data[0] (train)", "data[1] (valid)")
-        for where, ds in zip(wheres, (train_ds, valid_ds)):
+        for name, split, ds in zip(names, ("train", "valid"), (train_ds, valid_ds)):
             if ds is not None:  # as reading a file would have refused or cut it
-                check_dataset(ds, where, vocab_size, max_seq_len)
+                check_dataset(ds, name if alone else f"{name} ({split})", vocab_size, max_seq_len)
     elif not isinstance(data, (str, Path)):
         raise ValueError("data: a directory, a list of rows, a Dataset, or a (train, valid) pair of "
                          f"them; not {type(data).__name__}")
