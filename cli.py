@@ -747,7 +747,8 @@ def serve(
     name: str | None = typer.Option(None, "--name", help="the base model's id (default: its directory's "
                                     "name, the parent's for NAME/mlx)"),
 ) -> None:
-    """Serve an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models).
+    """Serve OpenAI's API (/v1/completions, /v1/chat/completions, /v1/models) and Anthropic's
+    (/v1/messages, /v1/messages/count_tokens), with /health.
 
     One base model in memory, each adapter a model id (BASE:ADAPTER), requests decoded pass by pass
     together."""

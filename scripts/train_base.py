@@ -166,14 +166,16 @@ def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
     return arr
 
 
-def build_code_stream(args, sp) -> np.ndarray:
-    """The code stream: the stdlib documents of data/pretrain.jsonl.gz, as one array of ids."""
+def build_code_stream(args, sp) -> tuple[np.ndarray, np.ndarray]:
+    """The code stream: the stdlib documents of data/pretrain.jsonl.gz, as one array of ids; and
+    its function examples alone (src "code": prompt + completion, as the code task poses them)."""
     t = time.time()
-    code = [d["text"] for d in read_jsonl(pretrain_file(args.data)) if d["src"] != "sql"]
-    stream = encode_docs(sp, code, args.threads)
-    print(f"data: {stream.size} code tokens ({len(code)} docs; SQL generated on the fly) in "
-          f"{time.time() - t:.1f}s", flush=True)
-    return stream
+    docs = [d for d in read_jsonl(pretrain_file(args.data)) if d["src"] != "sql"]
+    stream = encode_docs(sp, [d["text"] for d in docs], args.threads)
+    functions = encode_docs(sp, [d["text"] for d in docs if d["src"] == "code"], args.threads)
+    print(f"data: {stream.size} code tokens ({len(docs)} docs, {functions.size} tokens of them functions; "
+          f"SQL generated on the fly) in {time.time() - t:.1f}s", flush=True)
+    return stream, functions
 
 
 def name_pieces(sp) -> tuple[list[str], list[str]]:
@@ -212,16 +214,22 @@ class Batcher:
     """The batch of a step, a function of (seed, step) alone, so that a resumed run goes on as if
     it had never stopped. Each row is, with probability ``sql_frac``, fresh SQL examples
     (``sqlgen.examples`` seeded by seed, step and row: never the same twice) packed as
-    ``<s> prompt completion </s>`` up to ctx + 1 tokens, else a random window of the code stream.
-    A share ``rename_frac`` of the one-table examples get a table name made of tokenizer pieces
+    ``<s> prompt completion </s>`` up to ctx + 1 tokens; with probability ``fn_frac``, stdlib
+    functions (``functions``: ``<s> prompt completion </s>`` documents, as the code task poses
+    them) from a random document on; else a random window of the code stream. A share
+    ``rename_frac`` of the one-table examples get a table name made of tokenizer pieces
     (``piece_name``): generated names never start with some pieces (the words of held-out tables
     are left out of the generator's lists), and a model trained long on them stops copying those
     pieces (docs/default-model.md)."""
 
     def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float,
-                 rename_frac: float = 0.0):
+                 rename_frac: float = 0.0, functions: np.ndarray | None = None, fn_frac: float = 0.0):
         self.code, self.tokenizer, self.seed = code, tokenizer, seed
         self.ctx, self.bsz, self.sql_frac, self.rename_frac = ctx, bsz, sql_frac, rename_frac
+        self.fn_frac = fn_frac
+        if fn_frac:  # the documents a row may start at: every one with a full row after it
+            starts = np.flatnonzero(functions == BOS)
+            self.functions, self.fn_starts = functions, starts[starts + ctx + 1 <= functions.size]
         self.sp = None
 
     def sql_row(self, seed: str) -> list[int]:
@@ -244,8 +252,12 @@ class Batcher:
         rng = np.random.default_rng([self.seed, step])
         rows = []
         for r in range(self.bsz):
-            if rng.random() < self.sql_frac:
+            u = rng.random()
+            if u < self.sql_frac:
                 rows.append(np.array(self.sql_row(f"{self.seed}-{step}-{r}")))
+            elif u < self.sql_frac + self.fn_frac:
+                o = int(self.fn_starts[rng.integers(0, self.fn_starts.size)])
+                rows.append(self.functions[o:o + self.ctx + 1])
             else:
                 o = int(rng.integers(0, self.code.size - self.ctx - 1))
                 rows.append(self.code[o:o + self.ctx + 1])
@@ -426,7 +438,9 @@ def load_resume_state(args, model, opt, device) -> dict | None:
 def cmd_train(args) -> None:
     """Train until held-out validation stops improving (``--patience`` evaluations) or ``--steps``;
     ``--max-minutes`` ends this run early with a checkpoint that ``--resume`` continues."""
-    for flag, share in (("--sql-frac", args.sql_frac), ("--rename-frac", args.rename_frac)):
+    shares = {"--sql-frac": args.sql_frac, "--fn-frac": args.fn_frac, "--rename-frac": args.rename_frac,
+              "--sql-frac + --fn-frac": args.sql_frac + args.fn_frac}
+    for flag, share in shares.items():
         if not 0 <= share <= 1:
             raise SystemExit(f"train_base: {flag} must be in [0, 1], not {share}")
     import sentencepiece as spm
@@ -446,7 +460,7 @@ def cmd_train(args) -> None:
         return torch.autocast("cpu", enabled=False)
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer / "tokenizer.model"))
-    code = build_code_stream(args, sp)
+    code, functions = build_code_stream(args, sp)
     valid = completion_examples(args.data, "valid", sp, args.eval_examples)
     train_code = fixed_windows(code, args.ctx, args.eval_windows)
 
@@ -503,7 +517,8 @@ def cmd_train(args) -> None:
             lr *= (step - st["rewarm_from"] + 1) / args.warmup
         return lr
 
-    batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac, args.rename_frac)
+    batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac, args.rename_frac,
+                      functions, args.fn_frac)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else
                                                               max(1, (os.cpu_count() or 2) - 2))
     model.train()
@@ -833,6 +848,10 @@ def main(argv=None) -> None:
     r.add_argument("--run-steps", type=int, default=None,
                    help="end this run after this many steps with a checkpoint; --resume continues it")
     r.add_argument("--sql-frac", type=float, default=0.75, help="share of rows that are generated SQL")
+    r.add_argument("--fn-frac", type=float, default=0.0,
+                   help="share of rows that are stdlib functions of the code train split, packed as "
+                        "documents as the code task poses them (the rest of the code rows: windows of the "
+                        "code stream)")
     r.add_argument("--rename-frac", type=float, default=0.0,
                    help="share of one-table SQL examples whose table gets a name of tokenizer pieces")
     r.add_argument("--workers", type=int, default=None,

@@ -59,6 +59,12 @@ def _weights(run: Path) -> dict:
     return torch.load(run / "work" / "ckpt.pt", weights_only=False)["model"]
 
 
+def _sp():
+    import sentencepiece as spm
+
+    return spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+
+
 def test_batches_depend_on_seed_and_step_only(data):
     import numpy as np
 
@@ -67,9 +73,7 @@ def test_batches_depend_on_seed_and_step_only(data):
     x = b(7)
     assert x.shape == (6, 65) and (x == tb.Batcher(code, TOKENIZER, 3, 64, 6, 0.5)(7)).all()
     assert not (x == b(8)).all()
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    sp = _sp()
     sql_rows = [r for r in x if r[0] == tb.BOS]  # generated SQL rows start a document
     assert sql_rows
     assert all(sp.decode(r[1:].tolist()).startswith("### Context:\nCREATE TABLE ") for r in sql_rows)
@@ -107,7 +111,6 @@ def test_stops_by_validation(data, tmp_path):
 
 def test_completion_loss_is_the_answer_tokens_cross_entropy(data):
     """Oracle: transformers' own loss with the prompt tokens masked, one example at a time."""
-    import sentencepiece as spm
     import torch
     from transformers import LlamaForCausalLM
 
@@ -115,7 +118,7 @@ def test_completion_loss_is_the_answer_tokens_cross_entropy(data):
     args = argparse.Namespace(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64, max_positions=512,
                               tie=True)
     model = LlamaForCausalLM(tb.llama_config(args, 4096)).eval()
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    sp = _sp()
     examples = tb.completion_examples(data, "valid", sp, 5)["sql"]
     no_amp = lambda: torch.autocast("cpu", enabled=False)  # noqa: E731
     got = tb.completion_loss(model, examples, torch.device("cpu"), no_amp, bsz=3)  # padded batches
@@ -146,10 +149,9 @@ def test_init_starts_a_new_run_from_trained_weights(data, tmp_path):
 def test_greedy_cuts_at_eos_and_says_which_outputs_ended():
     """An output that reaches its token budget without EOS (a repetition loop) is reported as not
     ended; the text stops before EOS otherwise."""
-    import sentencepiece as spm
     import torch
 
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    sp = _sp()
     a, b = sp.encode("SELECT name FROM t"), sp.encode("SELECT x FROM x FROM x")
     loop = (b * 4)[:len(a) + 3]  # fills the budget
     continuations = [a + [tb.EOS] + b[:2], loop]
@@ -189,9 +191,7 @@ def test_renamed_tables_keep_the_query_and_the_question():
     import itertools
     import random
 
-    import sentencepiece as spm
-
-    sp = spm.SentencePieceProcessor(model_file=str(TOKENIZER / "tokenizer.model"))
+    sp = _sp()
     first, inner = tb.name_pieces(sp)
     assert {"air", "case", "book", "less"} <= set(first) and "craft" in inner
     rng, renamed, kept = random.Random(0), 0, 0
@@ -222,11 +222,34 @@ def test_rename_frac_changes_only_names():
     assert all(t.startswith("### Context:\nCREATE TABLE ") for t in texts)
 
 
-@pytest.mark.parametrize("flag", ["--sql-frac", "--rename-frac"])
+@pytest.mark.parametrize("flag", ["--sql-frac", "--fn-frac", "--rename-frac"])
 def test_shares_out_of_range_are_refused_in_one_line(data, tmp_path, flag):
     with pytest.raises(SystemExit, match=rf"^train_base: {flag} must be in \[0, 1\], not 1.5$"):
         _train(data, tmp_path, flag, "1.5")
+    both = r"^train_base: --sql-frac \+ --fn-frac must be in \[0, 1\], not 1.2$"
+    with pytest.raises(SystemExit, match=both):
+        _train(data, tmp_path, "--sql-frac", "0.7", "--fn-frac", "0.5")
     assert not (tmp_path / "hf").exists() and not (tmp_path / "work").exists()
+
+
+def test_function_rows_start_at_a_function_document():
+    """--fn-frac rows are the code task's documents, each row from the start of one: the model
+    sees functions posed and ended (EOS) as the code test split poses them."""
+    import numpy as np
+
+    sp = _sp()
+    docs = [f"# m: f{i}\ndef f{i}(x):\n" + "    x += 1\n" * (i % 7 + 1) + "    return x\n" for i in range(60)]
+    functions = tb.encode_docs(sp, docs, 1)
+    code = np.full(5000, 7, dtype=np.uint16)
+    b = tb.Batcher(code, TOKENIZER, 3, 64, 16, 0.0, functions=functions, fn_frac=1.0)
+    x = b(5)
+    assert (x == tb.Batcher(code, TOKENIZER, 3, 64, 16, 0.0, functions=functions, fn_frac=1.0)(5)).all()
+    for row in x:
+        assert row[0] == tb.BOS and tb.EOS in row.tolist()
+        first = sp.decode(row[1:row.tolist().index(tb.EOS)].tolist())
+        assert first in docs
+    mixed = tb.Batcher(code, TOKENIZER, 3, 64, 400, 0.0, functions=functions, fn_frac=0.5)(5)
+    assert 120 < sum(r[0] == tb.BOS for r in mixed) < 280  # the others are code-stream windows (all 7)
 
 
 def test_the_base_evaluation_compares_sql_as_bench_does():
