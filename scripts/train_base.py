@@ -41,6 +41,7 @@ needs, valid exact match at the end); ``--work`` (default runs/base): ckpt.pt an
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -64,6 +65,7 @@ UNK, BOS, EOS = 0, 1, 2
 SCORE = "completion loss"  # what the validation score measures (a resumed run scored otherwise starts afresh)
 
 sys.path.insert(0, str(ROOT / "scripts"))
+import coderename  # noqa: E402
 import sqlgen  # noqa: E402
 from make_data import read_jsonl  # noqa: E402
 
@@ -166,14 +168,15 @@ def encode_docs(sp, texts: list[str], threads: int) -> np.ndarray:
     return arr
 
 
-def build_code_stream(args, sp) -> tuple[np.ndarray, np.ndarray]:
+def build_code_stream(args, sp) -> tuple[np.ndarray, list[str]]:
     """The code stream: the stdlib documents of data/pretrain.jsonl.gz, as one array of ids; and
-    its function examples alone (src "code": prompt + completion, as the code task poses them)."""
+    the texts of its function examples (src "code": prompt + completion, as the code task poses
+    them)."""
     t = time.time()
     docs = [d for d in read_jsonl(pretrain_file(args.data)) if d["src"] != "sql"]
     stream = encode_docs(sp, [d["text"] for d in docs], args.threads)
-    functions = encode_docs(sp, [d["text"] for d in docs if d["src"] == "code"], args.threads)
-    print(f"data: {stream.size} code tokens ({len(docs)} docs, {functions.size} tokens of them functions; "
+    functions = [d["text"] for d in docs if d["src"] == "code"]
+    print(f"data: {stream.size} code tokens ({len(docs)} docs, {len(functions)} of them functions; "
           f"SQL generated on the fly) in {time.time() - t:.1f}s", flush=True)
     return stream, functions
 
@@ -215,33 +218,49 @@ class Batcher:
     it had never stopped. Each row is, with probability ``sql_frac``, fresh SQL examples
     (``sqlgen.examples`` seeded by seed, step and row: never the same twice) packed as
     ``<s> prompt completion </s>`` up to ctx + 1 tokens; with probability ``fn_frac``, stdlib
-    functions (``functions``: ``<s> prompt completion </s>`` documents, as the code task poses
-    them) from a random document on; else a random window of the code stream. A share
+    functions (``functions``: prompt + completion texts, as the code task poses them) packed the
+    same way from a random one on, a share ``fn_rename_frac`` of them with their parameters renamed
+    (``coderename.renamed``); else a random window of the code stream. A share
     ``rename_frac`` of the one-table examples get a table name made of tokenizer pieces
     (``piece_name``): generated names never start with some pieces (the words of held-out tables
     are left out of the generator's lists), and a model trained long on them stops copying those
     pieces (docs/default-model.md)."""
 
     def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float,
-                 rename_frac: float = 0.0, functions: np.ndarray | None = None, fn_frac: float = 0.0):
+                 rename_frac: float = 0.0, functions: list[str] = (), fn_frac: float = 0.0,
+                 fn_rename_frac: float = 0.0):
         self.code, self.tokenizer, self.seed = code, tokenizer, seed
         self.ctx, self.bsz, self.sql_frac, self.rename_frac = ctx, bsz, sql_frac, rename_frac
-        self.fn_frac = fn_frac
-        if fn_frac:  # the documents a row may start at: every one with a full row after it
-            starts = np.flatnonzero(functions == BOS)
-            self.functions, self.fn_starts = functions, starts[starts + ctx + 1 <= functions.size]
+        self.functions, self.fn_frac, self.fn_rename_frac = list(functions), fn_frac, fn_rename_frac
         self.sp = None
 
-    def sql_row(self, seed: str) -> list[int]:
+    def packed(self, docs) -> list[int]:
+        """``<s> doc </s>`` documents from ``docs`` (an endless iterator of texts) up to ctx + 1 ids."""
         ids: list[int] = []
-        rng = random.Random(seed)
-        for ex in sqlgen.examples(seed):
-            if self.rename_frac and rng.random() < self.rename_frac:
-                ex = rename_table(ex, piece_name(rng, *self.pieces)) or ex
-            ids += [BOS, *self.sp.encode(ex["prompt"] + ex["completion"]), EOS]
+        for text in docs:
+            ids += [BOS, *self.sp.encode(text), EOS]
             if len(ids) > self.ctx:
                 return ids[:self.ctx + 1]
-        raise AssertionError("unreachable: examples() is endless")
+        raise AssertionError("unreachable: docs is endless")
+
+    def sql_row(self, seed: str) -> list[int]:
+        rng = random.Random(seed)
+
+        def texts():
+            for ex in sqlgen.examples(seed):
+                if self.rename_frac and rng.random() < self.rename_frac:
+                    ex = rename_table(ex, piece_name(rng, *self.pieces)) or ex
+                yield ex["prompt"] + ex["completion"]
+        return self.packed(texts())
+
+    def function_row(self, seed: str) -> list[int]:
+        rng = random.Random(seed)
+
+        def texts():
+            for i in itertools.count(rng.randrange(len(self.functions))):
+                text = self.functions[i % len(self.functions)]
+                yield coderename.renamed(text, rng) if rng.random() < self.fn_rename_frac else text
+        return self.packed(texts())
 
     def __call__(self, step: int) -> np.ndarray:
         if self.sp is None:  # loaded here: a worker process gets the path, not the object
@@ -256,8 +275,7 @@ class Batcher:
             if u < self.sql_frac:
                 rows.append(np.array(self.sql_row(f"{self.seed}-{step}-{r}")))
             elif u < self.sql_frac + self.fn_frac:
-                o = int(self.fn_starts[rng.integers(0, self.fn_starts.size)])
-                rows.append(self.functions[o:o + self.ctx + 1])
+                rows.append(np.array(self.function_row(f"{self.seed}-{step}-{r}")))
             else:
                 o = int(rng.integers(0, self.code.size - self.ctx - 1))
                 rows.append(self.code[o:o + self.ctx + 1])
@@ -438,8 +456,8 @@ def load_resume_state(args, model, opt, device) -> dict | None:
 def cmd_train(args) -> None:
     """Train until held-out validation stops improving (``--patience`` evaluations) or ``--steps``;
     ``--max-minutes`` ends this run early with a checkpoint that ``--resume`` continues."""
-    shares = {"--sql-frac": args.sql_frac, "--fn-frac": args.fn_frac, "--rename-frac": args.rename_frac,
-              "--sql-frac + --fn-frac": args.sql_frac + args.fn_frac}
+    shares = {"--sql-frac": args.sql_frac, "--fn-frac": args.fn_frac, "--fn-rename-frac": args.fn_rename_frac,
+              "--rename-frac": args.rename_frac, "--sql-frac + --fn-frac": args.sql_frac + args.fn_frac}
     for flag, share in shares.items():
         if not 0 <= share <= 1:
             raise SystemExit(f"train_base: {flag} must be in [0, 1], not {share}")
@@ -518,7 +536,7 @@ def cmd_train(args) -> None:
         return lr
 
     batcher = Batcher(code, args.tokenizer, args.seed, args.ctx, args.batch, args.sql_frac, args.rename_frac,
-                      functions, args.fn_frac)
+                      functions, args.fn_frac, args.fn_rename_frac)
     workers = args.workers if args.workers is not None else (0 if device.type == "cpu" else
                                                               max(1, (os.cpu_count() or 2) - 2))
     model.train()
@@ -852,6 +870,9 @@ def main(argv=None) -> None:
                    help="share of rows that are stdlib functions of the code train split, packed as "
                         "documents as the code task poses them (the rest of the code rows: windows of the "
                         "code stream)")
+    r.add_argument("--fn-rename-frac", type=float, default=0.0,
+                   help="share of those functions whose parameters get new names (scripts/coderename.py): "
+                        "the same code with other names, which the model must copy, not recall")
     r.add_argument("--rename-frac", type=float, default=0.0,
                    help="share of one-table SQL examples whose table gets a name of tokenizer pieces")
     r.add_argument("--workers", type=int, default=None,

@@ -232,24 +232,31 @@ def test_shares_out_of_range_are_refused_in_one_line(data, tmp_path, flag):
     assert not (tmp_path / "hf").exists() and not (tmp_path / "work").exists()
 
 
-def test_function_rows_start_at_a_function_document():
-    """--fn-frac rows are the code task's documents, each row from the start of one: the model
-    sees functions posed and ended (EOS) as the code test split poses them."""
-    import numpy as np
-
+def test_function_rows_are_the_code_tasks_documents():
+    """--fn-frac rows are the code task's documents packed from the start of one: the model sees
+    functions posed and ended (EOS) as the code test split poses them; --fn-rename-frac gives them
+    new parameter names, and nothing else changes."""
     sp = _sp()
-    docs = [f"# m: f{i}\ndef f{i}(x):\n" + "    x += 1\n" * (i % 7 + 1) + "    return x\n" for i in range(60)]
-    functions = tb.encode_docs(sp, docs, 1)
+    docs = [f"# m: f{i}\ndef f{i}(value):\n" + "    value += 1\n" * (i % 7 + 1) + "    return value\n"
+            for i in range(60)]
     code = np.full(5000, 7, dtype=np.uint16)
-    b = tb.Batcher(code, TOKENIZER, 3, 64, 16, 0.0, functions=functions, fn_frac=1.0)
-    x = b(5)
-    assert (x == tb.Batcher(code, TOKENIZER, 3, 64, 16, 0.0, functions=functions, fn_frac=1.0)(5)).all()
+
+    def batch(fn_frac, rename=0.0, bsz=16):
+        return tb.Batcher(code, TOKENIZER, 3, 256, bsz, 0.0, functions=docs, fn_frac=fn_frac,
+                          fn_rename_frac=rename)(5)
+
+    x = batch(1.0)
+    assert (x == batch(1.0)).all()
     for row in x:
         assert row[0] == tb.BOS and tb.EOS in row.tolist()
-        first = sp.decode(row[1:row.tolist().index(tb.EOS)].tolist())
-        assert first in docs
-    mixed = tb.Batcher(code, TOKENIZER, 3, 64, 400, 0.0, functions=functions, fn_frac=0.5)(5)
+        assert sp.decode(row[1:row.tolist().index(tb.EOS)].tolist()) in docs
+    mixed = batch(0.5, bsz=400)
     assert 120 < sum(r[0] == tb.BOS for r in mixed) < 280  # the others are code-stream windows (all 7)
+    renamed = [sp.decode(r[1:r.tolist().index(tb.EOS)].tolist()) for r in batch(1.0, rename=1.0)]
+    assert not set(renamed) & set(docs)
+    for text in renamed:  # the same function under another parameter name
+        name = re.search(r"def f\d+\((\w+)\)", text).group(1)
+        assert text.replace(name, "value") in docs
 
 
 def test_the_base_evaluation_compares_sql_as_bench_does():
