@@ -6,9 +6,10 @@ rises, docs/default-model.md). :func:`renamed` gives a code-task document (``# m
 qualname``, decorators, signature, docstring, body) back with its parameters renamed (all but
 ``self``, ``cls`` and the keyword-only ones, which callers name): in the signature, at every use in
 the body, and as whole words in the docstring. Attributes, keyword arguments of calls, comments
-and other strings are left as written, so the function, called positionally, does what it did; only the names change, which the model has to copy from the signature instead of
-recalling. New names are identifier words of the train-split stdlib (``data/sql_words.py``), one
-or two joined by ``_``, with the old name's leading underscore.
+and other strings are left as written, so the function, called positionally, does what it did;
+only the names change, which the model has to copy from the signature instead of recalling. New
+names are identifier words of the train-split stdlib (``data/sql_words.py``), one or two joined by
+``_``, with the old name's leading underscore.
 
 Example (``rng = random.Random(0)``)::
 

@@ -27,10 +27,11 @@ FUNCTIONS = {  # what a renamer gets wrong: attributes, keyword arguments, strin
                '    return inner() + pick(items), dict(key=1, items=2)["key"]\n'),
     "attrs": ('# m: attrs\ndef attrs(self, value):\n'
               '    self.value = value\n    return (self.value, type(self).__name__, value.real)\n'),
-    "scopes_of_comprehensions": ('# m: c\ndef c(data, level=1):\n'
-                                 '    return {level: [d * level for d in data if d > level] for level in data}\n'),
+    "scopes_of_comprehensions": ('# m: c\ndef c(data, level=1):\n    return {level: [d * level for d in data'
+                                 ' if d > level] for level in data}\n'),
 }
-CALLS = {"kinds": [(("a",), {}), (("a", 3, 1, 2), {}), (("b", 0), {}), (("c", 1), {"sep": "+", "z": 1, "y": 2})],
+CALLS = {"kinds": [(("a",), {}), (("a", 3, 1, 2), {}), (("b", 0), {}),
+                   (("c", 1), {"sep": "+", "z": 1, "y": 2})],
          "scopes": [(([1, 2, 3],), {}), (([1, 2, 3], 2), {})],
          "attrs": [((type("S", (), {})(), 3), {})],
          "scopes_of_comprehensions": [(([1, 2, 3],), {}), (([4, 5], 4), {})]}
