@@ -15,9 +15,11 @@ checked token-for-token against SentencePiece), special_tokens_map.json.
 The model is a ``transformers`` ``LlamaForCausalLM`` (at most ``--max-params``, 40M: 80 MB in
 fp16) trained on documents ``<s> text </s>``. Each batch row is, with probability ``--sql-frac``,
 freshly generated text-to-SQL (``scripts/sqlgen.py``: procedural schemas and names, drawn on the
-fly, so no SQL example is seen twice), else a random window of the code stream: the code train
-split, the train-split standard library modules and the stdlib's own tests (data/pretrain.jsonl.gz,
-no third-party package). The batch of step s depends only on (``--seed``, s). LR: linear warm-up,
+fly, so no SQL example is seen twice), with probability ``--fn-frac`` functions of the code train
+split as the code task poses them (``--fn-rename-frac`` of them with their parameters renamed:
+``scripts/coderename.py``), else a random window of the code stream: the code train split, the
+train-split standard library modules and the stdlib's own tests (data/pretrain.jsonl.gz, no
+third-party package). The batch of step s depends only on (``--seed``, s). LR: linear warm-up,
 then cosine to ``--min-lr-frac`` at ``--steps``. Every ``--eval-every`` steps the completion loss
 (answers given their prompts) of ``--eval-examples`` held-out valid examples per task is
 measured; training stops when sql + ``--code-weight`` x code has not gone down by ``--min-delta``
