@@ -68,7 +68,7 @@ propertyNames minProperties maxProperties prefixItems uniqueItems contains not i
 dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
 # schema nodes (JSONGrammar.nodes holds them; states name them by index)
-ANY, FREE_OBJECT = ("any",), ("object", (), frozenset())
+ANY, FREE_OBJECT, EMPTY_OBJECT = ("any",), ("object", (), frozenset()), ("choice", ("{}",))
 _SCALARS = {"string": ("string",), "number": ("number",), "integer": ("integer",),
             "boolean": ("boolean",), "null": ("null",)}
 
@@ -103,7 +103,8 @@ class JSONGrammar(CharConstraint):
         """The index of a schema's node (``$ref`` read against ``schema`` as the root). ``top``: an
         object whatever the schema says (a call's arguments, OpenAI's ``json_object``)."""
         n = self._read(schema, _Reading(schema))
-        if top and any(self.nodes[m][0] not in ("object", "map") for m in self._entries(n)):
+        if top and any(self.nodes[m][0] not in ("object", "map") and self.nodes[m] != EMPTY_OBJECT
+                       for m in self._entries(n)):
             n = self._add(FREE_OBJECT)
         return n
 
@@ -129,6 +130,7 @@ class JSONGrammar(CharConstraint):
         for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
             if kind not in JSON_TYPES:
                 raise ValueError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, not {kind!r}")
+        _check_values(schema)
         self._unread(schema)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
         alts = schema.get("anyOf", schema.get("oneOf"))
@@ -171,14 +173,16 @@ class JSONGrammar(CharConstraint):
                 self.literal(pattern.pattern)  # its characters' first bytes may be written as bytes
             return self._add(node)
         if kind in ("number", "integer") and any(k in schema for k in _BOUNDS):
-            return self._add(("bounded", kind == "integer", *_bounds(schema)))
+            node = ("bounded", kind == "integer", *_bounds(schema))
+            if not (_reaches(node, "") or _reaches(node, "-")):  # no number, positive or negative
+                bounds = ", ".join(f"{k} {schema[k]}" for k in _BOUNDS if k in schema)
+                raise ValueError(f"a JSON schema allows no {kind} of at most 16 digits within {bounds}")
+            return self._add(node)
         if kind in _SCALARS:
             return self._add(_SCALARS[kind])
         if kind == "array":
-            lo, hi = schema.get("minItems", 0), schema.get("maxItems")
-            lo = lo if isinstance(lo, int) and lo > 0 else 0
-            hi = hi if isinstance(hi, int) and hi >= lo else None
-            return self._add(("array", self._read(schema.get("items"), ctx), lo, hi))
+            return self._add(("array", self._read(schema.get("items"), ctx), schema.get("minItems", 0),
+                              schema.get("maxItems")))
         if kind != "object":
             return self._add(ANY)
         props = schema.get("properties")
@@ -192,7 +196,7 @@ class JSONGrammar(CharConstraint):
             return self._add(("object", tuple(sorted((self.literal(k), self._read(props[k], ctx))
                                                     for k in props)), required))
         if not props and extra is False:  # no property may be written
-            return self._add(("choice", ("{}",)))
+            return self._add(EMPTY_OBJECT)
         if not props and isinstance(extra, dict) and extra:
             return self._add(("map", self._read(extra, ctx)))
         return self._add(FREE_OBJECT)
@@ -493,9 +497,7 @@ def _text_node(schema: dict) -> tuple:
         raise ValueError(f"a JSON schema's pattern {texts[0]!r} is not a regular expression ({e})") from None
     if patterns:  # lengths beside a pattern are not read (JSONGrammar._unread): together they could
         return ("text", patterns, 0, None)  # leave a value that matches so far no room to end
-    low, high = schema.get("minLength", 0), schema.get("maxLength")
-    low = low if isinstance(low, int) and low > 0 else 0
-    return ("text", patterns, low, high if isinstance(high, int) and high >= low else None)
+    return ("text", patterns, schema.get("minLength", 0), schema.get("maxLength"))
 
 
 def _ecma_end(pattern: str) -> str:
@@ -524,6 +526,29 @@ def _merged(base: dict, more: dict) -> dict:
 
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+_COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
+
+
+def _check_values(schema: dict) -> None:
+    """ValueError where a keyword's value is not of its kind (``"minimum": "5"``) or a pair of
+    counts leaves no value (``minLength`` above ``maxLength``): OpenAI answers such a schema with
+    a 400, and a grammar of it would leave the model no token to write."""
+    for k in _BOUNDS:
+        v = schema.get(k)
+        if k in schema and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                                or k.startswith("exclusive") and isinstance(v, bool)):
+            raise ValueError(f"a JSON schema's {k} must be a number, not {v!r}")
+    for pair in _COUNTS:
+        for k in pair:
+            v = schema.get(k)
+            if k in schema and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise ValueError(f"a JSON schema's {k} must be a whole number of at least 0, not {v!r}")
+        low, high = (schema.get(k) for k in pair)
+        if low is not None and high is not None and low > high:
+            raise ValueError(f"a JSON schema's {pair[0]} {low} is above its {pair[1]} {high}: no value meets "
+                             "both")
+    if "pattern" in schema and not isinstance(schema["pattern"], str):
+        raise ValueError(f"a JSON schema's pattern must be a string, not {schema['pattern']!r}")
 _STRING_WORDS = ("pattern", "format", "minLength", "maxLength")
 # what constrains a value beside a $ref (annotations such as title or description do not)
 _CONSTRAINING = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf",

@@ -179,7 +179,8 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
                          "(<tool_call> blocks, Mistral's [TOOL_CALLS], Llama 3's JSON)")
     if problem := tools_problem(tools):
         raise ValueError(f"{problem[0]} must be {problem[1]}")
-    schemas = {t["function"]["name"]: t["function"].get("parameters") for t in tools}
+    # OpenAI's rule: a tool without parameters takes none (its arguments are {})
+    schemas = {t["function"]["name"]: t["function"].get("parameters", NO_PARAMETERS) for t in tools}
     if isinstance(names, str):
         names = [names]
     if names is not None:
@@ -187,6 +188,9 @@ def forced_calls(tokenizer, tools: list[dict], names=None, max_calls: int | None
             raise ValueError(f"no tool is named {', '.join(map(repr, unknown))}")
         schemas = {n: schemas[n] for n in names}
     return _shared(fmt, tokenizer, json.dumps(schemas, sort_keys=True), max_calls, optional)
+
+
+NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 @functools.lru_cache(maxsize=16)

@@ -6,6 +6,7 @@ what plain decoding of the base writes under the same constraint)."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -238,6 +239,42 @@ def test_numbers_within_bounds(tok):
         assert ended >= 6, schema
 
 
+def test_schemas_that_no_value_meets_are_refused_where_they_are_read(tok):
+    """A keyword of the wrong kind, or bounds that leave no value (none that 16 digits write),
+    is a ValueError when the constraint is made (the server's 400), not a model left without a
+    token mid-reply; bounds that leave one value are kept, and what is drawn meets them
+    (jsonschema)."""
+    refused = [({"type": "integer", "minimum": 5, "maximum": 3}, "allows no integer"),
+               ({"type": "integer", "exclusiveMinimum": 3, "exclusiveMaximum": 4}, "allows no integer"),
+               ({"type": "number", "exclusiveMinimum": 3, "exclusiveMaximum": 3}, "allows no number"),
+               ({"type": "number", "minimum": 1e17}, "allows no number of at most 16 digits"),
+               ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-20}, "allows no number"),
+               ({"type": "string", "minLength": 5, "maxLength": 2}, "minLength 5 is above its maxLength 2"),
+               ({"type": "array", "minItems": 3, "maxItems": 1}, "minItems 3 is above its maxItems 1"),
+               ({"type": "integer", "minimum": "5"}, "minimum must be a number, not '5'"),
+               ({"type": "string", "minLength": -1}, "minLength must be a whole number of at least 0"),
+               ({"type": "array", "maxItems": 1.5}, "maxItems must be a whole number"),
+               ({"type": "string", "pattern": 5}, "pattern must be a string"),
+               ({"type": "object", "properties": {"a": {"type": "number", "maximum": True}}}, "maximum must")]
+    for schema, said in refused:
+        with pytest.raises(ValueError, match=re.escape(said)):
+            json_constraint(tok, schema)
+    kept = [{"type": "integer", "minimum": 3, "maximum": 3},
+            {"type": "integer", "exclusiveMinimum": 2, "exclusiveMaximum": 4},
+            {"type": "number", "minimum": 0.5, "exclusiveMaximum": 0.6},
+            {"type": "string", "minLength": 2, "maxLength": 2},
+            {"type": "array", "minItems": 1, "maxItems": 1,
+             "items": {"type": "integer", "minimum": 1, "maximum": 1}}]
+    for schema in kept:
+        c = json_constraint(tok, schema)
+        ended = 0
+        for ids, done in drawn_texts(c, tok, n=4, max_tokens=30, check_masks=False):
+            ended += done
+            if done:
+                jsonschema.validate(json.loads(tok.decode(ids)), schema)
+        assert ended >= 3, schema
+
+
 def test_schemas_that_multiply_work_stay_bounded(tok):
     """Found by a review: unions whose alternatives share a prefix nest (two node types with
     ``children``: an alt state per level doubled), and ``anyOf`` beside ``properties`` read every
@@ -399,6 +436,8 @@ def test_response_format_through_the_server(server, tok):
                          ({"response_format": {"type": "xml"}}, "response_format"),
                          ({"response_format": {"type": "json_schema", "json_schema": {
                              "name": "q", "schema": {"type": "text"}}}}, "response_format"),
+                         ({"response_format": {"type": "json_schema", "json_schema": {"name": "q", "schema": {
+                             "type": "integer", "minimum": 5, "maximum": 3}}}}, "response_format"),
                          ({"response_format": {"type": "json_object"}, "sql_names": True}, "sql_names")]:
         status, reply = server.post_raw("/v1/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"]) == (400, param), reply

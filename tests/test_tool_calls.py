@@ -356,6 +356,15 @@ def test_forced_arguments_follow_the_tools_schema():
     assert not forced_reads(c, tok, call("weather", '{"city": "a", "city": "b"}'))  # a property twice
     for marker in ("</tool_call>", "<tool_call>"):  # the reader would end the call there
         assert not forced_reads(c, tok, call("weather", json.dumps({"city": f"a{marker}b"})))
+    # a tool without parameters, or with none allowed, takes none (OpenAI's rule): {} and no other
+    for tool in ({"name": "now"}, {"name": "now", "parameters": {"type": "object", "properties": {},
+                                                                 "additionalProperties": False}}):
+        none = forced_calls(tok, [{"type": "function", "function": tool}], fmt=HERMES)
+        assert forced_reads(none, tok, call("now", "{}"))
+        assert not forced_reads(none, tok, call("now", '{"a": 1}'))
+        drawn = [tok.decode(ids) for ids, _ in drawn_texts(none, tok, n=4, max_tokens=40, check_masks=False)]
+        # (a text may be cut after its first call, by max_tokens: more calls may follow)
+        assert {read_tool_calls(t, HERMES).calls[0]["function"]["arguments"] for t in drawn} == {"{}"}
     # parameters as Pydantic writes them ($defs and $ref), read against their own root
     guest = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"],
              "additionalProperties": False}
