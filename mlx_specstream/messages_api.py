@@ -29,8 +29,8 @@ from .server import MAX_STOP_CHARS, APIError, Reply, read_pass, speculative, sse
 from .tool_calls import utf8_safe
 
 # Anthropic's error type for each status this server answers with
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large",
-               499: "invalid_request_error", 503: "overloaded_error"}
+ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
+               413: "request_too_large", 499: "invalid_request_error", 503: "overloaded_error"}
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 
 

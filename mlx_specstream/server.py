@@ -63,9 +63,6 @@ class APIError(Exception):
         super().__init__(message)
         self.status, self.param, self.code, self.kind = status, param, code, kind
 
-    def response(self) -> JSONResponse:
-        return error_response(str(self), self.status, self.kind, self.param, self.code)
-
 
 def error_response(message: str, status: int, kind: str, param: str | None = None,
                    code: str | None = None, headers: dict | None = None) -> JSONResponse:
@@ -672,23 +669,18 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         return await generation(request, chat=True)
 
     async def messages(request: Request) -> Response:
-        """Anthropic's Messages API (:mod:`~mlx_specstream.messages_api`), its errors in its shape."""
-        from .messages_api import MessageReply, error_body
+        """Anthropic's Messages API (:mod:`~mlx_specstream.messages_api`; its errors in its shape:
+        ``shaped``)."""
+        from .messages_api import MessageReply
 
-        try:
-            return await generation(request, chat=True, kind=MessageReply)
-        except APIError as e:
-            return JSONResponse(error_body(e), status_code=e.status)
+        return await generation(request, chat=True, kind=MessageReply)
 
     async def count_tokens(request: Request) -> Response:
         """Anthropic's token count of a Messages request's prompt: ``{"input_tokens": n}``."""
-        from .messages_api import count_request, error_body
+        from .messages_api import count_request
 
-        try:
-            counted = count_request(await body_of(request))
-            return JSONResponse({"input_tokens": chat_prompt_tokens(counted, pool)})
-        except APIError as e:
-            return JSONResponse(error_body(e), status_code=e.status)
+        counted = count_request(await body_of(request))
+        return JSONResponse({"input_tokens": chat_prompt_tokens(counted, pool)})
 
     loaded = int(time.time())  # every model's "created": when this server loaded it
     described = {m["id"]: {"object": "model", "created": loaded, "owned_by": "specstream-mlx", **m}
@@ -710,15 +702,22 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
     async def health(request: Request) -> Response:
         return JSONResponse({"status": "ok", "active": scheduler.active, "waiting": scheduler.waiting})
 
+    def shaped(request: Request, e: APIError, headers: dict | None = None) -> Response:
+        """An error in the shape of the API the request's route is (Anthropic's under /v1/messages)."""
+        if request.url.path.startswith("/v1/messages"):
+            from .messages_api import error_body
+
+            return JSONResponse(error_body(e), status_code=e.status, headers=headers)
+        return error_response(str(e), e.status, e.kind, e.param, e.code, headers)
+
     async def api_error(request: Request, exc: APIError) -> Response:
-        return exc.response()
+        return shaped(request, exc)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return error_response(exc.detail, exc.status_code, "invalid_request_error",
-                              headers=exc.headers)  # a 405's Allow
+        return shaped(request, APIError(exc.detail, status=exc.status_code), exc.headers)  # a 405's Allow
 
     async def server_error(request: Request, exc: Exception) -> Response:
-        return error_response(f"internal error: {exc}", 500, "server_error")
+        return shaped(request, APIError(f"internal error: {exc}", status=500, kind="server_error"))
 
     from contextlib import asynccontextmanager
 

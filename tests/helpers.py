@@ -63,8 +63,10 @@ class Server:
         with urllib.request.urlopen(self.url + path, timeout=10) as r:
             return json.loads(r.read())
 
-    def post_raw(self, path: str, data: bytes) -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+    def post_raw(self, path: str, data: bytes | None, method: str = "POST") -> tuple[int, dict]:
+        """The status and JSON body of a request (``method``: another than POST, e.g. GET)."""
+        req = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"},
+                                     method=method)
         try:
             with urllib.request.urlopen(req, timeout=30) as r:
                 return r.status, json.loads(r.read())

@@ -847,3 +847,11 @@ def test_messages_api_errors_are_anthropics(server):
     nope = json.dumps({**body, "model": "nope"}).encode()
     status, reply = server.post_raw("/v1/messages/count_tokens", nope)
     assert status == 404 and reply["type"] == "error" and reply["error"]["type"] == "not_found_error", reply
+    # what the routing answers, in the same shape: a path this server lacks, a method the route lacks
+    routed = [("/v1/messages/batches", b"{}", "POST", 404, "not_found_error"),
+              ("/v1/messages", None, "GET", 405, "invalid_request_error")]
+    for path, data, method, want, kind in routed:
+        status, reply = server.post_raw(path, data, method)
+        assert (status, reply["type"], reply["error"]["type"]) == (want, "error", kind), reply
+    status, reply = server.post_raw("/v1/chat/completions", None, "GET")  # OpenAI's routes: OpenAI's shape
+    assert status == 405 and reply["error"]["type"] == "invalid_request_error" and "type" not in reply, reply
