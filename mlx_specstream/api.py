@@ -208,8 +208,10 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
               skip_special_tokens: bool = False) -> Iterator[StreamResponse | PassRequest]:
     """Pass by pass: detokenize token by token and end at a stop string (checked by
     :func:`check_stop`), whose text and what follows it are not emitted (the token it begins in
-    is, its piece cut there). With stop strings, text that could begin one is held back until it
-    cannot. ``skip_special_tokens``: control tokens (``<s>``) have no text (the server's replies)."""
+    is, its piece cut there); of several, the one that ends first, as plain decoding meets it.
+    ``stats.generated_tokens`` counts the tokens through the one that completes it. With stop
+    strings, text that could begin one is held back until it cannot. ``skip_special_tokens``:
+    control tokens (``<s>``) have no text (the server's replies)."""
     stop = stop or []
     detok = None if tokenizer is None else (
         tokenizer.detokenizer(skip_special_tokens=True) if skip_special_tokens else tokenizer.detokenizer())
@@ -231,9 +233,11 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
             held += [(None, tail, False)]
         text = out + "".join(p for _, p, _ in held)
         finished = step.finished
-        found = sorted((i, s) for s in stop if (i := text.find(s, max(0, len(out) - len(s) + 1))) >= 0)
-        hits = [i for i, _ in found]
-        end = min(hits) if hits else (len(text) if finished else len(text) - held_back(text, stop))
+        # the stop string that ends first is the one plain decoding, token by token, meets first
+        found = sorted((i + len(s), i, s) for s in stop
+                       if (i := text.find(s, max(0, len(out) - len(s) + 1))) >= 0)
+        hits = bool(found)
+        end = found[0][1] if hits else (len(text) if finished else len(text) - held_back(text, stop))
         n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end
         while not hits and n < len(held) and pos + len(held[n][1]) <= end:
             pos += len(held[n][1])
@@ -244,8 +248,10 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
             n = _through(detok, held, done, text[:end])
             finished = "stop"
             decoder.stats.finish_reason = "stop"
-            cut = sum(t is not None for t, _, _ in held[n:])  # the last tokens: this pass's first
-            decoder.stats.generated_tokens -= cut
+            # generated: through the token that completes the stop string, as plain decoding writes it
+            beyond = _through(detok, held, done, text[:found[0][0]])
+            decoder.stats.generated_tokens -= sum(t is not None for t, _, _ in held[beyond:])
+            cut = sum(t is not None for t, _, _ in held[n:])  # not in the output: this pass's last tokens
             n_acc = min(n_acc, len(step.tokens) - min(cut, len(step.tokens)))  # accepted, in the output
         ready, held = held[:n], held[n:]
         tokens = [t for t, _, _ in ready if t is not None]
@@ -257,7 +263,7 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         done += len(tokens)
         yield StreamResponse(tokens, "".join(piece_list), step.accepted[:n_acc], step.rejected, finished,
                              decoder.stats.snapshot(), piece_list, [d for _, _, d in ready],
-                             found[0][1] if found else None,
+                             found[0][2] if found else None,
                              logprobs if step.logprobs is not None else None)
         if finished:
             return

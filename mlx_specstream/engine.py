@@ -105,8 +105,8 @@ class Stats:
     @property
     def mean_accepted_tokens(self) -> float:
         """Tokens advanced per decode forward pass (1.0 for autoregressive decoding), as verification
-        accepted them: tokens a stop string cuts from the output still count (``generated_tokens``
-        does not count them)."""
+        accepted them: tokens a pass accepted past a stop string still count (``generated_tokens``
+        counts only those through the one that completes it)."""
         n = sum(self.accepted_lengths.values())
         return sum(k * c for k, c in self.accepted_lengths.items()) / n if n else 0.0
 

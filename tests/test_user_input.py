@@ -307,7 +307,9 @@ def test_stop_strings_cut_the_text_where_they_begin():
     assert out.finish_reason == "stop" and out.text == full.text[: full.text.index(stop)]
     shown = tok.decode(out.tokens)  # the tokens: up to the one the stop string begins in
     assert shown.startswith(out.text) and len(tok.decode(out.tokens[:-1])) < len(out.text)
-    assert out.tokens == full.tokens[: len(out.tokens)] and out.stats.generated_tokens == len(out.tokens)
+    assert out.tokens == full.tokens[: len(out.tokens)]
+    # generated (the usage a server reports): through the token that completes the stop string
+    assert out.stats.generated_tokens == next(k for k in range(41) if stop in tok.decode(full.tokens[:k]))
     # streaming never shows a stop string's beginning that is later cut; one string is one stop
     streamed = "".join(s.text for s in stream_generate(model, tok, prompt, max_tokens=40, stop=stop))
     assert streamed == out.text
@@ -316,11 +318,19 @@ def test_stop_strings_cut_the_text_where_they_begin():
     prompt = "# _collections_abc: Hashable.__subclasshook__\n@classmethod\ndef __subclasshook__(cls, C):\n"
     *_, last = stream_generate(code, tok, prompt, max_tokens=32, stop=" None")
     assert last.finish_reason == "stop" and len(last.accepted) <= len(last.tokens)
+    # of stop strings that overlap, the one that ends first, as plain decoding meets it token by token
+    lossless, _ = load(adapter="sql-lossless")
+    plain = generate(lossless, tok, prompt, max_tokens=40, mode="ar")
+    for a in range(len(plain.text) - 4):
+        stops = [plain.text[a:a + 4], plain.text[a + 2]]
+        ar = generate(lossless, tok, prompt, max_tokens=40, mode="ar", stop=stops)
+        ss = generate(lossless, tok, prompt, max_tokens=40, stop=stops)
+        assert ar.text == plain.text[:plain.text.index(stops[1])] == ss.text, stops
+        assert ar.stats.generated_tokens == ss.stats.generated_tokens, stops
     for bad in ([""], ["x", ""], ""):
         with pytest.raises(ValueError, match="stop: a stop string must not be empty"):
             generate(model, tok, prompt, max_tokens=4, stop=bad)
     # a stop right after a character written as byte tokens, inside the token that completes it
-    lossless, _ = load(adapter="sql-lossless")
     text = "SELECT * FROM t WHERE name = 'José';\nSELECT * FROM t WHERE name = 'Jos"
     assert generate(lossless, tok, text, max_tokens=12, mode="ar").text.startswith("é'")
     assert generate(lossless, tok, text, max_tokens=12, stop="'").text == "é"
@@ -376,7 +386,7 @@ def test_byte_tokens_wait_for_their_character_before_a_stop():
 
     out = list(responses(SimpleNamespace(steps=steps, stats=stats), tok, ["é"]))
     assert "".join(r.text for r in out) == "ab" and [t for r in out for t in r.tokens] == ids[:1]
-    assert out[-1].finish_reason == "stop" and stats.generated_tokens == 1
+    assert out[-1].finish_reason == "stop" and stats.generated_tokens == 3  # "ab", then "é"'s two bytes
 
 
 def test_the_tokens_at_a_stop_are_those_of_the_text_whatever_holds_a_bytes_text():
@@ -401,6 +411,7 @@ def test_the_tokens_at_a_stop_are_those_of_the_text_whatever_holds_a_bytes_text(
         stop = full[start:start + rng.choice([1, 2, 4])]
         text = full[:full.index(stop)]
         want = next(k for k in range(len(ids) + 1) if tok.decode(ids[:k]).startswith(text))
+        made = next(k for k in range(len(ids) + 1) if tok.decode(ids[:k]).startswith(text + stop))
         cuts = sorted(rng.sample(range(1, len(ids)), 4))
         passes = [Step(ids[a:b], [], []) for a, b in zip([0, *cuts], [*cuts, len(ids)])]
         passes[-1].finished = "length"
@@ -414,7 +425,7 @@ def test_the_tokens_at_a_stop_are_those_of_the_text_whatever_holds_a_bytes_text(
         out = list(responses(SimpleNamespace(steps=steps, stats=stats), tok, [stop]))
         tokens = [t for r in out for t in r.tokens]
         assert "".join(r.text for r in out) == text and tokens == ids[:want], (stop, text)
-        assert all("".join(r.pieces) == r.text for r in out) and stats.generated_tokens == want
+        assert all("".join(r.pieces) == r.text for r in out) and stats.generated_tokens == made
 
 
 def test_the_public_names_are_the_api_whatever_was_imported_before():
