@@ -145,9 +145,19 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
                             else m.get("content"), at)
         _check_text(at, content=text)
         out.append({**m, "content": text})
-        if isinstance(m.get("tool_calls"), list):
-            out[-1]["tool_calls"] = [_call_arguments(c) for c in m["tool_calls"]]
+        calls = m.get("tool_calls")
+        if calls is not None:
+            if not isinstance(calls, list):
+                raise DataError(f"{at}.tool_calls must be a list of calls, {CALL_SHAPE}")
+            for j, call in enumerate(calls):
+                f = call.get("function") if isinstance(call, dict) else None
+                if not (isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]):
+                    raise DataError(f"{at}.tool_calls[{j}] must be {CALL_SHAPE}")
+            out[-1]["tool_calls"] = [_call_arguments(c) for c in calls]
     return out
+
+
+CALL_SHAPE = '{"type": "function", "function": {"name": ..., "arguments": ...}}'  # a tool call, as OpenAI's
 
 
 def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
@@ -157,12 +167,9 @@ def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
     that come back as calls."""
     names = {t["function"]["name"] for t in tools or []}
     for i, m in enumerate(messages):
-        for j, call in enumerate(m.get("tool_calls") or []):
+        for j, call in enumerate(m.get("tool_calls") or []):  # shaped as calls (chat_messages)
             at = f"{where}: messages[{i}].tool_calls[{j}]"
-            f = call.get("function") if isinstance(call, dict) else None
-            if not (isinstance(f, dict) and isinstance(f.get("name"), str) and f["name"]):
-                raise DataError(f'{at} must be {{"type": "function", "function": '
-                                '{"name": ..., "arguments": ...}}')
+            f = call["function"]
             if tools is not None and f["name"] not in names:
                 raise DataError(f"{at} calls '{f['name']}', which is not one of the row's tools "
                                 f"({', '.join(sorted(names))})")
@@ -339,8 +346,9 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
                             "has none: give prompt/completion rows")
         if not msgs[-1].get("tool_calls"):  # the reply to learn: text, or tool calls
             message_text(msgs[-1].get("content"), where)
+        flat = chat_messages(msgs, where)
         _check_calls(msgs, tools, where)
-        return _chat_example(tokenizer, chat_messages(msgs, where), where, tools, add_eos)
+        return _chat_example(tokenizer, flat, where, tools, add_eos)
     if "text" in row:
         text = row["text"]
         if _is_ids(text):

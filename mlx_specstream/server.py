@@ -210,8 +210,9 @@ def _shape(body: dict, tokenizer, tools, fmt, forced, max_calls, sql_names: bool
     except ValueError as e:
         raise APIError(str(e).replace("response_format", "'response_format'", 1), "response_format") from None
     if shaped and tools:
-        raise APIError("'response_format' ('output_config') and 'tools' cannot be combined (tool_choice "
-                       "'required' makes the reply calls)", "response_format")
+        raise APIError("'response_format' and 'tools' cannot be combined here: one constraint shapes a "
+                       "reply, JSON by the schema or calls to the tools (on /v1/messages: 'output_config' "
+                       "and 'tools')", "response_format")
     # tool_choice "auto" with a strict tool: text, or calls to the tools by their schemas
     strict = not forced and has_strict(tools)
     if sql_names and (shaped or forced or strict):

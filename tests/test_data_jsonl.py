@@ -332,6 +332,9 @@ def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
         reply = {"role": "assistant", "content": None, "tool_calls": [call]}
         return {"tools": list(tools), "messages": [{"role": "user", "content": "q"}, reply]}
 
+    def calling(calls):  # a reply whose tool_calls are not calls
+        return {**row(), "messages": [row()["messages"][0], {"role": "assistant", "tool_calls": calls}]}
+
     assert encode_row(row(), tok).tokens and encode_row(row(arguments={"city": "Oslo"}), tok).tokens
     flat = [{"type": "function", "name": "weather"}]  # not OpenAI's shape: refused in a prompt row too
     with pytest.raises(DataError, match=re.escape("x.jsonl:3: 'tools[0]' must be")):
@@ -343,7 +346,9 @@ def test_tool_rows_hold_calls_the_server_returns_as_calls(tmp_path):
     for bad, said in [(row(arguments="{city: Paris"), "function.arguments must be a JSON object"),
                       (row(arguments="[1, 2]"), "function.arguments must be a JSON object"),
                       (row(name="time"), "calls 'time', which is not one of the row's tools (weather)"),
-                      (row(tools=[{"type": "function", "name": "weather"}]), "'tools[0]' must be")]:
+                      (row(tools=[{"type": "function", "name": "weather"}]), "'tools[0]' must be"),
+                      (calling("x"), "x.jsonl:2: messages[1].tool_calls must be a list of calls"),
+                      (calling([{}]), 'x.jsonl:2: messages[1].tool_calls[0] must be {"type": "func')]:
         with pytest.raises(DataError, match=re.escape(said)):
             encode_row(bad, tok, where="x.jsonl:2")
 

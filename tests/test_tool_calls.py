@@ -518,6 +518,13 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                ({"tools": [*TOOLS, STRICT_SEVENS]}, "tools[1]", None)]:
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
+    # a malformed call in the history is named, not a template's error
+    history = [*ask("Berlin"), {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
+               {"role": "tool", "tool_call_id": "c", "content": "9 C"}]
+    status, reply = server.post_raw("/v1/chat/completions",
+                                    json.dumps({**body, "messages": history}).encode())
+    assert (status, reply["error"]["param"]) == (400, "messages"), reply
+    assert reply["error"]["message"].startswith("messages[1].tool_calls[0] must be {"), reply
     assert server.get("/health")["status"] == "ok"
 
 
