@@ -45,7 +45,7 @@ def load(path: str | Path | None = None, adapter: str | Path | None = None,
     check_switch("fuse", fuse)
     path = model_dir(path) if path is not None else default_model()
     model = load_model(path, dtype=dtype, quantize=quantize)
-    model.path = path
+    model.path = path.absolute()  # where its adapters are, wherever the caller's directory goes (%cd)
     if adapter is not None:
         load_adapter(model, adapter, model_path=path)
         if fuse:

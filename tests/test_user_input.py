@@ -572,13 +572,16 @@ def test_empty_completions_are_counted_and_reported(tmp_path):
     assert not any("empty completion" in s for s in said) and any("self-distill" in s for s in said), said
 
 
-def test_load_adapter_looks_under_the_models_own_directory(tmp_path):
+def test_load_adapter_looks_under_the_models_own_directory(tmp_path, monkeypatch):
     from mlx_specstream.adapter import load_adapter
     from mlx_specstream.api import load
     from mlx_specstream.errors import AdapterError
 
-    model, _ = load(DEFAULT_MODEL, fuse=False)
+    monkeypatch.chdir(DEFAULT_MODEL.parent)  # loaded by a relative path, then the notebook moves (%cd)
+    model, _ = load(DEFAULT_MODEL.name, fuse=False)
+    monkeypatch.chdir(tmp_path)
     assert load_adapter(model, "sql-lossless").name == "sql-lossless"  # no model_path needed
+    assert model.path == DEFAULT_MODEL.absolute()
     (tmp_path / "empty").mkdir()
     with pytest.raises(AdapterError, match="empty: not an adapter directory"):
         load_adapter(model, tmp_path / "empty")
