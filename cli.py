@@ -258,7 +258,7 @@ def generate(
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                             temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p))
+                             temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed))
     if model is not None and model.name.endswith(".mlpackage"):
         if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "

@@ -197,8 +197,8 @@ _UNUSED_IN = {"ss": (), "lookup": ("gamma", "branch", "prune_threshold"),
 
 
 def check_used(opts: DecodeOptions) -> None:
-    """Refuse options that ``opts.mode`` ignores (``--mode ar --gamma 2``), and sampling cuts
-    under greedy decoding (``--top-k 5`` at ``--temp 0``), for callers that want it said; the
+    """Refuse options that ``opts.mode`` ignores (``--mode ar --gamma 2``), and sampling cuts or a
+    seed under greedy decoding (``--top-k 5`` at ``--temp 0``), for callers that want it said; the
     Python API and the server ignore them, so one set of options serves every mode."""
     cuts = [f"{{{name}}}" for name, off in (("top_p", 1.0), ("top_k", 0), ("min_p", 0.0))
             if getattr(opts, name) != off]
@@ -206,6 +206,9 @@ def check_used(opts: DecodeOptions) -> None:
         verb = "cuts" if len(cuts) == 1 else "cut"
         raise OptionError(f"{', '.join(cuts)} {verb} what sampling draws from, and {{temperature=0}} "
                           "decodes greedily: give {temperature} > 0 to sample")
+    if opts.temperature == 0 and opts.seed is not None:
+        raise OptionError("{seed} seeds sampling, and {temperature=0} decodes greedily: give {temperature} "
+                          "> 0 to sample")
     given = {name: getattr(opts, name) for name in _UNUSED_IN.get(opts.mode, ())}
     idle = [f"{{{name}=False}}" if value is False else f"{{{name}}}"  # --no-lookup said as typed
             for name, value in given.items() if value is not None]

@@ -39,6 +39,8 @@ def test_generate_errors(model_dir, tmp_path):
                           "no such model directory")
     assert_one_line_error(cli("generate", "--model", str(model_dir), "--prompt", "x", "--top-k", "5"),
                           "--top-k cuts what sampling draws from, and --temp 0 decodes greedily")
+    assert_one_line_error(cli("generate", "--model", str(model_dir), "--prompt", "x", "--seed", "3"),
+                          "--seed seeds sampling, and --temp 0 decodes greedily: give --temp > 0 to sample")
     for command in (["generate", "--prompt", "x"], ["bench", "--quick"], ["ngrams", "--data", str(tmp_path)]):
         assert_one_line_error(cli(*command, "--model", str(tmp_path / "nope"), "--adapter", "a"),
                               f"{tmp_path / 'nope'}: no such model directory")  # not: adapter 'a' not found
