@@ -148,6 +148,10 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
     if dest.is_symlink() or not dest.is_dir():
         raise FileExistsError(f"{dest} exists and is not {_a(kind)} directory: refusing to replace it")
     foreign = foreign_entries(dest, kind)
+    if kind == "model":  # an empty adapters/ or draft/ holds nothing to lose
+        empty = {e for e in MODEL_WORK if (dest / e).is_dir() and not (dest / e).is_symlink()
+                 and not any((dest / e).iterdir())}
+        foreign = [e for e in foreign if e not in empty]
     work = [f"{e}/" for e in foreign if e in MODEL_WORK] if kind == "model" else []
     if work and len(work) == len(foreign):  # a model of ours, but for what was made for it
         raise FileExistsError(f"{dest}: holds {' and '.join(work)} made for this model: refusing to replace "

@@ -125,6 +125,7 @@ def test_a_model_with_adapters_is_not_replaced_but_finders_litter_is(tmp_path):
     with atomic_dir(dest, "model") as tmp:
         save_model(tiny_model(), tiny_model().config, tmp)
     (dest / ".DS_Store").write_bytes(b"\0")
+    (dest / "adapters").mkdir()  # empty: nothing to lose
     with atomic_dir(dest, "model", overwrite=True) as tmp:
         save_model(tiny_model(seed=1), tiny_model(seed=1).config, tmp)
     model = tiny_model(seed=1)
