@@ -217,8 +217,18 @@ def _linears(block: nn.Module, kinds: tuple = LINEAR) -> list[tuple[nn.Module, s
     return found
 
 
+def _check_model(model) -> None:
+    """The API's TypeError (``check_model``: what it is instead, and a hint) for an argument that is
+    not an MLX model from ``load()``."""
+    if not isinstance(getattr(model, "layers", None), list):
+        from .api import check_model  # api imports this module
+
+        check_model(model, None)
+
+
 def detach(model: nn.Module) -> None:
     """Remove the attached adapter (if any), restoring the base layers."""
+    _check_model(model)
     if getattr(model, "adapter", None) is None:
         return
     if getattr(model, "fused_lora", 0):
@@ -292,6 +302,7 @@ def new_adapter(model: nn.Module, mode: str = "lossless", gamma: int = 4, msa_la
     ``msa_layers`` defaults to 2, which every model has (``train``'s default is 4); ``options``:
     the other fields of :class:`AdapterConfig`.
     """
+    _check_model(model)
     check_keywords("new_adapter", options, [f.name for f in fields(AdapterConfig)], {"lora_rank": "{rank}"})
     cfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, **options)
     attach(model, cfg, seed=seed, lora_scale=0.02)
@@ -388,6 +399,7 @@ def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False)
     given. An existing adapter there is replaced only with ``overwrite``."""
     from .loader import atomic_dir
 
+    _check_model(model)
     if getattr(model, "adapter", None) is None:
         raise AdapterError("no adapter is attached to this model")
     if getattr(model, "fused_lora", 0):
@@ -516,6 +528,7 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | P
     accepts an adapter made for another base of the same shape, as a training run's starting point
     only: its streams drafted that base's hidden states, not these. Names are looked up under
     ``model_path``, by default the directory the model was loaded from."""
+    _check_model(model)
     path = resolve_adapter(model_path if model_path is not None else getattr(model, "path", None),
                            name_or_path)
     cfg = read_config(path)

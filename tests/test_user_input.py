@@ -630,6 +630,16 @@ def test_a_failed_adapter_load_keeps_the_adapter_the_model_had(tmp_path):
     assert generate(model, None, [1, 2, 3], max_tokens=8).tokens == ref
 
 
+def test_the_adapter_functions_say_what_their_model_argument_is_instead():
+    from mlx_specstream.adapter import detach, load_adapter, new_adapter, save_adapter
+
+    for call, hint in [(lambda: new_adapter("models/m"), "not str: load it first"),
+                       (lambda: detach("m"), "not str"), (lambda: save_adapter("m", "a"), "not str"),
+                       (lambda: load_adapter(("model", "tok"), "sql"), "not tuple: give the model of")]:
+        with pytest.raises(TypeError, match=f"^model must be a model from load\\(\\), {hint}"):
+            call()
+
+
 def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
     from mlx_specstream.data import Dataset, Example
     from mlx_specstream.trainer import train
