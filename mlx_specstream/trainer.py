@@ -54,7 +54,6 @@ from .adapter import (
     save_adapter,
 )
 from .checkpoint import (
-    check_same_run,
     checkpoints,
     examples_digest,
     last_state,
@@ -96,7 +95,7 @@ from .process_group import DistributedGroup, barrier, run_local, threads_each
 from .project import DEFAULT_MODEL
 from .tokenizer import eos_ids
 from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys
-from .training_run import NOT_COMPARED, RECORDED_ONLY, Run, final_evaluation, plan_line, train_steps
+from .training_run import NOT_COMPARED, Run, check_resumable, final_evaluation, plan_line, train_steps
 
 REPORT_FILE = "training_report.json"
 # mlx-lm's training options spelt otherwise here (or with no counterpart), with what stands for
@@ -709,6 +708,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
         if resumed is not None and warmup is None:
             warmup = resumed["config"].get("warmup")
+        length = ("{iters=%d}" if iters is not None else "the %d steps of {epochs}" if epochs is not None
+                  else "the %d steps this data trains for by default")  # how a run's length was given
         if iters is None:
             iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
                      else default_iters(n_train, batch_size))
@@ -745,7 +746,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         compat = {k: v for k, v in asdict(tc).items() if k not in NOT_COMPARED}
         compat.update(digests, over_weights=weights_digest(fine_tune) if fine_tune else None)
         if resumed is not None:  # refused before the work below (self-distillation: minutes)
-            check_same_run(last[0], resumed["config"], compat, RECORDED_ONLY)
+            check_resumable(*last, base_fp, compat, iters, length)
 
         # -- adapter, optimizer, resume --------------------------------------------------------------
         acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,

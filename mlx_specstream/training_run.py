@@ -45,6 +45,21 @@ RECORDED_ONLY = ("data", "valid_data", "accept_prompts", "accept_tokens", "branc
                   "warmup", "val_batches", "over_weights")
 
 
+def check_resumable(path: Path, state: dict, base_fp: str, compat: dict, iters: int,
+                    length: str = "{iters=%d}") -> None:
+    """Refuse to resume from the checkpoint ``path`` (its recorded ``state``) a run on another base
+    model, with other settings, or shorter than the step it is at (``length``: how the run's
+    length was given, ``%d`` its steps)."""
+    if state.get("base_fingerprint") != base_fp:
+        raise ValueError(f"{path}: checkpoint was made on another base model (fingerprint "
+                         f"{state.get('base_fingerprint')}; this one {base_fp}): resume with the model it "
+                         "was trained on")
+    check_same_run(path, state["config"], compat, RECORDED_ONLY)
+    if int(state["step"]) > iters:
+        raise OptionError(f": the run is already at step {state['step']}, past {length % iters}",
+                          subject=str(path))
+
+
 @dataclass
 class Run:
     """A run under way: what its steps, validations and checkpoints share, and what it has done so
@@ -82,14 +97,11 @@ class Run:
 
     def restore(self, path: Path, state: dict) -> None:
         """Continue from the checkpoint in ``path`` (its weights and optimizer state already loaded),
-        whose ``state`` must be this run's."""
-        if state.get("base_fingerprint") != self.base_fp:
-            raise ValueError(f"{path}: checkpoint was made on another base model")
-        check_same_run(path, state["config"], self.compat, RECORDED_ONLY)
+        whose ``state`` must be this run's (:func:`check_resumable`: ``train`` checks the last
+        checkpoint's before the run's work begins; one kept before it, read where the last is
+        damaged, is checked here)."""
+        check_resumable(path, state, self.base_fp, self.compat, self.tc.iters)
         self.start = int(state["step"])
-        if self.start > self.tc.iters:
-            raise OptionError(f": the run is already at step {self.start}, past {{iters={self.tc.iters}}}",
-                              subject=str(path))
         self.history, self.val_history = state.get("history", []), state.get("val_history", [])
         self.seconds = float(state.get("seconds", 0.0))
         if (path / BEST_FILE).is_file() and state.get("best"):

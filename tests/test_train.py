@@ -973,6 +973,15 @@ def test_a_resumed_run_keeps_its_length_warmup_and_validation(tmp_path):
     other_valid = arithmetic(8, np.random.default_rng(1), length=10)
     with pytest.raises(ValueError, match="other validation examples"):
         train(tiny_model("llama", seed=0), (ds, other_valid), out=tmp_path / "cut", resume=True, **opts)
+    # refused before any of the run's work, saying how the run was made shorter than its step
+    for change, said in [({"iters": 3}, r"past iters=3$"), ({"epochs": 0.5}, r"past the 3 steps of epochs$")]:
+        with pytest.raises(ValueError, match=r"step-0000004: the run is already at step 4, " + said):
+            train(tiny_model("llama", seed=0), (ds, valid), out=tmp_path / "cut", resume=True, **opts,
+                  **change)
+    other = tiny_model("llama", hidden_size=48)  # another shape: said before its weights fail to load
+    with pytest.raises(ValueError, match=r"step-0000004: checkpoint was made on another base model "
+                                         r"\(fingerprint \w+; this one \w+\): resume with the model"):
+        train(other, (ds, valid), out=tmp_path / "cut", resume=True, **opts)
     last = tmp_path / "cut.train" / "checkpoints" / "step-0000004" / "optimizer.safetensors"
     last.write_bytes(last.read_bytes()[:1000])  # damaged on disk after it was written
     said = []
