@@ -434,7 +434,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
     created = make_parents(out.parent)
     tmp = temp_dir_beside(out)
     try:
-        with terminate_cleanly(), _write_errors_as_os_errors(out):
+        with terminate_cleanly() as interrupts, _write_errors_as_os_errors(out):
             parts = {}
             for mode in ("prefill", "step"):
                 t = time.perf_counter()
@@ -476,6 +476,7 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 
             Package(final)  # the saved file reads back
             # an earlier export's tokenizer goes too when this model has none
+            interrupts.check()
             replace_dirs([(tok_tmp, tokenizer_dir(out), "Core ML tokenizer"),
                           (final, out, "Core ML package")], overwrite)
     except BaseException:

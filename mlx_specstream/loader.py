@@ -260,8 +260,9 @@ def atomic_dir(dest: str | Path, kind: str, overwrite: bool = False):
         remove_empty(created)
         raise PermissionError(f"cannot write to {dest.parent}: {e.strerror}") from None
     try:
-        with terminate_cleanly():
+        with terminate_cleanly() as interrupts:
             yield tmp
+            interrupts.check()
             replace_dirs([(tmp, dest, kind)], overwrite)
     except OSError as e:  # said of the output asked for, not of the temporary directory
         shutil.rmtree(tmp, ignore_errors=True)

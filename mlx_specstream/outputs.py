@@ -355,26 +355,50 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM arrived while an output was being written (:func:`terminate_cleanly`)."""
 
 
+class Interrupts:
+    """Ctrl-C seen while a :func:`terminate_cleanly` block ran. Python drops the KeyboardInterrupt of
+    one that lands inside a finalizer (``Exception ignored in: ... __del__``), and the block goes on
+    as if none had come; :meth:`check`, called before an output is put in place, stops it there."""
+
+    def __init__(self):
+        self.seen = False
+
+    def check(self) -> None:
+        if self.seen:
+            raise KeyboardInterrupt
+
+
 @contextmanager
-def terminate_cleanly() -> Iterator[None]:
+def terminate_cleanly() -> Iterator[Interrupts]:
     """While this block runs (in the main thread), SIGTERM raises :class:`Terminated`, so that
-    the cleanup of a half-written output runs as it does for Ctrl-C; the previous handler is put
-    back afterwards. A SIGTERM's default action would leave the temporary directory behind."""
+    the cleanup of a half-written output runs as it does for Ctrl-C, and every Ctrl-C is noted in
+    the :class:`Interrupts` it yields; the previous handlers are put back afterwards. A SIGTERM's
+    default action would leave the temporary directory behind."""
+    interrupts = Interrupts()
     if threading.current_thread() is not threading.main_thread() or _held[0]:
-        yield  # another thread, or inside signals_held: SIGTERM stays held until that block ends
+        yield interrupts  # another thread, or inside signals_held: SIGTERM stays held until that block ends
         return
 
     def stop(signum, frame):
         signal.signal(signal.SIGTERM, previous)  # a second SIGTERM acts at once (a stuck collective)
         raise Terminated("terminated")
 
+    def interrupt(signum, frame):
+        interrupts.seen = True
+        on_int(signum, frame)
+
     previous = signal.signal(signal.SIGTERM, stop)
     if previous is None:  # a handler installed outside Python: the default stands in for it
         previous = signal.SIG_DFL
+    on_int = signal.getsignal(signal.SIGINT)
+    if callable(on_int):  # Python's own (KeyboardInterrupt) or a caller's; an ignored Ctrl-C stays so
+        signal.signal(signal.SIGINT, interrupt)
     try:
-        yield
+        yield interrupts
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if callable(on_int):
+            signal.signal(signal.SIGINT, on_int)
 
 
 def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) -> None:
@@ -444,8 +468,9 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> None:
     interrupted or failed write leaves the previous file as it was (and no temporary file)."""
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with terminate_cleanly(), open(tmp, "wb") as f:  # SIGTERM too removes the temporary file
+        with terminate_cleanly() as interrupts, open(tmp, "wb") as f:  # SIGTERM too removes the temp file
             write(f)
+        interrupts.check()
         os.replace(tmp, path)
     except OSError as e:  # said of the file asked for, not of the temporary one
         tmp.unlink(missing_ok=True)
@@ -474,9 +499,10 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
     pid = os.getpid()
     temps = {name: directory / f".{name}.tmp{pid}" for name in files}
     try:
-        with terminate_cleanly():
+        with terminate_cleanly() as interrupts:
             for name, data in files.items():
                 temps[name].write_bytes(data)
+        interrupts.check()
     except OSError as e:
         for t in temps.values():
             t.unlink(missing_ok=True)

@@ -244,6 +244,38 @@ def test_sigterm_while_writing_leaves_nothing_behind(tmp_path):
     assert signal.getsignal(signal.SIGTERM) is before
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the dropped one, as meant
+def test_a_ctrl_c_that_python_drops_still_keeps_the_old_output(tmp_path):
+    """Ctrl-C inside a finalizer: Python prints "Exception ignored" and the block goes on, but the
+    new output is not put in place (an accidental --overwrite stopped by Ctrl-C kept the old
+    model); the previous handler is back afterwards."""
+    import os
+    import signal
+
+    from mlx_specstream.outputs import write_atomic
+
+    class Finalizer:  # what Ctrl-C landed in, in a user's convert run (regex's Group.__del__)
+        def __del__(self):
+            os.kill(os.getpid(), signal.SIGINT)
+            for _ in range(1000):  # the handler runs between these bytecodes, inside __del__
+                pass
+
+    dest = tmp_path / "m"
+    _model_dir(dest, "old")
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_dir(dest, "model", overwrite=True) as tmp:
+            save_model(tiny_model(), {"note": "new"}, tmp)
+            Finalizer()  # dropped at once: its KeyboardInterrupt is "ignored"
+    assert json.loads((dest / "config.json").read_text())["note"] == "old"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+    (tmp_path / "f").write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        write_atomic(tmp_path / "f", lambda f: (f.write(b"new"), Finalizer()))
+    assert (tmp_path / "f").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f", "m"]
+    assert signal.getsignal(signal.SIGINT) is before
+
+
 def test_current_directory_as_the_destination(tmp_path, monkeypatch):
     """``--mlx-path . --overwrite`` inside a model directory the project wrote replaces it (the
     work happens beside it, not inside it)."""
