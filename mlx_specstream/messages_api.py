@@ -134,12 +134,22 @@ def chat_request(body: dict) -> dict:
         raise APIError("'container' (code execution) is not supported by this server", "container")
     if not isinstance(body["messages"], list) or not body["messages"]:
         raise APIError("'messages' must be a non-empty list of messages", "messages")
+    for i, m in enumerate(body["messages"]):  # Anthropic's rules for empty text
+        content = m.get("content") if isinstance(m, dict) else None
+        if content in ("", []) and not (i == len(body["messages"]) - 1 and m.get("role") == "assistant"):
+            raise APIError(f"'messages[{i}]': all messages must have non-empty content except for the "
+                           "optional final assistant message", "messages")
+        blocks = content if isinstance(content, list) else []
+        if any(isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "" for b in blocks):
+            raise APIError(f"'messages[{i}]': text content blocks must be non-empty", "messages")
     system = body.get("system")
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
             "messages": system + [t for i, m in enumerate(body["messages"]) for t in _message(m, i)]}
     last = chat["messages"][-1]
     if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):  # a prefill: go on
+        if last["content"] != last["content"].rstrip():
+            raise APIError("final assistant content cannot end with trailing whitespace", "messages")
         chat["continue_final_message"] = True
     for name in ("temperature", "top_p", "top_k", "mode", "sql_names"):  # the last two: this server's
         if name in body:

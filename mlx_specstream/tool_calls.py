@@ -77,7 +77,8 @@ FORMATS = (HERMES, MISTRAL_ARGS, MISTRAL, LLAMA3)  # in the order they are looke
 
 def tools_problem(tools) -> tuple[str, str] | None:
     """What is wrong with a list of OpenAI tool definitions, as (the item, what it must be);
-    None where each is ``{"type": "function", "function": {"name": ..., "parameters": {...}}}``."""
+    None where each is ``{"type": "function", "function": {"name": ..., "parameters": {...}}}``,
+    each of its own name."""
     if not isinstance(tools, list):
         return "tools", "a list of tool definitions"
     for i, t in enumerate(tools):
@@ -86,6 +87,10 @@ def tools_problem(tools) -> tuple[str, str] | None:
                 and isinstance(f.get("name"), str) and f["name"]
                 and isinstance(f.get("parameters", {}), dict)):
             return f"tools[{i}]", '{"type": "function", "function": {"name": ..., "parameters": {...}}}'
+    names = [t["function"]["name"] for t in tools]
+    if len(set(names)) < len(names):  # a call would not say which one it is
+        twice = next(n for n in names if names.count(n) > 1)
+        return "tools", f"tools of distinct names ('{twice}' is named twice)"
     return None
 
 

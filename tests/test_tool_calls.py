@@ -513,6 +513,7 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                 "response_format", None),
                                ({"tools": [{"type": "function", "function": {}}]}, "tools[0]", None),
                                ({"tools": "weather"}, "tools", None),
+                               ({"tools": [*TOOLS, *TOOLS]}, "tools", None),  # two of one name
                                ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None),
                                # strict (openai.pydantic_function_tool's): only what the grammar enforces
                                ({"tools": [*TOOLS, STRICT_SEVENS]}, "tools[1]", None)]:
@@ -835,6 +836,11 @@ def test_messages_api_errors_are_anthropics(server):
                          "content blocks of type 'image' are not supported"),
                         ({"stop_sequences": ["a"] * 5}, "'stop_sequences' must be a list of up to 4"),
                         ({"n": 2}, "'n': extra inputs are not permitted"),
+                        ({"messages": [{"role": "user", "content": ""}]}, "must have non-empty content"),
+                        ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
+                         "text content blocks must be non-empty"),
+                        ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "It is "}]},
+                         "final assistant content cannot end with trailing whitespace"),
                         ({"tools": [{"name": "pick", "strict": True,
                                      "input_schema": STRICT_SEVENS["function"]["parameters"]}]},
                          "a strict tool's parameters may not use multipleOf"),
