@@ -219,6 +219,17 @@ BOUNDED = [{"type": "integer", "minimum": 0}, {"type": "integer", "exclusiveMini
            {"type": "integer", "minimum": 10, "maximum": 10}, {"type": "number", "maximum": -0.001}]
 
 
+def drawn_and_valid(c, tok, schema: dict, n: int) -> int:
+    """How many of ``n`` texts drawn through ``c`` end (within 40 tokens); each that ends is JSON
+    the ``schema`` allows (the oracle: ``jsonschema``)."""
+    ended = 0
+    for ids, done in drawn_texts(c, tok, n=n, max_tokens=40, check_masks=False):
+        ended += done
+        if done:
+            jsonschema.validate(json.loads(tok.decode(ids)), schema)
+    return ended
+
+
 def test_numbers_within_bounds(tok):
     """``minimum``, ``maximum`` and their exclusive forms, against ``jsonschema``, on numbers
     written and drawn; no number is begun that cannot end within the bounds."""
@@ -231,12 +242,7 @@ def test_numbers_within_bounds(tok):
             plain = "e" not in text and not (schema["type"] == "integer" and "." in text)
             valid = jsonschema.Draft202012Validator(schema).is_valid(json.loads(text))
             assert reads(c, tok, text) == (valid and plain), (schema, text)
-        ended = 0
-        for ids, done in drawn_texts(c, tok, n=8, max_tokens=40, check_masks=False):
-            ended += done
-            if done:
-                jsonschema.validate(json.loads(tok.decode(ids)), schema)
-        assert ended >= 6, schema
+        assert drawn_and_valid(c, tok, schema, n=8) >= 6, schema
 
 
 def test_schemas_that_no_value_meets_are_refused_where_they_are_read(tok):
@@ -266,13 +272,7 @@ def test_schemas_that_no_value_meets_are_refused_where_they_are_read(tok):
             {"type": "array", "minItems": 1, "maxItems": 1,
              "items": {"type": "integer", "minimum": 1, "maximum": 1}}]
     for schema in kept:
-        c = json_constraint(tok, schema)
-        ended = 0
-        for ids, done in drawn_texts(c, tok, n=4, max_tokens=30, check_masks=False):
-            ended += done
-            if done:
-                jsonschema.validate(json.loads(tok.decode(ids)), schema)
-        assert ended >= 3, schema
+        assert drawn_and_valid(json_constraint(tok, schema), tok, schema, n=4) >= 3, schema
 
 
 def test_schemas_that_multiply_work_stay_bounded(tok):
