@@ -219,11 +219,14 @@ def _linears(block: nn.Module, kinds: tuple = LINEAR) -> list[tuple[nn.Module, s
 
 def _check_model(model) -> None:
     """The API's TypeError (``check_model``: what it is instead, and a hint) for an argument that is
-    not an MLX model from ``load()``."""
+    not an MLX model from ``load()``; a Core ML package's runner, which ``check_model`` takes for
+    decoding, has its adapter fixed at export."""
     if not isinstance(getattr(model, "layers", None), list):
         from .api import check_model  # api imports this module
 
         check_model(model, None)
+        raise TypeError("model is a Core ML package's: its adapter is fixed at export (convert --to coreml "
+                        "--adapter); give a model from load()")
 
 
 def detach(model: nn.Module) -> None:

@@ -529,15 +529,21 @@ _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
 
 
+def _finite(v) -> bool:
+    """A JSON number, not a boolean: an integer (of any size, which a float would overflow) or a
+    finite float."""
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, float) and math.isfinite(v)
+
+
 def _check_values(schema: dict) -> None:
     """ValueError where a keyword's value is not of its kind (``"minimum": "5"``) or a pair of
     counts leaves no value (``minLength`` above ``maxLength``): OpenAI answers such a schema with
     a 400, and a grammar of it would leave the model no token to write."""
     for k in _BOUNDS:
         v = schema.get(k)
-        if k in schema and not (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                                or k.startswith("exclusive") and isinstance(v, bool)):
-            raise ValueError(f"a JSON schema's {k} must be a number, not {v!r}")
+        if k in schema and not (_finite(v) or k.startswith("exclusive") and isinstance(v, bool)):
+            draft4 = " (or, as draft 4 writes it, true or false)" if k.startswith("exclusive") else ""
+            raise ValueError(f"a JSON schema's {k} must be a number{draft4}, not {v!r}")
     for pair in _COUNTS:
         for k in pair:
             v = schema.get(k)
@@ -562,8 +568,7 @@ def _bounds(schema: dict) -> tuple:
     ``minimum``/``maximum`` and ``exclusiveMinimum``/``exclusiveMaximum`` (a number, or draft 4's
     true beside ``minimum``/``maximum``)."""
     def number(v):
-        finite = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-        return Fraction(str(v)) if finite else None
+        return Fraction(str(v)) if _finite(v) else None
 
     out = []
     for bound, excluded, pick in (("minimum", "exclusiveMinimum", max), ("maximum", "exclusiveMaximum", min)):

@@ -146,6 +146,8 @@ def chat_request(body: dict) -> dict:
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
             "messages": system + [t for i, m in enumerate(body["messages"]) for t in _message(m, i)]}
+    if len(chat["messages"]) > 1 and chat["messages"][-1] == {"role": "assistant", "content": ""}:
+        chat["messages"].pop()  # an empty last assistant turn: no prefill, as Anthropic reads it
     last = chat["messages"][-1]
     if last["role"] == "assistant" and last["content"] and not last.get("tool_calls"):  # a prefill: go on
         if last["content"] != last["content"].rstrip():

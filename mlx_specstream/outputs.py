@@ -356,16 +356,17 @@ class Terminated(KeyboardInterrupt):
 
 
 class Interrupts:
-    """Ctrl-C seen while a :func:`terminate_cleanly` block ran. Python drops the KeyboardInterrupt of
-    one that lands inside a finalizer (``Exception ignored in: ... __del__``), and the block goes on
-    as if none had come; :meth:`check`, called before an output is put in place, stops it there."""
+    """A Ctrl-C or SIGTERM that stopped a :func:`terminate_cleanly` block. Python drops the
+    exception of one that lands inside a finalizer (``Exception ignored in: ... __del__``), and the
+    block goes on as if none had come; :meth:`check`, called before an output is put in place,
+    stops it there."""
 
-    def __init__(self):
-        self.seen = False
+    def __init__(self) -> None:
+        self.seen: BaseException | None = None
 
     def check(self) -> None:
-        if self.seen:
-            raise KeyboardInterrupt
+        if self.seen is not None:
+            raise self.seen
 
 
 @contextmanager
@@ -381,11 +382,15 @@ def terminate_cleanly() -> Iterator[Interrupts]:
 
     def stop(signum, frame):
         signal.signal(signal.SIGTERM, previous)  # a second SIGTERM acts at once (a stuck collective)
-        raise Terminated("terminated")
+        interrupts.seen = Terminated("terminated")
+        raise interrupts.seen
 
     def interrupt(signum, frame):
-        interrupts.seen = True
-        on_int(signum, frame)
+        try:
+            on_int(signum, frame)
+        except KeyboardInterrupt as e:  # a caller's handler that does not raise stops nothing
+            interrupts.seen = e
+            raise
 
     previous = signal.signal(signal.SIGTERM, stop)
     if previous is None:  # a handler installed outside Python: the default stands in for it

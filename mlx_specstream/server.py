@@ -705,7 +705,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
 
     def shaped(request: Request, e: APIError, headers: dict | None = None) -> Response:
         """An error in the shape of the API the request's route is (Anthropic's under /v1/messages)."""
-        if request.url.path.startswith("/v1/messages"):
+        if request.url.path == "/v1/messages" or request.url.path.startswith("/v1/messages/"):
             from .messages_api import error_body
 
             return JSONResponse(error_body(e), status_code=e.status, headers=headers)

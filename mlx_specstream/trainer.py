@@ -708,8 +708,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
         if resumed is not None and warmup is None:
             warmup = resumed["config"].get("warmup")
-        length = ("{iters=%d}" if iters is not None else "the %d steps of {epochs}" if epochs is not None
-                  else "the %d steps this data trains for by default")  # how a run's length was given
+        length = "the %d steps of {epochs}" if epochs is not None else "{iters=%d}"  # as it was given
         if iters is None:
             iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
                      else default_iters(n_train, batch_size))

@@ -18,10 +18,11 @@ Example (``rng = random.Random(0)``)::
         '''Give n keys.'''               '''Give tail keys.'''
         return [key] * n                    return [registry_bdist] * tail
 
-A parameter that a ``global`` or ``nonlocal`` statement names keeps its name. Every result is
-checked: it parses to the original's tree with the names mapped. A function where that fails
-(positions inside 3.11's f-strings), that does not parse, or that has no parameter to rename
-comes back unchanged.
+A parameter that a ``global`` or ``nonlocal`` statement names, or that a nested function or lambda
+also takes, keeps its name; a function that calls ``locals()`` or ``vars()`` keeps all of them.
+Every result is checked: it parses to the original's tree with the names mapped. A function where
+that fails (positions inside 3.11's f-strings), that does not parse, or that has no parameter to
+rename comes back unchanged.
 """
 
 from __future__ import annotations
@@ -56,8 +57,14 @@ def renamed(text: str, rng: random.Random) -> str:
     a = fn.args
     # keyword-only parameters keep their names: every caller writes them
     params = [x.arg for x in (*a.posonlyargs, *a.args, a.vararg, a.kwarg) if x is not None]
+    if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id in ("locals", "vars")
+           for n in ast.walk(tree)):
+        return text  # names read as strings
     declared = {name for n in ast.walk(tree) if isinstance(n, (ast.Global, ast.Nonlocal)) for name in n.names}
-    params = [p for p in params if _RENAMABLE.fullmatch(p) and p not in _RESERVED | declared]
+    own = {id(x) for x in (*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg) if x is not None}
+    # a nested def's or lambda's parameter of the same name: callers may name it (inner(key=...))
+    nested = {n.arg for n in ast.walk(tree) if isinstance(n, ast.arg) and id(n) not in own}
+    params = [p for p in params if _RENAMABLE.fullmatch(p) and p not in _RESERVED | declared | nested]
     if not params:
         return text
     taken = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)} | {

@@ -53,6 +53,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Sequence
 from datetime import date
 from pathlib import Path
 
@@ -229,14 +230,14 @@ class Batcher:
     pieces (docs/default-model.md)."""
 
     def __init__(self, code: np.ndarray, tokenizer: Path, seed: int, ctx: int, bsz: int, sql_frac: float,
-                 rename_frac: float = 0.0, functions: list[str] = (), fn_frac: float = 0.0,
+                 rename_frac: float = 0.0, functions: Sequence[str] = (), fn_frac: float = 0.0,
                  fn_rename_frac: float = 0.0):
         self.code, self.tokenizer, self.seed = code, tokenizer, seed
         self.ctx, self.bsz, self.sql_frac, self.rename_frac = ctx, bsz, sql_frac, rename_frac
         self.functions, self.fn_frac, self.fn_rename_frac = list(functions), fn_frac, fn_rename_frac
         self.sp = None
 
-    def packed(self, docs) -> list[int]:
+    def packed(self, docs: Iterator[str]) -> list[int]:
         """``<s> doc </s>`` documents from ``docs`` (an endless iterator of texts) up to ctx + 1 ids."""
         ids: list[int] = []
         for text in docs:
@@ -481,6 +482,9 @@ def cmd_train(args) -> None:
 
     sp = spm.SentencePieceProcessor(model_file=str(args.tokenizer / "tokenizer.model"))
     code, functions = build_code_stream(args, sp)
+    if args.fn_frac and not functions:
+        raise SystemExit(f"train_base: --fn-frac needs the code train split's functions (src \"code\") in "
+                         f"{pretrain_file(args.data)}, which has none")
     valid = completion_examples(args.data, "valid", sp, args.eval_examples)
     train_code = fixed_windows(code, args.ctx, args.eval_windows)
 

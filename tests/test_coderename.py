@@ -21,10 +21,10 @@ FUNCTIONS = {  # what a renamer gets wrong: attributes, keyword arguments, strin
               '    """Join key n times with sep; rest and extra are counted.\\n\\n    n >= 0."""\n'
               '    parts = [key] * n  # key, n times\n'
               '    return sep.join(parts) + f"{len(rest)}:{sorted(extra)!r}:{n}" + "key n"\n'),
-    "scopes": ('# m: scopes\ndef scopes(items, key=None):\n'
-               '    def inner(key=key):\n        return [k for k in items if k != key]\n'
+    "scopes": ('# m: scopes\ndef scopes(items, key=None, limit=3):\n'  # items, key: nested ones take them
+               '    def inner(key=key):\n        return [k for k in items if k != key][:limit]\n'
                '    pick = lambda items: items[:1]\n'
-               '    return inner() + pick(items), dict(key=1, items=2)["key"]\n'),
+               '    return inner(key=key) + pick(items), dict(key=1, items=2)["key"]\n'),
     "attrs": ('# m: attrs\ndef attrs(self, value):\n'
               '    self.value = value\n    return (self.value, type(self).__name__, value.real)\n'),
     "scopes_of_comprehensions": ('# m: c\ndef c(data, level=1):\n    return {level: [d * level for d in data'
@@ -32,7 +32,7 @@ FUNCTIONS = {  # what a renamer gets wrong: attributes, keyword arguments, strin
 }
 CALLS = {"kinds": [(("a",), {}), (("a", 3, 1, 2), {}), (("b", 0), {}),
                    (("c", 1), {"sep": "+", "z": 1, "y": 2})],
-         "scopes": [(([1, 2, 3],), {}), (([1, 2, 3], 2), {})],
+         "scopes": [(([1, 2, 3],), {}), (([1, 2, 3], 2), {}), (([1, 2, 3], 2, 1), {})],
          "attrs": [((type("S", (), {})(), 3), {})],
          "scopes_of_comprehensions": [(([1, 2, 3],), {}), (([4, 5], 4), {})]}
 
@@ -59,12 +59,16 @@ def test_a_renamed_function_does_what_it_did(name):
     new = coderename.renamed(FUNCTIONS["kinds"], random.Random(0))
     assert ', sep="-"' in new and '"key n"' in new and "# key, n times" in new  # keyword-only, strings
     assert "\\n\\n" in new  # the docstring's escapes are not words
+    new = coderename.renamed(FUNCTIONS["scopes"], random.Random(0))
+    assert "def scopes(items, key=None, " in new and "inner(key=key)" in new and "limit" not in new
+    locals_read = "# m: f\ndef f(a, b):\n    return vars()\n"  # names read as strings: all kept
+    assert coderename.renamed(locals_read, random.Random(0)) == locals_read
 
 
 def test_only_parameter_names_change_on_the_stdlib_functions():
     """Oracle: Python's tokenizer. Token by token, the renamed text equals the original but for
     NAME tokens, and each original name maps to one new name everywhere it changed."""
-    rows = [json.loads(line) for line in open(ROOT / "data" / "code" / "train.jsonl")][:600]
+    rows = [json.loads(line) for line in open(ROOT / "data" / "code" / "valid.jsonl")]  # shipped
     rng, changed = random.Random(0), 0
     for r in rows:
         text = r["prompt"] + r["completion"]
@@ -83,7 +87,7 @@ def test_only_parameter_names_change_on_the_stdlib_functions():
                 assert sa == sb
         assert mapping and "self" not in mapping and "cls" not in mapping
         assert len(set(mapping.values())) == len(mapping)
-    assert changed > 300
+    assert changed > 250
 
 
 def test_what_cannot_be_renamed_comes_back_unchanged():

@@ -860,6 +860,11 @@ def test_messages_api_errors_are_anthropics(server):
     nope = json.dumps({**body, "model": "nope"}).encode()
     status, reply = server.post_raw("/v1/messages/count_tokens", nope)
     assert status == 404 and reply["type"] == "error" and reply["error"]["type"] == "not_found_error", reply
+    # an empty last assistant message is no prefill: the prompt is the one without it
+    counts = [server.post_raw("/v1/messages/count_tokens", json.dumps({**body, "messages": m}).encode())
+              for m in (ask("Oslo"), [*ask("Oslo"), {"role": "assistant", "content": ""}],
+                        [*ask("Oslo"), {"role": "assistant", "content": []}])]
+    assert counts[0][0] == 200 and counts[0] == counts[1] == counts[2], counts
     # what the routing answers, in the same shape: a path this server lacks, a method the route lacks
     routed = [("/v1/messages/batches", b"{}", "POST", 404, "not_found_error"),
               ("/v1/messages", None, "GET", 405, "invalid_request_error")]

@@ -321,7 +321,10 @@ def test_stop_strings_cut_the_text_where_they_begin():
     # of stop strings that overlap, the one that ends first, as plain decoding meets it token by token
     lossless, _ = load(adapter="sql-lossless")
     plain = generate(lossless, tok, prompt, max_tokens=40, mode="ar")
-    for a in range(len(plain.text) - 4):
+    overlapping = [a for a in range(len(plain.text) - 4)  # where the longer one begins first
+                   if plain.text.index(plain.text[a:a + 4]) < plain.text.index(plain.text[a + 2])]
+    assert overlapping
+    for a in overlapping:
         stops = [plain.text[a:a + 4], plain.text[a + 2]]
         ar = generate(lossless, tok, prompt, max_tokens=40, mode="ar", stop=stops)
         ss = generate(lossless, tok, prompt, max_tokens=40, stop=stops)
@@ -638,6 +641,10 @@ def test_the_adapter_functions_say_what_their_model_argument_is_instead():
                        (lambda: load_adapter(("model", "tok"), "sql"), "not tuple: give the model of")]:
         with pytest.raises(TypeError, match=f"^model must be a model from load\\(\\), {hint}"):
             call()
+    from mlx_specstream.runner import Runner
+
+    with pytest.raises(TypeError, match=r"^model is a Core ML package's: its adapter is fixed at export"):
+        detach(Runner.__new__(Runner))  # what generate takes for a package, which has no adapter to swap
 
 
 def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
