@@ -263,18 +263,26 @@ def test_a_ctrl_c_that_python_drops_still_keeps_the_old_output(tmp_path, monkeyp
     monkeypatch.setattr("sys.unraisablehook", lambda u: dropped.append(u.exc_type))
     dest = tmp_path / "m"
     _model_dir(dest, "old")
-    before = signal.getsignal(signal.SIGINT)
-    with pytest.raises(KeyboardInterrupt):
-        with atomic_dir(dest, "model", overwrite=True) as tmp:
-            save_model(tiny_model(), {"note": "new"}, tmp)
-            Finalizer()  # dropped at once: its KeyboardInterrupt is "ignored"
-    assert json.loads((dest / "config.json").read_text())["note"] == "old"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
-    (tmp_path / "f").write_text("old")
-    with pytest.raises(KeyboardInterrupt):
-        write_atomic(tmp_path / "f", lambda f: (f.write(b"new"), Finalizer()))
-    assert (tmp_path / "f").read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["f", "m"]
-    assert signal.getsignal(signal.SIGINT) is before and dropped == [KeyboardInterrupt, KeyboardInterrupt]
+    # Python's own Ctrl-C, also where this run ignores or blocks it (a background job, a CI runner)
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)
+    mask = signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with atomic_dir(dest, "model", overwrite=True) as tmp:
+                save_model(tiny_model(), {"note": "new"}, tmp)
+                Finalizer()  # dropped at once: its KeyboardInterrupt is "ignored"
+        assert json.loads((dest / "config.json").read_text())["note"] == "old"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]
+        (tmp_path / "f").write_text("old")
+        with pytest.raises(KeyboardInterrupt):
+            write_atomic(tmp_path / "f", lambda f: (f.write(b"new"), Finalizer()))
+        assert (tmp_path / "f").read_text() == "old"
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["f", "m"]
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert dropped == [KeyboardInterrupt, KeyboardInterrupt]
+    finally:
+        signal.signal(signal.SIGINT, outside)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def test_current_directory_as_the_destination(tmp_path, monkeypatch):
