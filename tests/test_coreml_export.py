@@ -410,6 +410,7 @@ def test_export_failure_leaves_nothing(model_dir, tmp_path, monkeypatch):
 
 
 # -- the command line ---------------------------------------------------------------------------
+@pytest.mark.slow  # 23 s: convert and generate as processes; the package itself is checked by the API's tests
 def test_cli_convert_and_generate(model_dir, tmp_path):
     out = tmp_path / "app" / "tiny.mlpackage"
     table = NgramTable.build([([3, 9, 0, 5, 3, 9, 0, 5], 1)], min_count=1)
