@@ -236,15 +236,14 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         # the stop string that ends first is the one plain decoding, token by token, meets first
         found = sorted((i + len(s), i, s) for s in stop
                        if (i := text.find(s, max(0, len(out) - len(s) + 1))) >= 0)
-        hits = bool(found)
-        end = found[0][1] if hits else (len(text) if finished else len(text) - held_back(text, stop))
+        end = found[0][1] if found else (len(text) if finished else len(text) - held_back(text, stop))
         n, pos = 0, len(out)  # held[:n] go out: whole pieces up to end
-        while not hits and n < len(held) and pos + len(held[n][1]) <= end:
+        while not found and n < len(held) and pos + len(held[n][1]) <= end:
             pos += len(held[n][1])
             n += 1
-        while detok is not None and not hits and not finished and n and not held[n - 1][1]:
+        while detok is not None and not found and not finished and n and not held[n - 1][1]:
             n -= 1  # tokens whose text has not come yet (bytes of a character) wait for it
-        if hits:
+        if found:
             n = _through(detok, held, done, text[:end])
             finished = "stop"
             decoder.stats.finish_reason = "stop"
@@ -257,7 +256,7 @@ def responses(decoder: Decoder, tokenizer, stop: list[str] | None,
         tokens = [t for t, _, _ in ready if t is not None]
         logprobs, held_logprobs = held_logprobs[:len(tokens)], held_logprobs[len(tokens):]
         piece_list = [p for _, p, _ in ready]
-        if hits:  # the piece the stop string begins in, cut there
+        if found:  # the piece the stop string begins in, cut there
             piece_list = _fit(piece_list, text[len(out):end])
         out += "".join(piece_list)
         done += len(tokens)

@@ -167,13 +167,13 @@ def _check_calls(messages: list[dict], tools: list | None, where: str) -> None:
     that come back as calls."""
     names = {t["function"]["name"] for t in tools or []}
     for i, m in enumerate(messages):
-        for j, call in enumerate(m.get("tool_calls") or []):  # shaped as calls (chat_messages)
+        for j, call in enumerate(m.get("tool_calls") or []):  # as chat_messages read them
             at = f"{where}: messages[{i}].tool_calls[{j}]"
             f = call["function"]
             if tools is not None and f["name"] not in names:
                 raise DataError(f"{at} calls '{f['name']}', which is not one of the row's tools "
                                 f"({', '.join(sorted(names))})")
-            if not isinstance(_call_arguments(call)["function"].get("arguments", {}), dict):
+            if not isinstance(f.get("arguments", {}), dict):  # JSON text of an object is decoded
                 raise DataError(f"{at}.function.arguments must be a JSON object (or its text), not "
                                 f"{json.dumps(f.get('arguments'))[:60]}")
 
@@ -347,7 +347,7 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
         if not msgs[-1].get("tool_calls"):  # the reply to learn: text, or tool calls
             message_text(msgs[-1].get("content"), where)
         flat = chat_messages(msgs, where)
-        _check_calls(msgs, tools, where)
+        _check_calls(flat, tools, where)
         return _chat_example(tokenizer, flat, where, tools, add_eos)
     if "text" in row:
         text = row["text"]

@@ -527,6 +527,12 @@ def _merged(base: dict, more: dict) -> dict:
 
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
+_STRING_WORDS = ("pattern", "format", "minLength", "maxLength")
+# what constrains a value beside a $ref (annotations such as title or description do not)
+_CONSTRAINING = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf",
+                           "allOf", "additionalProperties", *_BOUNDS, *_STRING_WORDS})
+_DECIMAL = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?")  # a bounded number: no exponent
+_STEP = Fraction(1, 10**16)  # the finest step a bounded number's 16 fraction digits write
 
 
 def _finite(v) -> bool:
@@ -555,12 +561,6 @@ def _check_values(schema: dict) -> None:
                              "both")
     if "pattern" in schema and not isinstance(schema["pattern"], str):
         raise ValueError(f"a JSON schema's pattern must be a string, not {schema['pattern']!r}")
-_STRING_WORDS = ("pattern", "format", "minLength", "maxLength")
-# what constrains a value beside a $ref (annotations such as title or description do not)
-_CONSTRAINING = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf",
-                           "allOf", "additionalProperties", *_BOUNDS, *_STRING_WORDS})
-_DECIMAL = re.compile(r"-?(?:0|[1-9]\d{0,15})(?:\.\d{1,16})?")  # a bounded number: no exponent
-_STEP = Fraction(1, 10**16)  # the finest step a bounded number's 16 fraction digits write
 
 
 def _bounds(schema: dict) -> tuple:
