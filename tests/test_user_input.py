@@ -365,7 +365,7 @@ def test_the_text_held_back_is_the_longest_end_that_begins_a_stop_string():
         assert held_back(text, stop) == want, (text, stop)
     t = time.perf_counter()
     assert held_back("def add(a, b):\n    return a + b" * 40, ["x" * 300_000, "+ b" + "y" * 300_000]) == 3
-    assert time.perf_counter() - t < 0.05
+    assert time.perf_counter() - t < 0.5  # quadratic: minutes
 
 
 def test_byte_tokens_wait_for_their_character_before_a_stop():
@@ -537,10 +537,16 @@ def test_interrupted_generate_says_so(random_model_with_tokenizer):
                           str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          preexec_fn=deliverable_sigint)
-    # generation has started; signalled at once, as this model fills its context in about a second
+    # generation has started; signalled at once (and again each second: once, in a loaded parallel
+    # run, one SIGINT went unseen), as this model fills its context in half a minute
     assert p.stdout.read(1)
-    p.send_signal(signal.SIGINT)
-    out, err = p.communicate(timeout=60)
+    for _ in range(60):
+        p.send_signal(signal.SIGINT)
+        try:
+            out, err = p.communicate(timeout=1)
+            break
+        except subprocess.TimeoutExpired:
+            pass
     assert p.returncode == 130 and out, err
     assert re.fullmatch(r"interrupted after \d+ generated tokens\n", err), err
 
