@@ -138,6 +138,12 @@ def _end_of_file(text: str) -> str:
     return text.removesuffix("\n").removesuffix("\r")
 
 
+def _typed(text: str) -> str:
+    """Text typed on the command line (``--prompt``, ``--stop``), as mlx_lm.generate reads a
+    prompt: the escapes ``\\n`` and ``\\t`` are a newline and a tab."""
+    return text.replace("\\n", "\n").replace("\\t", "\t")
+
+
 def _read_prompt(prompt: str | None, prompt_file: Path | None, turn: bool = False) -> str:
     """The prompt's text; ``turn`` (a chat template wraps it): a file's or standard input's final
     newline (an editor's, ``echo``'s) is not part of the user's turn, whose end the template writes."""
@@ -153,8 +159,8 @@ def _read_prompt(prompt: str | None, prompt_file: Path | None, turn: bool = Fals
             raise ValueError(f"--prompt-file {prompt_file}: not UTF-8 text (byte {e.start})") from None
         return _nonempty(_end_of_file(text) if turn else text, f"--prompt-file {prompt_file}")
     source = "--prompt"
-    if prompt is not None and prompt != "-":  # as mlx_lm.generate: typed escapes are characters
-        prompt = prompt.replace("\\n", "\n").replace("\\t", "\t")
+    if prompt is not None and prompt != "-":
+        prompt = _typed(prompt)
     else:  # none given, or "-" (mlx-lm's way to ask for standard input)
         if sys.stdin is None or (prompt is None and sys.stdin.isatty()):  # None: stdin closed
             raise ValueError("no prompt: use --prompt, --prompt-file or standard input")
@@ -225,7 +231,8 @@ def generate(
                             help="write SQL naming only the tables and columns of the prompt's "
                             "CREATE TABLE statements (besides keywords, literals and aliases)"),
     stop: list[str] | None = typer.Option(None, "--stop", help="stop where this text begins (not "
-                                          "printed); may be given several times"),
+                                          "printed; \\n and \\t typed in it are a newline and a tab, as "
+                                          "in --prompt); may be given several times"),
     chat_template: bool = _flag(False, "--chat-template",
                                 help="send the prompt as a user turn through the model's chat "
                                 "template, as train --chat-template trains on it"),
@@ -249,6 +256,7 @@ def generate(
     from mlx_specstream.engine import DecodeOptions, check_used
 
     check_system_prompt(system_prompt, chat_template)
+    stop = [_typed(s) for s in stop] if stop else stop
     stop_strings(stop)  # a bad one is said before the model loads
     turn = dict(system=system_prompt, tools=_read_tools(tools, chat_template))
     forced = _forced_names(turn["tools"], tool_choice, sql_names)
@@ -646,11 +654,10 @@ def train(
     """Train a speculative adapter (lossless, shared or lora mode) on JSONL data.
 
     Runs data-parallel with --processes N, or under mlx.launch."""
-    import json as _json
-
     from tqdm import tqdm
 
     from mlx_specstream.errors import said_in
+    from mlx_specstream.outputs import json_text
     from mlx_specstream.project import default_model
     from mlx_specstream.trainer import check_used, run_settings
     from mlx_specstream.trainer import train as run_train
@@ -676,7 +683,7 @@ def train(
         summary = {k: report[k] for k in ("adapter", "mode", "iters", "world_size", "train", "valid")}
         if report.get("best"):  # the adapter saved: the best on the validation prompts
             summary["best"] = {k: v for k, v in report["best"].items() if k != "per_prompt"}
-        typer.echo(_json.dumps(summary, indent=2))
+        typer.echo(json_text(summary))
 
 
 def _run_settings(recorded: dict, options: dict, given: list[str]) -> dict:

@@ -437,8 +437,11 @@ def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> 
     for candidate in (q, p):
         if candidate is not None and (candidate / CONFIG_FILE).is_file():
             return candidate
-    if p.is_dir():
-        raise AdapterError(f"{p}: not an adapter directory (it has no {CONFIG_FILE})")
+    for folder in (q, p):  # there, but not an adapter (damaged, or a training run's folder)
+        if folder is not None and folder.is_dir():
+            run = (f"; a training run's folder: its adapter is {folder.name.removesuffix('.train')}, its "
+                   "checkpoints under checkpoints/" if folder.name.endswith(".train") else "")
+            raise AdapterError(f"{folder}: not an adapter directory (it has no {CONFIG_FILE}{run})")
     if not bare:  # a bare name is the model's adapter's, whatever file of that name is here
         if p.exists():
             raise AdapterError(f"{p}: a file, not an adapter directory")

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten
 from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
 from .data import Dataset
 from .errors import OptionError, verbatim
-from .outputs import save_safetensors
+from .outputs import json_text, save_safetensors
 
 
 def _set_path(tree, path: list[str], value) -> None:
@@ -64,7 +64,7 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
         (tmp / CONFIG_FILE).write_text(json.dumps(asdict(model.adapter_config), indent=2))
         flat = dict(tree_flatten(optimizer.state))
         save_safetensors(tmp / "optimizer.safetensors", flat)
-        (tmp / "state.json").write_text(json.dumps({**state, "step": step}, indent=2))
+        (tmp / "state.json").write_text(json_text({**state, "step": step}))
         if best is not None:
             save_safetensors(tmp / BEST_FILE, best)
     for old in checkpoints(ckpt_dir)[:-keep] if keep else []:

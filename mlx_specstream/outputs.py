@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import shlex
 import shutil
@@ -606,9 +607,22 @@ def parse_script_args(ap: argparse.ArgumentParser, argv: list[str] | None = None
     return args
 
 
+def json_text(value) -> str:
+    """``value`` as standard JSON (RFC 8259, which strict parsers and JavaScript read): a number
+    that is not finite (a metric with nothing to measure, NaN) is written as null."""
+    def finite(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return None
+        if isinstance(v, dict):
+            return {k: finite(x) for k, x in v.items()}
+        return [finite(x) for x in v] if isinstance(v, (list, tuple)) else v
+
+    return json.dumps(finite(value), indent=2, allow_nan=False)
+
+
 def results_text(meta: dict, results: list) -> str:
     """A results file's text: ``{"meta", "results"}`` as JSON."""
-    return json.dumps({"meta": meta, "results": results}, indent=2) + "\n"
+    return json_text({"meta": meta, "results": results}) + "\n"
 
 
 def write_results_file(path: Path, meta: dict, results: list) -> None:

@@ -22,6 +22,8 @@ raises :class:`PeerStopped` (on rank 0 with the failed process's error) instead 
 from __future__ import annotations
 
 import multiprocessing
+import signal
+import threading
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 
@@ -118,9 +120,11 @@ def threads_each(n: int) -> int:
 
 
 def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callable, kwargs: dict,
-            quiet: tuple) -> None:
-    blas.set_threads(threads_each(size))
+            quiet: tuple, interruptible: bool) -> None:
     try:
+        if interruptible:  # Ctrl-C, ignored while the process started (run_local), stops it from here on
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        blas.set_threads(threads_each(size))
         fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
     except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once
         raise SystemExit(1) from None
@@ -151,11 +155,22 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
     procs = []
     before = None
     try:
-        for r in range(1, n):
-            procs.append(ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
-                                     args=(r, n, pipes[r - 1][1], whys[r - 1][1], fn,
-                                           kwargs | (worker_kwargs or {}), quiet)))
-            procs[-1].start()
+        # the processes start with Ctrl-C ignored: one pressed while spawn imports their modules (the
+        # terminal signals them all) would end them with a traceback from inside multiprocessing;
+        # rank 0 gets it too, and stops them (a spawned process inherits an ignored signal only)
+        main = threading.current_thread() is threading.main_thread()
+        interruptible = callable(signal.getsignal(signal.SIGINT))
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+        try:
+            for r in range(1, n):
+                args = (r, n, pipes[r - 1][1], whys[r - 1][1], fn, kwargs | (worker_kwargs or {}), quiet,
+                        interruptible)
+                procs.append(ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
+                                         args=args))
+                procs[-1].start()
+        finally:
+            if main:
+                signal.signal(signal.SIGINT, previous)
         for _, theirs in pipes + whys:
             theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
         before = blas.set_threads(threads_each(n))

@@ -166,6 +166,23 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
     return tools, fmt, forced
 
 
+def _check_tool_results(messages: list[dict]) -> None:
+    """OpenAI's rule for a tool's result: a ``tool`` message names the call it answers
+    (``tool_call_id``) and follows an assistant's message with ``tool_calls`` (after that
+    message's other results); a template would otherwise render a result no call asked for."""
+    answering = False
+    for i, m in enumerate(messages):
+        if m["role"] == "tool":
+            if not isinstance(m.get("tool_call_id"), str):
+                raise APIError(f"'messages[{i}].tool_call_id' must be the id of the call this result "
+                               "answers (a string)", f"messages[{i}].tool_call_id")
+            if not answering:
+                raise APIError(f"'messages[{i}]': a 'tool' message must answer a preceding assistant "
+                               "message's 'tool_calls'", f"messages[{i}]")
+        else:
+            answering = m["role"] == "assistant" and bool(m.get("tool_calls"))
+
+
 def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     """The chat's messages (and ``tools``) as the template renders them (text: its size is
     checked before it is tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`);
@@ -181,6 +198,7 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
         if m["role"] not in ROLES:
             raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
                            "messages")
+    _check_tool_results(messages)
     try:
         flat = chat_messages(messages, "")
     except DataError as e:

@@ -87,6 +87,7 @@ from .outputs import (
     check_replaceable_file,
     check_writable,
     cli_command,
+    json_text,
     recorded_path,
     signals_held,
     write_text_atomic,
@@ -767,9 +768,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                  f"{theirs} (and over {'a' if init_cfg.main_rank else 'no'} fine-tune); give "
                                  "those settings")
             model.load_weights(list(start_weights.items()), strict=False)
-        # an earlier run's checkpoints go only now, once the data, --init and --over have been read
+        # an earlier run's checkpoints go only now, once the data, --init and --over have been read;
+        # whole (a Ctrl-C meanwhile acts after it): half of a run would be a folder no run can use
         if work is not None and main_proc and work.exists() and overwrite and not resume:
-            shutil.rmtree(work)
+            with signals_held():
+                shutil.rmtree(work)
         barrier(group)
         if self_distill:
             # the model as attached writes them: the base, or the base with its fine-tune
@@ -851,7 +854,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:
         with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
             save_adapter(model, out_dir, overwrite=True)
-            write_text_atomic(out_dir / REPORT_FILE, json.dumps(report, indent=2))
+            write_text_atomic(out_dir / REPORT_FILE, json_text(report))
         use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams
         if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
             use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/

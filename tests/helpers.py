@@ -44,12 +44,20 @@ ROOT = Path(__file__).resolve().parent.parent
 SERVE = [sys.executable, "-c", "from mlx_specstream.cli import main; main()", "serve"]
 
 
+def deliverable_sigint() -> None:
+    """For ``preexec_fn``: the child gets SIGINT even when this run ignores it (a background job)
+    or blocks it (a CI runner): a blocked signal stays blocked across exec and would wait until
+    the run ends."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 class Server:
-    """A ``serve`` subprocess on a free loopback port."""
+    """A ``serve`` subprocess on a free loopback port (Ctrl-C, SIGINT, reaches it)."""
 
     def __init__(self, *args: str):
         self.proc = subprocess.Popen([*SERVE, *args, "--port", "0"], cwd=ROOT, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, preexec_fn=deliverable_sigint)
         for line in self.proc.stderr:  # "serving ... on http://127.0.0.1:PORT/v1" once it listens
             if line.startswith("serving "):
                 self.port = int(line.rsplit(":", 1)[1].split("/")[0])

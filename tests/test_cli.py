@@ -1,5 +1,6 @@
 """The CLI: errors are one line on stderr with a non-zero exit, never a traceback."""
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +95,19 @@ def test_an_empty_or_a_file_path_is_said_as_such(model_dir, tmp_path, monkeypatc
     with pytest.raises(AdapterError, match="adapter 'notes.txt' not found .*this model has: a"):
         resolve_adapter(model_dir, "notes.txt")
     assert text.read_text() == "mine"
+    # a folder of that name under adapters/ that is no adapter: said as what it is, not "not found"
+    (model_dir / "adapters" / "a.train" / "checkpoints").mkdir(parents=True)
+    (model_dir / "adapters" / "broken").mkdir()
+    try:
+        with pytest.raises(AdapterError, match=r"adapters/broken: not an adapter directory \(it has no "
+                                               r"adapter_config.json\)$"):
+            resolve_adapter(model_dir, "broken")
+        assert_one_line_error(cli("generate", "--model", str(model_dir), "--adapter", "a.train", "-p", "x"),
+                              "a.train: not an adapter directory (it has no adapter_config.json; a training "
+                              "run's folder: its adapter is a, its checkpoints under checkpoints/)")
+    finally:
+        shutil.rmtree(model_dir / "adapters" / "a.train")
+        (model_dir / "adapters" / "broken").rmdir()
     res = cli("-h")
     assert res.returncode == 0 and "Usage: " in res.stdout and "train" in res.stdout
     for shown in (res.stdout, cli("train", "--help").stdout):  # a switch takes no value, -h included
@@ -164,6 +178,12 @@ def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
     res = cli("generate", "--model", str(d), "--mode", "ar", "-p", question, "-n", "12", "--chat-template",
               "--system-prompt", "Answer in SQL.", "--stop", "zzz", "--stop", stop)
     assert res.returncode == 0 and res.stdout == ref[: ref.index(stop)] + "\n", res.stderr
+    # \n typed in --stop is a newline, as in --prompt
+    code = generate(model, tok, "def add(a, b):\n", max_tokens=24, mode="ar").text
+    assert "\n" in code
+    res = cli("generate", "--model", str(d), "--mode", "ar", "-p", "def add(a, b):\\n", "-n", "24",
+              "--stop", "\\n")
+    assert res.returncode == 0 and res.stdout == code[: code.index("\n")] + "\n", res.stderr
 
 
 def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path):
@@ -189,11 +209,20 @@ def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path
     rows = [{"prompt": f"CREATE TABLE t{i} (a INTEGER) How many rows?",
              "completion": f"SELECT COUNT(*) FROM t{i}"} for i in range(4)]
     (tmp_path / "data" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # replies too short for the last streams: no targets to measure them on
+    short = {"prompt": rows[0]["prompt"], "completion": "1"}
+    (tmp_path / "data" / "valid.jsonl").write_text(json.dumps(short))
     res = cli("train", "--model", str(d), "--data", str(tmp_path / "data"), "--out", str(tmp_path / "ad"),
               "--chat-template", "--system-prompt", "Answer in SQL.", "--iters", "1", "--batch-size", "2",
               "--no-self-distill", "--accept-prompts", "0", "--val-every", "0", "-j", "1", "--quiet")
     assert res.returncode == 0, res.stderr
-    report = json.loads((tmp_path / "ad" / "training_report.json").read_text())
+
+    def standard(v):  # NaN is no JSON (RFC 8259): strict parsers and JavaScript refuse it
+        raise AssertionError(f"{v} in the JSON")
+
+    report = json.loads((tmp_path / "ad" / "training_report.json").read_text(), parse_constant=standard)
+    assert report["valid"]["stream_acc"][-1] is None and report["valid"]["stream_acc"][0] is not None
+    assert json.loads(res.stdout, parse_constant=standard)["valid"]["stream_acc"][-1] is None
     assert report["config"]["system_prompt"] == "Answer in SQL."
     tok = load_tokenizer(d)
     sent = [chat_prompt(tok, r["prompt"], system="Answer in SQL.") for r in rows]

@@ -100,3 +100,38 @@ def test_the_others_stop_when_the_first_fails():
 def test_run_local_needs_two_processes():
     with pytest.raises(ValueError, match="at least 2"):
         run_local(1, _fail_job, {"error": ValueError()})
+
+
+
+
+def _interrupted_at_start_job(out: str, distributed) -> None:
+    """Rank 0 signals the others at once, as a Ctrl-C at the terminal does while they still
+    start, after noting whether each ignores SIGINT then (bit 2 of /proc's SigIgn)."""
+    import multiprocessing
+
+    if distributed.rank() == 0:
+        ignored = []
+        for p in multiprocessing.active_children():
+            if p.name.startswith("specstream-train-"):
+                mask = open(f"/proc/{p.pid}/status").read().split("SigIgn:")[1].split()[0]
+                ignored.append(bool(int(mask, 16) & 1 << (signal.SIGINT - 1)))
+                os.kill(p.pid, signal.SIGINT)
+        with open(out, "w") as f:
+            f.write(repr(ignored))
+    distributed.all_sum(mx.ones(4))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_a_ctrl_c_while_the_processes_start_is_no_traceback(capfd, tmp_path):
+    """A Ctrl-C that reaches a started process while spawn still imports its modules does not end
+    it with a traceback from inside multiprocessing (nor kill it before it can say anything): it
+    is ignored there, and rank 0, which the terminal signals too, stops the run. Here only the
+    started process is signalled: the run goes on."""
+    outside = signal.signal(signal.SIGINT, signal.default_int_handler)  # as at a terminal
+    try:
+        run_local(2, _interrupted_at_start_job, {"out": str(tmp_path / "ignored")})
+    finally:
+        signal.signal(signal.SIGINT, outside)
+    assert (tmp_path / "ignored").read_text() == "[True]"
+    err = capfd.readouterr().err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err

@@ -34,6 +34,7 @@ TEMPLATE = ("{% for m in messages %}### {{ m['role'] }}:\n{{ m['content'] }}\n{%
             "{% if add_generation_prompt %}### SQL:\n{% endif %}")
 SQL = [json.loads(line)["prompt"] for line in (ROOT / "data" / "sql" / "test.jsonl").open()][:8]
 CODE = [json.loads(line)["prompt"] for line in (ROOT / "data" / "code" / "test.jsonl").open()][:2]
+CALL = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}  # a call in a history
 
 
 @pytest.fixture(scope="module")
@@ -131,10 +132,10 @@ def test_replies_are_text_without_control_tokens(server, base):
     r = server.client().completions.create(model="specstream-tiny", prompt=prompt, max_tokens=6)
     assert r.choices[0].text == tok.decode(ids, skip_special_tokens=True) and "<s>" not in r.choices[0].text
     assert r.usage.completion_tokens == len(ids)
-    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
     history = [{"role": "user", "content": "hi"},
-               {"role": "assistant", "content": None, "tool_calls": [call]},
-               {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+               {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "c2"}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "42"},
+               {"role": "tool", "tool_call_id": "c2", "content": "43"}]
     code, reply = server.post_raw("/v1/chat/completions", json.dumps(
         {"model": "specstream-tiny", "messages": history, "max_tokens": 2}).encode())
     assert code == 200, reply
@@ -289,6 +290,14 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
      "temperature"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "wizard", "content": "x"}]}).encode(), 400,
      "messages"),
+    (json.dumps({"model": "specstream-tiny", "messages": [  # OpenAI's 400s: a result with no call id,
+        {"role": "user", "content": "x"},  # or one no call asked for
+        {"role": "assistant", "content": None, "tool_calls": [CALL]},
+        {"role": "tool", "content": "42"}]}).encode(),
+     400, "messages[2].tool_call_id"),
+    (json.dumps({"model": "specstream-tiny", "messages": [
+        {"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "c1", "content": "42"}]}).encode(),
+     400, "messages[1]"),
     (json.dumps({"model": "specstream-tiny", "prompt": "abc \ud800"}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny\ud800", "prompt": "abc"}).encode(), 400, "model"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "\ud83d"}]}).encode(),

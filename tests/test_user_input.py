@@ -16,7 +16,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from helpers import tiny_model
+from helpers import deliverable_sigint, tiny_model
 from test_cli import assert_one_line_error, cli
 
 from mlx_specstream.adapter import new_adapter, save_adapter
@@ -527,12 +527,6 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
 
 
 def test_interrupted_generate_says_so(random_model_with_tokenizer):
-    def deliverable_sigint() -> None:
-        # the child gets SIGINT even when this run ignores it (a background job) or blocks it (a CI
-        # runner): a blocked signal stays blocked across exec and would wait until the run ends
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-
     p = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "generate", "-m",
                           str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
