@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -28,6 +29,7 @@ from .streams import StreamAdapter, check_prune_threshold
 from .tree import check_tree_sizes
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
+REPORT_FILE = "training_report.json"  # train's record of the run (trainer.py writes it)
 
 
 @dataclass
@@ -399,7 +401,8 @@ def adapter_destination(name_or_path: str | Path, model_path: str | Path | None)
 def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False) -> Path:
     """Write the attached adapter to ``dest`` atomically and return where it went: a bare name
     under the model's ``adapters/`` (``load_adapter(model, NAME)`` reads it back), a path as
-    given. An existing adapter there is replaced only with ``overwrite``."""
+    given. An existing adapter there is replaced only with ``overwrite``; its training report
+    stays when this is the same training's adapter (saved again, say with other n-grams)."""
     from .loader import atomic_dir
 
     _check_model(model)
@@ -416,7 +419,23 @@ def save_adapter(model: nn.Module, dest: str | Path, *, overwrite: bool = False)
         (tmp / CONFIG_FILE).write_text(json.dumps(config, indent=2))
         if getattr(model, "adapter_ngrams", None) is not None:
             model.adapter_ngrams.save(tmp / NGRAMS_FILE)
+        if _same_adapter(dest, config, adapter_weights(model)):
+            shutil.copy2(dest / REPORT_FILE, tmp / REPORT_FILE)
     return dest
+
+
+def _same_adapter(folder: Path, config: dict, weights: dict) -> bool:
+    """Whether ``folder`` holds a training report of this adapter: the same training record and
+    the same weights, bit for bit."""
+    try:
+        if not (folder / REPORT_FILE).is_file() or config["training"] is None or \
+                json.loads((folder / CONFIG_FILE).read_text()).get("training") != config["training"]:
+            return False
+        theirs = mx.load(str(folder / WEIGHTS_FILE))
+    except (OSError, ValueError, AttributeError, RuntimeError):
+        return False
+    return theirs.keys() == weights.keys() and all(mx.array_equal(theirs[k], weights[k]).item()
+                                                   for k in weights)
 
 
 def available_adapters(model_path: str | Path) -> list[str]:

@@ -122,6 +122,19 @@ def _output_format(config) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
+def _check_results(messages: list, i: int, blocks: list) -> None:
+    """Anthropic's rule for the ``tool_result`` blocks of ``messages[i]``: each answers a
+    ``tool_use`` block of the message before it (by its id)."""
+    before = messages[i - 1].get("content") if i > 0 and isinstance(messages[i - 1], dict) else None
+    asked = {b.get("id") for b in before if isinstance(b, dict) and b.get("type") == "tool_use"} \
+        if isinstance(before, list) else set()
+    for j, b in enumerate(blocks):
+        if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") not in asked:
+            raise APIError(f"'messages[{i}].content[{j}]': unexpected tool_use_id {b.get('tool_use_id')!r} "
+                           "in a tool_result block: each tool_result block must have a corresponding "
+                           "tool_use block in the previous message", "messages")
+
+
 def chat_request(body: dict) -> dict:
     """The OpenAI chat request an Anthropic Messages request stands for (checks Anthropic's own
     fields; the rest is checked as every chat request is)."""
@@ -142,6 +155,7 @@ def chat_request(body: dict) -> dict:
         blocks = content if isinstance(content, list) else []
         if any(isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "" for b in blocks):
             raise APIError(f"'messages[{i}]': text content blocks must be non-empty", "messages")
+        _check_results(body["messages"], i, blocks)
     system = body.get("system")
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),

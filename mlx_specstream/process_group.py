@@ -155,9 +155,11 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
     procs = []
     before = None
     try:
-        # the processes start with Ctrl-C ignored: one pressed while spawn imports their modules (the
-        # terminal signals them all) would end them with a traceback from inside multiprocessing;
-        # rank 0 gets it too, and stops them (a spawned process inherits an ignored signal only)
+        # the processes start with Ctrl-C ignored (a spawned process inherits an ignored signal, and
+        # nothing else of this one's): one pressed while spawn imports their modules (the terminal
+        # signals them all) would end them with a traceback from inside multiprocessing. This
+        # process ignores it too until they have started (blocking it here would not hold it: another
+        # of this process's threads would take it): a Ctrl-C then is lost, the next one stops the run
         main = threading.current_thread() is threading.main_thread()
         interruptible = callable(signal.getsignal(signal.SIGINT))
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
@@ -169,8 +171,8 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
                                          args=args))
                 procs[-1].start()
         finally:
-            if main:
-                signal.signal(signal.SIGINT, previous)
+            if main:  # a handler installed outside Python: the default stands in for it
+                signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)
         for _, theirs in pipes + whys:
             theirs.close()  # only the child holds its end: its exit is seen as the end of the pipe
         before = blas.set_threads(threads_each(n))

@@ -34,6 +34,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import (
+    REPORT_FILE,
     AdapterConfig,
     adapter_destination,
     adapter_weights,
@@ -98,7 +99,6 @@ from .tokenizer import eos_ids
 from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys
 from .training_run import NOT_COMPARED, Run, check_resumable, final_evaluation, plan_line, train_steps
 
-REPORT_FILE = "training_report.json"
 # mlx-lm's training options spelt otherwise here (or with no counterpart), with what stands for
 # each here (errors.instead); the command line answers their flags (--learning-rate) from it too
 MLX_LM_NAMES = {"learning_rate": "{lr}", "steps_per_eval": "{val_every}", "adapter_path": "{out}",

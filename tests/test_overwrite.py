@@ -45,6 +45,16 @@ def test_save_adapter_refuses_a_user_folder(tmp_path):
     assert (tmp_path / "empty" / "adapter_config.json").is_file()
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == ["adapter.safetensors",
                                                                   "adapter_config.json"]
+    # the same trained adapter saved again over its folder (other n-grams, say) keeps its report;
+    # other weights do not take it
+    model.adapter_config.training = {"iters": 3, "mode": "lossless"}
+    save_adapter(model, tmp_path / "a", overwrite=True)
+    (tmp_path / "a" / "training_report.json").write_text('{"history": []}')
+    save_adapter(model, tmp_path / "a", overwrite=True)
+    assert (tmp_path / "a" / "training_report.json").read_text() == '{"history": []}'
+    model.adapter.stream_embed = model.adapter.stream_embed + 1
+    save_adapter(model, tmp_path / "a", overwrite=True)
+    assert not (tmp_path / "a" / "training_report.json").exists()
 
 
 def test_save_adapter_writes_a_bare_name_where_load_adapter_reads_it(tmp_path, monkeypatch):

@@ -102,8 +102,6 @@ def test_run_local_needs_two_processes():
         run_local(1, _fail_job, {"error": ValueError()})
 
 
-
-
 def _interrupted_at_start_job(out: str, distributed) -> None:
     """Rank 0 signals the others at once, as a Ctrl-C at the terminal does while they still
     start, after noting whether each ignores SIGINT then (bit 2 of /proc's SigIgn)."""

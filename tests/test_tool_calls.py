@@ -839,6 +839,10 @@ def test_messages_api_errors_are_anthropics(server):
                         ({"messages": [{"role": "user", "content": ""}]}, "must have non-empty content"),
                         ({"messages": [{"role": "user", "content": [{"type": "text", "text": ""}]}]},
                          "text content blocks must be non-empty"),
+                        ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "Sunny."},
+                                       {"role": "user", "content": [
+                                           {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}]},
+                         "'messages[2].content[0]': unexpected tool_use_id 't1' in a tool_result block"),
                         ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "It is "}]},
                          "final assistant content cannot end with trailing whitespace"),
                         ({"tools": [{"name": "pick", "strict": True,
