@@ -23,8 +23,10 @@ from __future__ import annotations
 
 import multiprocessing
 import signal
+import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 
 import mlx.core as mx
@@ -138,11 +140,33 @@ def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callabl
         raise  # anything else: its traceback too
 
 
+@contextmanager
+def _script_left_out() -> Iterator[None]:
+    """While processes are spawned, the caller's main module hidden from ``spawn``, which would
+    run its script again in each of them: its top level, which calls ``train`` without the
+    ``if __name__ == "__main__":`` guard that spawn asks for, would start processes of its own
+    (a RuntimeError in each), and whatever else it does would be done again. They run this
+    package's code only."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    file, spec = main.__dict__.pop("__file__", None), getattr(main, "__spec__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__spec__ = spec
+        if file is not None:
+            main.__file__ = file
+
+
 def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = None,
               quiet: tuple[type[Exception], ...] = ()):
     """``fn(**kwargs, distributed=group)`` in this process (rank 0) and in ``n - 1`` processes
-    started for it (``spawn``: ``fn`` and the keyword arguments must pickle; ``worker_kwargs``
-    replace some of them there, e.g. callbacks). The cores are shared out: each process uses
+    started for it (``spawn``: ``fn`` and the keyword arguments must pickle, by modules other
+    than the caller's script, which those processes do not run; ``worker_kwargs`` replace some of
+    them there, e.g. callbacks). The cores are shared out: each process uses
     ``cores // n`` BLAS threads. Returns rank 0's result. If a started process fails, rank 0's
     next ``all_sum`` raises :class:`PeerStopped` with its error (a traceback too, unless the error
     is one of ``quiet``); when rank 0 returns or raises, the others are stopped and waited for.
@@ -164,12 +188,13 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
         interruptible = callable(signal.getsignal(signal.SIGINT))
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
         try:
-            for r in range(1, n):
-                args = (r, n, pipes[r - 1][1], whys[r - 1][1], fn, kwargs | (worker_kwargs or {}), quiet,
-                        interruptible)
-                procs.append(ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
-                                         args=args))
-                procs[-1].start()
+            with _script_left_out():
+                for r in range(1, n):
+                    args = (r, n, pipes[r - 1][1], whys[r - 1][1], fn, kwargs | (worker_kwargs or {}), quiet,
+                            interruptible)
+                    procs.append(ctx.Process(target=_worker, daemon=True, name=f"specstream-train-{r}",
+                                             args=args))
+                    procs[-1].start()
         finally:
             if main:  # a handler installed outside Python: the default stands in for it
                 signal.signal(signal.SIGINT, signal.SIG_DFL if previous is None else previous)

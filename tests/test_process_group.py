@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -133,3 +136,17 @@ def test_a_ctrl_c_while_the_processes_start_is_no_traceback(capfd, tmp_path):
     assert (tmp_path / "ignored").read_text() == "[True]"
     err = capfd.readouterr().err
     assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+
+
+def test_a_script_without_the_main_guard_runs(tmp_path):
+    """A user's script that calls run_local (train with processes=2) at its top level, without
+    the ``if __name__ == "__main__":`` guard spawn asks for: the processes do not run the script
+    again (which would start processes of their own, a RuntimeError in each)."""
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      "import mlx_specstream\nfrom mlx_specstream.process_group import run_local\n"
+                      "from test_process_group import _sum_job\n"
+                      f"run_local(2, _sum_job, {{'out': {str(tmp_path)!r}}})\nprint('done')\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout == "done\n" and "Traceback" not in res.stderr, res.stderr
+    assert (tmp_path / "rank1.npz").is_file()
