@@ -268,9 +268,13 @@ def generate(
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
                              temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed))
     if model is not None and model.name.endswith(".mlpackage"):
-        if adapter is not None or gamma is not None or prune_threshold is not None or node_cost is not None:
+        fixed = [flag for flag, value in (("--adapter", adapter), ("--gamma", gamma),
+                                          ("--prune-threshold", prune_threshold), ("--node-cost", node_cost))
+                 if value is not None]
+        if fixed:
+            said = ", ".join(fixed[:-1]) + " and " + fixed[-1] if len(fixed) > 1 else fixed[0]
             raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
-                             "export: drop --adapter, --gamma, --prune-threshold and --node-cost")
+                             f"export: drop {said}")
         _generate_coreml(model, text, verbose, chat_template, turn, forced, schema, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, mode=mode,
                          branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
@@ -476,8 +480,8 @@ def bench(
                                      "with test.jsonl (else valid.jsonl), prompt/completion or messages rows "
                                      "as train reads them (text rows, with no prompt, are skipped)"),
     chat_template: bool = _flag(False, "--chat-template",
-                                help="send --data's text prompts through the model's chat template, "
-                                "as train --chat-template trains on them"),
+                                help="send the text prompts (--task's or --data's) through the model's "
+                                "chat template, as train --chat-template trains on them"),
     system_prompt: str | None = typer.Option(None, "--system-prompt", help="with --chat-template: a system "
                                              "turn before each text prompt, as generate sends it"),
     n: int | None = typer.Option(None, "--n", help="test prompts (default 50; --quick: 8)"),

@@ -563,6 +563,8 @@ def load_adapter(model: nn.Module, name_or_path: str | Path, model_path: str | P
         weights = mx.load(str(path / WEIGHTS_FILE))
     except Exception as e:
         raise AdapterError(f"{path / WEIGHTS_FILE}: corrupt or missing adapter weights ({e})") from None
+    if getattr(model, "fused_lora", 0):
+        detach(model)  # refused: said as the fused adapter's, not as this one's not fitting
     with kept_on_failure(model):
         try:
             attach(model, cfg)

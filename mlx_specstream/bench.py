@@ -628,6 +628,14 @@ def _subject(meta: dict) -> str:
                      if meta.get(key))
 
 
+def _through_template(meta: dict) -> str:
+    """How the prompts were sent, where the chat template wrapped them."""
+    if not meta.get("chat_template"):
+        return ""
+    system = meta.get("system_prompt")
+    return " through the chat template" + (f" (system prompt {json.dumps(system)})" if system else "")
+
+
 def results_markdown(meta: dict, results: list[dict]) -> str:
     """``results.md``: the run in one line, the table, the warnings and what was skipped."""
     keys = ["method", "mean_accepted_tokens", "tokens_per_s", "speedup", "95% interval", "exact_match"]
@@ -641,7 +649,8 @@ def results_markdown(meta: dict, results: list[dict]) -> str:
              f"{meta.get('processor')}, {meta['machine']}, {device}MLX {meta['mlx']}, "
              f"mlx-lm {versions.get('mlx-lm', '?')}, BLAS {meta['blas']}, {meta.get('cpus')} CPUs (load "
              f"before/after: {meta.get('load_average_1m')}); source {meta.get('commit')}; "
-             f"{_count(meta['prompts'], 'prompt')}, max {meta['max_tokens']} tokens, "
+             f"{_count(meta['prompts'], 'prompt')}{_through_template(meta)}, "
+             f"max {meta['max_tokens']} tokens, "
              f"{'best of ' * (meta['repeats'] != 1)}{_count(meta['repeats'], 'run')} per prompt; "
              f"speed-up against `{meta['reference']}` (the fastest plain AR decoder of the run)",
              ""]

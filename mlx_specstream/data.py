@@ -590,17 +590,23 @@ def make_project_train_split(data_dir: Path, say=print) -> bool:
     return True
 
 
-def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool = False,
-                  valid: bool = True, say=print, **options) -> tuple[Dataset, Dataset | None]:
-    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``; not read
-    with ``valid=False``); the project's own train splits are made on first use
-    (:func:`make_project_train_split`)."""
+def data_directory(data_dir: str | Path) -> Path:
+    """``data_dir`` as a Path, or a DataError where it is no directory."""
     data_dir = Path(data_dir)
     if data_dir.is_file():
         raise DataError(f"{data_dir} is a file: give the directory that holds {TRAIN_FILE} "
                         f"(and {VALID_FILE})")
     if not data_dir.is_dir():
         raise DataError(f"{data_dir}: no such data directory")
+    return data_dir
+
+
+def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool = False,
+                  valid: bool = True, say=print, **options) -> tuple[Dataset, Dataset | None]:
+    """``train.jsonl`` (required) and ``valid.jsonl`` (optional unless ``require_valid``; not read
+    with ``valid=False``); the project's own train splits are made on first use
+    (:func:`make_project_train_split`)."""
+    data_dir = data_directory(data_dir)
     if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):
         raise no_file(data_dir, TRAIN_FILE)
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)

@@ -104,8 +104,7 @@ class LocalGroup:
                 return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
         except (EOFError, OSError):  # it ended without a word: killed (out of memory, a signal)
             return PeerStopped(f"training process {peer} of {self._size} ended without saying why: killed "
-                               "(out of memory?), or, from a script, train(processes=...) called outside "
-                               "if __name__ == '__main__': (each process imports the script again)")
+                               "(out of memory?)")
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 

@@ -63,7 +63,15 @@ from .checkpoint import (
     setting_said,
     weights_digest,
 )
-from .data import Dataset, Example, check_dataset, check_system_prompt, load_datasets, rows_dataset
+from .data import (
+    Dataset,
+    Example,
+    check_dataset,
+    check_system_prompt,
+    data_directory,
+    load_datasets,
+    rows_dataset,
+)
 from .device import on_gpu
 from .distill import distill_dataset
 from .errors import (
@@ -508,9 +516,9 @@ def _train_local(processes: int, arguments: dict) -> dict:
                      worker_kwargs={"progress": False, "callback": None, "log": None})
 
 
-def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback, log,
-                     tokenizer, distributed, chat_template, system_prompt, group_by_length, resume, overwrite,
-                     progress, **numbers) -> None:
+def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_distill, seed, callback,
+                     log, tokenizer, model_path, distributed, chat_template, system_prompt, group_by_length,
+                     resume, overwrite, progress, **numbers) -> None:
     """:func:`train`'s arguments, each of its type and in its range and all of them together one
     run, before any work (and before the model's adapter goes)."""
     check_switch("self_distill", self_distill, optional=True)
@@ -542,9 +550,12 @@ def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_
         from .api import check_model
 
         check_model(model, None, paths=True)
-    if tokenizer is not None and not callable(getattr(tokenizer, "encode", None)):  # what data reads
-        raise TypeError("tokenizer must be a tokenizer (one with encode) or None, not "
+    if tokenizer is not None and (isinstance(tokenizer, (str, Path))  # a path: load() gives the object
+                                  or not callable(getattr(tokenizer, "encode", None))):  # what data reads
+        raise TypeError("tokenizer must be a tokenizer (one with encode, as load() returns) or None, not "
                         f"{type(tokenizer).__name__}")
+    if model_path is not None:  # where the adapter goes and the tokenizer comes from: a model's
+        model_dir(model_path)
     if isinstance(data, (str, Path)):
         check_path(data, "{data}", OptionError, "give a data directory")
     if isinstance(model, (str, Path)) and out is None and distributed is None:
@@ -618,11 +629,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     False ends the run there, as a run of that many steps (validated, saved and reported as one;
     ``resume=True`` with more ``iters`` goes on). ``processes``: train data-parallel in that many
     processes on this machine (the cores shared out between them; ``model`` a directory; None:
-    :func:`default_processes`, the command line's default). They are started with ``spawn``, which
-    imports the calling script again: call ``train`` under ``if __name__ == "__main__":`` there
-    (a notebook needs nothing). Under ``mlx.launch`` the global batch is shared out between its
-    processes (``distributed=False`` turns that off; ``distributed`` may also be an
-    ``mx.distributed`` group).
+    :func:`default_processes`, the command line's default). They are started with ``spawn`` and
+    run this package's code only, not the calling script (which needs no ``__main__`` guard).
+    Under ``mlx.launch`` the global batch is shared out between its processes
+    (``distributed=False`` turns that off; ``distributed`` may also be an ``mx.distributed``
+    group).
     """
     arguments = dict(locals())
     del arguments["unknown"]
@@ -902,6 +913,7 @@ def write_ngrams(model_path: str | Path, adapter: str | Path, data: str | Path, 
     system_prompt = taken.get("system_prompt", system_prompt)
     check_system_prompt(system_prompt, chat_template)
     dest = path / NGRAMS_FILE
+    data_directory(data)  # a missing one is said first: --overwrite would not help
     check_replaceable_file(dest, overwrite, lambda _: True)  # the adapter's own file: ours
     check_writable(path, "the n-gram table")  # before the data is read, not after
     tokenizer = load_tokenizer(Path(model_path))

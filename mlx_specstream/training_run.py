@@ -140,10 +140,13 @@ def plan_line(run: Run, n_params: int, steps_per_epoch: int, progress: bool) -> 
     """The line that says what a run will do."""
     tc = run.tc
     epochs = tc.iters / steps_per_epoch
+    examples = len(run.train_ds.examples)
+    batch = f"{tc.batch_size}" if tc.batch_size <= examples else \
+        f"{examples} (all the examples: fewer than the batch size, {tc.batch_size})"
     said = [f"{tc.mode}" + (f", γ = {tc.gamma}" if tc.gamma else ""), f"{n_params:,} trainable parameters",
             f"{tc.iters} step{'s' * (tc.iters != 1)} ({epochs:.3g} epoch{'s' * (epochs != 1)} of "
             f"{steps_per_epoch} "
-            f"batch{'es' * (steps_per_epoch != 1)} of {tc.batch_size})", f"lr {tc.lr:g}, warmup {tc.warmup}"
+            f"batch{'es' * (steps_per_epoch != 1)} of {batch})", f"lr {tc.lr:g}, warmup {tc.warmup}"
             + ("" if tc.warmup < tc.iters else " (none: the run has 1 step)" if tc.iters == 1
                else f" (cut to {tc.iters - 1}: the run has {tc.iters} steps)"),
             (f"validation every {tc.val_every} steps and at the end" if 0 < tc.val_every < tc.iters

@@ -484,6 +484,10 @@ def test_bench_command_prints_its_table(tmp_path, monkeypatch):
     assert res.exit_code == 0, repr(res.exception)
     assert results_markdown(stored["meta"], stored["results"]) in res.output
     assert "mean_accepted_tokens: generated tokens (EOS not counted) per forward pass" in res.output
+    templated = {**stored["meta"], "chat_template": True, "system_prompt": "Be brief."}  # said in its line
+    assert "prompts through the chat template (system prompt \"Be brief.\")" in results_markdown(
+        templated, stored["results"])
+    assert "chat template" not in results_markdown(stored["meta"], stored["results"])
     CliRunner().invoke(app, ["bench", "--quick", "--n", "20", "--out", str(tmp_path / "o2")])
     CliRunner().invoke(app, ["bench", "--out", str(tmp_path / "o3")])
     assert asked == [(8, 64), (20, 64), (50, 128)]  # --quick sets defaults, not what is given

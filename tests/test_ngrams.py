@@ -123,8 +123,9 @@ def test_cli_writes_the_table_of_an_adapters_data(tmp_path):
     # the data are arithmetic progressions: after x comes x + STEP
     assert table.next and all(tok == (ctx[-1] + STEP) % V for ctx, (tok, _) in table.next.items())
     r = subprocess.run([*cmd, "--data", str(tmp_path / "nowhere")], capture_output=True, text=True,
-                       timeout=120)
-    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1].startswith("error: ")
+                       timeout=120)  # said first, though the table exists: --overwrite would not help
+    said = f"error: {tmp_path / 'nowhere'}: no such data directory"
+    assert r.returncode == 1 and r.stderr.strip().splitlines()[-1] == said, r.stderr
     # an adapter's table is replaced only with --overwrite, and never by an empty one
     from mlx_specstream.trainer import write_ngrams
 

@@ -132,6 +132,11 @@ def test_replies_are_text_without_control_tokens(server, base):
     r = server.client().completions.create(model="specstream-tiny", prompt=prompt, max_tokens=6)
     assert r.choices[0].text == tok.decode(ids, skip_special_tokens=True) and "<s>" not in r.choices[0].text
     assert r.usage.completion_tokens == len(ids)
+    # an empty prompt, as OpenAI's completions read it: the beginning of a document (BOS alone)
+    begun = [t for step in stream_generate(model, tok, [tok.bos_token_id], max_tokens=3, mode="ar")
+             for t in step.tokens]
+    r = server.client().completions.create(model="specstream-tiny", prompt="", max_tokens=3)
+    assert r.usage.prompt_tokens == 1 and r.choices[0].text == tok.decode(begun, skip_special_tokens=True)
     history = [{"role": "user", "content": "hi"},
                {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "c2"}]},
                {"role": "tool", "tool_call_id": "c1", "content": "42"},

@@ -1509,10 +1509,14 @@ def test_the_plan_line_says_what_the_run_will_do():
           batch_size=8, accept_prompts=0, progress=False, log=said.append)
     plan = next(m for m in said if m.startswith("train: "))
     assert "warmup 100 (cut to 1: the run has 2 steps), validation at the end" in plan, plan
+    assert "2 steps (1 epoch of 2 batches of 8)" in plan, plan
     said.clear()
     train(tiny_model("llama", seed=0), (ds, valid), gamma=2, msa_layers=1, iters=1, warmup=3, val_every=0,
-          batch_size=8, accept_prompts=0, progress=False, log=said.append)
-    assert "warmup 3 (none: the run has 1 step)" in next(m for m in said if m.startswith("train: "))
+          batch_size=100, accept_prompts=0, progress=False, log=said.append)
+    plan = next(m for m in said if m.startswith("train: "))
+    assert "warmup 3 (none: the run has 1 step)" in plan, plan
+    # a batch is at most the examples there are
+    assert "(1 epoch of 1 batch of 16 (all the examples: fewer than the batch size, 100))" in plan, plan
 
 
 def test_defaults_fit_a_small_model():

@@ -595,6 +595,17 @@ def test_load_adapter_looks_under_the_models_own_directory(tmp_path, monkeypatch
         load_adapter(model, tmp_path / "empty")
 
 
+def test_an_adapter_over_a_fused_one_is_refused_as_the_fused_ones():
+    from mlx_specstream.adapter import load_adapter
+    from mlx_specstream.api import load
+    from mlx_specstream.errors import AdapterError
+
+    model, _ = load(DEFAULT_MODEL, adapter="sql")  # shared mode: fused by default
+    assert model.fused_lora
+    with pytest.raises(AdapterError, match=r"^adapter 'sql' is fused into this model's weights: load"):
+        load_adapter(model, "sql-lossless")
+
+
 @pytest.mark.parametrize("quantize", [(3, 7), "int4", (4,), (8, 48)])
 def test_load_time_quantization_is_checked_in_python_terms(quantize):
     from mlx_specstream.api import load
@@ -654,6 +665,7 @@ def test_the_adapter_functions_say_what_their_model_argument_is_instead():
 
 def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
     from mlx_specstream.data import Dataset, Example
+    from mlx_specstream.errors import CheckpointError
     from mlx_specstream.trainer import train
 
     examples = [Example(list(range(1, 12)), 4)] * 40
@@ -679,10 +691,15 @@ def test_train_from_python_refuses_what_it_cannot_use(tmp_path):
             ({"resume": "no"}, OptionError, "resume must be True or False, not 'no'"),
             ({"self_distill": 1}, OptionError, "self_distill must be True or False (or None)"),
             ({"callback": 5}, TypeError, "callback must be a function of (step, info), not int"),
-            ({"out": 5}, TypeError, "out must be a str or a Path, not int")):
+            ({"out": 5}, TypeError, "out must be a str or a Path, not int"),
+            ({"tokenizer": str(DEFAULT_MODEL)}, TypeError, "tokenizer must be a tokenizer (one with encode, "
+             "as load() returns) or None, not str"),
+            ({"model_path": tmp_path / "typo", "out": "x"}, CheckpointError,
+             "typo: no such model directory")):
         with pytest.raises(error, match=re.escape(fragment)):
             train(model, pair, progress=False, **options)
         assert model.adapter_config is had
+    assert not (tmp_path / "typo").exists()  # no adapter tree where no model is
     for bad, fragment in (((model, None), "not tuple: give the model of model, tokenizer = load(PATH)"),
                           (None, "model must be a model directory or a model from load(), not NoneType")):
         with pytest.raises(TypeError, match=re.escape(fragment)):
