@@ -178,8 +178,8 @@ def run_local(n: int, fn: Callable, kwargs: dict, worker_kwargs: dict | None = N
     procs = []
     before = None
     try:
-        # the processes start with Ctrl-C ignored (a spawned process inherits an ignored signal, and
-        # nothing else of this one's): one pressed while spawn imports their modules (the terminal
+        # the processes start with Ctrl-C ignored (of this process's signal settings, a spawned one
+        # inherits only that a signal is ignored): one pressed while spawn imports their modules (the terminal
         # signals them all) would end them with a traceback from inside multiprocessing. This
         # process ignores it too until they have started (blocking it here would not hold it: another
         # of this process's threads would take it): a Ctrl-C then is lost, the next one stops the run
