@@ -104,7 +104,8 @@ class LocalGroup:
                 return PeerStopped(f"training process {peer} of {self._size} failed: {why.recv()}")
         except (EOFError, OSError):  # it ended without a word: killed (out of memory, a signal)
             return PeerStopped(f"training process {peer} of {self._size} ended without saying why: killed "
-                               "(out of memory?)")
+                               "(out of memory?), or what it was given did not load there (an object "
+                               "defined in the calling script, which it does not run: see any error above)")
         return PeerStopped(f"training process {peer} of {self._size} stopped: see its error above")
 
 

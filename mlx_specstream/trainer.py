@@ -554,8 +554,8 @@ def _check_arguments(*, model, data, mode, out, over, init, iters, epochs, self_
                                   or not callable(getattr(tokenizer, "encode", None))):  # what data reads
         raise TypeError("tokenizer must be a tokenizer (one with encode, as load() returns) or None, not "
                         f"{type(tokenizer).__name__}")
-    if model_path is not None:  # where the adapter goes and the tokenizer comes from: a model's
-        model_dir(model_path)
+    if model_path is not None and not isinstance(model, (str, Path)):  # a loaded model's directory:
+        model_dir(model_path)  # where the adapter goes and the tokenizer comes from
     if isinstance(data, (str, Path)):
         check_path(data, "{data}", OptionError, "give a data directory")
     if isinstance(model, (str, Path)) and out is None and distributed is None:

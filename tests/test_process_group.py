@@ -150,3 +150,10 @@ def test_a_script_without_the_main_guard_runs(tmp_path):
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 0 and res.stdout == "done\n" and "Traceback" not in res.stderr, res.stderr
     assert (tmp_path / "rank1.npz").is_file()
+    # what only the script defines cannot reach them: said so by rank 0
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      "import mlx_specstream\nfrom mlx_specstream.process_group import run_local\n"
+                      "from test_process_group import _sum_job\nclass Mine(str): pass\n"
+                      f"run_local(2, _sum_job, {{'out': Mine({str(tmp_path)!r})}})\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "an object defined in the calling script" in res.stderr, res.stderr
