@@ -53,15 +53,15 @@ class TokenConstraint:
         return state
 
     def mask(self, state: State) -> np.ndarray:
-        """(V,) bool: the tokens allowed after ``state``."""
-        m = self._masks.get(state)
+        """(V,) bool: the tokens allowed after ``state`` (the last :data:`MAX_MASKS` used are kept)."""
+        m = self._masks.pop(state, None)
         if m is None:
             m = self.allowed(state)
             if not m.any():
                 raise ValueError("the constraint allows no token here")
             if len(self._masks) >= MAX_MASKS:
-                self._masks.clear()
-            self._masks[state] = m
+                del self._masks[next(iter(self._masks))]
+        self._masks[state] = m
         return m
 
     def allowed(self, state: State) -> np.ndarray:

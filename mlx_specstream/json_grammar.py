@@ -10,15 +10,16 @@ exponent); boolean, null, array with ``items``, ``minItems`` and ``maxItems``, o
 types), ``properties`` (each key once, in any order, only those named:
 ``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
-``dict[str, X]``); ``enum`` and ``const`` of scalars; ``anyOf`` and ``oneOf`` (read as
-``anyOf``: a value of several alternatives is not refused), ``allOf`` of one schema, OpenAPI's
-``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``, ``#``; recursive ones
-too), which is what Pydantic's ``model_json_schema`` writes. Other keywords (:data:`UNREAD`:
-``multipleOf``, ``prefixItems``, ``allOf`` of several, other formats) leave that value
-unconstrained by them: any value of its type, or any JSON value; a strict ``response_format``
-with one of them is refused. A string with a pattern, a format or bounds is read with its value
-(escapes decoded) in its state, searched with ``regex``'s partial matching at every character,
-so such a state is read once per string, not once per state of all strings.
+``dict[str, X]``), each key once there too, as in any object (a parser would keep only the
+last value; ``"a"`` and ``"\\u0061"`` are one key); ``enum`` and ``const`` of scalars; ``anyOf``
+and ``oneOf`` (read as ``anyOf``: a value of several alternatives is not refused), ``allOf`` of
+one schema, OpenAPI's ``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``,
+``#``; recursive ones too), which is what Pydantic's ``model_json_schema`` writes. Other
+keywords (:data:`UNREAD`: ``multipleOf``, ``prefixItems``, ``allOf`` of several, other formats)
+leave that value unconstrained by them: any value of its type, or any JSON value; a strict
+``response_format`` with one of them is refused. A string with a pattern, a format or bounds is
+read with its value (escapes decoded) in its state, searched with ``regex``'s partial matching at
+every character, so such a state is read once per string, not once per state of all strings.
 Numbers have at most 16 digits before the point, after it and in the exponent; wherever JSON allows
 whitespace there may be a space or a tab, or a line break (LF or CRLF) and up to 20 spaces or tabs
 (llama.cpp's bounds: a model cannot write digits or blank lines forever), and up to two whitespace
@@ -49,7 +50,7 @@ import re
 import urllib.parse
 from fractions import Fraction
 
-from .constraint import CharConstraint, State, check_reads_tokens
+from .constraint import CharConstraint, Partial, State, check_reads_tokens
 
 WS = frozenset(" \t\n\r")  # JSON's whitespace
 INDENT = 20  # between two parts of a value: nothing, a space or tab, or a line break and 20 spaces or tabs
@@ -306,11 +307,49 @@ class JSONGrammar(CharConstraint):
             return self._char(state[2], ch)
         if kind == "end":  # ("end", whitespace left): the value is whole; EOS may come
             return ("end", state[1] - 1) if ch in WS and state[1] > 0 else None
+        if kind == "key":
+            return self._key(state, ch)
         if kind in _SCHEMA_KINDS:
             return self._schema(state, ch)
         if kind in _JSON_KINDS:
             return _json(state, ch, self._char)
         return self._frame(state, ch)
+
+    def _key(self, state: State, ch: str) -> State | None:
+        """A key of an object of any keys being written: ``("key", text, string, after)``, its
+        text so far (escapes as written), the string's own state (:func:`_json`'s, ending in
+        :data:`KEY_END`) and the state after each member, whose ``keys`` it may not repeat (None:
+        not counted, :func:`_unkeyed`). Once whole, the member's value: any JSON value, or the
+        map's (``mm``)."""
+        text, string, after = state[1:]
+        keys, nxt = after[-2], self._char(string, ch)
+        if nxt != KEY_END:
+            return None if nxt is None else ("key", "" if keys is None else text + ch, nxt, after)
+        if keys is not None:
+            key = json.loads(f'"{text}"')
+            if key in keys:
+                return None
+            after = (*after[:-2], keys | {key}, after[-1])
+        value = ("value", after) if after[0] == "members" else ("sv", self.nodes[after[1]][1], after)
+        return ("ws", lit(":", value))
+
+    def allowed(self, state: State):
+        """As :meth:`CharConstraint.allowed`; where ``state`` holds keys written (:func:`_unkeyed`),
+        the mask of the state without them, with the tokens that write a quote read again: only a
+        key's closing quote tells the two apart, so a key's every character costs no walk of the
+        vocabulary."""
+        plain = _unkeyed(state)
+        if plain == state:
+            return super().allowed(state)
+        m = self.mask(plain).copy()
+        for t in self._quoting:
+            m[t] = self.advance(state, t) is not None
+        return m
+
+    @functools.cached_property
+    def _quoting(self) -> list[int]:
+        """The tokens whose text holds ``"``."""
+        return [t for t, units in enumerate(self.texts) if '"' in units]
 
     def _frame(self, state: State, ch: str) -> State | None:
         """A subclass's own states (what surrounds the JSON values)."""
@@ -410,8 +449,10 @@ class JSONGrammar(CharConstraint):
             digits = state[3] + ch
             return ("thex", n, state[2], digits, then) if len(digits) < 4 else \
                 self._text(n, _joined(state[2], chr(int(digits, 16))), then)
-        if kind in ("mk", "mm"):  # (kind, n, then): a map's members, after "{" or after a member
-            return _members(kind == "mk", ch, ("sv", node[1], ("mm", n, then)), then)
+        if kind == "mk":  # ("mk", n, then): a map's members after "{"
+            return _members(ch, ("mm", n, frozenset(), then), first=True)
+        if kind == "mm":  # ("mm", n, keys, then): after a member, the keys written so far
+            return _members(ch, state)
         raise AssertionError(f"unknown state {kind}")
 
     def _text(self, n: int, value: str, then: State) -> State | None:
@@ -634,6 +675,7 @@ def _within(node: tuple, text: str) -> bool:
     return (lowest is None or v >= lowest) and (highest is None or v <= highest)
 
 
+KEY_END = ("key end",)  # where a key's string closes (JSONGrammar._key reads on)
 SKIPS_WS = frozenset({"ws", "keys", "members", "value", "items", "elements", "sv", "sk", "sm", "sa", "se",
                       "mk", "mm"})
 _JSON_KINDS = frozenset({"keys", "members", "value", "items", "elements", "esc", "hex"})
@@ -711,16 +753,32 @@ def begins(words: list[str], prefix: str) -> bool:
     return i < len(words) and words[i].startswith(prefix)
 
 
-def _members(first: bool, ch: str, value: State, then: State) -> State | None:
-    """An object's members after ``{`` (``first``) or after a member: a key (any string), ``:``
-    and a member's ``value`` state (which goes on after the member), apart by ``,``; ``then``
-    after ``}``."""
-    member = ("str", "", ("ws", lit(":", value)))
+def _members(ch: str, after: State, first: bool = False) -> State | None:
+    """An object's members, after ``{`` (``first``) or after a member: a key (a string none of
+    the members has written, :meth:`JSONGrammar._key`), ``:`` and a value, apart by ``,``.
+    ``after``: the state after each member, ``(kind, ..., keys, then)``; ``then`` after ``}``."""
     if ch == "}":
-        return then
+        return after[-1]
+    key = ("key", "", ("str", "", KEY_END), after)
     if first:
-        return member if ch == '"' else None
-    return ("ws", lit('"', member)) if ch == "," else None
+        return key if ch == '"' else None
+    return ("ws", lit('"', key)) if ch == "," else None
+
+
+def _unkeyed(state: State) -> State:
+    """``state`` with the keys written so far forgotten and no longer counted (a key's text, the
+    ``keys`` of ``members`` and ``mm``: None): it allows the same tokens, but for those that close
+    a key."""
+    if isinstance(state, Partial):
+        return Partial(state.head, _unkeyed(state.state))
+    kind = state[0]
+    if kind == "alt":
+        return alt(map(_unkeyed, state[1]))
+    if kind == "key":
+        return ("key", "", state[2], _unkeyed(state[3]))
+    if kind in ("members", "mm"):
+        return (*state[:-2], None, _unkeyed(state[-1]))
+    return (*state[:-1], _unkeyed(state[-1])) if len(state) > 1 and isinstance(state[-1], tuple) else state
 
 
 def _json(state: State, ch: str, char) -> State | None:
@@ -728,8 +786,10 @@ def _json(state: State, ch: str, char) -> State | None:
     member), an array's ``items`` (after ``[``) and ``elements``, a string's escapes ``esc`` and
     ``hex``. ``char`` reads a character in another state (a number's, an array's first value)."""
     kind, then = state[0], state[-1]
-    if kind in ("keys", "members"):
-        return _members(kind == "keys", ch, ("value", ("members", then)), then)
+    if kind == "keys":  # ("keys", then): after "{"
+        return _members(ch, ("members", frozenset(), then), first=True)
+    if kind == "members":  # ("members", keys, then): after a member, the keys written so far
+        return _members(ch, state)
     if kind == "value":
         if ch == "{":
             return ("keys", then)

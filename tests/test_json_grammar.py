@@ -392,6 +392,33 @@ def test_texts_drawn_through_the_constraint_are_valid(tok):
         assert finished >= 8
 
 
+def test_an_object_holds_each_key_once(tok):
+    """In an object of any keys (OpenAI's ``json_object``) and in a map (``dict[str, X]``) a key
+    comes once, however it is escaped (a parser keeps only its last value); each object has its
+    own keys. The oracle: ``json``'s pairs of each object, on texts drawn under the constraint,
+    whose masks equal its token-by-token answer (also inside keys, read from the keyless state's)."""
+    def once(pairs):
+        keys = [k for k, _ in pairs]
+        assert len(keys) == len(set(keys)), keys
+        return dict(pairs)
+
+    for schema in (None, {"type": "object", "additionalProperties": {"type": "integer"}}):
+        c = json_constraint(tok, schema)
+        assert reads(c, tok, '{"a": 1, "A": 2, "ab": 3}')
+        for text in ('{"a": 1, "b": 2, "a": 3}', '{"a": 1, "\\u0061": 2}', '{"": 1, "": 2}'):
+            assert not reads(c, tok, text), (schema, text)
+        opened = c.walk(c.start, tok.encode('{"ab": 1, "a', add_special_tokens=False))
+        assert c.walk(opened, tok.encode('b": 2}', add_special_tokens=False)) is None
+        assert c.walk(opened, tok.encode('c": 2}', add_special_tokens=False)) is not None
+        finished = 0
+        for ids, ended in drawn_texts(c, tok, n=20, max_tokens=200):
+            if ended:
+                finished += 1
+                json.loads(tok.decode(ids), object_pairs_hook=once)
+        assert finished >= 10
+    assert reads(json_constraint(tok), tok, '{"a": {"a": 1}, "b": [{"a": 2}, {"a": 3}], "c": {"b": 1}}')
+
+
 SQL = "CREATE TABLE head (age INTEGER, name VARCHAR)\n-- How many heads are older than 56 ?\n"
 QUERY = {"type": "object", "additionalProperties": False, "required": ["kind", "n", "ok"], "properties": {
     "kind": {"enum": ["select", "insert"]}, "n": {"type": "integer"}, "ok": {"type": "boolean"}}}
