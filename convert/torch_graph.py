@@ -28,9 +28,10 @@ Rotary embeddings gather cos/sin from tables computed by MLX itself (fp16 arithm
 drifts); all attention is explicit matmul + masked softmax over the whole cache (fixed shapes).
 
 Each layer is read off the MLX block (:meth:`SpecStreamGraph._read_block`): its projections and
-norms, q/k norms (Qwen3, Gemma 3), its rotary table or none (SmolLM3's NoPE layers), its scale
-and sliding window (Gemma 3: the window applies to main and stream rows by key position, as
-``arch.base.window_mask`` does). Gemma's ``1 + w`` norms are exported as their effective weights.
+norms, q/k norms (Qwen3, Gemma 3), its rotary table or none (SmolLM3's NoPE layers), its scale,
+score soft-cap (Gemma 2) and sliding window (Gemma 2 and 3: the window applies to main and stream
+rows by key position, as ``arch.base.window_mask`` does). Gemma's ``1 + w`` norms are exported as
+their effective weights.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ from .. import layout
 from ..errors import UnsupportedModelError
 
 LLAMA_FAMILY = ("llama", "mistral", "qwen2", "phi3", "qwen3", "smollm3")
-EXPORTABLE = (*LLAMA_FAMILY, "gemma3_text")
+GEMMA_FAMILY = ("gemma", "gemma2", "gemma3_text")
+EXPORTABLE = (*LLAMA_FAMILY, *GEMMA_FAMILY)
 
 
 @dataclass
@@ -146,9 +148,9 @@ def unpack_quantized(layer) -> QuantizedWeight:
 
 def _norm_weight(norm) -> np.ndarray:
     """The effective weight of an RMS norm (Gemma's stores ``w - 1``)."""
-    from ..arch import gemma3
+    from ..arch import gemma
 
-    w = 1.0 + norm.weight if isinstance(norm, gemma3.RMSNorm) else norm.weight
+    w = 1.0 + norm.weight if isinstance(norm, gemma.RMSNorm) else norm.weight
     return _np(w)
 
 
@@ -175,14 +177,13 @@ def _linear(layer) -> Linear:
 def graph_config(model, context: int, tree_size: int, chunk: int, sampling: bool = False,
                  branch: int | None = None, prune_threshold: float | None = None) -> GraphConfig:
     """Read the model (and its attached adapter) into a :class:`GraphConfig`; checks the family."""
-    from ..arch import gemma3, llama
+    from ..arch import gemma, llama
 
     cfg = model.config
     mt = cfg.get("model_type")
-    if not isinstance(model, (llama.Model, gemma3.Model)) or mt not in EXPORTABLE:
-        raise UnsupportedModelError(
-            f"Core ML export supports the llama family ({', '.join(LLAMA_FAMILY)}) and gemma3_text, "
-            f"not '{mt}'")
+    if not isinstance(model, (llama.Model, gemma.Model)) or mt not in EXPORTABLE:
+        raise UnsupportedModelError(f"Core ML export supports the llama family ({', '.join(LLAMA_FAMILY)}) "
+                                    f"and the Gemma family ({', '.join(GEMMA_FAMILY)}), not '{mt}'")
     attn = model.layers[0].self_attn
     ropes = [layer.self_attn.rope for layer in model.layers if layer.self_attn.rope is not None]
     act = model.args.hidden_act
@@ -197,9 +198,9 @@ def graph_config(model, context: int, tree_size: int, chunk: int, sampling: bool
         head_dim=attn.head_dim, n_layers=len(model.layers), vocab=cfg["vocab_size"],
         eps=float(model.model.norm.eps), act=act, rope_dims=ropes[0].dims if ropes else 0, context=context,
         tree_size=tree_size, chunk=chunk, sampling=sampling)
-    if isinstance(model, gemma3.Model):
-        g.embed_scale = float(model.args.hidden_size**0.5)
-        g.logit_softcap = model.args.final_logit_softcapping
+    if isinstance(model, gemma.Model):
+        g.embed_scale = float(model.embed_scale)
+        g.logit_softcap = getattr(model.args, "final_logit_softcapping", None)
     if acfg is not None:
         g.gamma, g.msa_layers = acfg.gamma, acfg.msa_layers
         g.branch = branch or acfg.branch
@@ -294,7 +295,8 @@ class SpecStreamGraph(torch.nn.Module):
         scale and window. Norms: ``ln1`` before attention, ``ln2`` before the MLP; ``attn_out``
         / ``mlp_out`` (Gemma) on the outputs of attention / MLP, before the residual add."""
         attn = blk.self_attn
-        b = {"rope": self.rope_tables.get(id(attn.rope)), "scale": float(attn.scale), "window": attn.window}
+        b = {"rope": self.rope_tables.get(id(attn.rope)), "scale": float(attn.scale), "window": attn.window,
+             "softcap": attn.softcap}
         for parent, names in ((attn, ("q_proj", "k_proj", "v_proj", "o_proj")),
                               (blk.mlp, ("gate_proj", "up_proj", "down_proj"))):
             for name in names:
@@ -424,6 +426,8 @@ class SpecStreamGraph(torch.nn.Module):
         rep = gc.n_heads // gc.n_kv_heads
         qg = q.reshape(gc.n_kv_heads, rep * R, gc.head_dim)
         scores = (qg @ keys.transpose(1, 2)) * b["scale"]
+        if b["softcap"] is not None:
+            scores = torch.tanh(scores / b["softcap"]) * b["softcap"]
         scores = scores.reshape(gc.n_kv_heads, rep, R, -1)
         scores = scores + biases[b["window"]]  # additive: 0 where visible, -MASKED elsewhere
         p = torch.softmax(scores, dim=-1).reshape(gc.n_kv_heads, rep * R, -1)

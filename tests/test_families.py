@@ -4,8 +4,9 @@ loading on each family.
 
 Tiny random fp32 models are made with ``transformers`` from configs (no download); their norm
 weights are randomised too (HF initialises them to one or zero, which would hide Gemma's
-``1 + w``). Gemma's sliding window (8) is shorter than the prompts, so every check below also
-covers windowed layers, on main rows and on stream rows.
+``1 + w``). Gemma 2's and 3's sliding window (8) is shorter than the prompts, so every check below
+also covers windowed layers, on main rows and on stream rows; Gemma 2's attention soft-cap (3) is
+small enough to change every score.
 
 Core ML export: the torch graph that coremltools converts equals the engine on every family
 (fp32 cache, fast); the saved package, run by the package evaluator, equals the engine with an
@@ -51,6 +52,10 @@ FAMILIES = {
         rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                          SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "safetensors"),
     "qwen3": (lambda: transformers.Qwen3Config(**SMALL, tie_word_embeddings=True), "safetensors"),
+    "gemma": (lambda: transformers.GemmaConfig(**SMALL, hidden_act="gelu"), "safetensors"),
+    "gemma2": (lambda: transformers.Gemma2Config(
+        **SMALL, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
+        final_logit_softcapping=30.0), "safetensors"),
 }
 PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
 
@@ -65,7 +70,7 @@ def make_hf(name, root, **overrides):
     with torch.no_grad():
         for p in model.parameters():
             if p.ndim == 1:
-                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if name == "gemma3" else 1.0))
+                p.copy_(torch.randn_like(p) * 0.3 + (0.0 if name.startswith("gemma") else 1.0))
     path = root / name
     model.save_pretrained(path, **({"max_shard_size": "40KB"} if fmt == "sharded" else {}))
     assert (path / "model.safetensors.index.json").is_file() == (fmt == "sharded")
@@ -99,14 +104,22 @@ def test_logits_match_transformers(families, name):
         assert err < TOL, f"{name} (prefill {prefill}): differs by {err}"
 
 
-def test_windows_and_norms_are_exercised(families):
-    """The oracle would not catch a missing window or (1 + w) if they made no difference."""
+def test_windows_norms_and_caps_are_exercised(families):
+    """The oracle would not catch a missing window, (1 + w) or soft-cap if they made no difference."""
     hf, _, dst = families["gemma3"]
     model, _ = load(dst)
     assert [layer.self_attn.window for layer in model.layers] == [WINDOW, None, WINDOW, WINDOW]
     ref = torch_logits(hf, PROMPT)
     for layer in model.layers:
         layer.self_attn.window = None
+    assert np.abs(mlx_logits(model, PROMPT) - ref).max() > 100 * TOL
+    hf, _, dst = families["gemma2"]
+    model, _ = load(dst)
+    assert [layer.self_attn.window for layer in model.layers] == [WINDOW, None] * 2
+    assert {layer.self_attn.softcap for layer in model.layers} == {3.0}
+    ref = torch_logits(hf, PROMPT)
+    for layer in model.layers:
+        layer.self_attn.softcap = None
     assert np.abs(mlx_logits(model, PROMPT) - ref).max() > 100 * TOL
     smol, _ = load(families["smollm3"][2])
     assert [layer.self_attn.rope is None for layer in smol.layers] == [False, True, False, True]
@@ -118,8 +131,8 @@ def test_unsupported_option_is_one_line(families, tmp_path):
     src = tmp_path / "src"
     shutil.copytree(families["gemma3"][1], src)
     cfg = json.loads((src / "config.json").read_text())
-    (src / "config.json").write_text(json.dumps({**cfg, "attn_logit_softcapping": 50.0}))
-    bad(src, tmp_path / "out", "gemma3 with attn_logit_softcapping is not supported")
+    (src / "config.json").write_text(json.dumps({**cfg, "use_bidirectional_attention": True}))
+    bad(src, tmp_path / "out", "Gemma with use_bidirectional_attention is not supported")
 
 
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
@@ -168,12 +181,16 @@ def test_gemma3_multimodal_checkpoint(families, tmp_path):
 
 def test_converted_directories_load_in_mlx_lm(families, tmp_path):
     """mlx-lm reads our converted directories and computes the same logits (its Gemma 3 takes
-    the every-6th-layer-global pattern and has no logit softcap, as released Gemma 3 models)."""
+    the every-6th-layer-global pattern and has no logit softcap, as released Gemma 3 models; its
+    Gemma 2 has no sliding window, so the window here holds the prompt; its Gemma 1 computes the
+    exact GELU where transformers computes the tanh form)."""
     from mlx_lm.utils import load_model as mlx_lm_load
 
     _, src = make_hf("gemma3", tmp_path, num_hidden_layers=6, layer_types=[SLIDING] * 5 + [GLOBAL],
                      final_logit_softcapping=None)
-    dirs = [families["qwen3"][2], families["smollm3"][2], convert(src, tmp_path / "gemma3-mlx")]
+    _, src2 = make_hf("gemma2", tmp_path, sliding_window=PROMPT.shape[1])
+    dirs = [families["qwen3"][2], families["smollm3"][2], convert(src, tmp_path / "gemma3-mlx"),
+            convert(src2, tmp_path / "gemma2-mlx")]
     for dst in dirs:
         ours, _ = load(dst)
         theirs, _ = mlx_lm_load(dst)
@@ -287,7 +304,7 @@ def test_coreml_graph_equals_engine(families, name):
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "gemma3" else pytest.mark.slow)
                                   for n in FAMILIES])
 def test_coreml_package_equals_engine(tmp_path, name):
-    """Two layers (a conversion takes ~7 s a layer), the top one a sliding layer for Gemma."""
+    """Two layers (a conversion takes ~7 s a layer), the top one a sliding layer for Gemma 3."""
     pytest.importorskip("coremltools")
     from test_coreml_common import record_engine, replay
 
@@ -322,5 +339,5 @@ def test_coreml_export_refuses_other_families():
     from mlx_specstream.convert.torch_graph import graph_config
     from mlx_specstream.errors import UnsupportedModelError
 
-    with pytest.raises(UnsupportedModelError, match="gemma3_text, not 'opt'"):
+    with pytest.raises(UnsupportedModelError, match=r"\(gemma, gemma2, gemma3_text\), not 'opt'"):
         graph_config(tiny_model("opt"), 64, 4, 4)

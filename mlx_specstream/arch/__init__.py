@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from . import gemma3, llama, opt, phi, qwen3, smollm3
+from . import gemma, gemma2, gemma3, llama, opt, phi, qwen3, smollm3
 from .base import CausalLM, max_positions
 
 ARCHITECTURES = {
@@ -15,6 +15,8 @@ ARCHITECTURES = {
     "phi": phi.Model,
     "qwen3": qwen3.Model,
     "smollm3": smollm3.Model,
+    "gemma": gemma.Model,
+    "gemma2": gemma2.Model,
     "gemma3_text": gemma3.Model,
     "gemma3": gemma3.Model,
 }

@@ -6,7 +6,8 @@ Every block takes ``positions`` (one position per row) and an optional ``n_main`
 speculative-stream rows that attend like everything else but are never cached.
 
 A layer with a sliding window sees, from every row (main or stream), only the keys fewer than
-``window`` positions behind the row's own position, on top of whatever its mask allows.
+``window`` positions behind the row's own position, on top of whatever its mask allows. A layer
+with a ``softcap`` (Gemma 2) bounds its attention scores to ``cap * tanh(score / cap)``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,14 @@ import numpy as np
 
 from ..errors import ConfigError, UnsupportedModelError
 from ..kernels import host_math
-from ..kernels.attention import AttentionPlan, BatchPlan, attend_with_cache, cached_and_streams, sdpa
+from ..kernels.attention import (
+    AttentionPlan,
+    BatchPlan,
+    attend_with_cache,
+    cached_and_streams,
+    matmul_attention,
+    sdpa,
+)
 from ..lora import project
 
 # The scalar annotations :meth:`BaseArgs.from_dict` checks (bool fields also take 0 / 1).
@@ -241,6 +249,7 @@ def attention(
     scale: float,
     positions: mx.array | None = None,
     window: int | None = None,
+    softcap: float | None = None,
 ) -> mx.array:
     """Attention of all rows; the first ``n_main`` rows' keys/values are appended to ``cache``.
 
@@ -250,17 +259,19 @@ def attention(
     ``positions``) applies a sliding window: a plan whose rows all lie inside the window runs as
     is (kernels or dense path), else its dense mask is windowed. A :class:`BatchPlan` runs each
     sequence of a batched pass with its own plan; ``cache`` is then one cache per sequence.
+    ``softcap``: scores soft-capped before the mask (:func:`matmul_attention`, the dense path: the
+    kernels and ``mx.fast`` have no cap).
     """
     if isinstance(mask, BatchPlan):  # several sequences, each with its own cache and plan
         outs = []
         for b, plan in enumerate(mask.plans):
             pos = None if positions is None else mask.gather(positions, b, axis=-1)
             o = attention(mask.gather(q, b), mask.gather(k, b), mask.gather(v, b), cache[b], plan,
-                          mask.main[b], scale, pos, window)
+                          mask.main[b], scale, pos, window, softcap)
             outs.append(mask.scatter(o, b, q.shape[2]))
         return mx.concatenate(outs, axis=0)
     if isinstance(mask, AttentionPlan):  # tree / multi-stream structure: kernels or dense path
-        if window is None or mask.n_prefix + mask.n_rows <= window:
+        if softcap is None and (window is None or mask.n_prefix + mask.n_rows <= window):
             return attend_with_cache(q, k, v, cache, mask, n_main, scale)
         mask = mask.mask
     if cache is not None:
@@ -273,6 +284,8 @@ def attention(
         mask = window_mask(mask, positions, keys.shape[2] - k.shape[2], window)
     if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)
+    if softcap is not None:
+        return matmul_attention(q, keys, values, mask, scale, softcap)
     return sdpa(q, keys, values, mask, scale)
 
 
@@ -281,14 +294,15 @@ class SelfAttention(nn.Module):
 
     Options: ``qk_norm`` builds a norm over ``head_dim`` applied to every head's queries and keys
     before the rotary embedding (``q_norm``/``k_norm``); ``scale`` replaces ``head_dim**-0.5``;
-    ``window`` makes it a sliding-window layer.
+    ``window`` makes it a sliding-window layer; ``softcap`` soft-caps its scores.
     """
 
-    window: int | None = None  # class default: instances set it only when they have one
+    window: int | None = None  # class defaults: instances set them only when they have one
+    softcap: float | None = None
 
     def __init__(self, dim, n_heads, n_kv_heads, head_dim, bias, out_bias, rope, out_name="o_proj", *,
                  qk_norm: Callable[[int], nn.Module] | None = None, scale: float | None = None,
-                 window: int | None = None):
+                 window: int | None = None, softcap: float | None = None):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = n_heads, n_kv_heads, head_dim
         self.scale = head_dim**-0.5 if scale is None else scale
@@ -302,6 +316,8 @@ class SelfAttention(nn.Module):
             self.q_norm, self.k_norm = qk_norm(head_dim), qk_norm(head_dim)
         if window is not None:
             self.window = window
+        if softcap is not None:
+            self.softcap = softcap
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         B, T, _ = x.shape
@@ -313,7 +329,7 @@ class SelfAttention(nn.Module):
         v = project(self.v_proj, x, n_main).reshape(B, T, self.n_kv_heads, -1).transpose(0, 2, 1, 3)
         if self.rope is not None:
             q, k = self.rope(q, positions), self.rope(k, positions)
-        o = attention(q, k, v, cache, mask, n_main, self.scale, positions, self.window)
+        o = attention(q, k, v, cache, mask, n_main, self.scale, positions, self.window, self.softcap)
         o = o.transpose(0, 2, 1, 3).reshape(B, T, -1)
         return project(getattr(self, self._out), o, n_main)
 

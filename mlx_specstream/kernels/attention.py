@@ -412,17 +412,21 @@ def sdpa(q, k, v, mask, scale) -> mx.array:
     return o.reshape(B, H, T, D)
 
 
-def matmul_attention(q, k, v, mask, scale) -> mx.array:
+def matmul_attention(q, k, v, mask, scale, softcap: float | None = None) -> mx.array:
     """Softmax attention as plain MLX operations (scores, softmax in float32, values): the G query
     heads of a key/value head as one product of G*T rows. q (B, H, T, D); k, v (B, Hkv, S, D);
     mask None, (T, S) or (B|1, 1, T, S), boolean (True: visible) or additive. What a decode pass
     runs on CUDA (``device.on_cuda``): the same function as ``mx.fast.scaled_dot_product_attention``
-    without a cuDNN graph built for each new key length."""
+    without a cuDNN graph built for each new key length; and every pass of a layer whose scores
+    are soft-capped (``softcap * tanh(score / softcap)`` before the mask, Gemma 2's), which
+    ``mx.fast`` cannot do."""
     B, H, T, D = q.shape
     hkv, S = k.shape[1], k.shape[2]
     G = H // hkv
     scores = ((q * scale).reshape(B, hkv, G * T, D) @ k.swapaxes(-1, -2)).reshape(B, hkv, G, T, S)
     scores = scores.astype(mx.float32)
+    if softcap is not None:
+        scores = mx.tanh(scores / softcap) * softcap
     if mask is not None:
         mask = (mask[None, None] if mask.ndim == 2 else mask)[:, :, None]  # (B|1, 1, 1, T, S)
         scores = mx.where(mask, scores, -mx.inf) if mask.dtype == mx.bool_ else scores + mask

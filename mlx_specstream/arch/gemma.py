@@ -1,0 +1,118 @@
+"""Gemma (1): the llama block with Gemma's RMS norm (``x / rms(x) * (1 + weight)``, the weight
+stored as an offset from 1), embeddings scaled by sqrt(hidden), a GELU (tanh) MLP, heads of
+``head_dim`` and tied embeddings. Gemma 2 and 3 (:mod:`.gemma2`, :mod:`.gemma3`) build on the norm.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .base import BaseArgs, CausalLM, SelfAttention, make_rope
+from .llama import MLP
+
+
+@dataclass
+class Args(BaseArgs):
+    """Defaults are ``GemmaConfig``'s."""
+
+    vocab_size: int = 256_000
+    hidden_size: int = 3072
+    intermediate_size: int = 24_576
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 16
+    num_key_value_heads: int = 16
+    head_dim: int = 256
+    hidden_act: str = "gelu_pytorch_tanh"
+    hidden_activation: str | None = None  # transformers < 5 read this one first
+    rms_norm_eps: float = 1e-6
+    attention_bias: bool = False
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self):
+        # the released configs say "gelu", which transformers reads as the tanh form they meant
+        self.hidden_act = self.hidden_activation or self.hidden_act
+        if self.hidden_act == "gelu":
+            self.hidden_act = "gelu_pytorch_tanh"
+
+
+class RMSNorm(nn.Module):
+    """Gemma's RMS norm: ``x / rms(x) * (1 + weight)``, the weight stored as an offset from 1."""
+
+    def __init__(self, dims: int, eps: float):
+        super().__init__()
+        self.weight = mx.zeros((dims,))
+        self.eps = eps
+
+    def __call__(self, x):
+        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+
+
+class Block(nn.Module):
+    def __init__(self, args: Args, rope):
+        super().__init__()
+        a = args
+        self.self_attn = SelfAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
+                                       a.head_dim, a.attention_bias, a.attention_bias, rope)
+        self.mlp = MLP(a.hidden_size, a.intermediate_size, False, a.hidden_act)
+        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
+
+    def __call__(self, x, positions, mask=None, cache=None, n_main=None):
+        h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, n_main)
+        return h + self.mlp(self.post_attention_layernorm(h), n_main)
+
+
+class Inner(nn.Module):
+    def __init__(self, args: Args, layers: list[nn.Module]):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = layers
+        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
+
+
+class Model(CausalLM):
+    """A Gemma model; subclasses (:mod:`.gemma2`) give their own ``Args`` and :meth:`blocks`."""
+
+    Args = Args
+
+    def __init__(self, cfg: dict):
+        super().__init__()
+        self.config = cfg = self.text_config(cfg)
+        self.args = args = self.Args.from_dict(cfg)
+        self.model = Inner(args, self.blocks(args))
+        self.tied = args.tie_word_embeddings
+        if not self.tied:
+            self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    @staticmethod
+    def text_config(cfg: dict) -> dict:
+        """The config the model is built from (a multimodal checkpoint's: its text model's)."""
+        return cfg
+
+    def blocks(self, args: Args) -> list[nn.Module]:
+        """The layers (the one place they are made)."""
+        rope = make_rope(self.config, args.head_dim)
+        return [Block(args, rope) for _ in range(args.num_hidden_layers)]
+
+    @property
+    def embed_scale(self) -> float:
+        """What embeddings are multiplied by: sqrt(hidden) (in their dtype, as transformers has it)."""
+        return self.args.hidden_size**0.5
+
+    def embed(self, tokens, positions):
+        h = self.model.embed_tokens(tokens)
+        return h * mx.array(self.embed_scale, h.dtype)
+
+    def head(self, h):
+        h = self.model.norm(h)
+        logits = self.model.embed_tokens.as_linear(h) if self.tied else self.lm_head(h)
+        cap = getattr(self.args, "final_logit_softcapping", None)
+        return logits if cap is None else mx.tanh(logits / cap) * cap
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """HF names -> ours: tied heads and rotary buffers dropped."""
+        return {name: w for name, w in weights.items()
+                if "rotary_emb" not in name and not (self.tied and name.startswith("lm_head."))}
