@@ -11,7 +11,8 @@ types), ``properties`` (each key once, in any order, only those named:
 ``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
 ``dict[str, X]``), each key once there too, as in any object (a parser would keep only the
-last value; ``"a"`` and ``"\\u0061"`` are one key); ``enum`` and ``const`` of scalars; ``anyOf``
+last value; ``"a"`` and ``"\\u0061"`` are one key); ``enum`` and ``const`` (an object or array
+written as ``json.dumps`` writes it); ``anyOf``
 and ``oneOf`` (read as ``anyOf``: a value of several alternatives is not refused), ``allOf`` of
 one schema, OpenAPI's ``nullable``, and ``$ref`` to the schema's own parts (``#/$defs/Item``,
 ``#``; recursive ones too), which is what Pydantic's ``model_json_schema`` writes. Other
@@ -219,7 +220,7 @@ class JSONGrammar(CharConstraint):
         if isinstance(schema.get("items"), list):
             said.add("items as a list")
         if _enum(schema) == ():
-            said.add("enum or const of values other than strings, numbers, booleans and null")
+            said.add("enum or const of values JSON cannot write (NaN, infinities)")
         if kinds is None and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
             # a value of any type: its strings or numbers would not be bounded
             said.update(f"{k} without a type" for k in schema if k in _STRING_WORDS or k in _BOUNDS)
@@ -240,7 +241,9 @@ class JSONGrammar(CharConstraint):
         reference, made before what it refers to is read, so a recursive schema ends."""
         if ref not in ctx.refs:
             target = _pointer(ctx.root, ref)
-            if target is None:
+            if target is None and ref.startswith("#"):
+                raise ValueError(f"a JSON schema's $ref {ref!r} points to nothing in the schema")
+            if target is None:  # another document's: not read here
                 self.unread.add(f"$ref {ref!r}")
                 return self._add(ANY)
             ctx.refs[ref] = len(self.nodes)
@@ -697,18 +700,20 @@ def _joined(value: str, ch: str) -> str:
 
 def _enum(schema: dict) -> tuple[str, ...] | None:
     """A schema's ``const`` or ``enum`` values as JSON writes them, sorted (a number both as an
-    integer and with ``.0`` where it is whole, as JSON Schema counts them equal); None where it has
-    neither, empty where a value is not a scalar JSON can write."""
+    integer and with ``.0`` where it is whole, as JSON Schema counts them equal; an object or an
+    array as ``json.dumps`` writes it, one of the texts of that value); None where it has neither,
+    empty where a value is one JSON cannot write (NaN, an infinity)."""
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if not isinstance(values, list):
         return None
     texts = set()
     for v in values:
-        scalar = v is None or isinstance(v, (str, int, float))
-        if not scalar or isinstance(v, float) and not math.isfinite(v):
+        try:
+            texts.add(json.dumps(v, ensure_ascii=False, allow_nan=False))
+        except (TypeError, ValueError):
             return ()
-        texts.add(json.dumps(v, ensure_ascii=False))
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and float(v).is_integer():
+        number = isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) < 1e300
+        if number and float(v).is_integer():
             texts |= {json.dumps(int(v)), json.dumps(float(v))}
     return tuple(sorted(texts))
 

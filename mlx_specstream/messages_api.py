@@ -90,7 +90,10 @@ def _tools(tools) -> list[dict]:
                 and isinstance(t.get("name"), str)):
             raise APIError(f"'tools[{i}]' must be a tool of this client: {{\"name\", \"description\", "
                            "\"input_schema\"}} (Anthropic's server tools are not run here)", f"tools[{i}]")
-        function = {"name": t["name"], "parameters": t.get("input_schema", {})}
+        if not isinstance(t.get("input_schema"), dict):
+            raise APIError(f"'tools[{i}].input_schema' is required: a JSON schema of the tool's input",
+                           f"tools[{i}].input_schema")
+        function = {"name": t["name"], "parameters": t["input_schema"]}
         for key in ("description", "strict"):
             if key in t:
                 function[key] = t[key]
@@ -122,17 +125,29 @@ def _output_format(config) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
-def _check_results(messages: list, i: int, blocks: list) -> None:
-    """Anthropic's rule for the ``tool_result`` blocks of ``messages[i]``: each answers a
-    ``tool_use`` block of the message before it (by its id)."""
-    before = messages[i - 1].get("content") if i > 0 and isinstance(messages[i - 1], dict) else None
-    asked = {b.get("id") for b in before if isinstance(b, dict) and b.get("type") == "tool_use"} \
-        if isinstance(before, list) else set()
-    for j, b in enumerate(blocks):
-        if isinstance(b, dict) and b.get("type") == "tool_result" and b.get("tool_use_id") not in asked:
-            raise APIError(f"'messages[{i}].content[{j}]': unexpected tool_use_id {b.get('tool_use_id')!r} "
-                           "in a tool_result block: each tool_result block must have a corresponding "
-                           "tool_use block in the previous message", "messages")
+def _check_tool_blocks(messages: list, tools: bool) -> None:
+    """Anthropic's rules for ``tool_use`` and ``tool_result`` blocks: they come only in a request
+    that defines ``tools``; the message after one with ``tool_use`` blocks answers each with a
+    ``tool_result`` block (by its id), and a ``tool_result`` block answers one of them."""
+    asked: list = []  # the tool_use ids of the message before
+    for i, m in enumerate([*messages, None]):
+        content = m.get("content") if isinstance(m, dict) else None
+        blocks = [(j, b) for j, b in enumerate(content if isinstance(content, list) else [])
+                  if isinstance(b, dict) and b.get("type") in ("tool_use", "tool_result")]
+        if blocks and not tools:
+            raise APIError(f"'messages[{i}]': requests which include tool_use or tool_result blocks must "
+                           "define tools", "messages")
+        answered = {b.get("tool_use_id") for _, b in blocks if b["type"] == "tool_result"}
+        for j, b in blocks:
+            if b["type"] == "tool_result" and (use := b.get("tool_use_id")) not in asked:
+                raise APIError(f"'messages[{i}].content[{j}]': unexpected tool_use_id {use!r} in a "
+                               "tool_result block: each tool_result block must have a corresponding "
+                               "tool_use block in the previous message", "messages")
+        if missing := [a for a in asked if a not in answered]:
+            raise APIError(f"'messages[{i}]': tool_use ids were found without tool_result blocks immediately "
+                           f"after: {', '.join(map(str, missing))}. Each tool_use block must have a "
+                           "corresponding tool_result block in the next message", "messages")
+        asked = [b.get("id") for _, b in blocks if b["type"] == "tool_use"]
 
 
 def chat_request(body: dict) -> dict:
@@ -155,7 +170,7 @@ def chat_request(body: dict) -> dict:
         blocks = content if isinstance(content, list) else []
         if any(isinstance(b, dict) and b.get("type") == "text" and b.get("text") == "" for b in blocks):
             raise APIError(f"'messages[{i}]': text content blocks must be non-empty", "messages")
-        _check_results(body["messages"], i, blocks)
+    _check_tool_blocks(body["messages"], bool(body.get("tools")))
     system = body.get("system")
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
@@ -202,9 +217,17 @@ def chat_request(body: dict) -> dict:
     return chat
 
 
+# the fields of Messages requests that a count_tokens request may not have (Anthropic's: extra inputs)
+NOT_COUNTED = frozenset({"max_tokens", "stream", "temperature", "top_p", "top_k", "stop_sequences",
+                         "metadata", "service_tier"})
+
+
 def count_request(body: dict) -> dict:
-    """The chat request whose prompt a ``count_tokens`` request counts (it needs no ``max_tokens``)."""
-    return chat_request({"max_tokens": 1, **body})
+    """The chat request whose prompt a ``count_tokens`` request counts (it has no ``max_tokens``,
+    nor any other field of decoding)."""
+    if extra := sorted(set(body) & NOT_COUNTED):
+        raise APIError(f"'{extra[0]}': extra inputs are not permitted", extra[0])
+    return chat_request({**body, "max_tokens": 1})
 
 
 def _tool_use(call_id: str, name: str, args: str) -> dict:

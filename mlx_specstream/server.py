@@ -31,7 +31,7 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
-from .json_grammar import response_constraint, strict_constraint
+from .json_grammar import json_constraint, response_constraint, strict_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
@@ -150,15 +150,10 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
         forced = forced_names(tools, body.get("tool_choice"))
     except ValueError as e:
         raise APIError(str(e).replace("tool_choice", "'tool_choice'", 1), "tool_choice") from None
+    for i, t in enumerate(tools or []):  # as OpenAI checks them, whether the model is shown them or not
+        _check_parameters(tokenizer, t["function"], f"tools[{i}]")
     if not tools or body.get("tool_choice") == "none":
         return None, None, None
-    for i, t in enumerate(tools):  # a strict tool's schema: only what decoding enforces
-        if t["function"].get("strict") is not True:
-            continue
-        try:
-            strict_constraint(tokenizer, t["function"].get("parameters", {}), "a strict tool's parameters")
-        except ValueError as e:
-            raise APIError(f"'tools[{i}]': {e}", f"tools[{i}]") from None
     fmt = tool_format(tokenizer.template_for(tools))
     if fmt is None:
         raise APIError("this model's chat template writes no tool calls this server reads (<tool_call> "
@@ -166,21 +161,53 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
     return tools, fmt, forced
 
 
+def _check_parameters(tokenizer, function: dict, param: str) -> None:
+    """A tool's ``parameters``: a JSON schema of an object (a function's arguments) that reads as
+    a grammar (:mod:`.json_grammar`: a keyword of the wrong kind, or a ``$ref`` to nothing, is a
+    400 on ``param``), and where the tool is ``strict``, one whose every keyword decoding enforces."""
+    schema = function.get("parameters")
+    if schema is None:
+        return
+    if schema.get("type", "object") != "object":
+        raise APIError(f"'{param}': a function's parameters must be a JSON schema of type 'object', "
+                       f"not {schema['type']!r}", param)
+    try:
+        if function.get("strict") is True:
+            strict_constraint(tokenizer, schema, "a strict tool's parameters")
+        else:
+            json_constraint(tokenizer, schema)
+    except ValueError as e:
+        raise APIError(f"'{param}': {e}", param) from None
+
+
 def _check_tool_results(messages: list[dict]) -> None:
-    """OpenAI's rule for a tool's result: a ``tool`` message names the call it answers
-    (``tool_call_id``) and follows an assistant's message with ``tool_calls`` (after that
-    message's other results); a template would otherwise render a result no call asked for."""
-    answering = False
-    for i, m in enumerate(messages):
-        if m["role"] == "tool":
-            if not isinstance(m.get("tool_call_id"), str):
+    """OpenAI's rules for tools' results: an assistant's message with ``tool_calls`` is followed
+    by one ``tool`` message for each call (in any order), which names the call it answers
+    (``tool_call_id``); a result no call asked for, or a call left without one, is a 400 (a
+    template would render a conversation the model never saw)."""
+    waiting, at = None, 0  # the calls of messages[at] not answered yet (None: no calls to answer)
+    for i, m in enumerate([*messages, None]):
+        if m is not None and m["role"] == "tool":
+            call = m.get("tool_call_id")
+            if not isinstance(call, str):
                 raise APIError(f"'messages[{i}].tool_call_id' must be the id of the call this result "
                                "answers (a string)", f"messages[{i}].tool_call_id")
-            if not answering:
+            if waiting is None:
                 raise APIError(f"'messages[{i}]': a 'tool' message must answer a preceding assistant "
                                "message's 'tool_calls'", f"messages[{i}]")
-        else:
-            answering = m["role"] == "assistant" and bool(m.get("tool_calls"))
+            if call not in waiting:
+                raise APIError(f"'messages[{i}].tool_call_id': {call!r} is not a call of messages[{at}] that "
+                               f"is still to be answered ({', '.join(map(repr, waiting)) or 'none'})",
+                               f"messages[{i}].tool_call_id")
+            waiting.remove(call)
+            continue
+        if waiting:
+            raise APIError(f"'messages[{at}]': an assistant message with 'tool_calls' must be followed by "
+                           "tool messages responding to each 'tool_call_id' (not answered: "
+                           f"{', '.join(map(repr, waiting))})", f"messages[{at}]")
+        calls = m.get("tool_calls") if m is not None and m["role"] == "assistant" else None
+        waiting, at = ([c.get("id") if isinstance(c, dict) else None for c in calls]
+                       if isinstance(calls, list) and calls else None), i
 
 
 def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:

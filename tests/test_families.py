@@ -135,6 +135,19 @@ def test_unsupported_option_is_one_line(families, tmp_path):
     bad(src, tmp_path / "out", "Gemma with use_bidirectional_attention is not supported")
 
 
+def test_gemma_reads_gelu_as_transformers_does(families, tmp_path):
+    """The released Gemma configs say ``"hidden_act": "gelu"``; transformers runs the tanh form
+    they were trained with, and so does the import."""
+    _, path, _ = families["gemma"]
+    src = tmp_path / "src"
+    shutil.copytree(path, src)
+    cfg = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**cfg, "hidden_act": "gelu"}))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(src).eval()
+    model, _ = load(convert(src, tmp_path / "out"))
+    assert np.abs(mlx_logits(model, PROMPT) - torch_logits(hf, PROMPT)).max() < TOL
+
+
 @pytest.mark.parametrize("family", ["qwen3", "llama", "qwen2"])
 def test_head_dim_default_follows_transformers(family):
     """A config without ``head_dim`` gets the head size ``transformers`` gives it (Qwen3: 128,

@@ -493,6 +493,21 @@ STRICT_SEVENS = {"type": "function", "function": {"name": "pick", "strict": True
     "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 7}}}}}
 
 
+def tool(name: str, parameters: dict) -> dict:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def said_call(*ids: str) -> dict:
+    """An assistant's message in a history, calling the weather tool once per id."""
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": "weather", "arguments": '{"city": "Oslo"}'}}
+        for i in ids]}
+
+
+def result(call: str) -> dict:
+    return {"role": "tool", "tool_call_id": call, "content": "9 C"}
+
+
 def test_tool_choice_and_bad_tools(server, model_dir):
     """``tool_choice: "none"``: the model is not shown the tools and its text is the reply; a
     malformed tool or choice is a 400 in OpenAI's shape."""
@@ -516,7 +531,24 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                ({"tools": [*TOOLS, *TOOLS]}, "tools", None),  # two of one name
                                ({"tools": TOOLS, "parallel_tool_calls": "yes"}, "parallel_tool_calls", None),
                                # strict (openai.pydantic_function_tool's): only what the grammar enforces
-                               ({"tools": [*TOOLS, STRICT_SEVENS]}, "tools[1]", None)]:
+                               ({"tools": [*TOOLS, STRICT_SEVENS]}, "tools[1]", None),
+                               # OpenAI checks every tool's schema, whatever tool_choice says
+                               ({"tools": [tool("f", {"type": "integer"})]}, "tools[0]", None),
+                               ({"tools": [*TOOLS, tool("f", {"type": "object", "properties": {
+                                   "x": {"type": "int"}}})]}, "tools[1]", None),
+                               ({"tools": [*TOOLS, tool("f", {"properties": {"x": {"minimum": 5, "maximum": 1,
+                                                                                   "type": "integer"}}})],
+                                 "tool_choice": "none"}, "tools[1]", None),
+                               ({"tools": [tool("f", {"properties": {"x": {"$ref": "#/$defs/X"}}})],
+                                 "tool_choice": "required"}, "tools[0]", None),
+                               # results: each call answered right after it, and only the calls
+                               ({"tools": TOOLS, "messages": [*ask("Berlin"), said_call("c1"), result("c2")]},
+                                "messages[2].tool_call_id", None),
+                               ({"tools": TOOLS, "messages": [*ask("Berlin"), said_call("c1", "c2"),
+                                                              result("c2"), *ask("Oslo")]},
+                                "messages[1]", None),
+                               ({"tools": TOOLS, "messages": [*ask("Berlin"), said_call("c1")]},
+                                "messages[1]", None)]:
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
     # a malformed call in the history is named, not a template's error
@@ -822,6 +854,10 @@ def test_messages_api_structured_output(server):
     jsonschema.validate(json.loads(r.content[0].text), schema)
 
 
+F = {"name": "f", "input_schema": {}}
+USED = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+
+
 def test_messages_api_errors_are_anthropics(server):
     anthropic, client = anthropic_client(server)
     with pytest.raises(anthropic.NotFoundError) as e:
@@ -841,8 +877,15 @@ def test_messages_api_errors_are_anthropics(server):
                          "text content blocks must be non-empty"),
                         ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "Sunny."},
                                        {"role": "user", "content": [
-                                           {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}]},
+                                           {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}],
+                          "tools": [{"name": "f", "input_schema": {}}]},
                          "'messages[2].content[0]': unexpected tool_use_id 't1' in a tool_result block"),
+                        ({"messages": [*ask("Oslo"), USED, *ask("Rome")], "tools": [F]},
+                         "'messages[2]': tool_use ids were found without tool_result blocks immediately"),
+                        ({"messages": [*ask("Oslo"), USED, {"role": "user", "content": [
+                            {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}]},
+                         "requests which include tool_use or tool_result blocks must define tools"),
+                        ({"tools": [{"name": "f"}]}, "'tools[0].input_schema' is required"),
                         ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "It is "}]},
                          "final assistant content cannot end with trailing whitespace"),
                         ({"tools": [{"name": "pick", "strict": True,
@@ -858,6 +901,9 @@ def test_messages_api_errors_are_anthropics(server):
         assert reply["error"]["type"] == "invalid_request_error" and said in reply["error"]["message"], reply
     status, reply = server.post_raw("/v1/messages", b"{not json")
     assert status == 400 and reply["error"]["type"] == "invalid_request_error"
+    status, reply = server.post_raw("/v1/messages/count_tokens", json.dumps(body).encode())
+    assert status == 400 and "'max_tokens': extra inputs are not" in reply["error"]["message"], reply
+    body.pop("max_tokens")  # count_tokens: what a Messages request has but decoding
     huge = json.dumps({**body, "messages": [{"role": "user", "content": "x " * 200_000}]}).encode()
     status, reply = server.post_raw("/v1/messages/count_tokens", huge)  # refused before it is encoded
     assert status == 400 and "longer than the model's context" in reply["error"]["message"], reply
