@@ -96,11 +96,38 @@ class _HelpSwitch:
         return option
 
 
-class _Command(_HelpSwitch, typer.core.TyperCommand):
+# click's errors, whether typer ships its own copy of click (0.2x) or uses click itself
+USAGE_ERROR, CLICK_ERROR = (next(c for c in typer.BadParameter.__mro__ if c.__name__ == name)
+                            for name in ("UsageError", "ClickException"))
+
+
+class _OneLineErrors:
+    """A command line click refuses (a missing option, a value of the wrong kind, an unknown
+    option or command) said in one ``error:`` line, exit status 2, as this CLI's own checks say
+    theirs, not in click's usage box."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except CLICK_ERROR as e:
+            where = e.ctx.command_path if isinstance(e, USAGE_ERROR) and e.ctx is not None else None
+            said = " ".join(e.format_message().split())
+            if said:  # (no words: the command list, shown for a command line without a command)
+                typer.echo(f"error: {said}" + (f" (see {where} -h)" if where else ""), err=True)
+            sys.exit(e.exit_code)
+        except typer.Abort:
+            typer.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(rv if isinstance(rv, int) else 0)  # what typer's standalone mode exits with
+
+
+class _Command(_OneLineErrors, _HelpSwitch, typer.core.TyperCommand):
     pass
 
 
-class _Group(_HelpSwitch, typer.core.TyperGroup):
+class _Group(_OneLineErrors, _HelpSwitch, typer.core.TyperGroup):
     pass
 
 

@@ -91,5 +91,8 @@ class NgramTable:
             table = {tuple(int(t) for t in row if t >= 0): (int(tok), float(s))
                      for row, tok, s in zip(ctx.tolist(), tokens.tolist(), shares.tolist())}
             return cls(table, ctx.shape[1])
-        except Exception as e:  # not a zip, a pickle, missing arrays, wrong shapes: NumPy says which
-            raise ValueError(f"{path}: corrupt n-gram table ({e})") from None
+        except Exception as e:  # not a zip, missing arrays, wrong shapes: NumPy says which
+            # (a file that is not .npz nor .npy NumPy reads as a pickle, refused as such: not advice to give)
+            why = "not a NumPy .npz file" if "pickled" in str(e) else str(e)
+            raise ValueError(f"{path}: corrupt n-gram table ({why}; `specstream-mlx ngrams --overwrite` "
+                             "writes it again)") from None

@@ -683,6 +683,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
                   branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
+    if init_cfg is not None and init_cfg.mode != mode:  # same shapes need not be the same adapter
+        raise ValueError(f"adapter '{init}' was trained in {init_cfg.mode} mode: a run that starts from "
+                         f"its weights trains in that mode too, not in {mode} mode")
     if over is not None:
         check_fine_tune(read_config(resolve_adapter(model_path, over)))
 

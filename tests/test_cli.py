@@ -331,6 +331,19 @@ def test_the_prompt_is_read_as_mlx_lm_reads_it(monkeypatch, tmp_path):
     assert _read_prompt(None, tmp_path / "p.txt") == "SELECT\\n 1"
 
 
+def test_command_lines_click_refuses_are_one_line(tmp_path):
+    """A missing option, a value of the wrong kind, an unknown option or command: one ``error:``
+    line naming the command's help, exit status 2, as this CLI's own checks say theirs."""
+    for args, said in [(("train", "--out", "x"), "error: Missing option '--data'. (see "),
+                       (("generate", "-p", "x", "-n", "abc"), "error: Invalid value for '--max-tokens'"),
+                       (("generate", "-p", "x", "--bogus"), "error: No such option: --bogus"),
+                       (("bogus",), "error: No such command 'bogus'. (see ")]:
+        res = cli(*args)
+        assert res.returncode == 2 and res.stderr.startswith(said), res.stderr
+        command = args[0] if len(args) > 1 else "cli"  # (the program's name, run here as python -m)
+        assert res.stderr.endswith(f"{command} -h)\n") and res.stderr.count("\n") == 1, res.stderr
+
+
 def test_mlx_lms_flags_say_what_they_are_here(tmp_path):
     """A flag an mlx-lm user types from habit gets its name here, not click's nearest spelling."""
     res = cli("train", "--data", str(tmp_path), "--learning-rate", "1e-4")

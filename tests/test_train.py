@@ -675,6 +675,8 @@ def test_init_starts_from_an_adapters_weights(tmp_path):
     assert again["history"][0]["loss"] <= 1.2 * first["history"][-1]["loss"]
     with pytest.raises(ValueError, match="trained with mode lossless, gamma 2, msa_layers 2"):
         train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "gamma": 3})
+    with pytest.raises(ValueError, match="'.*a' was trained in lossless mode: .* not in shared mode"):
+        train(model, (train_ds, None), init=tmp_path / "a", **{**opts, "mode": "shared"})
     # a run taken further from its own adapter (--init OUT --resume, scripts/train_adapters.sh's
     # further stage) resumes once that adapter has changed: the weights are the checkpoint's
     def stop_at_2(step, info):
