@@ -8,10 +8,14 @@ option says it (:func:`check_same_run`)."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import re
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,7 +25,7 @@ from mlx.utils import tree_flatten
 
 from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
 from .data import Dataset
-from .errors import OptionError, verbatim
+from .errors import OptionError, OutputExistsError, verbatim
 from .outputs import json_text, save_safetensors
 
 
@@ -39,6 +43,54 @@ def run_dir(out_dir: Path) -> Path:
     """Where the run that writes the adapter ``out_dir`` keeps its checkpoints (``checkpoints/``)
     and the data it made (``distilled/``): ``OUT.train`` beside it."""
     return out_dir.with_name(out_dir.name + ".train")
+
+
+RUN_LOCK = "lock"  # in a run's folder: held (flock) by the process whose run writes the adapter
+
+
+@contextmanager
+def run_held(work: Path | None) -> Iterator[None]:
+    """While the block runs, the training run at ``work`` (:func:`run_dir`) is this process's: a
+    second run that would write the same adapter is refused at its start (an
+    :class:`OutputExistsError`), not found out when one replaces the other's adapter and
+    checkpoints. The lock is the OS's (``flock``), so a run that dies lets go of it; its file
+    stays in the folder, which goes where it holds nothing else. None: no run to hold."""
+    if work is None:
+        yield
+        return
+    made = [d for d in (work, *work.parents) if not d.exists()]  # (a refused run leaves none of them)
+    work.mkdir(parents=True, exist_ok=True)
+    fd = os.open(work / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        said = f": another training run (process {holder}) is writing this adapter: wait for it to end, "
+        raise OutputExistsError(said + "or give another {out}", subject=str(work.with_suffix(""))) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.write(fd, str(os.getpid()).encode())
+        yield
+    finally:
+        if [e.name for e in work.iterdir()] == [RUN_LOCK]:  # the run wrote nothing: no folder left
+            (work / RUN_LOCK).unlink()
+            for d in made:
+                if any(d.iterdir()):
+                    break
+                d.rmdir()
+        os.close(fd)
+
+
+def clear_run(work: Path) -> None:
+    """An earlier run's folder emptied for a new run, whose lock (:func:`run_held`) stays."""
+    for entry in work.iterdir():
+        if entry.name == RUN_LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def checkpoints(ckpt_dir: Path) -> list[Path]:

@@ -47,7 +47,7 @@ KINDS: dict[str, tuple[str | None, tuple[str, ...]]] = {
                                         "training_report.json", "ngrams.npz",
                                         # write_atomic's temporary files, left by a kill
                                         ".training_report.json.tmp*", ".ngrams.npz.tmp*")),
-    "training run": (None, ("checkpoints", "distilled")),
+    "training run": (None, ("checkpoints", "distilled", "lock")),
     "checkpoint": ("state.json", ("state.json", "adapter.safetensors", "adapter_config.json",
                                   "optimizer.safetensors", "best.safetensors",
                                   # `ngrams --adapter CHECKPOINT` (a checkpoint loads as an adapter)

@@ -593,8 +593,11 @@ class TextOffsets:
     (after ``<0x0A>``, the next token begins one character later); so the bytes of the tokens
     since the last piece are kept, and their whole characters counted.
 
+    Held bytes that are no character's (``<0xC3>`` then ``▁b``) come out as U+FFFD with the next
+    piece: a token whose text is whole characters begins where its own text begins in its piece.
+
     Example: tokens ``<0x0A>``, ``▁▁▁▁return`` with pieces ``""``, ``"\\n    return"`` from
-    offset 7 begin at 7 and 8."""
+    offset 7 begin at 7 and 8; ``<0xC3>``, ``▁b`` with pieces ``""``, ``"� b"`` at 7 and 8."""
 
     def __init__(self, tokenizer: Tokenizer | None):
         self.tokenizer, self.at, self.held = tokenizer, 0, b""  # held: byte pieces since the last piece
@@ -603,8 +606,12 @@ class TextOffsets:
         """The offsets of the reply's next ``tokens``, whose pieces are ``pieces``."""
         offsets = []
         for token, piece in zip(tokens, pieces):
-            whole = codecs.getincrementaldecoder("utf-8")("replace").decode(self.held)
-            offsets.append(self.at + len(whole))
+            units = self.tokenizer.token_units[token] if self.tokenizer is not None and self.held else None
+            if isinstance(units, str) and units and piece.endswith(units):  # the held bytes: piece's start
+                offsets.append(self.at + len(piece) - len(units))
+            else:
+                whole = codecs.getincrementaldecoder("utf-8")("replace").decode(self.held)
+                offsets.append(self.at + len(whole))
             if piece:
                 self.at, self.held = self.at + len(piece), b""
             elif self.tokenizer is not None:

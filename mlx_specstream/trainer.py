@@ -22,7 +22,6 @@ import inspect
 import json
 import math
 import shlex
-import shutil
 import sys
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -55,11 +54,14 @@ from .adapter import (
     save_adapter,
 )
 from .checkpoint import (
+    RUN_LOCK,
     checkpoints,
+    clear_run,
     examples_digest,
     last_state,
     load_last_checkpoint,
     run_dir,
+    run_held,
     setting_said,
     weights_digest,
 )
@@ -399,7 +401,8 @@ def _check_out(out_dir: Path, resume: bool, overwrite: bool, bare: bool) -> None
         raise OutputExistsError(" holds checkpoints of an earlier run: {resume=True} continues it, "
                                 "{overwrite=True} starts again", subject=str(work / "checkpoints"))
     # a run stopped before its first checkpoint (its folder holds the data it made) starts again
-    if resume and not found and not overwrite and (out_dir.exists() or not work.exists()):
+    begun = work.is_dir() and any(e.name != RUN_LOCK for e in work.iterdir())  # (the lock: this run's)
+    if resume and not found and not overwrite and (out_dir.exists() or not begun):
         elsewhere = (" (a run keeps its checkpoints under the {model} it was started with: give that one)"
                      if bare else "")  # another model's run, not a new one here
         none = f"no checkpoint in {work / 'checkpoints'}"
@@ -692,188 +695,196 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     # -- where things go, and what was there before ----------------------------------------
     work = run_dir(out_dir) if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
-    if out_dir is not None and main_proc:
+    if out_dir is not None and main_proc:  # before anything is written there
         _check_out(out_dir, resume, overwrite, bare)
-    barrier(group)  # every process waits for the checks above
+    with run_held(work if main_proc else None):  # one run writes an adapter at a time
+        if out_dir is not None and main_proc:  # again, held: another run may have ended meanwhile
+            _check_out(out_dir, resume, overwrite, bare)
+        barrier(group)  # every process waits for the checks above
 
-    # -- data -------------------------------------------------------------------------------
-    train_ds, valid_ds, digests = _run_data(data, tokenizer, model.config.get("vocab_size"), say=say,
-                                            max_seq_len=max_seq_len, length_policy=length_policy,
-                                            chat_template=chat_template, system_prompt=system_prompt,
-                                            self_distill=self_distill, seed=seed,
-                                            progress=progress and main_proc)
+        # -- data -------------------------------------------------------------------------------
+        train_ds, valid_ds, digests = _run_data(data, tokenizer, model.config.get("vocab_size"), say=say,
+                                                max_seq_len=max_seq_len, length_policy=length_policy,
+                                                chat_template=chat_template, system_prompt=system_prompt,
+                                                self_distill=self_distill, seed=seed,
+                                                progress=progress and main_proc)
 
-    # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
-    # leaves the model with the adapter it had; after that, with the one trained so far
-    with kept_on_failure(model):
-        detach(model)
-        base_fp = fingerprint(model)
-        tune_cfg, fine_tune = read_fine_tune(model, over, model_path) if over is not None else (None, None)
-        start_weights = None
-        if init is not None:
-            if not made_for(model, init_cfg):
-                say(Said(": made for another base model; its weights are only where this run starts "
-                         "({init})", subject=str(init)))
-            start_weights = read_adapter(model, init, model_path, check_base=False)[1]
-        n_train = len(train_ds)
-        steps_per_epoch = math.ceil(n_train / batch_size)
-        last = last_state(ckpt_dir) if resume and ckpt_dir is not None else None
-        resumed = last[1] if last is not None else None
-        if resumed is not None and iters is None and epochs is None:
-            iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
-        if resumed is not None and warmup is None:
-            warmup = resumed["config"].get("warmup")
-        length = "the %d steps of {epochs}" if epochs is not None else "{iters=%d}"  # as it was given
-        if iters is None:
-            iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
-                     else default_iters(n_train, batch_size))
-        # the schedule (a function of the seed and the lengths as given) fixes which examples the run
-        # visits: only those are self-distilled
-        lengths = length_keys(train_ds, mode)
-        epochs_seen: dict[int, list[list[int]]] = {}
+        # until training starts, a failure (a bad --over or --init, Ctrl-C while self-distilling)
+        # leaves the model with the adapter it had; after that, with the one trained so far
+        with kept_on_failure(model):
+            detach(model)
+            base_fp = fingerprint(model)
+            tune_cfg, fine_tune = (read_fine_tune(model, over, model_path) if over is not None
+                                   else (None, None))
+            start_weights = None
+            if init is not None:
+                if not made_for(model, init_cfg):
+                    say(Said(": made for another base model; its weights are only where this run starts "
+                             "({init})", subject=str(init)))
+                start_weights = read_adapter(model, init, model_path, check_base=False)[1]
+            n_train = len(train_ds)
+            steps_per_epoch = math.ceil(n_train / batch_size)
+            last = last_state(ckpt_dir) if resume and ckpt_dir is not None else None
+            resumed = last[1] if last is not None else None
+            if resumed is not None and iters is None and epochs is None:
+                iters = int(resumed["iters"])  # the run's own length: the schedule ends where it would have
+            if resumed is not None and warmup is None:
+                warmup = resumed["config"].get("warmup")
+            length = "the %d steps of {epochs}" if epochs is not None else "{iters=%d}"  # as it was given
+            if iters is None:
+                iters = (max(1, math.ceil(epochs * steps_per_epoch)) if epochs is not None
+                         else default_iters(n_train, batch_size))
+            # the schedule (a function of the seed and the lengths as given) fixes which examples the run
+            # visits: only those are self-distilled
+            lengths = length_keys(train_ds, mode)
+            epochs_seen: dict[int, list[list[int]]] = {}
 
-        def global_batch(step: int) -> list[int]:
-            epoch, k = divmod(step, steps_per_epoch)
-            if epoch not in epochs_seen:
-                epochs_seen.clear()
-                epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
-                                                   lengths if group_by_length else None)
-            return epochs_seen[epoch][k]
+            def global_batch(step: int) -> list[int]:
+                epoch, k = divmod(step, steps_per_epoch)
+                if epoch not in epochs_seen:
+                    epochs_seen.clear()
+                    epochs_seen[epoch] = epoch_batches(n_train, batch_size, seed, epoch,
+                                                       lengths if group_by_length else None)
+                return epochs_seen[epoch][k]
 
-        tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
-                         stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
-                         batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
-                         warmup=warmup if warmup is not None else min(100, iters // 20),
-                         weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
-                         length_policy=length_policy, chat_template=chat_template,
-                         system_prompt=system_prompt, self_distill=self_distill,
-                         distill_tokens=distill_tokens, seed=seed, alphas=alphas, prune_weight=prune_weight,
-                         segment_len=segment_len, group_by_length=group_by_length, val_every=val_every,
-                         val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
-                         accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
-                         tree_budget=tree_budget, over=str(over) if over is not None else None,
-                         init=str(init) if init is not None else None)
+            tc = TrainConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, lora_alpha=lora_alpha,
+                             stream_init_rank=stream_init_rank, prune_rank=prune_rank, iters=iters,
+                             batch_size=batch_size, lr=lr, fine_tune_lr=fine_tune_lr,
+                             warmup=warmup if warmup is not None else min(100, iters // 20),
+                             weight_decay=weight_decay, grad_clip=grad_clip, max_seq_len=max_seq_len,
+                             length_policy=length_policy, chat_template=chat_template,
+                             system_prompt=system_prompt, self_distill=self_distill,
+                             distill_tokens=distill_tokens, seed=seed, alphas=alphas,
+                             prune_weight=prune_weight, segment_len=segment_len,
+                             group_by_length=group_by_length, val_every=val_every,
+                             val_batches=val_batches, save_every=save_every, accept_prompts=accept_prompts,
+                             accept_tokens=accept_tokens, state_cache_mb=state_cache_mb, branch=branch,
+                             tree_budget=tree_budget, over=str(over) if over is not None else None,
+                             init=str(init) if init is not None else None)
 
-        # what a resumed run must share with its checkpoint (NOT_COMPARED, RECORDED_ONLY); --over by
-        # what it holds (a name and a path to one adapter are the same); --init is not compared: a
-        # resumed run's weights are the checkpoint's (its --init may be its own --out)
-        compat = {k: v for k, v in asdict(tc).items() if k not in NOT_COMPARED}
-        compat.update(digests, over_weights=weights_digest(fine_tune) if fine_tune else None)
-        if resumed is not None:  # refused before the work below (self-distillation: minutes)
-            check_resumable(*last, base_fp, compat, iters, length)
+            # what a resumed run must share with its checkpoint (NOT_COMPARED, RECORDED_ONLY); --over by
+            # what it holds (a name and a path to one adapter are the same); --init is not compared: a
+            # resumed run's weights are the checkpoint's (its --init may be its own --out)
+            compat = {k: v for k, v in asdict(tc).items() if k not in NOT_COMPARED}
+            compat.update(digests, over_weights=weights_digest(fine_tune) if fine_tune else None)
+            if resumed is not None:  # refused before the work below (self-distillation: minutes)
+                check_resumable(*last, base_fp, compat, iters, length)
 
-        # -- adapter, optimizer, resume --------------------------------------------------------------
-        acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
-                             lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
-                             prune_rank=prune_rank, name=name, branch=branch, tree_budget=tree_budget,
-                             main_rank=tune_cfg.rank if tune_cfg else 0,
-                             main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
-        attach(model, acfg, seed=seed, fine_tune=fine_tune)
-        if start_weights is not None:
-            # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
-            # a split shared one's), whatever the adapter started from had: init gives the streams
-            carried = fine_tune_keys(model) if fine_tune else set()
-            start_weights = {k: v for k, v in start_weights.items() if k not in carried}
-            fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
-            if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
-                theirs = ", ".join(f"{k} {getattr(init_cfg, k)}"
-                                   for k in ("mode", "gamma", "msa_layers", "rank"))
-                raise ValueError(f"adapter '{init}' has another shape than this run's: it was trained with "
-                                 f"{theirs} (and over {'a' if init_cfg.main_rank else 'no'} fine-tune); give "
-                                 "those settings")
-            model.load_weights(list(start_weights.items()), strict=False)
-        # an earlier run's checkpoints go only now, once the data, --init and --over have been read;
-        # whole (a Ctrl-C meanwhile acts after it): half of a run would be a folder no run can use
-        if work is not None and main_proc and work.exists() and overwrite and not resume:
-            with signals_held():
-                shutil.rmtree(work)
-        barrier(group)
-        if self_distill:
-            # the model as attached writes them: the base, or the base with its fine-tune
-            key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
-                   **({"fine_tune": weights_digest(fine_tune)} if fine_tune else {})}
-            used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
-                    "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
-                    if valid_ds is not None else []}
-            train_ds, valid_ds = (
-                _self_distilled(model, tokenizer, split, ds, used[split], key=key, work=work, group=group,
-                                max_seq_len=max_seq_len, distill_tokens=distill_tokens, progress=progress,
-                                say=say) for split, ds in (("train", train_ds), ("valid", valid_ds)))
-        n_params = set_trainable(model)
-        optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
-        optimizer.init(model.trainable_parameters())
-        limit = model.max_positions or 1 << 30
-        run = Run(model=model, optimizer=optimizer, tc=tc, train_ds=train_ds, valid_ds=valid_ds,
-                   batch=global_batch, compat=compat, base_fp=base_fp, group=group, say=say,
-                   ckpt_dir=ckpt_dir, keep_checkpoints=keep_checkpoints, eos=eos_ids(tokenizer),
-                   accept_set=[e.prompt for e in (valid_ds.examples if valid_ds is not None else [])
-                               if len(e.prompt) + accept_tokens < limit][:accept_prompts] if gamma else [])
-        resumable = resume and ckpt_dir is not None
-        loaded = load_last_checkpoint(model, optimizer, ckpt_dir, say) if resumable else None
-        if loaded is not None:
-            run.restore(*loaded)
-            saved = _finished_report(out_dir, iters) if run.start == iters else None
-            if saved is not None:
-                say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
-                         "larger {iters} trains it further)", subject=str(out_dir)))
-                load_adapter(model, out_dir)  # the model holds what the run saved (its best)
-                return {**saved, "process_rank": rank_id}
-            say(f"resuming from {loaded[0]} (step {run.start} of {iters})")
-        elif resumable:
-            say(f"no checkpoint in {ckpt_dir}: starting from step 0")
+            # -- adapter, optimizer, resume --------------------------------------------------------------
+            acfg = AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank,
+                                 lora_alpha=lora_alpha, stream_init_rank=stream_init_rank,
+                                 prune_rank=prune_rank, name=name, branch=branch, tree_budget=tree_budget,
+                                 main_rank=tune_cfg.rank if tune_cfg else 0,
+                                 main_alpha=tune_cfg.lora_alpha if tune_cfg else AdapterConfig.main_alpha)
+            attach(model, acfg, seed=seed, fine_tune=fine_tune)
+            if start_weights is not None:
+                # over a fine-tune the every-row LoRA is --over's (carried by a tuned adapter, the start of
+                # a split shared one's), whatever the adapter started from had: init gives the streams
+                carried = fine_tune_keys(model) if fine_tune else set()
+                start_weights = {k: v for k, v in start_weights.items() if k not in carried}
+                fresh = {k: v for k, v in adapter_weights(model).items() if k not in carried}
+                if {k: v.shape for k, v in start_weights.items()} != {k: v.shape for k, v in fresh.items()}:
+                    theirs = ", ".join(f"{k} {getattr(init_cfg, k)}"
+                                       for k in ("mode", "gamma", "msa_layers", "rank"))
+                    over_one = "a" if init_cfg.main_rank else "no"
+                    raise ValueError(f"adapter '{init}' has another shape than this run's: it was trained "
+                                     f"with {theirs} (and over {over_one} fine-tune); give those settings")
+                model.load_weights(list(start_weights.items()), strict=False)
+            # an earlier run's checkpoints go only now, once the data, --init and --over have been read;
+            # whole (a Ctrl-C meanwhile acts after it): half of a run would be a folder no run can use
+            if work is not None and main_proc and work.exists() and overwrite and not resume:
+                with signals_held():
+                    clear_run(work)
+            barrier(group)
+            if self_distill:
+                # the model as attached writes them: the base, or the base with its fine-tune
+                key = {"base": base_fp, "max_seq_len": max_seq_len, "distill_tokens": distill_tokens,
+                       **({"fine_tune": weights_digest(fine_tune)} if fine_tune else {})}
+                used = {"train": sorted({i for step in range(iters) for i in global_batch(step)}),
+                        "valid": list(range(min(len(valid_ds), (val_batches or len(valid_ds)) * batch_size)))
+                        if valid_ds is not None else []}
+                train_ds, valid_ds = (
+                    _self_distilled(model, tokenizer, split, ds, used[split], key=key, work=work, group=group,
+                                    max_seq_len=max_seq_len, distill_tokens=distill_tokens, progress=progress,
+                                    say=say) for split, ds in (("train", train_ds), ("valid", valid_ds)))
+            n_params = set_trainable(model)
+            optimizer = make_optimizer(tc, fine_tune_keys(model))  # fine_tune_lr: shared mode only
+            optimizer.init(model.trainable_parameters())
+            limit = model.max_positions or 1 << 30
+            accept_set = [e.prompt for e in (valid_ds.examples if valid_ds is not None else [])
+                          if len(e.prompt) + accept_tokens < limit][:accept_prompts] if gamma else []
+            run = Run(model=model, optimizer=optimizer, tc=tc, train_ds=train_ds, valid_ds=valid_ds,
+                      batch=global_batch, compat=compat, base_fp=base_fp, group=group, say=say,
+                      ckpt_dir=ckpt_dir, keep_checkpoints=keep_checkpoints, eos=eos_ids(tokenizer),
+                      accept_set=accept_set)
+            resumable = resume and ckpt_dir is not None
+            loaded = load_last_checkpoint(model, optimizer, ckpt_dir, say) if resumable else None
+            if loaded is not None:
+                run.restore(*loaded)
+                saved = _finished_report(out_dir, iters) if run.start == iters else None
+                if saved is not None:
+                    say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
+                             "larger {iters} trains it further)", subject=str(out_dir)))
+                    load_adapter(model, out_dir)  # the model holds what the run saved (its best)
+                    return {**saved, "process_rank": rank_id}
+                say(f"resuming from {loaded[0]} (step {run.start} of {iters})")
+            elif resumable:
+                say(f"no checkpoint in {ckpt_dir}: starting from step 0")
 
-    if main_proc and run.start < iters:  # what the run will do, once
-        say(plan_line(run, n_params, steps_per_epoch, progress))
-    seconds, tokens_seen, val_seconds = train_steps(run, progress=progress and main_proc, callback=callback)
-    final_eval = final_evaluation(run)
-    report = {
-        "adapter": str(out_dir) if out_dir is not None else None,
-        "name": name,
-        "mode": mode,
-        "iters": tc.iters,
-        "start_step": run.start,
-        "epochs": round(tc.iters / steps_per_epoch, 4),  # passes over the data (the last may be partial)
-        "world_size": world,
-        "process_rank": rank_id,  # this process's, among world_size (the LoRA rank: config.rank)
-        "trainable_parameters": int(n_params),
-        "base_fingerprint": base_fp,
-        "config": asdict(tc),
-        "data": {"train": train_ds.summary(),
-                 "valid": valid_ds.summary() if valid_ds is not None else None,
-                 "notes": train_ds.notes + (valid_ds.notes if valid_ds is not None else [])},
-        "train": {
-            "first_loss": run.history[0]["loss"] if run.history else None,
-            "last_loss": run.history[-1]["loss"] if run.history else None,
-            "seconds": round(run.seconds + seconds, 3),
-            "tokens_per_second": round(tokens_seen / (seconds - val_seconds), 1)
-            if seconds > val_seconds and tokens_seen else None,
-            "peak_memory_mb": round(mx.get_peak_memory() / 2**20, 2),
-        },
-        "valid": final_eval,
-        "best": ({k: v for k, v in run.best.items() if k != "weights"}
-                 if run.best["step"] is not None else None),
-        "history": run.history,
-        "val_history": run.val_history,
-        "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,
-        "command": cli_command(),
-    }
-    model.eval()
-    if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
-        # in memory too: save_adapter writes them
-        model.adapter_ngrams = ngram_table(train_ds, run.eos)
-    base = recorded_path(model_path) if model_path is not None else None  # where it was trained
-    # the run's record, in memory too: save_adapter writes it
-    model.adapter_config.training = {"iters": tc.iters, "mode": mode, "self_distill": self_distill,
-                                     "over": tc.over, "init": tc.init, "base_model": base}
-    if out_dir is not None and main_proc:
-        with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
-            save_adapter(model, out_dir, overwrite=True)
-            write_text_atomic(out_dir / REPORT_FILE, json_text(report))
-        use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "")  # lora: no streams
-        if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
-            use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
-        say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
-    return report
+        if main_proc and run.start < iters:  # what the run will do, once
+            say(plan_line(run, n_params, steps_per_epoch, progress))
+        seconds, tokens_seen, val_seconds = train_steps(run, progress=progress and main_proc,
+                                                        callback=callback)
+        final_eval = final_evaluation(run)
+        report = {
+            "adapter": str(out_dir) if out_dir is not None else None,
+            "name": name,
+            "mode": mode,
+            "iters": tc.iters,
+            "start_step": run.start,
+            "epochs": round(tc.iters / steps_per_epoch, 4),  # passes over the data (the last may be partial)
+            "world_size": world,
+            "process_rank": rank_id,  # this process's, among world_size (the LoRA rank: config.rank)
+            "trainable_parameters": int(n_params),
+            "base_fingerprint": base_fp,
+            "config": asdict(tc),
+            "data": {"train": train_ds.summary(),
+                     "valid": valid_ds.summary() if valid_ds is not None else None,
+                     "notes": train_ds.notes + (valid_ds.notes if valid_ds is not None else [])},
+            "train": {
+                "first_loss": run.history[0]["loss"] if run.history else None,
+                "last_loss": run.history[-1]["loss"] if run.history else None,
+                "seconds": round(run.seconds + seconds, 3),
+                "tokens_per_second": round(tokens_seen / (seconds - val_seconds), 1)
+                if seconds > val_seconds and tokens_seen else None,
+                "peak_memory_mb": round(mx.get_peak_memory() / 2**20, 2),
+            },
+            "valid": final_eval,
+            "best": ({k: v for k, v in run.best.items() if k != "weights"}
+                     if run.best["step"] is not None else None),
+            "history": run.history,
+            "val_history": run.val_history,
+            "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,
+            "command": cli_command(),
+        }
+        model.eval()
+        if mode != "lora" and main_proc:  # drafts from the data beside the streams' (the lookup chain's lead)
+            # in memory too: save_adapter writes them
+            model.adapter_ngrams = ngram_table(train_ds, run.eos)
+        base = recorded_path(model_path) if model_path is not None else None  # where it was trained
+        # the run's record, in memory too: save_adapter writes it
+        model.adapter_config.training = {"iters": tc.iters, "mode": mode, "self_distill": self_distill,
+                                         "over": tc.over, "init": tc.init, "base_model": base}
+        if out_dir is not None and main_proc:
+            with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
+                save_adapter(model, out_dir, overwrite=True)
+                write_text_atomic(out_dir / REPORT_FILE, json_text(report))
+            # (lora: no streams)
+            use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "")
+            if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
+                use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
+            say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
+        return report
 
 
 def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable:

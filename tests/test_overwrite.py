@@ -604,6 +604,35 @@ def test_resume_where_there_is_no_run(tmp_path):
         _check_out(tmp_path / "a", resume=True, overwrite=False, bare=True)
 
 
+def test_one_run_writes_an_adapter_at_a_time(tmp_path):
+    """A run whose adapter another run is writing (its folder held, as a run holds it while it
+    lasts) is refused at its start, whatever its flags, rather than replacing that run's adapter
+    and checkpoints when it ends; the held run's folder is left as it was; once let go, a run
+    goes ahead. A refused run leaves no folder behind, nor does one that writes nothing."""
+    import os
+
+    from mlx_specstream.checkpoint import RUN_LOCK, run_held
+    from mlx_specstream.errors import OutputExistsError
+
+    ds = Dataset([Example([3, 4, 5, 6, 7, 8], 2)] * 8)
+    opts = dict(mode="lossless", gamma=2, msa_layers=1, iters=1, batch_size=4, progress=False,
+                log=lambda m: None, self_distill=False)
+    work = tmp_path / "a.train"
+    with run_held(work):
+        before = sorted(os.listdir(work))
+        for flags in ({}, {"overwrite": True}, {"resume": True, "overwrite": True}):
+            held = rf"a: another training run \(process {os.getpid()}\) is writing this adapter"
+            with pytest.raises(OutputExistsError, match=held):
+                train(tiny_model(), (ds, None), out=tmp_path / "a", **opts, **flags)
+        assert sorted(os.listdir(work)) == before == [RUN_LOCK] and not (tmp_path / "a").exists()
+    assert not work.exists()  # held, and nothing written: no folder left
+    train(tiny_model(), (ds, None), out=tmp_path / "a", **opts)
+    assert (tmp_path / "a" / "adapter.safetensors").is_file()
+    with pytest.raises(OutputExistsError, match="already exists"):  # refused by what is there, as before
+        train(tiny_model(), (ds, None), out=tmp_path / "a", **opts)
+    train(tiny_model(), (ds, None), out=tmp_path / "a", overwrite=True, **opts)
+
+
 def test_our_leftovers_and_links_in_an_adapters_place(tmp_path):
     """A temporary report or n-gram file a kill left in an adapter folder is the project's (the
     folder can be replaced); a dangling link where the run's folder goes is refused before any

@@ -300,6 +300,28 @@ def test_text_offsets_count_the_whole_characters_before_each_token(sp_dir, bpe_d
     assert got == [max(len(t.rstrip("\ufffd")), c) for t, c in zip(texts, clean)]
 
 
+@pytest.mark.parametrize("which", ["sp", "llama_json"])
+def test_text_offsets_after_bytes_that_are_no_character(sp_dir, llama_json_dir, which):
+    """Byte tokens that make no character (a lead byte alone, a cut sequence, a stray continuation
+    byte: sampling can write them) come out as U+FFFD with the next piece; a token of whole
+    characters after them begins where the decoded text so far, up to it, has its text."""
+    from mlx_specstream.server import TextOffsets
+
+    tok = load_tokenizer({"sp": sp_dir, "llama_json": llama_json_dir}[which])
+    byte = {b: tok.token_to_id(f"<0x{b:02X}>") for b in (0xC3, 0xE6, 0x97, 0xFF, 0x80)}
+    words = [tok.encode(w, add_special_tokens=False) for w in ("the", " cat", " sat", " on")]
+    ids = [*words[0], byte[0xC3], *words[1], byte[0xE6], byte[0x97], *words[2], byte[0xFF], byte[0x80],
+           *words[3]]
+    detok = tok.detokenizer()
+    pieces = [detok.add_token(t) for t in ids]
+    got = TextOffsets(tok)(ids, pieces)
+    for i, t in enumerate(ids):
+        units = tok.token_units[t]
+        if isinstance(units, str) and units and i > 0:
+            assert got[i] == len(tok.decode(ids[:i + 1])) - len(units), (i, got)
+    assert got == sorted(got)
+
+
 def test_chat_template(bpe_dir, sp_dir):
     tok = load_tokenizer(bpe_dir)
     msgs = [{"role": "user", "content": "Hi é"}]
