@@ -173,6 +173,28 @@ def test_mistral_sliding_window(tmp_path):
         assert np.abs(mlx_logits(model, PROMPT, prefill) - ref).max() < TOL
 
 
+def test_phi3_longrope(tmp_path):
+    """Phi-3.5's and Phi-4-mini's LongRoPE (here with a partial rotary, as Phi-4-mini's): within its
+    original context the short factors and the attention factor, equal to transformers; the
+    model holds that many tokens (past them transformers switches to the long factors for each
+    call's every position, keys already cached by the short ones)."""
+    torch.manual_seed(0)
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0, 1.5, 2.0, 3.0],
+            "long_factor": [5.0, 6.0, 7.0, 8.0], "original_max_position_embeddings": 32}
+    cfg = transformers.Phi3Config(**SMALL, max_position_embeddings=128,
+                                  original_max_position_embeddings=32, partial_rotary_factor=0.5,
+                                  rope_parameters=rope)
+    hf = transformers.AutoModelForCausalLM.from_config(cfg).eval()
+    hf.save_pretrained(tmp_path / "hf")
+    model, _ = load(convert(tmp_path / "hf", tmp_path / "mlx"))
+    assert model.max_positions == 32 and model.layers[0].self_attn.rope.attention_factor > 1
+    ref = torch_logits(hf, PROMPT)
+    for prefill in (None, 5):
+        assert np.abs(mlx_logits(model, PROMPT, prefill) - ref).max() < TOL
+    out = generate(model, None, PROMPT[0].tolist(), max_tokens=-1, mode="ar")
+    assert len(PROMPT[0]) + len(out.tokens) == 32  # to the end of the context it holds
+
+
 def test_gemma3_multimodal_checkpoint(families, tmp_path):
     """A ``gemma3`` checkpoint: the text model of its ``text_config`` (vision weights dropped)."""
     hf, path, _ = families["gemma3"]

@@ -651,6 +651,10 @@ def test_shipped_adapter_follows_its_base_through_a_transformers_resave(tmp_path
      "mscale_all_dim": 1.0},
     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768, "truncate": False},
     {"rope_type": "yarn", "factor": 1.0, "original_max_position_embeddings": 32768, "beta_fast": 16},
+    {"rope_type": "longrope", "original_max_position_embeddings": 4096,  # Phi-3.5's (factor: 131072 / 4096)
+     "short_factor": [1.0 + 0.03 * i for i in range(64)], "long_factor": [2.0 + 0.5 * i for i in range(64)]},
+    {"rope_type": "longrope", "original_max_position_embeddings": 4096, "factor": 8.0,
+     "attention_factor": 1.2, "short_factor": [1.5] * 64, "long_factor": [3.0] * 64},
 ])
 def test_rotary_frequencies_match_transformers(theta, scaling):
     """The rotary frequencies are computed on the host in float32 (NumPy), as transformers computes

@@ -206,8 +206,19 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
             m, m_all = given("mscale"), given("mscale_all_dim")
             attention_factor = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
         return Rope(dims, _float32(inv_y), float(attention_factor))
+    if kind in LONGROPE:  # transformers' _compute_longrope_parameters, within the original context
+        old = number("original_max_position_embeddings", cfg.get("original_max_position_embeddings"))
+        short = scaling.get("short_factor")
+        if not (isinstance(short, list) and len(short) == dims // 2 and all(
+                isinstance(f, (int, float)) and not isinstance(f, bool) and f > 0 for f in short)):
+            raise ConfigError(f"config.json: rope scaling '{kind}' needs short_factor, {dims // 2} positive "
+                              "numbers")
+        factor = number("factor") if scaling.get("factor") is not None else max_positions / old
+        attention_factor = (number("attention_factor") if scaling.get("attention_factor") is not None
+                            else 1.0 if factor <= 1 else math.sqrt(1 + math.log(factor) / math.log(old)))
+        return Rope(dims, _float32(inv / np.array(short, np.float64)), float(attention_factor))
     raise UnsupportedModelError(
-        f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn)"
+        f"rope scaling '{kind}' is not supported (supported: default, linear, llama3, yarn, longrope)"
     )
 
 
@@ -352,15 +363,25 @@ def activation(name: str):
     return ACTIVATIONS[name]
 
 
+LONGROPE = ("longrope", "su")  # Phi-3.5's and Phi-4-mini's scaling ("su": its first name)
+
+
 def max_positions(config: dict) -> int | None:
     """Tokens a model of ``config`` can hold (prompt + generated), or None where it sets none; a
-    :class:`ConfigError` where it is not a whole number >= 1."""
+    :class:`ConfigError` where it is not a whole number >= 1. With LongRoPE, its original context
+    (``original_max_position_embeddings``): past it transformers rotates each call's every position
+    by the long factors, keys already cached by the short ones (what a cache cannot reproduce)."""
     n = config.get("max_position_embeddings")
     if n is None:
         return None
     check_value("max_position_embeddings", n, "int")
     if n < 1:
         raise ConfigError(f"config.json: max_position_embeddings is {n}, which is not at least 1")
+    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
+    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in LONGROPE:
+        old = scaling.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
+        if isinstance(old, int) and not isinstance(old, bool) and 0 < old < n:
+            return old
     return n
 
 
