@@ -101,16 +101,33 @@ USAGE_ERROR, CLICK_ERROR = (next(c for c in typer.BadParameter.__mro__ if c.__na
                             for name in ("UsageError", "ClickException"))
 
 
+class _Stopped(Exception):
+    """A Ctrl-C or SIGTERM (:class:`~mlx_specstream.outputs.Terminated`) carried past typer, which
+    would turn it into a silent exit 130: :func:`main` says which it was, with its own status."""
+
+    def __init__(self, interrupt: KeyboardInterrupt):
+        super().__init__()
+        self.interrupt = interrupt
+
+
 class _OneLineErrors:
     """A command line click refuses (a missing option, a value of the wrong kind, an unknown
     option or command) said in one ``error:`` line, exit status 2, as this CLI's own checks say
     theirs, not in click's usage box."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt as e:
+            raise _Stopped(e) from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         try:
             rv = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _Stopped as e:
+            raise e.interrupt from None
         except CLICK_ERROR as e:
             where = e.ctx.command_path if isinstance(e, USAGE_ERROR) and e.ctx is not None else None
             said = " ".join(e.format_message().split())

@@ -148,9 +148,11 @@ def unpack_quantized(layer) -> QuantizedWeight:
 
 def _norm_weight(norm) -> np.ndarray:
     """The effective weight of an RMS norm (Gemma's stores ``w - 1``)."""
+    import mlx.core as mx
+
     from ..arch import gemma
 
-    w = 1.0 + norm.weight if isinstance(norm, gemma.RMSNorm) else norm.weight
+    w = 1.0 + norm.weight.astype(mx.float32) if isinstance(norm, gemma.RMSNorm) else norm.weight
     return _np(w)
 
 

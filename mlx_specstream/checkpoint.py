@@ -8,12 +8,14 @@ option says it (:func:`check_same_run`)."""
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
 import os
 import re
 import shutil
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
@@ -46,6 +48,7 @@ def run_dir(out_dir: Path) -> Path:
 
 
 RUN_LOCK = "lock"  # in a run's folder: held (flock) by the process whose run writes the adapter
+HELD = frozenset({errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES})  # flock's errors for "held by another"
 
 
 @contextmanager
@@ -54,31 +57,83 @@ def run_held(work: Path | None) -> Iterator[None]:
     second run that would write the same adapter is refused at its start (an
     :class:`OutputExistsError`), not found out when one replaces the other's adapter and
     checkpoints. The lock is the OS's (``flock``), so a run that dies lets go of it; its file
-    stays in the folder, which goes where it holds nothing else. None: no run to hold."""
+    stays in the folder, which goes where it holds nothing else. None: no run to hold. Where the
+    file system has no locks (some network mounts), the run goes on unheld, with a warning."""
     if work is None:
         yield
         return
     made = [d for d in (work, *work.parents) if not d.exists()]  # (a refused run leaves none of them)
     work.mkdir(parents=True, exist_ok=True)
-    fd = os.open(work / RUN_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _lock(work)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
-        os.close(fd)
-        said = f": another training run (process {holder}) is writing this adapter: wait for it to end, "
-        raise OutputExistsError(said + "or give another {out}", subject=str(work.with_suffix(""))) from None
-    try:
-        os.ftruncate(fd, 0)
-        os.write(fd, str(os.getpid()).encode())
         yield
     finally:
-        if [e.name for e in work.iterdir()] == [RUN_LOCK]:  # the run wrote nothing: no folder left
-            (work / RUN_LOCK).unlink()
-            for d in made:
-                if any(d.iterdir()):
-                    break
-                d.rmdir()
+        try:
+            if [e.name for e in work.iterdir()] == [RUN_LOCK]:  # the run wrote nothing: no folder left
+                (work / RUN_LOCK).unlink()
+                for d in made:
+                    if any(d.iterdir()):
+                        break
+                    d.rmdir()
+        except OSError:  # the folder moved or changed meanwhile: left as it is
+            pass
+        finally:
+            if fd is not None:
+                os.close(fd)
+
+
+def _lock(work: Path) -> int | None:
+    """The descriptor of ``work``'s lock file, locked (None: the file system cannot lock); an
+    :class:`OutputExistsError` naming the process that holds it. A file its holder removed as it
+    ended (:func:`run_held`) while this one opened it is opened again: a lock on it keeps no one out."""
+    path = work / RUN_LOCK
+    for _ in range(8):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            if e.errno in HELD:
+                _refuse(work, holder)
+            warnings.warn(f"{work}: this file system does not lock files ({e.strerror}): nothing keeps "
+                          "another run from writing the same adapter meanwhile", stacklevel=3)
+            return None
+        try:
+            same = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            os.ftruncate(fd, 0)
+            os.write(fd, str(os.getpid()).encode())
+            return fd
+        os.close(fd)
+    _refuse(work, "?")
+
+
+def _refuse(work: Path, holder: str):
+    """The refusal of a run whose adapter process ``holder`` is writing."""
+    said = f": another training run (process {holder}) is writing this adapter: wait for it to end, "
+    raise OutputExistsError(said + "or give another {out}", subject=str(work.with_suffix(""))) from None
+
+
+def check_run_free(work: Path) -> None:
+    """Refuse (as :func:`run_held` would) where another process holds the run at ``work``: before
+    what the folder holds is read, which a run under way changes (its checkpoints are not an
+    earlier run's to resume)."""
+    path = work / RUN_LOCK
+    if work.is_symlink() or path.is_symlink() or not path.is_file():
+        return
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in HELD:
+            _refuse(work, os.read(fd, 32).decode(errors="replace").strip() or "?")
+    finally:
         os.close(fd)
 
 

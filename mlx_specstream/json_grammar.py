@@ -69,6 +69,12 @@ UNREAD = frozenset("""multipleOf dependencies patternProperties
 propertyNames minProperties maxProperties prefixItems uniqueItems contains not if dependentRequired
 dependentSchemas unevaluatedProperties unevaluatedItems""".split())
 
+class SchemaError(ValueError):
+    """A schema that is not a valid one (a keyword of the wrong kind, bounds no value meets, a
+    ``$ref`` to nothing), as opposed to a valid one this grammar cannot read (a ValueError: bounds
+    beyond 16 digits, a pattern Python's ``regex`` does not take)."""
+
+
 # schema nodes (JSONGrammar.nodes holds them; states name them by index)
 ANY, FREE_OBJECT, EMPTY_OBJECT = ("any",), ("object", (), frozenset()), ("choice", ("{}",))
 _SCALARS = {"string": ("string",), "number": ("number",), "integer": ("integer",),
@@ -131,7 +137,8 @@ class JSONGrammar(CharConstraint):
         kinds = schema.get("type")
         for kind in kinds if isinstance(kinds, list) else [kinds] if kinds is not None else []:
             if kind not in JSON_TYPES:
-                raise ValueError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, not {kind!r}")
+                raise SchemaError(f"a JSON schema's type must be one of {', '.join(JSON_TYPES)}, "
+                                  f"not {kind!r}")
         _check_values(schema)
         self._unread(schema)
         rest = {k: v for k, v in schema.items() if k not in ("anyOf", "oneOf", "allOf", "nullable")}
@@ -178,6 +185,11 @@ class JSONGrammar(CharConstraint):
             node = ("bounded", kind == "integer", *_bounds(schema))
             if not (_reaches(node, "") or _reaches(node, "-")):  # no number, positive or negative
                 bounds = ", ".join(f"{k} {schema[k]}" for k in _BOUNDS if k in schema)
+                low, low_out, high, high_out = node[2:]
+                crossed = low is not None and high is not None and (
+                    low > high or low == high and (low_out or high_out))
+                if crossed:  # no number at all: as min above max, not a grammar's bound
+                    raise SchemaError(f"a JSON schema allows no {kind} within {bounds}")
                 raise ValueError(f"a JSON schema allows no {kind} of at most 16 digits within {bounds}")
             return self._add(node)
         if kind in _SCALARS:
@@ -241,9 +253,9 @@ class JSONGrammar(CharConstraint):
         reference, made before what it refers to is read, so a recursive schema ends."""
         if ref not in ctx.refs:
             target = _pointer(ctx.root, ref)
-            if target is None and ref.startswith("#"):
-                raise ValueError(f"a JSON schema's $ref {ref!r} points to nothing in the schema")
-            if target is None:  # another document's: not read here
+            if target is None and (ref == "#" or ref.startswith("#/")):
+                raise SchemaError(f"a JSON schema's $ref {ref!r} points to nothing in the schema")
+            if target is None:  # another document's, or an anchor's ("#item"): not read here
                 self.unread.add(f"$ref {ref!r}")
                 return self._add(ANY)
             ctx.refs[ref] = len(self.nodes)
@@ -586,25 +598,25 @@ def _finite(v) -> bool:
 
 
 def _check_values(schema: dict) -> None:
-    """ValueError where a keyword's value is not of its kind (``"minimum": "5"``) or a pair of
-    counts leaves no value (``minLength`` above ``maxLength``): OpenAI answers such a schema with
-    a 400, and a grammar of it would leave the model no token to write."""
+    """:class:`SchemaError` where a keyword's value is not of its kind (``"minimum": "5"``) or a
+    pair of counts leaves no value (``minLength`` above ``maxLength``): OpenAI answers such a
+    schema with a 400, and a grammar of it would leave the model no token to write."""
     for k in _BOUNDS:
         v = schema.get(k)
         if k in schema and not (_finite(v) or k.startswith("exclusive") and isinstance(v, bool)):
             draft4 = " (or, as draft 4 writes it, true or false)" if k.startswith("exclusive") else ""
-            raise ValueError(f"a JSON schema's {k} must be a number{draft4}, not {v!r}")
+            raise SchemaError(f"a JSON schema's {k} must be a number{draft4}, not {v!r}")
     for pair in _COUNTS:
         for k in pair:
             v = schema.get(k)
             if k in schema and not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
-                raise ValueError(f"a JSON schema's {k} must be a whole number of at least 0, not {v!r}")
+                raise SchemaError(f"a JSON schema's {k} must be a whole number of at least 0, not {v!r}")
         low, high = (schema.get(k) for k in pair)
         if low is not None and high is not None and low > high:
-            raise ValueError(f"a JSON schema's {pair[0]} {low} is above its {pair[1]} {high}: no value meets "
-                             "both")
+            raise SchemaError(f"a JSON schema's {pair[0]} {low} is above its {pair[1]} {high}: no value "
+                              "meets both")
     if "pattern" in schema and not isinstance(schema["pattern"], str):
-        raise ValueError(f"a JSON schema's pattern must be a string, not {schema['pattern']!r}")
+        raise SchemaError(f"a JSON schema's pattern must be a string, not {schema['pattern']!r}")
 
 
 def _bounds(schema: dict) -> tuple:
@@ -835,7 +847,7 @@ def json_constraint(tokenizer, schema: dict | None = None) -> JSONValue:
     its cached masks."""
     check_reads_tokens(tokenizer, "json_constraint")
     if schema is not None and not isinstance(schema, dict):
-        raise ValueError("a JSON schema must be an object")
+        raise SchemaError("a JSON schema must be an object")
     return _shared(tokenizer, json.dumps(schema, sort_keys=True))
 
 

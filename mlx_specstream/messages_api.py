@@ -143,10 +143,10 @@ def _check_tool_blocks(messages: list, tools: bool) -> None:
                 raise APIError(f"'messages[{i}].content[{j}]': unexpected tool_use_id {use!r} in a "
                                "tool_result block: each tool_result block must have a corresponding "
                                "tool_use block in the previous message", "messages")
-        if missing := [a for a in asked if a not in answered]:
-            raise APIError(f"'messages[{i}]': tool_use ids were found without tool_result blocks immediately "
-                           f"after: {', '.join(map(str, missing))}. Each tool_use block must have a "
-                           "corresponding tool_result block in the next message", "messages")
+        if missing := [a for a in asked if a not in answered]:  # said of the message that asked
+            raise APIError(f"'messages[{i - 1}]': tool_use ids were found without tool_result blocks "
+                           f"immediately after: {', '.join(map(str, missing))}. Each tool_use block must "
+                           "have a corresponding tool_result block in the next message", "messages")
         asked = [b.get("id") for _, b in blocks if b["type"] == "tool_use"]
 
 

@@ -31,7 +31,7 @@ from .api import StreamResponse, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
-from .json_grammar import json_constraint, response_constraint, strict_constraint
+from .json_grammar import SchemaError, json_constraint, response_constraint, strict_constraint
 from .pool import ModelPool, UnknownModelError, default_mode
 from .scheduler import Job, Scheduler
 from .tokenizer import Tokenizer, TokenizerError
@@ -162,9 +162,11 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
 
 
 def _check_parameters(tokenizer, function: dict, param: str) -> None:
-    """A tool's ``parameters``: a JSON schema of an object (a function's arguments) that reads as
-    a grammar (:mod:`.json_grammar`: a keyword of the wrong kind, or a ``$ref`` to nothing, is a
-    400 on ``param``), and where the tool is ``strict``, one whose every keyword decoding enforces."""
+    """A tool's ``parameters``: a JSON schema of an object (a function's arguments; its ``type``
+    left out or ``"object"``) that is a valid one (:class:`~.json_grammar.SchemaError`: a keyword
+    of the wrong kind, a ``$ref`` to nothing), or a 400 on ``param``; where the tool is
+    ``strict``, one whose every keyword decoding enforces. (What only this grammar cannot read is
+    said where a call is forced, which needs it.)"""
     schema = function.get("parameters")
     if schema is None:
         return
@@ -176,8 +178,11 @@ def _check_parameters(tokenizer, function: dict, param: str) -> None:
             strict_constraint(tokenizer, schema, "a strict tool's parameters")
         else:
             json_constraint(tokenizer, schema)
-    except ValueError as e:
+    except SchemaError as e:
         raise APIError(f"'{param}': {e}", param) from None
+    except ValueError as e:
+        if function.get("strict") is True:
+            raise APIError(f"'{param}': {e}", param) from None
 
 
 def _check_tool_results(messages: list[dict]) -> None:

@@ -55,6 +55,7 @@ from .adapter import (
 )
 from .checkpoint import (
     RUN_LOCK,
+    check_run_free,
     checkpoints,
     clear_run,
     examples_digest,
@@ -696,6 +697,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     work = run_dir(out_dir) if out_dir is not None else None
     ckpt_dir = work / "checkpoints" if work is not None else None
     if out_dir is not None and main_proc:  # before anything is written there
+        check_run_free(work)  # first: what a run under way holds is not an earlier run's
         _check_out(out_dir, resume, overwrite, bare)
     with run_held(work if main_proc else None):  # one run writes an adapter at a time
         if out_dir is not None and main_proc:  # again, held: another run may have ended meanwhile

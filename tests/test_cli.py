@@ -276,14 +276,18 @@ def test_sigterm_and_ctrl_c_end_a_command_with_their_own_status(monkeypatch, cap
     from mlx_specstream import cli
     from mlx_specstream.outputs import Terminated
 
-    stopped = typer.Typer()
+    stopped = typer.Typer(cls=cli._Group)  # the CLI's own group, which carries them past typer
 
     @stopped.command()
     def work() -> None:
         raise Terminated("terminated") if signal_raised == "Terminated" else KeyboardInterrupt
 
+    @stopped.command()
+    def rest() -> None:
+        pass
+
     monkeypatch.setattr(cli, "app", stopped)
-    monkeypatch.setattr(sys, "argv", ["specstream-mlx"])
+    monkeypatch.setattr(sys, "argv", ["specstream-mlx", "work"])
     with pytest.raises(SystemExit) as e:
         cli.main()
     assert e.value.code == status and capsys.readouterr().err.strip().endswith(said)

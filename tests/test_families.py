@@ -104,7 +104,7 @@ def test_logits_match_transformers(families, name):
         assert err < TOL, f"{name} (prefill {prefill}): differs by {err}"
 
 
-def test_windows_norms_and_caps_are_exercised(families):
+def test_windows_norms_and_caps_are_exercised(families, monkeypatch):
     """The oracle would not catch a missing window, (1 + w) or soft-cap if they made no difference."""
     hf, _, dst = families["gemma3"]
     model, _ = load(dst)
@@ -118,6 +118,11 @@ def test_windows_norms_and_caps_are_exercised(families):
     assert [layer.self_attn.window for layer in model.layers] == [WINDOW, None] * 2
     assert {layer.self_attn.softcap for layer in model.layers} == {3.0}
     ref = torch_logits(hf, PROMPT)
+    from mlx_specstream.kernels import attention
+
+    monkeypatch.setattr(attention, "CAPPED_ROWS", 7)  # a prefill in blocks of rows (three here)
+    assert np.abs(mlx_logits(model, PROMPT) - ref).max() < TOL
+    monkeypatch.undo()
     for layer in model.layers:
         layer.self_attn.softcap = None
     assert np.abs(mlx_logits(model, PROMPT) - ref).max() > 100 * TOL

@@ -304,6 +304,7 @@ def test_what_is_not_enforced_is_said(tok):
     integer = {"$defs": {"A": {"type": "integer"}}, "$ref": "#/$defs/A"}
     for schema, said in [
             ({**integer, "type": "string"}, "type beside $ref"), ({"$ref": "b.json#/A"}, "$ref 'b.json#/A'"),
+            ({"$defs": {"i": {"$anchor": "item"}}, "$ref": "#item"}, "$ref '#item'"),  # an anchor
             ({"items": [{"type": "string"}]}, "items as a list"), ({"maxLength": 3}, "maxLength without"),
             ({"enum": [[1.5], float("inf")]}, "enum or const of values JSON cannot write"),
             ({"properties": {"a": {}}, "required": ["b"]}, "required 'b' (not in properties)"),

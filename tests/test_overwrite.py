@@ -604,12 +604,14 @@ def test_resume_where_there_is_no_run(tmp_path):
         _check_out(tmp_path / "a", resume=True, overwrite=False, bare=True)
 
 
-def test_one_run_writes_an_adapter_at_a_time(tmp_path):
+def test_one_run_writes_an_adapter_at_a_time(tmp_path, monkeypatch):
     """A run whose adapter another run is writing (its folder held, as a run holds it while it
     lasts) is refused at its start, whatever its flags, rather than replacing that run's adapter
     and checkpoints when it ends; the held run's folder is left as it was; once let go, a run
     goes ahead. A refused run leaves no folder behind, nor does one that writes nothing."""
+    import errno
     import os
+    import shutil
 
     from mlx_specstream.checkpoint import RUN_LOCK, run_held
     from mlx_specstream.errors import OutputExistsError
@@ -625,12 +627,27 @@ def test_one_run_writes_an_adapter_at_a_time(tmp_path):
             with pytest.raises(OutputExistsError, match=held):
                 train(tiny_model(), (ds, None), out=tmp_path / "a", **opts, **flags)
         assert sorted(os.listdir(work)) == before == [RUN_LOCK] and not (tmp_path / "a").exists()
+        step = work / "checkpoints" / "step-0000001"  # the held run's checkpoint: not one to resume
+        step.mkdir(parents=True)
+        (step / "state.json").write_text("{}")
+        with pytest.raises(OutputExistsError, match=held):
+            train(tiny_model(), (ds, None), out=tmp_path / "a", **opts)
+        shutil.rmtree(work / "checkpoints")
     assert not work.exists()  # held, and nothing written: no folder left
     train(tiny_model(), (ds, None), out=tmp_path / "a", **opts)
     assert (tmp_path / "a" / "adapter.safetensors").is_file()
     with pytest.raises(OutputExistsError, match="already exists"):  # refused by what is there, as before
         train(tiny_model(), (ds, None), out=tmp_path / "a", **opts)
     train(tiny_model(), (ds, None), out=tmp_path / "a", overwrite=True, **opts)
+    # a file system without locks (some network mounts): the run goes on, unheld, and says so
+    import fcntl
+
+    def no_locks(fd, op):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with pytest.warns(UserWarning, match="this file system does not lock files"):
+        train(tiny_model(), (ds, None), out=tmp_path / "a", overwrite=True, **opts)
 
 
 def test_our_leftovers_and_links_in_an_adapters_place(tmp_path):

@@ -551,6 +551,14 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                 "messages[1]", None)]:
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
+    # what is valid but beyond the grammar (bounds past 16 digits) is no 400 unless a call is forced
+    big = tool("find", {"properties": {"id": {"type": "integer", "minimum": 1e17}}})
+    status, reply = server.post_raw("/v1/chat/completions",
+                                    json.dumps({**body, "tools": [*TOOLS, big]}).encode())
+    assert status == 200, reply
+    status, reply = server.post_raw("/v1/chat/completions", json.dumps(
+        {**body, "tools": [big], "tool_choice": "required"}).encode())
+    assert status == 400 and "16 digits" in reply["error"]["message"], reply
     # a malformed call in the history is named, not a template's error
     history = [*ask("Berlin"), {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
                {"role": "tool", "tool_call_id": "c", "content": "9 C"}]
@@ -881,7 +889,7 @@ def test_messages_api_errors_are_anthropics(server):
                           "tools": [{"name": "f", "input_schema": {}}]},
                          "'messages[2].content[0]': unexpected tool_use_id 't1' in a tool_result block"),
                         ({"messages": [*ask("Oslo"), USED, *ask("Rome")], "tools": [F]},
-                         "'messages[2]': tool_use ids were found without tool_result blocks immediately"),
+                         "'messages[1]': tool_use ids were found without tool_result blocks immediately"),
                         ({"messages": [*ask("Oslo"), USED, {"role": "user", "content": [
                             {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}]},
                          "requests which include tool_use or tool_result blocks must define tools"),

@@ -27,7 +27,7 @@ from ..kernels.attention import (
     BatchPlan,
     attend_with_cache,
     cached_and_streams,
-    matmul_attention,
+    capped_attention,
     sdpa,
 )
 from ..lora import project
@@ -270,7 +270,7 @@ def attention(
     ``positions``) applies a sliding window: a plan whose rows all lie inside the window runs as
     is (kernels or dense path), else its dense mask is windowed. A :class:`BatchPlan` runs each
     sequence of a batched pass with its own plan; ``cache`` is then one cache per sequence.
-    ``softcap``: scores soft-capped before the mask (:func:`matmul_attention`, the dense path: the
+    ``softcap``: scores soft-capped before the mask (:func:`capped_attention`, the dense path: the
     kernels and ``mx.fast`` have no cap).
     """
     if isinstance(mask, BatchPlan):  # several sequences, each with its own cache and plan
@@ -296,7 +296,7 @@ def attention(
     if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)
     if softcap is not None:
-        return matmul_attention(q, keys, values, mask, scale, softcap)
+        return capped_attention(q, keys, values, mask, scale, softcap)
     return sdpa(q, keys, values, mask, scale)
 
 

@@ -32,10 +32,13 @@ class Args(BaseArgs):
     tie_word_embeddings: bool = True
 
     def __post_init__(self):
-        # the released configs say "gelu", which transformers reads as the tanh form they meant
-        self.hidden_act = self.hidden_activation or self.hidden_act
-        if self.hidden_act == "gelu":
-            self.hidden_act = "gelu_pytorch_tanh"
+        self.hidden_act = self.activation()
+
+    def activation(self) -> str:
+        """The MLP's activation: the released configs' ``"gelu"`` is read as transformers reads it
+        for Gemma (1), as the tanh form they were trained with."""
+        act = self.hidden_activation or self.hidden_act
+        return "gelu_pytorch_tanh" if act == "gelu" else act
 
 
 class RMSNorm(nn.Module):
@@ -46,8 +49,9 @@ class RMSNorm(nn.Module):
         self.weight = mx.zeros((dims,))
         self.eps = eps
 
-    def __call__(self, x):
-        return mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)
+    def __call__(self, x):  # in float32, as transformers computes it (1 + w in bf16 would round w away)
+        return mx.fast.rms_norm(x.astype(mx.float32), 1.0 + self.weight.astype(mx.float32),
+                                self.eps).astype(x.dtype)
 
 
 class Block(nn.Module):

@@ -42,6 +42,10 @@ class Args(gemma.Args):
     attn_logit_softcapping: float | None = 50.0
     use_bidirectional_attention: bool | None = False
 
+    def activation(self) -> str:
+        """``hidden_activation`` as given (transformers' Gemma 2 and 3 read it so)."""
+        return self.hidden_activation or self.hidden_act
+
     def __post_init__(self):
         super().__post_init__()
         if self.use_bidirectional_attention:

@@ -434,6 +434,24 @@ def matmul_attention(q, k, v, mask, scale, softcap: float | None = None) -> mx.a
     return (p.reshape(B, hkv, G * T, S) @ v).reshape(B, H, T, D)
 
 
+CAPPED_ROWS = 512  # rows of a soft-capped pass attended at once (a prefill's in blocks)
+
+
+def capped_attention(q, k, v, mask, scale, softcap: float) -> mx.array:
+    """:func:`matmul_attention` with soft-capped scores, its rows in blocks of :data:`CAPPED_ROWS`:
+    a long prompt's prefill would otherwise hold each layer's whole (T, S) float32 scores, and
+    their tanh, at once (an 8,000-token prompt of Gemma 2 9B: gigabytes)."""
+    T = q.shape[2]
+    if T <= CAPPED_ROWS:
+        return matmul_attention(q, k, v, mask, scale, softcap)
+    outs = []
+    for r in range(0, T, CAPPED_ROWS):
+        rows = slice(r, r + CAPPED_ROWS)
+        part = None if mask is None else mask[rows] if mask.ndim == 2 else mask[:, :, rows]
+        outs.append(matmul_attention(q[:, :, rows], k, v, part, scale, softcap))
+    return mx.concatenate(outs, axis=2)
+
+
 def tree_attention(q, k, v, n_prefix: int, anc_bits, scale: float, backend: str = "auto",
                    splits: int | None = None) -> mx.array:
     """Attention of the M tree nodes: node i sees the cache prefix and its ancestors and itself
