@@ -10,8 +10,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .base import BaseArgs, CausalLM, SelfAttention, make_rope
-from .llama import MLP
+from . import llama
+from .base import BaseArgs, CausalLM, make_rope
 
 
 @dataclass
@@ -34,6 +34,13 @@ class Args(BaseArgs):
     def __post_init__(self):
         self.hidden_act = self.activation()
 
+    @property
+    def qkv_bias(self) -> bool:
+        return self.attention_bias
+
+    o_bias = qkv_bias
+    mlp_bias = False  # (the llama block's names)
+
     def activation(self) -> str:
         """The MLP's activation: the released configs' ``"gelu"`` is read as transformers reads it
         for Gemma (1), as the tanh form they were trained with."""
@@ -44,7 +51,7 @@ class Args(BaseArgs):
 class RMSNorm(nn.Module):
     """Gemma's RMS norm: ``x / rms(x) * (1 + weight)``, the weight stored as an offset from 1."""
 
-    def __init__(self, dims: int, eps: float):
+    def __init__(self, dims: int, eps: float = 1e-6):
         super().__init__()
         self.weight = mx.zeros((dims,))
         self.eps = eps
@@ -52,29 +59,6 @@ class RMSNorm(nn.Module):
     def __call__(self, x):  # in float32, as transformers computes it (1 + w in bf16 would round w away)
         return mx.fast.rms_norm(x.astype(mx.float32), 1.0 + self.weight.astype(mx.float32),
                                 self.eps).astype(x.dtype)
-
-
-class Block(nn.Module):
-    def __init__(self, args: Args, rope):
-        super().__init__()
-        a = args
-        self.self_attn = SelfAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
-                                       a.head_dim, a.attention_bias, a.attention_bias, rope)
-        self.mlp = MLP(a.hidden_size, a.intermediate_size, False, a.hidden_act)
-        self.input_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(a.hidden_size, a.rms_norm_eps)
-
-    def __call__(self, x, positions, mask=None, cache=None, n_main=None):
-        h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, n_main)
-        return h + self.mlp(self.post_attention_layernorm(h), n_main)
-
-
-class Inner(nn.Module):
-    def __init__(self, args: Args, layers: list[nn.Module]):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = layers
-        self.norm = RMSNorm(args.hidden_size, args.rms_norm_eps)
 
 
 class Model(CausalLM):
@@ -86,7 +70,7 @@ class Model(CausalLM):
         super().__init__()
         self.config = cfg = self.text_config(cfg)
         self.args = args = self.Args.from_dict(cfg)
-        self.model = Inner(args, self.blocks(args))
+        self.model = llama.Inner(args, self.blocks(args), norm=RMSNorm)
         self.tied = args.tie_word_embeddings
         if not self.tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
@@ -99,7 +83,7 @@ class Model(CausalLM):
     def blocks(self, args: Args) -> list[nn.Module]:
         """The layers (the one place they are made)."""
         rope = make_rope(self.config, args.head_dim)
-        return [Block(args, rope) for _ in range(args.num_hidden_layers)]
+        return [llama.Block(args, rope, norm=RMSNorm) for _ in range(args.num_hidden_layers)]
 
     @property
     def embed_scale(self) -> float:

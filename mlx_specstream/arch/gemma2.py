@@ -23,15 +23,13 @@ SLIDING, GLOBAL = "sliding_attention", "full_attention"
 
 @dataclass
 class Args(gemma.Args):
-    """Defaults are ``Gemma2Config``'s."""
+    """Defaults are ``Gemma2Config``'s (those not here, Gemma's)."""
 
-    vocab_size: int = 256_000
     hidden_size: int = 2304
     intermediate_size: int = 9216
     num_hidden_layers: int = 26
     num_attention_heads: int = 8
     num_key_value_heads: int = 4
-    head_dim: int = 256
     hidden_activation: str | None = "gelu_pytorch_tanh"
     max_position_embeddings: int = 8192
     query_pre_attn_scalar: float = 256

@@ -79,16 +79,17 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm attention + SwiGLU MLP; ``attn_options`` go to :class:`SelfAttention`."""
+    """Pre-norm attention + SwiGLU MLP; ``norm`` makes the norms (Gemma's its own); ``attn_options``
+    go to :class:`SelfAttention`."""
 
-    def __init__(self, args: Args, rope: Rope | None, **attn_options):
+    def __init__(self, args: Args, rope: Rope | None, norm=nn.RMSNorm, **attn_options):
         super().__init__()
         a = args
         self.self_attn = SelfAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
                                        a.head_dim, a.qkv_bias, a.o_bias, rope, **attn_options)
         self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
-        self.input_layernorm = nn.RMSNorm(a.hidden_size, eps=a.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(a.hidden_size, eps=a.rms_norm_eps)
+        self.input_layernorm = norm(a.hidden_size, eps=a.rms_norm_eps)
+        self.post_attention_layernorm = norm(a.hidden_size, eps=a.rms_norm_eps)
 
     def __call__(self, x, positions, mask=None, cache=None, n_main=None):
         h = x + self.self_attn(self.input_layernorm(x), positions, mask, cache, n_main)
@@ -96,11 +97,11 @@ class Block(nn.Module):
 
 
 class Inner(nn.Module):
-    def __init__(self, args: Args, layers: list[nn.Module]):
+    def __init__(self, args: Args, layers: list[nn.Module], norm=nn.RMSNorm):
         super().__init__()
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = layers
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = norm(args.hidden_size, eps=args.rms_norm_eps)
 
 
 class Model(CausalLM):
