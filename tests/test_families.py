@@ -52,11 +52,15 @@ FAMILIES = {
         rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                          SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "safetensors"),
     "qwen3": (lambda: transformers.Qwen3Config(**SMALL, tie_word_embeddings=True), "safetensors"),
+    "qwen3_moe": (lambda: transformers.Qwen3MoeConfig(  # the second layer dense, as mlp_only_layers can
+        **SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+        mlp_only_layers=[1]), "safetensors"),
     "gemma": (lambda: transformers.GemmaConfig(**SMALL, hidden_act="gelu"), "safetensors"),
     "gemma2": (lambda: transformers.Gemma2Config(
         **SMALL, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
         final_logit_softcapping=30.0), "safetensors"),
 }
+EXPORTED = [n for n in FAMILIES if n != "qwen3_moe"]  # Core ML export: not a mixture of experts
 PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
 
 
@@ -229,8 +233,8 @@ def test_converted_directories_load_in_mlx_lm(families, tmp_path):
     _, src = make_hf("gemma3", tmp_path, num_hidden_layers=6, layer_types=[SLIDING] * 5 + [GLOBAL],
                      final_logit_softcapping=None)
     _, src2 = make_hf("gemma2", tmp_path, sliding_window=PROMPT.shape[1])
-    dirs = [families["qwen3"][2], families["smollm3"][2], convert(src, tmp_path / "gemma3-mlx"),
-            convert(src2, tmp_path / "gemma2-mlx")]
+    dirs = [families["qwen3"][2], families["smollm3"][2], families["qwen3_moe"][2],
+            convert(src, tmp_path / "gemma3-mlx"), convert(src2, tmp_path / "gemma2-mlx")]
     for dst in dirs:
         ours, _ = load(dst)
         theirs, _ = mlx_lm_load(dst)
@@ -307,9 +311,12 @@ def test_adapter_trains(families, name):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_quantized_load(families, tmp_path, name):
-    """int8 at convert time, int4 at load time: every projection and the embedding quantized;
-    the model computes exactly its dequantized weights, and int8 stays closer to fp32 than int4."""
+    """int8 at convert time, int4 at load time: every projection (a mixture's stacked experts
+    too) and the embedding quantized; the model computes exactly its dequantized weights, and
+    int8 stays closer to fp32 than int4."""
     import mlx.nn as nn
+
+    from mlx_specstream.arch.moe import QuantizedSwitchLinear
 
     _, src, dst = families[name]
     ref = mlx_logits(load_model(dst), PROMPT)
@@ -318,11 +325,13 @@ def test_quantized_load(families, tmp_path, name):
     rel = {}
     for bits, model in ((8, q8), (4, q4)):
         kinds = {type(m).__name__ for path, m in model.named_modules() if path.endswith("_proj")}
-        assert kinds == {"QuantizedLinear"} and isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
+        assert kinds == {"QuantizedLinear"} | ({"QuantizedSwitchLinear"} if name == "qwen3_moe" else set())
+        assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
         dequantized = load_model(dst)
         dequantized.load_weights([
             (f"{path}.weight", mx.dequantize(m.weight, m.scales, m.biases, m.group_size, m.bits))
-            for path, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+            for path, m in model.named_modules()
+            if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding, QuantizedSwitchLinear))
         ], strict=False)
         got = mlx_logits(model, PROMPT)
         assert np.abs(got - mlx_logits(dequantized, PROMPT)).max() < TOL
@@ -330,7 +339,7 @@ def test_quantized_load(families, tmp_path, name):
     assert rel[8] < 0.1 and rel[8] < rel[4] / 4, rel
 
 
-@pytest.mark.parametrize("name", list(FAMILIES))
+@pytest.mark.parametrize("name", EXPORTED)
 def test_coreml_graph_equals_engine(families, name):
     """Prefill past the window, tree steps with commits, pruning and streams on every node."""
     from test_coreml_graph import check_graph
@@ -342,7 +351,7 @@ def test_coreml_graph_equals_engine(families, name):
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=[] if n == "gemma3" else pytest.mark.slow)
-                                  for n in FAMILIES])
+                                  for n in EXPORTED])
 def test_coreml_package_equals_engine(tmp_path, name):
     """Two layers (a conversion takes ~7 s a layer), the top one a sliding layer for Gemma 3."""
     pytest.importorskip("coremltools")
@@ -373,7 +382,7 @@ def test_coreml_package_equals_engine(tmp_path, name):
     assert err["steps"] >= 4 and max(err["prefill"], err["main"], err["stream"]) <= 5e-3, err
 
 
-def test_coreml_export_refuses_other_families():
+def test_coreml_export_refuses_other_families(families):
     from helpers import tiny_model
 
     from mlx_specstream.convert.torch_graph import graph_config
@@ -381,3 +390,5 @@ def test_coreml_export_refuses_other_families():
 
     with pytest.raises(UnsupportedModelError, match=r"\(gemma, gemma2, gemma3_text\), not 'opt'"):
         graph_config(tiny_model("opt"), 64, 4, 4)
+    with pytest.raises(UnsupportedModelError, match="not 'qwen3_moe'"):  # a mixture of experts
+        graph_config(load(families["qwen3_moe"][2])[0], 64, 4, 4)

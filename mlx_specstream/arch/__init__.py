@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from . import gemma, gemma2, gemma3, llama, opt, phi, qwen3, smollm3
+from . import gemma, gemma2, gemma3, llama, opt, phi, qwen3, qwen3_moe, smollm3
 from .base import CausalLM, max_positions
 
 ARCHITECTURES = {
@@ -14,6 +14,7 @@ ARCHITECTURES = {
     "opt": opt.Model,
     "phi": phi.Model,
     "qwen3": qwen3.Model,
+    "qwen3_moe": qwen3_moe.Model,
     "smollm3": smollm3.Model,
     "gemma": gemma.Model,
     "gemma2": gemma2.Model,

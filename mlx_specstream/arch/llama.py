@@ -79,15 +79,18 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-norm attention + SwiGLU MLP; ``norm`` makes the norms (Gemma's its own); ``attn_options``
-    go to :class:`SelfAttention`."""
+    """Pre-norm attention + SwiGLU MLP; ``norm`` makes the norms (Gemma's its own), ``mlp`` stands
+    in for the MLP (a mixture of experts); ``attn_options`` go to :class:`SelfAttention`."""
 
-    def __init__(self, args: Args, rope: Rope | None, norm=nn.RMSNorm, **attn_options):
+    def __init__(self, args: Args, rope: Rope | None, norm=nn.RMSNorm, mlp: nn.Module | None = None,
+                 **attn_options):
         super().__init__()
         a = args
         self.self_attn = SelfAttention(a.hidden_size, a.num_attention_heads, a.num_key_value_heads,
                                        a.head_dim, a.qkv_bias, a.o_bias, rope, **attn_options)
-        self.mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
+        if mlp is None:
+            mlp = MLP(a.hidden_size, a.intermediate_size, a.mlp_bias, a.hidden_act)
+        self.mlp = mlp
         self.input_layernorm = norm(a.hidden_size, eps=a.rms_norm_eps)
         self.post_attention_layernorm = norm(a.hidden_size, eps=a.rms_norm_eps)
 
@@ -117,9 +120,9 @@ class Model(CausalLM):
         if not self.tied:
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
-    def block(self, args: Args, i: int, rope: Rope) -> nn.Module:
-        """Layer ``i`` (subclasses add their per-layer options)."""
-        return Block(args, rope, window=args.window(i))
+    def block(self, args: Args, i: int, rope: Rope, **options) -> nn.Module:
+        """Layer ``i`` (subclasses add their per-layer ``options``)."""
+        return Block(args, rope, window=args.window(i), **options)
 
     def embed(self, tokens, positions):
         return self.model.embed_tokens(tokens)

@@ -19,6 +19,5 @@ class Args(llama.Args):
 class Model(llama.Model):
     Args = Args
 
-    def block(self, args: llama.Args, i: int, rope: Rope) -> nn.Module:
-        qk_norm = partial(nn.RMSNorm, eps=args.rms_norm_eps)
-        return llama.Block(args, rope, window=args.window(i), qk_norm=qk_norm)
+    def block(self, args: llama.Args, i: int, rope: Rope, **options) -> nn.Module:
+        return super().block(args, i, rope, qk_norm=partial(nn.RMSNorm, eps=args.rms_norm_eps), **options)
