@@ -55,12 +55,15 @@ FAMILIES = {
     "qwen3_moe": (lambda: transformers.Qwen3MoeConfig(  # the second layer dense, as mlp_only_layers can
         **SMALL, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
         mlp_only_layers=[1]), "safetensors"),
+    "mixtral": (lambda: transformers.MixtralConfig(**SMALL, num_local_experts=4, num_experts_per_tok=2,
+                                                   sliding_window=WINDOW), "safetensors"),
     "gemma": (lambda: transformers.GemmaConfig(**SMALL, hidden_act="gelu"), "safetensors"),
     "gemma2": (lambda: transformers.Gemma2Config(
         **SMALL, sliding_window=WINDOW, query_pre_attn_scalar=24, attn_logit_softcapping=3.0,
         final_logit_softcapping=30.0), "safetensors"),
 }
-EXPORTED = [n for n in FAMILIES if n != "qwen3_moe"]  # Core ML export: not a mixture of experts
+MIXTURES = ("qwen3_moe", "mixtral")  # of experts: no Core ML export
+EXPORTED = [n for n in FAMILIES if n not in MIXTURES]
 PROMPT = np.random.default_rng(1).integers(0, 100, (1, 20))  # longer than the window
 
 
@@ -241,6 +244,29 @@ def test_converted_directories_load_in_mlx_lm(families, tmp_path):
         assert np.abs(mlx_logits(ours, PROMPT) - np.array(theirs(mx.array(PROMPT)))).max() < 1e-5, dst
 
 
+@pytest.mark.parametrize("name", MIXTURES)
+@pytest.mark.parametrize("bits", [None, 4])
+def test_loads_mlx_lm_mixtures(families, tmp_path, name, bits):
+    """A mixture of experts as mlx-lm writes it (read from the checkpoint, its experts stacked
+    under its names, quantized by it too) loads here with mlx-lm's logits (a prompt within
+    Mixtral's window: mlx-lm's Mixtral has none)."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    _, src, dst = families[name]
+    # (mlx-lm does not read a transformers-5 Qwen3-MoE config: it reads ours)
+    theirs, config = mlx_lm_load(src if name == "mixtral" else dst)
+    if bits:
+        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
+    lm_dir = tmp_path / "mlx-lm"
+    lm_dir.mkdir()
+    save_model(lm_dir, theirs)
+    save_config(dict(config), lm_dir / "config.json")
+    ours, _ = load(lm_dir)
+    ids = PROMPT[:, :WINDOW]
+    assert np.abs(mlx_logits(ours, ids) - np.array(theirs(mx.array(ids)))).max() < 1e-5
+
+
 def check_lossless(model, prompt, n=48, **kw):
     ar = generate(model, None, prompt, max_tokens=n, mode="ar")
     ss = generate(model, None, prompt, max_tokens=n, node_cost=0.0, **kw)
@@ -325,7 +351,7 @@ def test_quantized_load(families, tmp_path, name):
     rel = {}
     for bits, model in ((8, q8), (4, q4)):
         kinds = {type(m).__name__ for path, m in model.named_modules() if path.endswith("_proj")}
-        assert kinds == {"QuantizedLinear"} | ({"QuantizedSwitchLinear"} if name == "qwen3_moe" else set())
+        assert kinds == {"QuantizedLinear"} | ({"QuantizedSwitchLinear"} if name in MIXTURES else set())
         assert isinstance(model.model.embed_tokens, nn.QuantizedEmbedding)
         dequantized = load_model(dst)
         dequantized.load_weights([

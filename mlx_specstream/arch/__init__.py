@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from ..errors import UnsupportedModelError
-from . import gemma, gemma2, gemma3, llama, opt, phi, qwen3, qwen3_moe, smollm3
+from . import gemma, gemma2, gemma3, llama, mixtral, opt, phi, qwen3, qwen3_moe, smollm3
 from .base import CausalLM, max_positions
 
 ARCHITECTURES = {
     "llama": llama.Model,
     "mistral": llama.Model,
+    "mixtral": mixtral.Model,
     "qwen2": llama.Model,
     "phi3": llama.Model,
     "opt": opt.Model,

@@ -1,0 +1,44 @@
+"""Mixtral: the llama block with a sparse mixture of experts (:mod:`.moe`) in every layer, each
+row's ``num_experts_per_tok`` experts weighted by their router probabilities renormalized; a
+sliding window, where the config sets one, on every layer. The checkpoint's ``block_sparse_moe``
+(experts' ``w1``, ``w3``, ``w2``) is read as the block's ``mlp`` (``gate_proj``, ``up_proj``,
+``down_proj``, stacked), an mlx-lm directory's too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import llama, moe
+from .base import Rope
+
+
+@dataclass
+class Args(llama.Args):
+    """Defaults are ``MixtralConfig``'s."""
+
+    num_local_experts: int = 8
+    num_experts_per_tok: int = 2
+
+    def window(self, layer: int) -> int | None:
+        return self.sliding_window or None
+
+
+class Model(llama.Model):
+    Args = Args
+
+    def block(self, args: Args, i: int, rope: Rope, **options) -> nn.Module:
+        experts = moe.SparseMoE(args.hidden_size, args.intermediate_size, args.num_local_experts,
+                                args.num_experts_per_tok, True, args.hidden_act)
+        return super().block(args, i, rope, mlp=experts, **options)
+
+    def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
+        """HF (or mlx-lm) names -> ours: ``block_sparse_moe`` is the ``mlp``, its experts stacked."""
+        weights = {k.replace(".block_sparse_moe.", ".mlp."): v for k, v in weights.items()}
+        names = {"w1": "gate_proj", "w3": "up_proj", "w2": "down_proj"}
+        weights = moe.stack_experts(weights, self.args.num_local_experts, self.args.num_hidden_layers,
+                                    "model.layers.{i}.mlp", names)
+        return super().sanitize(weights)
