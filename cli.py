@@ -452,11 +452,14 @@ def _echo_steps(steps, tok, verbose: bool, first_said: str | None = None) -> Non
                 typer.echo(first_said, err=True)
             stats = step.stats
             typer.echo(_coloured(step, tok) if coloured else step.text, nl=False)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated)
+        from mlx_specstream.outputs import Terminated
+
         typer.echo("")
         n = stats.generated_tokens if stats is not None else 0
-        typer.echo(f"interrupted after {n} generated tokens", err=True)
-        raise typer.Exit(130) from None
+        how = "terminated" if isinstance(e, Terminated) else "interrupted"
+        typer.echo(f"{how} after {n} generated tokens", err=True)
+        raise typer.Exit(143 if isinstance(e, Terminated) else 130) from None
     typer.echo("")
     if stats is not None and stats.context_limit and stats.finish_reason == "length" and not verbose:
         typer.echo(f"(stopped at the end of the model's context: {stats.context_limit} tokens)", err=True)
@@ -823,7 +826,7 @@ def main() -> None:
     try:
         from mlx_specstream.errors import USER_ERRORS, SaidInOptions
         from mlx_specstream.machine import one_line_warning
-        from mlx_specstream.outputs import Terminated
+        from mlx_specstream.outputs import Terminated, terminate_cleanly
         from mlx_specstream.process_group import PeerStopped
     except KeyboardInterrupt:  # Ctrl-C while starting up
         sys.exit(130)
@@ -835,7 +838,8 @@ def main() -> None:
         typer.echo(f"error: {said}", err=True)
         sys.exit(2)  # a usage error, as an unknown option's
     try:
-        app()
+        with terminate_cleanly():  # SIGTERM stops any command as Ctrl-C does, said (serve: its own drain)
+            app()
     except SaidInOptions as e:  # said in the command line's terms
         typer.echo("error: " + e.render("cli"), err=True)
         sys.exit(1)

@@ -526,7 +526,10 @@ def test_cli_errors_speak_cli(random_model_with_tokenizer, tmp_path):
         assert_one_line_error(res, "not UTF-8 text")
 
 
-def test_interrupted_generate_says_so(random_model_with_tokenizer):
+@pytest.mark.parametrize("sent,status,said", [(signal.SIGINT, 130, "interrupted"),
+                                              (signal.SIGTERM, 143, "terminated")])
+def test_interrupted_generate_says_so(random_model_with_tokenizer, sent, status, said):
+    """Ctrl-C or SIGTERM: the text so far, then how many tokens, with the signal's own status."""
     p = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "generate", "-m",
                           str(random_model_with_tokenizer), "--mode", "ar", "--prompt", "x", "-n", "100000"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -536,18 +539,18 @@ def test_interrupted_generate_says_so(random_model_with_tokenizer):
     assert p.stdout.read(1)
     try:
         for wait in (10, 50):
-            p.send_signal(signal.SIGINT)
+            p.send_signal(sent)
             try:
                 out, err = p.communicate(timeout=wait)
                 break
             except subprocess.TimeoutExpired:
                 continue
         else:
-            pytest.fail("generate went on after two SIGINTs")
+            pytest.fail(f"generate went on after two {sent.name}s")
     finally:
         p.kill()
-    assert p.returncode == 130 and out, err
-    assert re.fullmatch(r"interrupted after \d+ generated tokens\n", err), err
+    assert p.returncode == status and out, err
+    assert re.fullmatch(rf"{said} after \d+ generated tokens\n", err), err
 
 
 def test_jsonl_errors_name_line_and_column(tmp_path):
