@@ -46,9 +46,9 @@ SLIDING, GLOBAL = "sliding_attention", "full_attention"
 # name: (config, how the checkpoint is saved)
 FAMILIES = {
     "smollm3": (lambda: transformers.SmolLM3Config(**SMALL, no_rope_layer_interval=2), "sharded"),
-    "gemma3": (lambda: transformers.Gemma3TextConfig(
+    "gemma3": (lambda: transformers.Gemma3TextConfig(  # (an attention cap transformers does not apply)
         **SMALL, sliding_window=WINDOW, layer_types=[SLIDING, GLOBAL, SLIDING, SLIDING],
-        query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        query_pre_attn_scalar=24, final_logit_softcapping=30.0, attn_logit_softcapping=3.0,
         rope_parameters={GLOBAL: {"rope_type": "linear", "factor": 4.0, "rope_theta": 1e6},
                          SLIDING: {"rope_type": "default", "rope_theta": 1e4}}), "safetensors"),
     "qwen3": (lambda: transformers.Qwen3Config(**SMALL, tie_word_embeddings=True), "safetensors"),

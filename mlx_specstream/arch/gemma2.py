@@ -54,16 +54,18 @@ class Args(gemma.Args):
 
 
 class Block(nn.Module):
-    """Norms before and after attention and MLP; ``qk_norm`` (Gemma 3) adds q/k norms."""
+    """Norms before and after attention and MLP; ``qk_norm`` (Gemma 3) adds q/k norms; ``softcap``
+    caps the attention scores."""
 
-    def __init__(self, args: Args, kind: str, rope: Rope, qk_norm: bool = False):
+    def __init__(self, args: Args, kind: str, rope: Rope, qk_norm: bool = False,
+                 softcap: float | None = None):
         super().__init__()
         a = args
         norm = partial(RMSNorm, eps=a.rms_norm_eps)
         self.self_attn = SelfAttention(
             a.hidden_size, a.num_attention_heads, a.num_key_value_heads, a.head_dim, a.attention_bias,
             a.attention_bias, rope, qk_norm=norm if qk_norm else None, scale=a.query_pre_attn_scalar**-0.5,
-            window=a.sliding_window if kind == SLIDING else None, softcap=a.attn_logit_softcapping)
+            window=a.sliding_window if kind == SLIDING else None, softcap=softcap)
         self.mlp = MLP(a.hidden_size, a.intermediate_size, False, a.hidden_act)
         self.input_layernorm = norm(a.hidden_size)
         self.post_attention_layernorm = norm(a.hidden_size)
@@ -81,6 +83,10 @@ class Model(gemma.Model):
     Args = Args
     qk_norm = False
 
+    def softcap(self, args: Args) -> float | None:
+        """The attention scores' soft-cap: ``attn_logit_softcapping``."""
+        return args.attn_logit_softcapping
+
     def ropes(self, args: Args) -> dict[str, Rope]:
         """The rotary embedding of each kind of layer: one for both."""
         rope = make_rope(self.config, args.head_dim)
@@ -88,4 +94,4 @@ class Model(gemma.Model):
 
     def blocks(self, args: Args) -> list[nn.Module]:
         ropes = self.ropes(args)
-        return [Block(args, kind, ropes[kind], self.qk_norm) for kind in args.layer_types]
+        return [Block(args, kind, ropes[kind], self.qk_norm, self.softcap(args)) for kind in args.layer_types]

@@ -73,6 +73,11 @@ class Model(gemma2.Model):
     def ropes(self, args: Args) -> dict[str, Rope]:
         return args.ropes
 
+    def softcap(self, args: Args) -> None:
+        """None: transformers' Gemma 3 reads ``attn_logit_softcapping`` and applies it nowhere (as
+        mlx-lm), so its scores are not capped here either (the released configs set none)."""
+        return None
+
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:
         """HF names -> ours: a ``gemma3`` checkpoint's language model only (both transformers
         layouts), then as Gemma's."""
