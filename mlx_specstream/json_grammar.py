@@ -233,6 +233,8 @@ class JSONGrammar(CharConstraint):
             said.add("items as a list")
         if _enum(schema) == ():
             said.add("enum or const of values JSON cannot write (NaN, infinities)")
+        if "enum" in schema or "const" in schema:  # its values are checked against the rest (_meets)
+            said.update(f"{k} beside enum or const" for k in schema if k in _BESIDE_ENUM)
         if kinds is None and not any(k in schema for k in ("anyOf", "oneOf", "allOf", "$ref")):
             # a value of any type: its strings or numbers would not be bounded
             said.update(f"{k} without a type" for k in schema if k in _STRING_WORDS or k in _BOUNDS)
@@ -584,6 +586,23 @@ def _merged(base: dict, more: dict) -> dict:
 _BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
 _COUNTS = (("minLength", "maxLength"), ("minItems", "maxItems"), ("minProperties", "maxProperties"))
 _STRING_WORDS = ("pattern", "format", "minLength", "maxLength")
+# keywords an enum's or a const's values are not checked against (_meets checks the others)
+_BESIDE_ENUM = frozenset({"pattern", "format", "items", "properties", "required", "additionalProperties",
+                          "minItems", "maxItems"})
+# keywords whose value must be of a kind: (keyword, the check, what it must be)
+_KINDS_OF = (
+    ("required", lambda v: isinstance(v, list) and all(isinstance(n, str) for n in v), "a list of names"),
+    ("properties", lambda v: isinstance(v, dict) and all(isinstance(s, (dict, bool)) for s in v.values()),
+     "an object of schemas"),
+    ("additionalProperties", lambda v: isinstance(v, (dict, bool)), "a schema or a boolean"),
+    ("items", lambda v: isinstance(v, (dict, bool, list)), "a schema"),
+    ("enum", lambda v: isinstance(v, list) and v, "a non-empty list"),
+    *((k, lambda v: isinstance(v, list) and v and all(isinstance(s, (dict, bool)) for s in v),
+       "a non-empty list of schemas") for k in ("anyOf", "oneOf", "allOf")),
+    ("type", lambda v: isinstance(v, str) or isinstance(v, list) and v, "a type or a non-empty list of them"),
+    ("$defs", lambda v: isinstance(v, dict), "an object of schemas"),
+    ("format", lambda v: isinstance(v, str), "a string"),
+)
 # what constrains a value beside a $ref (annotations such as title or description do not)
 _CONSTRAINING = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf",
                            "allOf", "additionalProperties", *_BOUNDS, *_STRING_WORDS})
@@ -617,6 +636,9 @@ def _check_values(schema: dict) -> None:
                               "meets both")
     if "pattern" in schema and not isinstance(schema["pattern"], str):
         raise SchemaError(f"a JSON schema's pattern must be a string, not {schema['pattern']!r}")
+    for k, ok, what in _KINDS_OF:
+        if k in schema and not ok(schema[k]):
+            raise SchemaError(f"a JSON schema's {k} must be {what}, not {schema[k]!r}")
 
 
 def _bounds(schema: dict) -> tuple:
@@ -711,15 +733,20 @@ def _joined(value: str, ch: str) -> str:
 
 
 def _enum(schema: dict) -> tuple[str, ...] | None:
-    """A schema's ``const`` or ``enum`` values as JSON writes them, sorted (a number both as an
-    integer and with ``.0`` where it is whole, as JSON Schema counts them equal; an object or an
-    array as ``json.dumps`` writes it, one of the texts of that value); None where it has neither,
-    empty where a value is one JSON cannot write (NaN, an infinity)."""
+    """A schema's ``const`` or ``enum`` values that its ``type``, bounds and lengths allow
+    (:func:`_meets`), as JSON writes them, sorted (a number both as an integer and with ``.0``
+    where it is whole, as JSON Schema counts them equal; an object or an array as ``json.dumps``
+    writes it, one of the texts of that value); None where it has neither, empty where a value is
+    one JSON cannot write (NaN, an infinity); a :class:`SchemaError` where none is allowed."""
     values = [schema["const"]] if "const" in schema else schema.get("enum")
     if not isinstance(values, list):
         return None
     texts = set()
-    for v in values:
+    allowed = [v for v in values if _meets(v, schema)]
+    if values and not allowed:
+        raise SchemaError(f"a JSON schema allows none of its {'const' if 'const' in schema else 'enum'} "
+                          "values (its type, bounds or lengths rule them out)")
+    for v in allowed:
         try:
             texts.add(json.dumps(v, ensure_ascii=False, allow_nan=False))
         except (TypeError, ValueError):
@@ -728,6 +755,36 @@ def _enum(schema: dict) -> tuple[str, ...] | None:
         if number and float(v).is_integer():
             texts |= {json.dumps(int(v)), json.dumps(float(v))}
     return tuple(sorted(texts))
+
+
+def _json_type(v) -> str:
+    """The JSON Schema type of a Python value from JSON (a whole float is an integer)."""
+    if v is None or isinstance(v, bool):
+        return "null" if v is None else "boolean"
+    if isinstance(v, (int, float)):
+        return "integer" if isinstance(v, int) or math.isfinite(v) and v.is_integer() else "number"
+    return {str: "string", list: "array", dict: "object"}.get(type(v), "unknown")
+
+
+def _meets(v, schema: dict) -> bool:
+    """Whether ``schema``'s ``type``, numeric bounds and string lengths allow the value ``v``
+    (what an ``enum`` or ``const`` beside them must also meet; its other keywords are listed as
+    not read, :meth:`JSONGrammar._unread`)."""
+    kinds = schema.get("type")
+    kinds = set(kinds) if isinstance(kinds, list) else {kinds} if isinstance(kinds, str) else None
+    kind = _json_type(v)
+    if kinds is not None and kind not in kinds and not (kind == "integer" and "number" in kinds):
+        return False
+    if kind in ("integer", "number") and isinstance(v, (int, float)) and math.isfinite(v):
+        low, low_out, high, high_out = _bounds(schema)
+        x = Fraction(str(v)) if isinstance(v, float) else Fraction(v)
+        if low is not None and (x < low or x == low and low_out) or high is not None and (
+                x > high or x == high and high_out):
+            return False
+    if kind == "string":
+        low, high = schema.get("minLength"), schema.get("maxLength")
+        return (low is None or len(v) >= low) and (high is None or len(v) <= high)
+    return True
 
 
 MAX_ALTS = 64  # alternatives an alt state keeps (each keeps its own stack: nested unions multiply them)

@@ -23,6 +23,7 @@ or ``tool_use``. Errors are Anthropic's ``{"type": "error", "error": {"type", "m
 from __future__ import annotations
 
 import json
+import re
 import uuid
 
 from .server import MAX_STOP_CHARS, APIError, Reply, read_pass, speculative, sse
@@ -125,10 +126,14 @@ def _output_format(config) -> dict | None:
     return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
 
 
+_TOOL_USE_ID = re.compile(r"[a-zA-Z0-9_-]+")  # Anthropic's tool_use ids
+
+
 def _check_tool_blocks(messages: list, tools: bool) -> None:
     """Anthropic's rules for ``tool_use`` and ``tool_result`` blocks: they come only in a request
-    that defines ``tools``; the message after one with ``tool_use`` blocks answers each with a
-    ``tool_result`` block (by its id), and a ``tool_result`` block answers one of them."""
+    that defines ``tools``; a ``tool_use``'s id is of letters, digits, ``_`` and ``-``, one per
+    message; the message after one with ``tool_use`` blocks answers each with one ``tool_result``
+    block (by its id), those blocks first; a ``tool_result`` block answers one of them."""
     asked: list = []  # the tool_use ids of the message before
     for i, m in enumerate([*messages, None]):
         content = m.get("content") if isinstance(m, dict) else None
@@ -137,12 +142,27 @@ def _check_tool_blocks(messages: list, tools: bool) -> None:
         if blocks and not tools:
             raise APIError(f"'messages[{i}]': requests which include tool_use or tool_result blocks must "
                            "define tools", "messages")
-        answered = {b.get("tool_use_id") for _, b in blocks if b["type"] == "tool_result"}
+        answered: set = set()
         for j, b in blocks:
-            if b["type"] == "tool_result" and (use := b.get("tool_use_id")) not in asked:
+            if b["type"] == "tool_use":
+                if not (isinstance(b.get("id"), str) and _TOOL_USE_ID.fullmatch(b["id"])):
+                    raise APIError(f"'messages[{i}].content[{j}].id' must match ^[a-zA-Z0-9_-]+$, not "
+                                   f"{b.get('id')!r}", "messages")
+                if sum(u.get("id") == b["id"] for _, u in blocks if u["type"] == "tool_use") > 1:
+                    raise APIError(f"'messages[{i}].content[{j}]': tool_use ids must be unique ({b['id']!r} "
+                                   "is used twice)", "messages")
+                continue
+            if (use := b.get("tool_use_id")) not in asked:
                 raise APIError(f"'messages[{i}].content[{j}]': unexpected tool_use_id {use!r} in a "
                                "tool_result block: each tool_result block must have a corresponding "
                                "tool_use block in the previous message", "messages")
+            if use in answered:
+                raise APIError(f"'messages[{i}].content[{j}]': tool_use_id {use!r} has a tool_result block "
+                               "already: each tool_use block has one", "messages")
+            if j != len(answered):  # what the message says before its results
+                raise APIError(f"'messages[{i}].content[{j}]': tool_result blocks must come first in a "
+                               "message's content, before any text", "messages")
+            answered.add(use)
         if missing := [a for a in asked if a not in answered]:  # said of the message that asked
             raise APIError(f"'messages[{i - 1}]': tool_use ids were found without tool_result blocks "
                            f"immediately after: {', '.join(map(str, missing))}. Each tool_use block must "

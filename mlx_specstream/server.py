@@ -150,8 +150,12 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
         forced = forced_names(tools, body.get("tool_choice"))
     except ValueError as e:
         raise APIError(str(e).replace("tool_choice", "'tool_choice'", 1), "tool_choice") from None
+    choice = body.get("tool_choice")
     for i, t in enumerate(tools or []):  # as OpenAI checks them, whether the model is shown them or not
-        _check_parameters(tokenizer, t["function"], f"tools[{i}]")
+        f = t["function"]
+        needed = f.get("strict") is True or choice != "none" and (  # decoded by its schema
+            f["name"] in forced if forced else has_strict(tools))
+        _check_parameters(tokenizer, f, f"tools[{i}]", needed)
     if not tools or body.get("tool_choice") == "none":
         return None, None, None
     fmt = tool_format(tokenizer.template_for(tools))
@@ -161,16 +165,16 @@ def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None,
     return tools, fmt, forced
 
 
-def _check_parameters(tokenizer, function: dict, param: str) -> None:
+def _check_parameters(tokenizer, function: dict, param: str, needed: bool) -> None:
     """A tool's ``parameters``: a JSON schema of an object (a function's arguments; its ``type``
     left out or ``"object"``) that is a valid one (:class:`~.json_grammar.SchemaError`: a keyword
     of the wrong kind, a ``$ref`` to nothing), or a 400 on ``param``; where the tool is
-    ``strict``, one whose every keyword decoding enforces. (What only this grammar cannot read is
-    said where a call is forced, which needs it.)"""
+    ``strict``, one whose every keyword decoding enforces; where its calls are decoded by it
+    (``needed``: forced, or strict tools among them), one this grammar reads."""
     schema = function.get("parameters")
     if schema is None:
         return
-    if schema.get("type", "object") != "object":
+    if schema.get("type", "object") not in ("object", ["object"]):
         raise APIError(f"'{param}': a function's parameters must be a JSON schema of type 'object', "
                        f"not {schema['type']!r}", param)
     try:
@@ -181,7 +185,7 @@ def _check_parameters(tokenizer, function: dict, param: str) -> None:
     except SchemaError as e:
         raise APIError(f"'{param}': {e}", param) from None
     except ValueError as e:
-        if function.get("strict") is True:
+        if needed:
             raise APIError(f"'{param}': {e}", param) from None
 
 
@@ -191,6 +195,9 @@ def _check_tool_results(messages: list[dict]) -> None:
     (``tool_call_id``); a result no call asked for, or a call left without one, is a 400 (a
     template would render a conversation the model never saw)."""
     waiting, at = None, 0  # the calls of messages[at] not answered yet (None: no calls to answer)
+    for i, m in enumerate(messages):
+        if m["role"] == "assistant":
+            _check_calls(m, f"messages[{i}]")
     for i, m in enumerate([*messages, None]):
         if m is not None and m["role"] == "tool":
             call = m.get("tool_call_id")
@@ -215,6 +222,29 @@ def _check_tool_results(messages: list[dict]) -> None:
                        if isinstance(calls, list) and calls else None), i
 
 
+def _check_calls(m: dict, at: str) -> None:
+    """OpenAI's rules for an assistant message's calls: ``tool_calls``, where given, a non-empty
+    list of calls each with its ``id`` and ``"type": "function"`` (their shape otherwise:
+    :func:`~.data.chat_messages`); without calls, a ``content``."""
+    calls = m.get("tool_calls")
+    if calls is None:
+        if m.get("content") is None:
+            raise APIError(f"'{at}.content' is required where an assistant message has no 'tool_calls'",
+                           f"{at}.content")
+        return
+    if isinstance(calls, list) and not calls:
+        raise APIError(f"'{at}.tool_calls' must not be empty (leave it out where there are no calls)",
+                       f"{at}.tool_calls")
+    for j, c in enumerate(calls if isinstance(calls, list) else []):
+        if not isinstance(c, dict):
+            continue
+        call = f"{at}.tool_calls[{j}]"
+        if not isinstance(c.get("id"), str) or not c["id"]:
+            raise APIError(f"'{call}.id' must be the call's id (a string)", f"{call}.id")
+        if c.get("type") != "function":
+            raise APIError(f"'{call}.type' must be 'function'", f"{call}.type")
+
+
 def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     """The chat's messages (and ``tools``) as the template renders them (text: its size is
     checked before it is tokenized, with :meth:`~mlx_specstream.tokenizer.Tokenizer.rendered_ids`);
@@ -230,11 +260,11 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
         if m["role"] not in ROLES:
             raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
                            "messages")
-    _check_tool_results(messages)
     try:
-        flat = chat_messages(messages, "")
+        flat = chat_messages(messages, "")  # their shape first
     except DataError as e:
         raise APIError(str(e), "messages") from None
+    _check_tool_results(messages)
     if not tokenizer.chat_template:
         raise APIError("this model's tokenizer has no chat template: use /v1/completions with a "
                        "plain-text prompt", "messages", "no_chat_template")

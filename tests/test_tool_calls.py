@@ -519,6 +519,8 @@ def test_tool_choice_and_bad_tools(server, model_dir):
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "length"
     body = {"model": "specstream-tiny:tools", "messages": ask("Berlin"), "max_tokens": 4}
     unknown = {"type": "function", "function": {"name": "x"}}
+    untyped, no_calls = said_call("c1"), said_call()
+    untyped["tool_calls"][0].pop("type")
     for extra, param, code in [({"tool_choice": "required"}, "tool_choice", None),  # no tools
                                ({"tools": TOOLS, "tool_choice": unknown}, "tool_choice", None),
                                ({"tools": TOOLS, "tool_choice": "required", "sql_names": True}, "sql_names",
@@ -548,7 +550,14 @@ def test_tool_choice_and_bad_tools(server, model_dir):
                                                               result("c2"), *ask("Oslo")]},
                                 "messages[1]", None),
                                ({"tools": TOOLS, "messages": [*ask("Berlin"), said_call("c1")]},
-                                "messages[1]", None)]:
+                                "messages[1]", None),
+                               # an assistant's message: calls, each with its id and type, or content
+                               ({"tools": TOOLS, "messages": [*ask("Berlin"), no_calls]},
+                                "messages[1].tool_calls", None),
+                               ({"tools": TOOLS, "messages": [*ask("Berlin"), untyped, result("c1")]},
+                                "messages[1].tool_calls[0].type", None),
+                               ({"messages": [*ask("Berlin"), {"role": "assistant", "content": None},
+                                              *ask("Oslo")]}, "messages[1].content", None)]:
         status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, **extra}).encode())
         assert (status, reply["error"]["param"], reply["error"]["code"]) == (400, param, code), reply
     # what is valid but beyond the grammar (bounds past 16 digits) is no 400 unless a call is forced
@@ -558,7 +567,10 @@ def test_tool_choice_and_bad_tools(server, model_dir):
     assert status == 200, reply
     status, reply = server.post_raw("/v1/chat/completions", json.dumps(
         {**body, "tools": [big], "tool_choice": "required"}).encode())
-    assert status == 400 and "16 digits" in reply["error"]["message"], reply
+    assert (status, reply["error"]["param"]) == (400, "tools[0]") and "16 digits" in reply["error"]["message"]
+    typed = tool("find", {"type": ["object"], "properties": {"id": {"type": "integer"}}})  # a list of one
+    status, reply = server.post_raw("/v1/chat/completions", json.dumps({**body, "tools": [typed]}).encode())
+    assert status == 200, reply
     # a malformed call in the history is named, not a template's error
     history = [*ask("Berlin"), {"role": "assistant", "content": None, "tool_calls": [{"id": "c"}]},
                {"role": "tool", "tool_call_id": "c", "content": "9 C"}]
@@ -863,7 +875,9 @@ def test_messages_api_structured_output(server):
 
 
 F = {"name": "f", "input_schema": {}}
-USED = {"role": "assistant", "content": [{"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}
+RESULT = {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}
+USE = {"type": "tool_use", "id": "t1", "name": "f", "input": {}}
+USED = {"role": "assistant", "content": [USE]}
 
 
 def test_messages_api_errors_are_anthropics(server):
@@ -894,6 +908,15 @@ def test_messages_api_errors_are_anthropics(server):
                             {"type": "tool_result", "tool_use_id": "t1", "content": "9 C"}]}]},
                          "requests which include tool_use or tool_result blocks must define tools"),
                         ({"tools": [{"name": "f"}]}, "'tools[0].input_schema' is required"),
+                        ({"messages": [*ask("Oslo"), USED, {"role": "user", "content": [
+                            {"type": "text", "text": "here:"}, RESULT]}], "tools": [F]},
+                         "tool_result blocks must come first"),
+                        ({"messages": [*ask("Oslo"), USED, {"role": "user", "content": [RESULT, RESULT]}],
+                          "tools": [F]}, "tool_use_id 't1' has a tool_result block already"),
+                        ({"messages": [*ask("Oslo"), {**USED, "content": [{**USE, "id": "a.b c"}]}],
+                          "tools": [F]}, "'messages[1].content[0].id' must match"),
+                        ({"messages": [*ask("Oslo"), {**USED, "content": USED["content"] * 2}], "tools": [F]},
+                         "tool_use ids must be unique"),
                         ({"messages": [*ask("Oslo"), {"role": "assistant", "content": "It is "}]},
                          "final assistant content cannot end with trailing whitespace"),
                         ({"tools": [{"name": "pick", "strict": True,
