@@ -160,6 +160,10 @@ class JSONGrammar(CharConstraint):
             alts = None
         if schema.get("nullable") is True:  # OpenAPI's way to say "or null"
             alts = [*(alts or [rest]), {"type": "null"}]
+        if alts:  # an alternative none of its enum meets is none: {"type": ["string", "null"], "enum": [...]}
+            alts = [a for a in alts if not _never(a)] or _refuse_enum(schema)
+        elif _never(schema):
+            _refuse_enum(schema)
         if alts:
             members = {self._read(a, ctx) for a in alts}
             choices = {m for m in members if self.nodes[m][0] == "choice"}
@@ -742,11 +746,7 @@ def _enum(schema: dict) -> tuple[str, ...] | None:
     if not isinstance(values, list):
         return None
     texts = set()
-    allowed = [v for v in values if _meets(v, schema)]
-    if values and not allowed:
-        raise SchemaError(f"a JSON schema allows none of its {'const' if 'const' in schema else 'enum'} "
-                          "values (its type, bounds or lengths rule them out)")
-    for v in allowed:
+    for v in [v for v in values if _meets(v, schema)]:
         try:
             texts.add(json.dumps(v, ensure_ascii=False, allow_nan=False))
         except (TypeError, ValueError):
@@ -755,6 +755,18 @@ def _enum(schema: dict) -> tuple[str, ...] | None:
         if number and float(v).is_integer():
             texts |= {json.dumps(int(v)), json.dumps(float(v))}
     return tuple(sorted(texts))
+
+
+def _never(schema: dict) -> bool:
+    """Whether ``schema`` has an ``enum`` or ``const`` none of whose values :func:`_meets` it."""
+    values = [schema["const"]] if "const" in schema else schema.get("enum")
+    return isinstance(values, list) and bool(values) and not any(_meets(v, schema) for v in values)
+
+
+def _refuse_enum(schema: dict):
+    """The :class:`SchemaError` of a schema that no value of its enum (or const) meets."""
+    raise SchemaError(f"a JSON schema allows none of its {'const' if 'const' in schema else 'enum'} values "
+                      "(its type, bounds or lengths rule them out)")
 
 
 def _json_type(v) -> str:

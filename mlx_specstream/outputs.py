@@ -382,7 +382,7 @@ def terminate_cleanly() -> Iterator[Interrupts]:
         return
 
     def stop(signum, frame):
-        signal.signal(signal.SIGTERM, previous)  # a second SIGTERM acts at once (a stuck collective)
+        signal.signal(signal.SIGTERM, stop.outer)  # a second SIGTERM acts at once (a stuck collective)
         interrupts.seen = Terminated("terminated")
         raise interrupts.seen
 
@@ -396,13 +396,14 @@ def terminate_cleanly() -> Iterator[Interrupts]:
     previous = signal.signal(signal.SIGTERM, stop)
     if previous is None:  # a handler installed outside Python: the default stands in for it
         previous = signal.SIG_DFL
+    stop.outer = getattr(previous, "outer", previous)  # within another block, what was there before it
     on_int = signal.getsignal(signal.SIGINT)
     if callable(on_int):  # Python's own (KeyboardInterrupt) or a caller's; an ignored Ctrl-C stays so
         signal.signal(signal.SIGINT, interrupt)
     try:
         yield interrupts
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    finally:  # (after a SIGTERM, the next one acts at once out here too)
+        signal.signal(signal.SIGTERM, stop.outer if isinstance(interrupts.seen, Terminated) else previous)
         if callable(on_int):
             signal.signal(signal.SIGINT, on_int)
 

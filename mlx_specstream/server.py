@@ -228,7 +228,7 @@ def _check_calls(m: dict, at: str) -> None:
     :func:`~.data.chat_messages`); without calls, a ``content``."""
     calls = m.get("tool_calls")
     if calls is None:
-        if m.get("content") is None:
+        if m.get("content") is None and m.get("function_call") is None:  # (the legacy call stands for it)
             raise APIError(f"'{at}.content' is required where an assistant message has no 'tool_calls'",
                            f"{at}.content")
         return

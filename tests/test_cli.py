@@ -381,3 +381,25 @@ def test_a_core_ml_package_names_only_the_fixed_flags_given(tmp_path):
                           "pruning and tree size at export: drop --adapter and --gamma")
     res = cli("generate", "--model", pkg, "--node-cost", "0.1", "-p", "x")
     assert res.stderr.rstrip().endswith("at export: drop --node-cost"), res.stderr
+
+
+def test_a_second_sigterm_acts_at_once_inside_nested_blocks():
+    """Every command runs inside ``terminate_cleanly`` (SIGTERM said, as Ctrl-C), and writing or
+    training blocks nest theirs: after a first SIGTERM, the next one takes the default action (a
+    process stuck in native code, where no Python handler runs, still stops), not the outer
+    block's handler."""
+    import os
+    import signal
+    import time
+
+    from mlx_specstream.outputs import Terminated, terminate_cleanly
+
+    before = signal.getsignal(signal.SIGTERM)
+    with terminate_cleanly():
+        with terminate_cleanly():
+            with pytest.raises(Terminated):
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(10)
+            assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+        assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+    assert signal.getsignal(signal.SIGTERM) == before

@@ -244,6 +244,15 @@ def test_converted_directories_load_in_mlx_lm(families, tmp_path):
         assert np.abs(mlx_logits(ours, PROMPT) - np.array(theirs(mx.array(PROMPT)))).max() < 1e-5, dst
 
 
+def test_qwen3_moe_weights_as_given(tmp_path):
+    """``norm_topk_prob: false`` (transformers' default): the chosen experts' router probabilities
+    as they are, not renormalized (FAMILIES' model renormalizes)."""
+    hf, src = make_hf("qwen3_moe", tmp_path, norm_topk_prob=False)
+    model, _ = load(convert(src, tmp_path / "mlx"))
+    assert model.layers[0].mlp.norm_topk_prob is False
+    assert np.abs(mlx_logits(model, PROMPT) - torch_logits(hf, PROMPT)).max() < TOL
+
+
 @pytest.mark.parametrize("name", MIXTURES)
 @pytest.mark.parametrize("bits", [None, 4])
 def test_loads_mlx_lm_mixtures(families, tmp_path, name, bits):

@@ -166,6 +166,10 @@ def test_references_unions_and_bounds(tok):
             assert reads(c, tok, text) == valid, (text, valid)
     for schema, text, allowed in [
             ({"enum": [{"a": [1, "é"]}, [None]]}, '{"a": [1, "é"]}', True),  # as json.dumps writes them
+            ({"type": ["string", "null"], "enum": ["a", "b"]}, '"a"', True),  # the values its types allow
+            ({"type": ["string", "null"], "enum": ["a", "b"]}, "null", False),
+            ({"type": ["string", "null"], "enum": ["a", None]}, "null", True),
+            ({"type": "integer", "enum": [1, 5], "minimum": 3}, "1", False),
             ({"enum": [{"a": [1, "é"]}, [None]]}, "[null]", True), ({"const": {"a": 1}}, '{"a": 2}', False),
             ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, '"x"', True),
             ({"type": "string", "nullable": True}, "null", True),

@@ -18,7 +18,8 @@ from .base import Rope
 
 @dataclass
 class Args(llama.Args):
-    """Defaults are ``MixtralConfig``'s."""
+    """Defaults are ``MixtralConfig``'s for the experts (the llama family's otherwise: the import
+    writes the checkpoint's own, transformers' where it leaves them out)."""
 
     num_local_experts: int = 8
     num_experts_per_tok: int = 2
@@ -32,7 +33,7 @@ class Model(llama.Model):
 
     def block(self, args: Args, i: int, rope: Rope, **options) -> nn.Module:
         experts = moe.SparseMoE(args.hidden_size, args.intermediate_size, args.num_local_experts,
-                                args.num_experts_per_tok, True, args.hidden_act)
+                                args.num_experts_per_tok, True, args.hidden_act, weights_in_float32=True)
         return super().block(args, i, rope, mlp=experts, **options)
 
     def sanitize(self, weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..errors import UnsupportedModelError
 from ..lora import project
 from .base import activation
 
@@ -32,23 +33,27 @@ class SwitchLinear(nn.Module):
     def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
         return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=experts)
 
-    def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine", **_) -> nn.Module:
-        """The layer quantized as ``nn.quantize`` quantizes a linear layer (each expert's rows)."""
-        return QuantizedSwitchLinear(self.weight, group_size, bits, mode)
+    def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine", **options) -> nn.Module:
+        """The layer quantized as ``nn.quantize`` quantizes a linear layer (each expert's rows), in
+        MLX's affine mode (the others, and their options, are refused by name)."""
+        if mode != "affine" or options:
+            raise UnsupportedModelError(f"the experts of a mixture are quantized in affine mode only, not "
+                                        f"{mode}{' with ' + ', '.join(options) if options else ''}")
+        return QuantizedSwitchLinear(self.weight, group_size, bits)
 
 
 class QuantizedSwitchLinear(nn.Module):
     """:class:`SwitchLinear` with MLX's group-wise quantized weights (``scales``, ``biases``)."""
 
-    def __init__(self, weight: mx.array, group_size: int = 64, bits: int = 4, mode: str = "affine"):
+    def __init__(self, weight: mx.array, group_size: int = 64, bits: int = 4):
         super().__init__()
-        self.group_size, self.bits, self.mode = group_size, bits, mode
-        self.weight, self.scales, self.biases = mx.quantize(weight, group_size=group_size, bits=bits,
-                                                            mode=mode)
+        self.group_size, self.bits = group_size, bits
+        self.weight, self.scales, self.biases = mx.quantize(weight, group_size=group_size, bits=bits)
+        self.freeze()  # as nn.QuantizedLinear: its integers are not trained
 
     def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
         return mx.gather_qmm(x, self.weight, self.scales, self.biases, rhs_indices=experts, transpose=True,
-                             group_size=self.group_size, bits=self.bits, mode=self.mode)
+                             group_size=self.group_size, bits=self.bits)
 
 
 class Experts(nn.Module):
@@ -71,11 +76,13 @@ class Experts(nn.Module):
 class SparseMoE(nn.Module):
     """The router (``gate``) and the :class:`Experts` (``switch_mlp``, mlx-lm's name)."""
 
-    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int, norm_topk_prob: bool, act: str):
+    def __init__(self, dim: int, hidden: int, n_experts: int, top_k: int, norm_topk_prob: bool, act: str,
+                 weights_in_float32: bool = False):
         super().__init__()
         self.gate = nn.Linear(dim, n_experts, bias=False)
         self.switch_mlp = Experts(dim, hidden, n_experts, act)
         self.top_k, self.norm_topk_prob = top_k, norm_topk_prob
+        self.weights_in_float32 = weights_in_float32  # Mixtral's; Qwen3-MoE's are cast to the model's dtype
 
     def __call__(self, x: mx.array, n_main: int | None = None) -> mx.array:
         probs = mx.softmax(project(self.gate, x, n_main).astype(mx.float32), axis=-1)
@@ -84,6 +91,8 @@ class SparseMoE(nn.Module):
         if self.norm_topk_prob:
             weights = weights / weights.sum(axis=-1, keepdims=True)
         out = self.switch_mlp(x, experts)
+        if self.weights_in_float32:  # each expert's share in float32, then in the model's dtype
+            return (out * weights[..., None]).astype(out.dtype).sum(axis=-2)
         return (out * weights.astype(out.dtype)[..., None]).sum(axis=-2)
 
 
