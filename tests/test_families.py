@@ -23,7 +23,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from test_import import convert_ok, mlx_logits, torch_logits  # noqa: E402
+from test_import import convert_ok, mlx_lm_dir, mlx_logits, torch_logits  # noqa: E402
 from test_train import lossless_stream_logits  # noqa: E402
 
 from mlx_specstream import load  # noqa: E402
@@ -259,19 +259,10 @@ def test_loads_mlx_lm_mixtures(families, tmp_path, name, bits):
     """A mixture of experts as mlx-lm writes it (read from the checkpoint, its experts stacked
     under its names, quantized by it too) loads here with mlx-lm's logits (a prompt within
     Mixtral's window: mlx-lm's Mixtral has none)."""
-    from mlx_lm.utils import load_model as mlx_lm_load
-    from mlx_lm.utils import quantize_model, save_config, save_model
-
     _, src, dst = families[name]
     # (mlx-lm does not read a transformers-5 Qwen3-MoE config: it reads ours)
-    theirs, config = mlx_lm_load(src if name == "mixtral" else dst)
-    if bits:
-        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
-    lm_dir = tmp_path / "mlx-lm"
-    lm_dir.mkdir()
-    save_model(lm_dir, theirs)
-    save_config(dict(config), lm_dir / "config.json")
-    ours, _ = load(lm_dir)
+    theirs = mlx_lm_dir(src if name == "mixtral" else dst, tmp_path / "mlx-lm", bits)
+    ours, _ = load(tmp_path / "mlx-lm")
     ids = PROMPT[:, :WINDOW]
     assert np.abs(mlx_logits(ours, ids) - np.array(theirs(mx.array(ids)))).max() < 1e-5
 

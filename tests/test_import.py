@@ -280,24 +280,31 @@ def test_python_api(converted, tmp_path):
 
 # --- mlx-lm directories -------------------------------------------------------------------
 
+def mlx_lm_dir(src: Path, dest: Path, bits: int | None = None):
+    """A directory written by mlx-lm from the model it reads at ``src``, with its own save
+    utilities (quantized by it to ``bits``, groups of 32, where given); returns its model."""
+    from mlx_lm.utils import load_model as mlx_lm_load
+    from mlx_lm.utils import quantize_model, save_config, save_model
+
+    theirs, config = mlx_lm_load(src)
+    if bits:
+        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
+    dest.mkdir()
+    save_model(dest, theirs)
+    save_config(dict(config), dest / "config.json")
+    return theirs
+
+
 @pytest.mark.parametrize("name", ["llama", "qwen2", "phi3"])
 @pytest.mark.parametrize("bits", [None, 4])
 def test_loads_mlx_lm_directories(converted, tmp_path, name, bits):
     """A directory written by mlx-lm (its own save utilities, optionally its own quantization)
     loads with ours and gives mlx-lm's logits."""
-    from mlx_lm.utils import load_model as mlx_lm_load
-    from mlx_lm.utils import quantize_model, save_config, save_model
-
     hf, src, dst = converted[name]
     # mlx-lm reads HF safetensors dirs and ours (same tensor names), except phi3, which mlx-lm
     # keeps fused (qkv_proj, gate_up_proj) and we split: it reads that one from the HF dir.
-    theirs, config = mlx_lm_load(src if name == "phi3" else dst)
-    if bits:
-        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
     lm_dir = tmp_path / "mlx-lm"
-    lm_dir.mkdir()
-    save_model(lm_dir, theirs)
-    save_config(dict(config), lm_dir / "config.json")
+    theirs = mlx_lm_dir(src if name == "phi3" else dst, lm_dir, bits)
     if name == "phi3":  # mlx-lm keeps phi3's fused qkv_proj / gate_up_proj
         assert any("qkv_proj" in k for k in mx.load(str(next(lm_dir.glob("*.safetensors")))))
     ours, _ = load(lm_dir)
