@@ -73,6 +73,8 @@ def make_hf(name, root, **overrides):
     config = config_fn()
     for key, value in overrides.items():
         setattr(config, key, value)
+    if getattr(config, "no_rope_layers", None):  # SmolLM3's, one per layer: as many as are left
+        config.no_rope_layers = config.no_rope_layers[:config.num_hidden_layers]
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():
         for p in model.parameters():
