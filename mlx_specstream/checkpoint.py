@@ -92,7 +92,7 @@ def _lock(work: Path) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
-            holder = os.read(fd, 32).decode(errors="replace").strip() or "?"
+            holder = _holder(fd)
             os.close(fd)
             if e.errno in HELD:
                 _refuse(work, holder)
@@ -109,6 +109,11 @@ def _lock(work: Path) -> int | None:
             return fd
         os.close(fd)
     _refuse(work, "?")
+
+
+def _holder(fd: int) -> str:
+    """The process a held lock file names (its pid, as :func:`_lock` writes it), or "?"."""
+    return os.read(fd, 32).decode(errors="replace").strip() or "?"
 
 
 def _refuse(work: Path, holder: str):
@@ -132,7 +137,7 @@ def check_run_free(work: Path) -> None:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
     except OSError as e:
         if e.errno in HELD:
-            _refuse(work, os.read(fd, 32).decode(errors="replace").strip() or "?")
+            _refuse(work, _holder(fd))
     finally:
         os.close(fd)
 

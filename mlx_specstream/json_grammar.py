@@ -741,9 +741,9 @@ def _enum(schema: dict) -> tuple[str, ...] | None:
     (:func:`_meets`), as JSON writes them, sorted (a number both as an integer and with ``.0``
     where it is whole, as JSON Schema counts them equal; an object or an array as ``json.dumps``
     writes it, one of the texts of that value); None where it has neither, empty where a value is
-    one JSON cannot write (NaN, an infinity); a :class:`SchemaError` where none is allowed."""
-    values = [schema["const"]] if "const" in schema else schema.get("enum")
-    if not isinstance(values, list):
+    one JSON cannot write (NaN, an infinity) or none is allowed (:func:`_never`)."""
+    values = _listed(schema)
+    if values is None:
         return None
     texts = set()
     for v in [v for v in values if _meets(v, schema)]:
@@ -759,8 +759,14 @@ def _enum(schema: dict) -> tuple[str, ...] | None:
 
 def _never(schema: dict) -> bool:
     """Whether ``schema`` has an ``enum`` or ``const`` none of whose values :func:`_meets` it."""
+    values = _listed(schema)
+    return bool(values) and not any(_meets(v, schema) for v in values)
+
+
+def _listed(schema: dict) -> list | None:
+    """A schema's ``const`` (as one value) or ``enum`` values; None where it has neither."""
     values = [schema["const"]] if "const" in schema else schema.get("enum")
-    return isinstance(values, list) and bool(values) and not any(_meets(v, schema) for v in values)
+    return values if isinstance(values, list) else None
 
 
 def _refuse_enum(schema: dict):

@@ -131,6 +131,15 @@ class Rope:
         return mx.concatenate([rotated, rest], axis=-1) if rest.shape[-1] else rotated
 
 
+def rope_scaling(cfg: dict) -> tuple[dict, str]:
+    """The rotary scaling a config asks for (``rope_scaling``, else transformers-5
+    ``rope_parameters``; {} where neither is an object) and its kind (``rope_type``, or the older
+    ``type``; "default")."""
+    scaling = cfg.get("rope_scaling") or cfg.get("rope_parameters") or {}
+    scaling = scaling if isinstance(scaling, dict) else {}
+    return scaling, scaling.get("rope_type", scaling.get("type", "default"))
+
+
 def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
     """Build the rotary embedding of a config, with the static scaling variants HF configs use.
 
@@ -141,8 +150,7 @@ def make_rope(cfg: dict, head_dim: int, default_partial: float = 1.0) -> Rope:
         if not isinstance(cfg.get(key) or {}, dict):
             raise ConfigError(f"config.json: {key} is {cfg[key]!r}, which is not an object")
     params = dict(cfg.get("rope_parameters") or {})
-    scaling = cfg.get("rope_scaling") or params
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    scaling, kind = rope_scaling(cfg)
 
     def number(key: str, default=None, source: dict = scaling) -> float:
         """``source[key]`` (``default`` when absent), a positive number, or a ConfigError."""
@@ -377,8 +385,8 @@ def max_positions(config: dict) -> int | None:
     check_value("max_position_embeddings", n, "int")
     if n < 1:
         raise ConfigError(f"config.json: max_position_embeddings is {n}, which is not at least 1")
-    scaling = config.get("rope_scaling") or config.get("rope_parameters") or {}
-    if isinstance(scaling, dict) and scaling.get("rope_type", scaling.get("type")) in LONGROPE:
+    scaling, kind = rope_scaling(config)
+    if kind in LONGROPE:
         old = scaling.get("original_max_position_embeddings", config.get("original_max_position_embeddings"))
         if isinstance(old, int) and not isinstance(old, bool) and 0 < old < n:
             return old
