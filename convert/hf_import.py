@@ -301,9 +301,8 @@ def convert(
             if key in out_cfg:
                 out_cfg[key] = dtype
     if asked:
-        quantize_model(model, *asked)
+        out_cfg["quantization"] = quantize_model(model, *asked)
         mx.eval(model.parameters())
-        out_cfg["quantization"] = {"group_size": asked[1], "bits": asked[0]}
 
     with atomic_dir(dest, "model", overwrite=overwrite) as tmp:
         save_model(model, out_cfg, tmp)

@@ -17,6 +17,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from .arch import CausalLM, build_model
+from .arch.moe import router_quantization
 from .device import on_gpu
 from .errors import CheckpointError, OptionError, SaidInOptions, check_path, check_switch, verbatim
 from .machine import warn
@@ -128,11 +129,14 @@ def check_dtype(dtype: str | None) -> None:
         raise OptionError(f"{{dtype}} must be one of {', '.join(DTYPES)}, not {verbatim(repr(dtype))}")
 
 
-def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
-    """Quantize every layer :func:`quantize_predicate` allows; returns how many. None allowed is
-    an error; some left in float (input sizes that do not divide into groups) a warning."""
+def quantize_model(model: nn.Module, bits: int, group_size: int) -> dict:
+    """Quantize every layer :func:`quantize_predicate` allows, a mixture's routers as
+    :func:`~mlx_specstream.arch.moe.router_quantization` says; returns the config's
+    ``quantization`` (with those per-layer settings, which a load, ours or mlx-lm's, reads). None
+    allowed is an error; some left in float (input sizes that do not divide into groups) a warning."""
     check_quantization(bits, group_size)
-    layers = [m for _, m in model.named_modules() if hasattr(m, "to_quantized")]
+    per_layer = router_quantization(model)
+    layers = [m for p, m in model.named_modules() if hasattr(m, "to_quantized") and p not in per_layer]
     fits = sum(quantize_predicate(group_size)("", m) for m in layers)
     if not fits:
         raise OptionError(f"{{q_group_size={group_size}}}: no layer's input size divides into groups of "
@@ -141,8 +145,10 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> int:
     if fits < len(layers):
         warn(f"{len(layers) - fits} of {len(layers)} layers stay in float: their input sizes do not divide "
              f"into groups of {group_size}")
-    nn.quantize(model, group_size=group_size, bits=bits, class_predicate=quantize_predicate(group_size))
-    return fits
+    fitting = quantize_predicate(group_size)
+    nn.quantize(model, group_size=group_size, bits=bits,
+                class_predicate=lambda p, m: per_layer[p] if p in per_layer else fitting(p, m))
+    return {"group_size": group_size, "bits": bits, **per_layer}
 
 
 def apply_weights(model: CausalLM, weights: dict[str, mx.array], dtype=None) -> None:
@@ -223,8 +229,9 @@ def load_model(path: str | Path, dtype: str | None = None,
                               subject=str(path))
         # Quantized layers are the ones stored with scales (ours and mlx-lm's); mlx-lm may
         # also list per-layer settings (False, or a dict of parameters) by module path.
+        per_layer = _per_layer(model, q)
         nn.quantize(model, group_size=q["group_size"], bits=q["bits"], mode=q.get("mode", "affine"),
-                    class_predicate=lambda p, m: q[p] if p in q else (
+                    class_predicate=lambda p, m: per_layer[p] if p in per_layer else (
                         hasattr(m, "to_quantized") and f"{p}.scales" in weights))
     # half-precision matmuls have no BLAS path on the CPU: fp32 is the fast path there
     upcast = dtype is None and not on_gpu() and any(
@@ -240,6 +247,17 @@ def load_model(path: str | Path, dtype: str | None = None,
         mx.eval(model.parameters())
     model.eval()
     return model
+
+
+def _per_layer(model: CausalLM, quantization: dict) -> dict:
+    """A config's per-layer quantization settings (mlx-lm's: module path -> False or a dict of
+    parameters) by our module paths: a checkpoint's module is renamed, split or dropped as
+    ``model.sanitize`` does its weights (Mixtral's ``block_sparse_moe`` is our ``mlp``, phi3's fused
+    ``qkv_proj`` our ``q_proj``, ``k_proj`` and ``v_proj``)."""
+    placeholder = mx.zeros((1,))
+    return {ours.removesuffix(".weight"): setting
+            for theirs, setting in quantization.items() if isinstance(setting, bool | dict)
+            for ours in model.sanitize({f"{theirs}.weight": placeholder})}
 
 
 @contextmanager
@@ -291,7 +309,12 @@ def _said_of(e: OSError, tmp: Path, dest: Path) -> OSError:
 
 
 def save_model(model: CausalLM, config: dict, dest: Path) -> None:
-    """Write config + weights into an existing directory ``dest`` (use inside atomic_dir)."""
-    weights = dict(_flatten(model.parameters()))
+    """Write config + weights into an existing directory ``dest`` (use inside atomic_dir), by the
+    names the family saves them under (:meth:`~mlx_specstream.arch.base.CausalLM.saved_name`,
+    the config's per-layer quantization settings too)."""
+    weights = {model.saved_name(k): v for k, v in _flatten(model.parameters())}
+    if "quantization" in config:
+        saved = {model.saved_name(k): v for k, v in config["quantization"].items()}
+        config = {**config, "quantization": saved}
     save_safetensors(dest / "model.safetensors", weights, metadata={"format": "mlx", **WEIGHTS_MARK})
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))

@@ -256,14 +256,18 @@ def test_qwen3_moe_weights_as_given(tmp_path):
 
 
 @pytest.mark.parametrize("name", MIXTURES)
-@pytest.mark.parametrize("bits", [None, 4])
+@pytest.mark.parametrize("bits", [None, 4, "mixed_3_6"])
 def test_loads_mlx_lm_mixtures(families, tmp_path, name, bits):
     """A mixture of experts as mlx-lm writes it (read from the checkpoint, its experts stacked
-    under its names, quantized by it too) loads here with mlx-lm's logits (a prompt within
+    under its names, quantized by it too: Qwen3-MoE's router at 8 bits, a mixed-precision recipe's
+    settings under Mixtral's ``block_sparse_moe``) loads here with mlx-lm's logits (a prompt within
     Mixtral's window: mlx-lm's Mixtral has none)."""
     _, src, dst = families[name]
     # (mlx-lm does not read a transformers-5 Qwen3-MoE config: it reads ours)
     theirs = mlx_lm_dir(src if name == "mixtral" else dst, tmp_path / "mlx-lm", bits)
+    if name == "mixtral":  # and ours of Mixtral, which keep its names
+        assert np.abs(np.array(mlx_lm_dir(dst, tmp_path / "ours", bits)(mx.array(PROMPT[:, :WINDOW])))
+                      - np.array(theirs(mx.array(PROMPT[:, :WINDOW])))).max() < 1e-5
     ours, _ = load(tmp_path / "mlx-lm")
     ids = PROMPT[:, :WINDOW]
     assert np.abs(mlx_logits(ours, ids) - np.array(theirs(mx.array(ids)))).max() < 1e-5
@@ -365,6 +369,32 @@ def test_quantized_load(families, tmp_path, name):
         assert np.abs(got - mlx_logits(dequantized, PROMPT)).max() < TOL
         rel[bits] = np.linalg.norm(got - ref) / np.linalg.norm(ref)
     assert rel[8] < 0.1 and rel[8] < rel[4] / 4, rel
+
+
+@pytest.mark.parametrize("name", MIXTURES)
+def test_quantized_mixture_keeps_routers_at_8_bits(families, tmp_path, name):
+    """``-q`` at 4 bits quantizes a mixture's routers as mlx-lm does Qwen3-MoE's (8 bits, groups of
+    64), at convert and at load time alike, and writes them in the config, which mlx-lm reads."""
+    import mlx.nn as nn
+    from mlx_lm.utils import load_model as mlx_lm_load
+
+    _, src, dst = families[name]
+    path = convert(src, tmp_path / "q4", q_bits=4, q_group_size=32)
+    config = json.loads((path / "config.json").read_text())["quantization"]
+    layers = range(4) if name == "mixtral" else (0, 2, 3)  # (Qwen3-MoE's second layer is dense)
+    routers = [f"model.layers.{i}.mlp.gate" for i in layers]
+    saved = [r.replace(".mlp.", ".block_sparse_moe.") if name == "mixtral" else r  # (mlx-lm's name)
+             for r in routers]
+    assert config == {"group_size": 32, "bits": 4, **{r: {"group_size": 64, "bits": 8} for r in saved}}
+    for model in (load_model(path), load_model(dst, quantize=(4, 32))):
+        modules = dict(model.named_modules())
+        assert all(isinstance(modules[r], nn.QuantizedLinear)
+                   and (modules[r].bits, modules[r].group_size) == (8, 64) for r in routers)
+        assert modules["model.layers.0.mlp.switch_mlp.up_proj"].bits == 4
+        assert np.abs(mlx_logits(model, PROMPT) - mlx_logits(load_model(path), PROMPT)).max() == 0
+    theirs, _ = mlx_lm_load(path)
+    ids = PROMPT[:, :WINDOW]  # (mlx-lm's Mixtral has no window)
+    assert np.abs(mlx_logits(load_model(path), ids) - np.array(theirs(mx.array(ids)))).max() < 1e-5
 
 
 @pytest.mark.parametrize("name", EXPORTED)

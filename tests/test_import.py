@@ -280,15 +280,19 @@ def test_python_api(converted, tmp_path):
 
 # --- mlx-lm directories -------------------------------------------------------------------
 
-def mlx_lm_dir(src: Path, dest: Path, bits: int | None = None):
+def mlx_lm_dir(src: Path, dest: Path, bits: int | str | None = None):
     """A directory written by mlx-lm from the model it reads at ``src``, with its own save
-    utilities (quantized by it to ``bits``, groups of 32, where given); returns its model."""
+    utilities (quantized by it to ``bits``, groups of 32, where given; a string is one of its
+    mixed-precision recipes, which lists per-layer settings in the config); returns its model."""
+    from mlx_lm.convert import mixed_quant_predicate_builder
     from mlx_lm.utils import load_model as mlx_lm_load
     from mlx_lm.utils import quantize_model, save_config, save_model
 
     theirs, config = mlx_lm_load(src)
     if bits:
-        theirs, config = quantize_model(theirs, config, group_size=32, bits=bits)
+        recipe = mixed_quant_predicate_builder(bits, theirs, 32) if isinstance(bits, str) else None
+        theirs, config = quantize_model(theirs, config, group_size=32, bits=4, quant_predicate=recipe) \
+            if recipe else quantize_model(theirs, config, group_size=32, bits=bits)
     dest.mkdir()
     save_model(dest, theirs)
     save_config(dict(config), dest / "config.json")
@@ -296,10 +300,11 @@ def mlx_lm_dir(src: Path, dest: Path, bits: int | None = None):
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen2", "phi3"])
-@pytest.mark.parametrize("bits", [None, 4])
+@pytest.mark.parametrize("bits", [None, 4, "mixed_3_6"])
 def test_loads_mlx_lm_directories(converted, tmp_path, name, bits):
-    """A directory written by mlx-lm (its own save utilities, optionally its own quantization)
-    loads with ours and gives mlx-lm's logits."""
+    """A directory written by mlx-lm (its own save utilities, optionally its own quantization,
+    mixed-precision too: phi3's per-layer settings name its fused layers) loads with ours and gives
+    mlx-lm's logits."""
     hf, src, dst = converted[name]
     # mlx-lm reads HF safetensors dirs and ours (same tensor names), except phi3, which mlx-lm
     # keeps fused (qkv_proj, gate_up_proj) and we split: it reads that one from the HF dir.

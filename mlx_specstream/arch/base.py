@@ -407,6 +407,11 @@ class CausalLM(nn.Module):
         """Tokens the model can hold (prompt + generated), or None when its config sets none."""
         return max_positions(self.config)
 
+    def saved_name(self, path: str) -> str:
+        """A parameter's or module's name in a directory we write: ours, which mlx-lm reads too
+        (a family whose mlx-lm names differ says them here; ``sanitize`` reads them back)."""
+        return path
+
     def embed(self, tokens: mx.array, positions: mx.array) -> mx.array:
         raise NotImplementedError
 

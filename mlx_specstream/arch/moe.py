@@ -96,6 +96,18 @@ class SparseMoE(nn.Module):
         return (out * weights.astype(out.dtype)[..., None]).sum(axis=-2)
 
 
+ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}  # mlx-lm's: the router picks the experts
+
+
+def router_quantization(model: nn.Module) -> dict[str, dict | bool]:
+    """Each router's quantization, by module path, whatever bits the rest of ``model`` is quantized
+    to: :data:`ROUTER_QUANTIZATION`, as mlx-lm quantizes Qwen3-MoE's, or float (``False``) where
+    the hidden size does not divide into its groups."""
+    return {f"{path}.gate": ROUTER_QUANTIZATION
+            if m.gate.weight.shape[-1] % ROUTER_QUANTIZATION["group_size"] == 0 else False
+            for path, m in model.named_modules() if isinstance(m, SparseMoE)}
+
+
 def stack_experts(weights: dict[str, mx.array], n_experts: int, layers: int, prefix: str,
                   names: dict[str, str]) -> dict[str, mx.array]:
     """A Hugging Face checkpoint's per-expert weights (``{prefix}.experts.{e}.{name}.weight``, for
