@@ -372,6 +372,35 @@ def test_quantized_load(families, tmp_path, name):
 
 
 @pytest.mark.parametrize("name", MIXTURES)
+def test_grouped_experts(families, name, monkeypatch):
+    """Past ``GROUPED_FROM`` (row, expert) pairs, the pairs run grouped by expert: transformers'
+    logits still, and the same values and gradients as the pairs run one by one, float and int4."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mlx_specstream.arch import moe
+
+    hf, _, dst = families[name]
+    ids = np.random.default_rng(2).integers(0, 100, (2, 24))  # 96 pairs a layer
+    assert ids.size * 2 >= moe.GROUPED_FROM
+    model, _ = load(dst)
+    assert np.abs(mlx_logits(model, ids) - torch_logits(hf, ids)).max() < TOL
+
+    def loss(m, x):
+        return nn.losses.cross_entropy(m(x)[:, :-1], x[:, 1:]).mean()
+
+    for quantize in (None, (4, 32)):
+        model = load_model(dst, quantize=quantize)
+        x = mx.array(ids)
+        grouped = nn.value_and_grad(model, loss)(model, x)
+        monkeypatch.setattr(moe, "GROUPED_FROM", 10**9)
+        one_by_one = nn.value_and_grad(model, loss)(model, x)
+        monkeypatch.undo()
+        for a, b in zip(tree_flatten(grouped), tree_flatten(one_by_one), strict=True):
+            assert a[0] == b[0] and np.abs(np.array(a[1]) - np.array(b[1])).max() < 1e-6, a[0]
+
+
+@pytest.mark.parametrize("name", MIXTURES)
 def test_quantized_mixture_keeps_routers_at_8_bits(families, tmp_path, name):
     """``-q`` at 4 bits quantizes a mixture's routers as mlx-lm does Qwen3-MoE's (8 bits, groups of
     64), at convert and at load time alike, and writes them in the config, which mlx-lm reads."""

@@ -30,8 +30,8 @@ class SwitchLinear(nn.Module):
         super().__init__()
         self.weight = mx.zeros((n_experts, dims_out, dims_in))
 
-    def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
-        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=experts)
+    def __call__(self, x: mx.array, experts: mx.array, grouped: bool = False) -> mx.array:
+        return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=experts, sorted_indices=grouped)
 
     def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine", **options) -> nn.Module:
         """The layer quantized as ``nn.quantize`` quantizes a linear layer (each expert's rows), in
@@ -51,9 +51,12 @@ class QuantizedSwitchLinear(nn.Module):
         self.weight, self.scales, self.biases = mx.quantize(weight, group_size=group_size, bits=bits)
         self.freeze()  # as nn.QuantizedLinear: its integers are not trained
 
-    def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
+    def __call__(self, x: mx.array, experts: mx.array, grouped: bool = False) -> mx.array:
         return mx.gather_qmm(x, self.weight, self.scales, self.biases, rhs_indices=experts, transpose=True,
-                             group_size=self.group_size, bits=self.bits)
+                             group_size=self.group_size, bits=self.bits, sorted_indices=grouped)
+
+
+GROUPED_FROM = 64  # (row, expert) pairs from which they run grouped by expert (mlx-lm's threshold)
 
 
 class Experts(nn.Module):
@@ -67,10 +70,21 @@ class Experts(nn.Module):
         self.act = activation(act)
 
     def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
-        """x (B, T, D), experts (B, T, k) -> each row through each of its experts (B, T, k, D)."""
-        x = x[..., None, None, :]
-        h = self.act(self.gate_proj(x, experts)) * self.up_proj(x, experts)
-        return self.down_proj(h, experts).squeeze(-2)
+        """x (B, T, D), experts (B, T, k) -> each row through each of its experts (B, T, k, D).
+
+        From :data:`GROUPED_FROM` (row, expert) pairs on (prefills, training, large trees), the
+        pairs run grouped by expert, each expert's weights read once, then are put back in order:
+        the same values (each pair is its own product), several times faster."""
+        if experts.size < GROUPED_FROM:
+            x = x[..., None, None, :]
+            h = self.act(self.gate_proj(x, experts)) * self.up_proj(x, experts)
+            return self.down_proj(h, experts).squeeze(-2)
+        k, flat = experts.shape[-1], experts.flatten()
+        order = mx.argsort(flat)
+        rows, by_expert = x.reshape(-1, 1, x.shape[-1])[order // k], flat[order]  # (N·k, 1, D), (N·k,)
+        h = self.act(self.gate_proj(rows, by_expert, True)) * self.up_proj(rows, by_expert, True)
+        out = self.down_proj(h, by_expert, True)[mx.argsort(order)]
+        return out.reshape(*experts.shape, x.shape[-1])
 
 
 class SparseMoE(nn.Module):
