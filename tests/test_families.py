@@ -398,6 +398,8 @@ def test_grouped_experts(families, name, monkeypatch):
         monkeypatch.undo()
         for a, b in zip(tree_flatten(grouped), tree_flatten(one_by_one), strict=True):
             assert a[0] == b[0] and np.abs(np.array(a[1]) - np.array(b[1])).max() < 1e-6, a[0]
+    new_adapter(model, gamma=3, msa_layers=2, seed=4)  # tree passes of up to 40 rows grouped, AR's not
+    check_lossless(model, [4, 1, 6], n=24, branch=4, tree_budget=40)
 
 
 @pytest.mark.parametrize("name", MIXTURES)
