@@ -8,7 +8,8 @@ What a schema says, as far as it reads as a grammar (:meth:`JSONGrammar._read`):
 and integer with ``minimum``, ``maximum`` and their exclusive forms (then written without an
 exponent); boolean, null, array with ``items``, ``minItems`` and ``maxItems``, object; a list of
 types), ``properties`` (each key once, in any order, only those named:
-``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it) with
+``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it; none
+where ``properties`` is empty, as OpenAI writes a function without arguments) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
 ``dict[str, X]``), each key once there too, as in any object (a parser would keep only the
 last value; ``"a"`` and ``"\\u0061"`` are one key); ``enum`` and ``const`` (an object or array
@@ -213,10 +214,10 @@ class JSONGrammar(CharConstraint):
             required = frozenset(r for r in listed if isinstance(r, str) and r in props)
             return self._add(("object", tuple(sorted((self.literal(k), self._read(props[k], ctx))
                                                     for k in props)), required))
-        if not props and extra is False:  # no property may be written
-            return self._add(EMPTY_OBJECT)
         if not props and isinstance(extra, dict) and extra:
             return self._add(("map", self._read(extra, ctx)))
+        if props == {} or not props and extra is False:  # no property may be written (none is named)
+            return self._add(EMPTY_OBJECT)
         return self._add(FREE_OBJECT)
 
     def _unread(self, schema: dict) -> None:
@@ -926,6 +927,9 @@ def json_constraint(tokenizer, schema: dict | None = None) -> JSONValue:
     return _shared(tokenizer, json.dumps(schema, sort_keys=True))
 
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # a response format's name, as OpenAI's
+
+
 def response_constraint(tokenizer, response_format) -> JSONValue | None:
     """The constraint of OpenAI's ``response_format``: None for ``{"type": "text"}`` (or None), any
     JSON object for ``{"type": "json_object"}``, the schema's values for ``{"type": "json_schema",
@@ -936,6 +940,9 @@ def response_constraint(tokenizer, response_format) -> JSONValue | None:
     if kind == "json_object":
         return json_constraint(tokenizer)
     spec = response_format.get("json_schema") if kind == "json_schema" else None
+    if isinstance(spec, dict) and not (isinstance(spec.get("name"), str) and _NAME.fullmatch(spec["name"])):
+        raise ValueError("response_format.json_schema needs a 'name' of letters, digits, underscores and "
+                         "dashes, at most 64 (OpenAI's rule)")
     if not isinstance(spec, dict) or not isinstance(spec.get("schema", {}), dict):
         raise ValueError("response_format must be {\"type\": \"text\"}, {\"type\": \"json_object\"} or "
                          "{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}}}")

@@ -193,6 +193,8 @@ def chat_request(body: dict) -> dict:
     _check_tool_blocks(body["messages"], bool(body.get("tools")))
     system = body.get("system")
     system = [] if system is None else [{"role": "system", "content": _text(system, "system")}]
+    if system and not system[0]["content"]:
+        system = []  # "" or no blocks: no system prompt, as Anthropic reads them
     chat = {"model": body["model"], "max_tokens": body["max_tokens"], "stream": body.get("stream"),
             "messages": system + [t for i, m in enumerate(body["messages"]) for t in _message(m, i)]}
     if len(chat["messages"]) > 1 and chat["messages"][-1] == {"role": "assistant", "content": ""}:
@@ -251,14 +253,43 @@ def count_request(body: dict) -> dict:
 
 
 def _tool_use(call_id: str, name: str, args: str) -> dict:
-    """An OpenAI tool call (its id, name and arguments' text) as Anthropic's ``tool_use`` block
-    (its input an object: arguments that are not a JSON object are kept as ``{"arguments": text}``)."""
-    try:
-        given = utf8_safe(json.loads(args))
-    except ValueError:
-        given = None
-    given = given if isinstance(given, dict) else {"arguments": args}
-    return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name, "input": given}
+    """An OpenAI tool call (its id, name and arguments' text) as Anthropic's ``tool_use`` block,
+    its input an object: :func:`_complete_members` of the arguments."""
+    return {"type": "tool_use", "id": "toolu_" + call_id.removeprefix("call_"), "name": name,
+            "input": utf8_safe(_complete_members(args))}
+
+
+_NUMBER = "0123456789.eE+-"  # what a JSON number is written with
+
+
+def _complete_members(text: str) -> dict:
+    """The object ``text`` writes, or, where it is cut off (``max_tokens``, a stop sequence), the
+    object as far as its complete members go: what Anthropic's SDK reads from the same text streamed
+    as ``input_json_delta`` pieces, so that a whole reply says what a stream does. ``{}`` where the
+    text begins no object.
+
+    Example: ``{"city": "Paris", "unit": "ce`` -> ``{"city": "Paris"}``; ``{"city": "Pa`` -> ``{}``.
+    """
+    closers, in_string, escaped, ends = [], False, False, []  # ends: (where a candidate ends, its closers)
+    for i, ch in enumerate(text):
+        if in_string:
+            escaped, in_string = not escaped and ch == "\\", escaped or ch != '"'
+        elif ch == '"':
+            in_string = True
+        elif ch in "{[":
+            closers.append("}" if ch == "{" else "]")
+        elif ch in "}]" and closers:
+            closers.pop()
+        if not in_string and not (ch in _NUMBER and text[i + 1: i + 2] in tuple(_NUMBER)):  # not in a number
+            ends.append((i + 1, "".join(reversed(closers))))
+    for end, close in reversed(ends):  # the longest that reads, most often at once
+        try:
+            value = json.loads(text[:end] + close)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
 
 
 class MessageReply(Reply):
@@ -278,7 +309,7 @@ class MessageReply(Reply):
                 "usage": {"input_tokens": stats.prompt_tokens, "output_tokens": output_tokens}}
 
     def _stop(self, finish: str | None, stop_sequence: str | None) -> tuple[str | None, str | None]:
-        if finish == "stop" and stop_sequence is not None:
+        if stop_sequence is not None:  # in text or in a call (whose input is then cut off)
             return "stop_sequence", stop_sequence
         return STOP_REASONS.get(finish, finish), None
 

@@ -117,21 +117,34 @@ def _prompt(body: dict) -> str | list[int]:
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
         prompt = prompt[0]  # a batch of one
     if isinstance(prompt, str):
-        return _text(prompt, "prompt")
+        return prompt
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool)
                                                    for t in prompt):
         return prompt
-    raise APIError("'prompt' must be a string or a list of token ids (one prompt per request)", "prompt")
+    raise APIError("'prompt' must be a string or a non-empty list of token ids (one prompt per request)",
+                   "prompt")
 
 
-def _text(s: str, param: str) -> str:
-    """``s``, refused when it is not text that UTF-8 can carry (a lone surrogate, ``"\\ud800"``)."""
-    try:
-        s.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise APIError(f"'{param}' holds a character that is not valid Unicode text (position {e.start})",
-                       param) from None
-    return s
+def _check_unicode(body: dict) -> None:
+    """Refuse a request any of whose strings (values or keys) UTF-8 cannot carry (a lone
+    surrogate, JSON's ``"\\ud800"``), naming the first such field as OpenAI names fields
+    (``tools[0].function.description``) and the character's position: no tokenizer, template or
+    reply could hold it."""
+    todo = [("", body, False)]  # (field, value, whether it is one of the field's keys)
+    while todo:
+        at, value, key = todo.pop()
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                where = f"'{at}'" if at else "the request body"
+                raise APIError(f"{where} holds {'a key' if key else 'text'} that is not valid Unicode text "
+                               f"(a lone surrogate at position {e.start})", at or None) from None
+        elif isinstance(value, dict):  # its keys first: a field's name is sound once said
+            todo += [(f"{at}.{k}" if at else k, v, False) for k, v in reversed(value.items())]
+            todo += [(at, k, True) for k in reversed(value)]
+        elif isinstance(value, list):
+            todo += [(f"{at}[{i}]", v, False) for i, v in reversed(list(enumerate(value)))]
 
 
 # the roles of OpenAI's chat messages
@@ -375,7 +388,6 @@ def _model(body: dict, pool: ModelPool) -> tuple[str, object, Tokenizer]:
     model_id = _field(body, "model", (str,), what="a model id")
     if model_id is None:
         raise APIError("'model' is required", "model")
-    _text(model_id, "model")  # a lone surrogate would fail the error message naming it
     try:
         model = pool.get(model_id)
     except UnknownModelError as e:
@@ -420,6 +432,8 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
     if chat and body.get("max_completion_tokens") is not None:
         max_key = "max_completion_tokens"  # the newer name
     top_k = _field(body, "top_k", (int,), 0)
+    if top_k < -1:
+        raise APIError(f"'top_k' must be >= -1 (0 or -1: off), not {top_k}", "top_k")
     options = dict(
         max_tokens=_field(body, max_key, (int,), 256 if chat else 16),
         temperature=_number(body, "temperature", 0.0),  # OpenAI's range: below
@@ -429,7 +443,7 @@ def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:
         seed=_seed(body),
         logprobs=_logprobs(body, chat),
         # an extra field: "ss" (where the adapter has streams), "ar" or "lookup"
-        mode=_text(_field(body, "mode", (str,), default_mode(model)), "mode"),
+        mode=_field(body, "mode", (str,), default_mode(model)),
         # an extra field: only the prompt's CREATE TABLE names may be written (sql_names.py)
         sql_names=_field(body, "sql_names", (bool,), False),
     )
@@ -716,6 +730,7 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
             raise APIError(f"the request body is not valid JSON ({e})") from None
         if not isinstance(body, dict):
             raise APIError("the request body must be a JSON object")
+        _check_unicode(body)
         return body
 
     async def generation(request: Request, chat: bool, kind: type[Reply] | None = None) -> Response:
@@ -802,7 +817,8 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
         return shaped(request, exc)
 
     async def http_error(request: Request, exc: HTTPException) -> Response:
-        return shaped(request, APIError(exc.detail, status=exc.status_code), exc.headers)  # a 405's Allow
+        said = f"Invalid URL ({request.method} {request.url.path})" if exc.status_code == 404 else exc.detail
+        return shaped(request, APIError(said, status=exc.status_code), exc.headers)  # a 405's Allow
 
     async def server_error(request: Request, exc: Exception) -> Response:
         return shaped(request, APIError(f"internal error: {exc}", status=500, kind="server_error"))
@@ -821,9 +837,11 @@ def create_app(pool: ModelPool, scheduler: Scheduler) -> Starlette:
               Route("/v1/chat/completions", chat_completions, methods=["POST"]),
               Route("/v1/messages", messages, methods=["POST"]),
               Route("/v1/messages/count_tokens", count_tokens, methods=["POST"])]
-    return Starlette(routes=routes, lifespan=lifespan,
-                     exception_handlers={APIError: api_error, HTTPException: http_error,
-                                         Exception: server_error})
+    app = Starlette(routes=routes, lifespan=lifespan,
+                    exception_handlers={APIError: api_error, HTTPException: http_error,
+                                        Exception: server_error})
+    app.router.redirect_slashes = False  # a path with a slash more is not found, as OpenAI's (a redirect
+    return app                           # would lose a POST's body with most clients)
 
 
 def serve(model: str, adapters: str | list[str] | None = None, host: str = "127.0.0.1", port: int = 8080,

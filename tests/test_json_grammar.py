@@ -109,6 +109,9 @@ def test_a_value_is_allowed_where_the_schema_allows_it(tok):
     assert response_constraint(tok, {"type": "text"}) is None and response_constraint(tok, None) is None
     with pytest.raises(ValueError, match="response_format must be"):
         response_constraint(tok, {"type": "json_schema"})
+    for name in ({}, {"name": ""}, {"name": "a b"}, {"name": "x" * 65}):  # OpenAI's rule (a walkthrough
+        with pytest.raises(ValueError, match="needs a 'name'"):  # found it unchecked)
+            response_constraint(tok, {"type": "json_schema", "json_schema": {**name, "schema": {}}})
     with pytest.raises(ValueError, match="type must be one of string, .*, not 'str'"):
         json_constraint(tok, {"properties": {"a": {"type": ["null", "str"]}}})
     # a strict schema with keywords the grammar does not enforce is refused, as OpenAI refuses them
@@ -320,8 +323,11 @@ def test_what_is_not_enforced_is_said(tok):
     assert not json_constraint(tok, {"anyOf": [{"type": "string"}, {"type": "null"}], "maxLength": 3}).unread
     nullable = json_constraint(tok, {**integer, "nullable": True})
     assert reads(nullable, tok, "null") and reads(nullable, tok, "3") and not reads(nullable, tok, '"3"')
-    closed = json_constraint(tok, {"type": "object", "additionalProperties": False})
-    assert reads(closed, tok, "{}") and not reads(closed, tok, '{"x": 1}')
+    for none_named in ({"type": "object", "additionalProperties": False},
+                       {"type": "object", "properties": {}}):  # OpenAI's function without arguments
+        closed = json_constraint(tok, none_named)
+        assert reads(closed, tok, "{}") and not reads(closed, tok, '{"x": 1}')
+    assert reads(json_constraint(tok, {"type": "object"}), tok, '{"x": 1}')  # no properties: any
 
 
 def test_keywords_meet_as_json_schema_says(tok):

@@ -78,6 +78,8 @@ def test_models_and_health(server):
         assert e.code == 405 and e.headers["Allow"] == "POST"
     else:
         raise AssertionError("GET /v1/completions answered")
+    code, reply = server.post_raw("/v1/completions/", b'{"model": "specstream-tiny", "prompt": "x"}')
+    assert (code, reply["error"]["message"]) == (404, "Invalid URL (POST /v1/completions/)")  # not a bare 307
 
 
 def test_completion_equals_plain_decoding(server, base):
@@ -306,7 +308,17 @@ def test_logprobs_and_sampling_cuts(server, base, model_dir):
     (json.dumps({"model": "specstream-tiny", "prompt": "abc \ud800"}).encode(), 400, "prompt"),
     (json.dumps({"model": "specstream-tiny\ud800", "prompt": "abc"}).encode(), 400, "model"),
     (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "\ud83d"}]}).encode(),
-     400, "messages"),
+     400, "messages[0].content"),
+    # found by a walkthrough: a 500 from the tokenizer's template, and from the schema's grammar
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}], "tools": [
+        {"type": "function", "function": {"name": "f", "description": "\ud800"}}]}).encode(),
+     400, "tools[0].function.description"),
+    (json.dumps({"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
+                 "response_format": {"type": "json_schema", "json_schema": {
+                     "name": "e", "schema": {"enum": ["\ud800"]}}}}).encode(),
+     400, "response_format.json_schema.schema.enum[0]"),
+    (json.dumps({"model": "specstream-tiny", "prompt": "x", "metadata": {"\udc00": "x"}}).encode(), 400,
+     "metadata"),  # a key
     (json.dumps({"model": "specstream-tiny", "prompt": "x",
                  "stream_options": {"include_usage": True}}).encode(), 400, "stream_options"),
     (json.dumps({"model": "specstream-tiny", "prompt": "x", "stream": True,

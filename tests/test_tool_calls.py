@@ -777,6 +777,10 @@ def test_messages_api_text_system_and_stop_sequences(server, model_dir):
     # count_tokens: the prompt's tokens, as a reply's usage counts them
     counted = client.messages.count_tokens(model="specstream-tiny", system="Answer briefly.", messages=begun)
     assert counted.input_tokens == len(prompt)
+    bare = client.messages.count_tokens(model="specstream-tiny", messages=begun).input_tokens
+    for empty in ("", []):  # no system prompt, as Anthropic reads them (found by a walkthrough)
+        counted = client.messages.count_tokens(model="specstream-tiny", system=empty, messages=begun)
+        assert counted.input_tokens == bare < len(prompt)
     with pytest.raises(openai.BadRequestError, match="goes on from an assistant's text"):
         server.client().chat.completions.create(model="specstream-tiny", max_tokens=8, messages=ask("Oslo"),
                                                 extra_body={"continue_final_message": True})
@@ -800,6 +804,15 @@ def test_messages_api_tool_use_whole_streamed_and_answered(server, model_dir):
     assert [(b.type, b.name, b.input) for b in streamed.content] == [
         ("tool_use", "weather", {"city": "Berlin"})]
     assert streamed.stop_reason == "tool_use" and streamed.content[0].id.startswith("toolu_")
+    # a call cut off inside its input: the complete members, whole as streamed (the SDK's reading),
+    # and the stop sequence that cut it (found by a walkthrough: {"arguments": text}, and "tool_use")
+    cut = dict(model="specstream-tiny:tools", max_tokens=40, tools=tools, messages=ask("Berlin"),
+               stop_sequences=["Berl"])
+    with client.messages.stream(**cut) as s:
+        streamed = s.get_final_message()
+    for reply in (client.messages.create(**cut), streamed):
+        assert [(b.type, b.input) for b in reply.content] == [("tool_use", {})]
+        assert (reply.stop_reason, reply.stop_sequence) == ("stop_sequence", "Berl")
     history = [*ask("Berlin"), {"role": "assistant", "content": [b.model_dump() for b in r.content]},
                {"role": "user", "content": [{"type": "tool_result", "tool_use_id": r.content[0].id,
                                              "content": "12 C, rain"}]}]
@@ -849,6 +862,21 @@ def test_messages_stream_blocks_follow_the_reply():
     assert open_index is None and [b["type"] for b in blocks] == ["tool_use", "text"]
     assert json.loads("".join(blocks[0]["parts"])) == {"a": 1}
     assert "".join(blocks[1]["parts"]) == "Done. More."
+
+
+def test_a_cut_off_input_reads_as_anthropics_sdk_reads_it():
+    """Every prefix of an input's JSON text reads as the object the SDK assembles from the same
+    text streamed (jiter's partial mode, which it uses)."""
+    from jiter import from_json
+
+    from mlx_specstream.messages_api import _complete_members
+
+    for value in ({"city": "Paris", "unit": "celsius", "days": 12, "ok": True, "none": None},
+                  {"q": 'say "hi" \\ there', "tags": ["a", "b", [1.5, -2e3]], "deep": {"x": {"y": []}}}):
+        text = json.dumps(value)
+        for n in range(len(text) + 1):
+            sdk = from_json(text[:n].encode(), partial_mode=True) if n else {}
+            assert _complete_members(text[:n]) == sdk, text[:n]
 
 
 def test_messages_api_structured_output(server):
