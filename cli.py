@@ -342,7 +342,8 @@ def _adapter_said(model) -> str:
     cfg = getattr(model, "adapter_config", None)
     if cfg is None:
         return "no adapter: the base model"
-    steps = (cfg.training or {}).get("iters")
+    run = cfg.training or {}
+    steps = run.get("step", run.get("iters"))  # the step kept (recorded since 2026-11-29), else the run's
     about = [cfg.mode] + ([f"γ = {cfg.gamma}"] if cfg.gamma else []) + ([f"{steps} steps"] if steps else [])
     return f"adapter {cfg.name or '(unnamed)'} ({', '.join(about)})"
 

@@ -837,7 +837,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             say(plan_line(run, n_params, steps_per_epoch, progress))
         seconds, tokens_seen, val_seconds = train_steps(run, progress=progress and main_proc,
                                                         callback=callback)
-        final_eval = final_evaluation(run)
+        final_eval, kept = final_evaluation(run)
         report = {
             "adapter": str(out_dir) if out_dir is not None else None,
             "name": name,
@@ -864,6 +864,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "valid": final_eval,
             "best": ({k: v for k, v in run.best.items() if k != "weights"}
                      if run.best["step"] is not None else None),
+            "kept_step": kept,  # the adapter saved: best's, or the last step's
             "history": run.history,
             "val_history": run.val_history,
             "checkpoints": str(ckpt_dir) if ckpt_dir is not None else None,
@@ -875,8 +876,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             model.adapter_ngrams = ngram_table(train_ds, run.eos)
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         # the run's record, in memory too: save_adapter writes it
-        model.adapter_config.training = {"iters": tc.iters, "mode": mode, "self_distill": self_distill,
-                                         "over": tc.over, "init": tc.init, "base_model": base}
+        model.adapter_config.training = {"iters": tc.iters, "step": kept, "mode": mode,
+                                         "self_distill": self_distill, "over": tc.over, "init": tc.init,
+                                         "base_model": base}
         if out_dir is not None and main_proc:
             with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
                 save_adapter(model, out_dir, overwrite=True)

@@ -268,10 +268,11 @@ def _stopped_by(callback, step: int, info: dict, group) -> bool:
     return stop
 
 
-def final_evaluation(run: Run) -> dict | None:
-    """The validation of the last step (run now where it was not validated), and the adapter the
-    model keeps: an earlier one that drafts better, unless (shared mode, where the adapter writes the
-    output) its main stream predicts the validation data worse than the final one's."""
+def final_evaluation(run: Run) -> tuple[dict | None, int]:
+    """The validation of the last step (run now where it was not validated), and the step whose
+    adapter the model keeps: an earlier one that drafts better, unless (shared mode, where the
+    adapter writes the output) its main stream predicts the validation data worse than the final
+    one's."""
     iters, best, say = run.tc.iters, run.best, run.say
     final_eval = run.val_history[-1] if run.val_history and run.val_history[-1]["step"] == iters else None
     if run.valid_ds is not None and final_eval is None:
@@ -296,7 +297,8 @@ def final_evaluation(run: Run) -> dict | None:
         say(f"keeping the adapter of step {best['step']}: {best['mean_accepted_tokens']:.2f} tokens per "
             f"pass on the validation prompts (validation loss {best.get('loss', math.nan):.4f}), against "
             f"{final_eval['mean_accepted_tokens']:.2f} ({final_eval['loss']:.4f}) at the end")
-    return final_eval
+        return final_eval, best["step"]
+    return final_eval, iters
 
 
 def _all_sum(tree, group):

@@ -358,7 +358,7 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
                    batch_size=8, lr=1e-2, val_every=2, val_batches=1, progress=False, log=lambda m: None,
                    callback=lambda step, info: seen.setdefault(step, {
                        k: np.array(v) for k, v in adapter_weights(model).items()}))
-    assert report["best"]["step"] == kept_step
+    assert report["best"]["step"] == report["kept_step"] == model.adapter_config.training["step"] == kept_step
     assert [len(v["accepted_per_prompt"]) for v in report["val_history"]] == [4, 4]
     kept = {k: np.array(v) for k, v in adapter_weights(model).items()}
     other = 6 - kept_step
@@ -1336,10 +1336,13 @@ def test_shared_mode_keeps_an_earlier_adapter_only_as_good_in_quality(monkeypatc
     def snapshot(step, info):  # the adapter's weights after each step
         weights[step] = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
 
-    train(model, (ds, ds), mode="shared", gamma=2, msa_layers=1, iters=4, val_every=2,
-          batch_size=4, progress=False, log=said.append, callback=snapshot)
+    report = train(model, (ds, ds), mode="shared", gamma=2, msa_layers=1, iters=4, val_every=2,
+                   batch_size=4, progress=False, log=said.append, callback=snapshot)
     assert any(m.startswith(f"keeping {kept}") for m in said), said
-    want = weights[4 if kept == "the final adapter" else 2]
+    kept_step = 4 if kept == "the final adapter" else 2  # the report says which (a walkthrough found
+    assert report["kept_step"] == model.adapter_config.training["step"] == kept_step  # only "best")
+    assert report["best"]["step"] == 2  # the evaluation that drafted best, kept or not
+    want = weights[kept_step]
     got = {k: np.array(v) for k, v in tree_flatten(model.trainable_parameters())}
     assert any(not np.array_equal(weights[2][k], weights[4][k]) for k in want)  # they tell apart
     assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
