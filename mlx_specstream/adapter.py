@@ -443,6 +443,16 @@ def available_adapters(model_path: str | Path) -> list[str]:
     return sorted(p.parent.name for p in (Path(model_path) / "adapters").glob(f"*/{CONFIG_FILE}"))
 
 
+def trained_config(adapter_dir: Path) -> dict:
+    """The settings the adapter's training report records (``config``: ``chat_template``,
+    ``system_prompt``, ``max_seq_len`` ...); {} where there is none, or it cannot be read."""
+    try:
+        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config")
+    except (OSError, ValueError, AttributeError):  # none, unreadable or not an object
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:
     """A name under the model's ``adapters/`` folder, or an adapter path as given. A bare name
     (``sql``) is the model's adapter first, whatever directory of that name the current one holds

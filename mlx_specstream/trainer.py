@@ -52,6 +52,7 @@ from .adapter import (
     read_fine_tune,
     resolve_adapter,
     save_adapter,
+    trained_config,
 )
 from .checkpoint import (
     RUN_LOCK,
@@ -455,11 +456,7 @@ def _trained_settings(adapter_dir: Path, limit: int | None, *, max_seq_len, chat
                       system_prompt) -> dict:
     """Of the settings left None, those the adapter's training report records, where they are of
     their type: a length the model holds (``limit``), the system prompt with the chat template."""
-    try:
-        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config")
-    except (OSError, ValueError, AttributeError):  # none, unreadable or not an object: nothing taken
-        config = None
-    config, taken = config if isinstance(config, dict) else {}, {}
+    config, taken = trained_config(adapter_dir), {}
     length = config.get("max_seq_len")
     if max_seq_len is None and type(length) is int and 2 <= length <= (limit or length):
         taken["max_seq_len"] = length
@@ -884,7 +881,9 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 save_adapter(model, out_dir, overwrite=True)
                 write_text_atomic(out_dir / REPORT_FILE, json_text(report))
             # (lora: no streams)
-            use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "")
+            use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "") + (
+                " --chat-template" if chat_template else "") + (
+                f" --system-prompt {shlex.quote(system_prompt)}" if chat_template and system_prompt else "")
             if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
                 use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
             say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))

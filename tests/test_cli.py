@@ -224,6 +224,13 @@ def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path
     assert report["valid"]["stream_acc"][-1] is None and report["valid"]["stream_acc"][0] is not None
     assert json.loads(res.stdout, parse_constant=standard)["valid"]["stream_acc"][-1] is None
     assert report["config"]["system_prompt"] == "Answer in SQL."
+    # a warning where it is given plain prompts (found by a walkthrough)
+    res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2")
+    assert res.returncode == 0 and ("trained on prompts in the chat template: generate with --chat-template "
+                                    "--system-prompt 'Answer in SQL.'") in res.stderr, res.stderr
+    res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2",
+              "--chat-template", "--system-prompt", "Answer in SQL.")
+    assert res.returncode == 0 and "trained on" not in res.stderr, res.stderr
     tok = load_tokenizer(d)
     sent = [chat_prompt(tok, r["prompt"], system="Answer in SQL.") for r in rows]
     assert report["data"]["train"]["tokens"] - report["data"]["train"]["target_tokens"] == sum(map(len, sent))
