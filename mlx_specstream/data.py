@@ -131,6 +131,9 @@ def message_text(content, where: str) -> str:
                     f"not {said[:60] + '...' * (len(said) > 60)}")
 
 
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # of OpenAI's chat messages
+
+
 def chat_messages(messages: list[dict], where: str) -> list[dict]:
     """OpenAI chat messages as the chat template gets them, one rule for training rows and the
     server's requests: each content as text (:func:`message_text`), an assistant's tool-calling
@@ -141,6 +144,11 @@ def chat_messages(messages: list[dict], where: str) -> list[dict]:
     out = []
     for i, m in enumerate(messages):
         at = f"{where}: messages[{i}]" if where else f"messages[{i}]"
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise DataError(f"{at} must be an object with a 'role' and a 'content'")
+        if m["role"] not in ROLES:  # a template renders another as it happens to (a user's, or nothing)
+            raise DataError(f"{at}: 'role' must be one of {', '.join(ROLES)}, not "
+                            f"{json.dumps(m['role'], ensure_ascii=False)}")
         text = message_text("" if m.get("content") is None and m.get("role") == "assistant"
                             else m.get("content"), at)
         _check_text(at, content=text)

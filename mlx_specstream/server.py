@@ -147,9 +147,6 @@ def _check_unicode(body: dict) -> None:
             todo += [(f"{at}[{i}]", v, False) for i, v in reversed(list(enumerate(value)))]
 
 
-# the roles of OpenAI's chat messages
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-
 
 def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None, tuple[str, ...] | None]:
     """The request's ``tools`` for the template, the format its calls are read in (None, None:
@@ -267,12 +264,6 @@ def _chat_prompt(body: dict, tokenizer, tools: list[dict] | None = None) -> str:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise APIError("'messages' must be a non-empty list of {role, content} objects", "messages")
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise APIError("each message must be an object with a 'role' and a 'content'", "messages")
-        if m["role"] not in ROLES:
-            raise APIError(f"a message's 'role' must be one of {', '.join(ROLES)}, not '{m['role']}'",
-                           "messages")
     try:
         flat = chat_messages(messages, "")  # their shape first
     except DataError as e:

@@ -196,6 +196,15 @@ def test_every_assistant_reply_of_a_conversation_is_learned(tmp_path):
     assert "truncated 1 of 3 examples" in short.notes[-1]
     with pytest.raises(DataError, match="train.jsonl:1: 'messages' must be a list ending with an assistant"):
         load_jsonl(write(tmp_path / "train.jsonl", [{"messages": chat[:4]}]), tok)
+    # a role the server would refuse (ShareGPT's "human"), or none: a template would render it as it
+    # happens to (found by a walkthrough: trained on, without a word)
+    for role, said in (({"role": "human"}, "'role' must be one of system, developer, user, assistant, tool, "
+                                           'function, not "human"'),
+                       ({}, "must be an object with a 'role' and a 'content'")):
+        rows = [{"messages": [{**role, "content": "q"}, {"role": "assistant", "content": "a"}]}]
+        with pytest.raises(DataError, match=re.escape(f"train.jsonl:1: messages[0]{':' if role else ''}")
+                           + ".*" + re.escape(said)):
+            load_jsonl(write(tmp_path / "train.jsonl", rows), tok)
 
 
 def test_chat_template_without_one_names_the_option():
