@@ -107,13 +107,13 @@ def test_adapter_save_load_roundtrip_and_swap(tmp_path):
     assert generate(model, None, [1, 2], max_tokens=30, branch=3).tokens == shared_out
 
 
-def _with_noise(model, where: str):
-    """``model`` with Gaussian noise of each matrix's own spread added to the matrices whose names
-    contain ``where``: a base of the same shape that computes something else."""
+def _with_noise(model, where: str, scale: float = 1.0):
+    """``model`` with Gaussian noise of ``scale`` × each matrix's own spread added to the matrices
+    whose names contain ``where``: a base of the same shape that computes something else."""
     from mlx.utils import tree_flatten, tree_unflatten
 
     mx.random.seed(9)
-    params = [(k, v + mx.random.normal(v.shape) * mx.std(v) if where in k and v.ndim > 1 else v)
+    params = [(k, v + mx.random.normal(v.shape) * mx.std(v) * scale if where in k and v.ndim > 1 else v)
               for k, v in tree_flatten(model.parameters())]
     model.update(tree_unflatten(params))
     mx.eval(model.parameters())
@@ -129,9 +129,9 @@ def test_an_adapter_knows_its_base_by_its_weights(tmp_path):
     model = tiny_model("llama", seed=1)
     new_adapter(model, gamma=2, msa_layers=2, seed=0)
     save_adapter(model, tmp_path / "a")
-    for where in ("layers", "embed_tokens"):
-        with pytest.raises(AdapterError, match="another base model"):
-            load_adapter(_with_noise(tiny_model("llama", seed=1), where), tmp_path / "a")
+    for where, scale in (("layers", 1.0), ("embed_tokens", 1.0), ("layers", 0.4)):  # the last: noise a
+        with pytest.raises(AdapterError, match="another base model"):  # walkthrough's base had, which
+            load_adapter(_with_noise(tiny_model("llama", seed=1), where, scale), tmp_path / "a")  # passed
     cfg = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
     cfg["training"] = {"base_model": "/models/mine"}  # what train records
     (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(cfg))
