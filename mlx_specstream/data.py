@@ -303,7 +303,9 @@ def encode_row(row: dict, tokenizer, *, chat_template: bool = False, system: str
     """One JSON object -> an :class:`Example` (raises :class:`DataError` naming ``where``); a
     conversation's last reply (:func:`assistant_turns` gives the others)."""
     if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}"
+                        + (" (a JSONL file holds one object on each line, not a list of them)"
+                           if isinstance(row, list) else ""))
     tools = row.get("tools")
     if tools is not None and not (isinstance(tools, list) and all(isinstance(t, dict) for t in tools)):
         raise DataError(f"{where}: 'tools' must be a list of objects (OpenAI's tool definitions)")
@@ -449,7 +451,10 @@ def read_jsonl(path: Path) -> list[tuple[int, dict]]:
         except json.JSONDecodeError as e:
             what = e.msg.removesuffix(" at").removesuffix(": line 1")
             near = line[max(0, e.pos - 12): e.pos + 12]
-            raise DataError(f"{path}:{n}: invalid JSON at column {e.colno}: {what} (near {near!r})") from None
+            cut = e.pos >= len(line.rstrip())  # the value goes on past the line: JSON written over many
+            hint = "; a JSONL file holds one whole JSON object on each line" if cut else ""
+            raise DataError(f"{path}:{n}: invalid JSON at column {e.colno}: {what} (near {near!r}){hint}") \
+                from None
     if not rows:
         raise DataError(f"{path}: empty file (no examples)")
     return rows
@@ -615,11 +620,15 @@ def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool =
     with ``valid=False``); the project's own train splits are made on first use
     (:func:`make_project_train_split`)."""
     data_dir = data_directory(data_dir)
+    others = sorted(f.name for f in data_dir.glob("*.json*") if f.name not in (TRAIN_FILE, VALID_FILE))
     if not (data_dir / TRAIN_FILE).is_file() and not make_project_train_split(data_dir, say):
-        raise no_file(data_dir, TRAIN_FILE)
+        raise no_file(data_dir, TRAIN_FILE, hint=f" (it holds {', '.join(others)}: the files read are named "
+                      f"{TRAIN_FILE} and {VALID_FILE})" if others else "")
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
     if valid and (data_dir / VALID_FILE).is_file():
         return train, load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
+    if valid and others:
+        say(f"{data_dir}: no {VALID_FILE}; {', '.join(others)} not read (name validation data {VALID_FILE})")
     if require_valid or valid and (data_dir / VALID_FILE).exists():  # a folder of that name is none
         raise no_file(data_dir, VALID_FILE)
     return train, None

@@ -122,8 +122,13 @@ def test_errors_name_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"big.jsonl:2: token id out of range"):
         load_jsonl(big, vocab_size=64)
     arr = write(tmp_path / "arr.jsonl", ["[1, 2]"])
-    with pytest.raises(DataError, match="expected a JSON object"):
+    with pytest.raises(DataError, match=r"expected a JSON object, got list \(a JSONL file holds one object"):
         load_jsonl(arr)
+    # json.dump(rows, indent=2), as a new user wrote it (found by a walkthrough)
+    (tmp_path / "pretty.jsonl").write_text(json.dumps([{"prompt": "q", "completion": "a"}], indent=2))
+    with pytest.raises(DataError, match="pretty.jsonl:1: invalid JSON at column 2: .*; a JSONL file holds "
+                                        "one whole JSON object on each line"):
+        load_jsonl(tmp_path / "pretty.jsonl")
     with pytest.raises(DataError, match="no such file"):
         load_jsonl(tmp_path / "missing.jsonl")
 
@@ -131,8 +136,19 @@ def test_errors_name_file_and_line(tmp_path):
 def test_load_datasets(tmp_path):
     with pytest.raises(DataError, match="no such data directory"):
         load_datasets(tmp_path / "nope")
-    with pytest.raises(DataError, match="no train.jsonl"):
+    with pytest.raises(DataError, match="no train.jsonl$"):
         load_datasets(tmp_path)
+    write(tmp_path / "train.json", [{"text": [1, 2, 3]}])  # the files a walkthrough named so
+    write(tmp_path / "val.jsonl", [{"text": [1, 2, 3]}])
+    with pytest.raises(DataError, match=r"no train.jsonl \(it holds train.json, val.jsonl: the files read "
+                                        r"are named train.jsonl and valid.jsonl\)"):
+        load_datasets(tmp_path)
+    (tmp_path / "train.json").rename(tmp_path / "train.jsonl")
+    said = []
+    assert load_datasets(tmp_path, say=said.append)[1] is None
+    assert said == [f"{tmp_path}: no valid.jsonl; val.jsonl not read (name validation data valid.jsonl)"]
+    (tmp_path / "val.jsonl").unlink()
+    (tmp_path / "train.jsonl").unlink()
     (tmp_path / "train.jsonl").mkdir()  # there, but no file: said as what it is
     with pytest.raises(DataError, match="train.jsonl is a directory: train.jsonl must be a JSONL file"):
         load_datasets(tmp_path)
