@@ -245,8 +245,17 @@ def causal_mask(n_rows: int, offset: int) -> mx.array:
 def window_mask(mask: mx.array | None, positions: mx.array, n_earlier: int, window: int) -> mx.array:
     """``mask`` further limited to keys fewer than ``window`` positions behind each row
     (``transformers``' ``kv > q - window``). Keys are the ``n_earlier`` cached ones, at positions
-    ``0..n_earlier-1``, then this pass's rows at ``positions`` ((T,), or (B, T) per sequence)."""
+    ``0..n_earlier-1``, then this pass's rows at ``positions`` ((T,), or (B, T) per sequence). Per
+    sequence, the cached keys are the positions just before the sequence's first row: a sequence of
+    a left-padded batch (:func:`~mlx_specstream.batch.greedy_batch`) whose first row is at
+    ``n_earlier - pad`` holds its keys ``pad`` slots late, at positions ``-pad..n_earlier-pad-1``
+    (the padding's, below 0, masked by the caller).
+
+    Example: window 4, a sequence padded by 2, decoding its row at position 6 (slot 8): the keys
+    of slots 0..7 are at positions -2..5, and it sees slots 5..8 (positions 3..6)."""
     earlier = mx.arange(n_earlier, dtype=positions.dtype)
+    if positions.ndim == 2:
+        earlier = earlier[None, :] + (positions[:, :1] - n_earlier)
     keys = mx.concatenate([mx.broadcast_to(earlier, (*positions.shape[:-1], n_earlier)), positions], axis=-1)
     near = (positions[..., :, None] - keys[..., None, :]) < window
     if near.ndim == 3:
