@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import warnings
 from pathlib import Path
@@ -328,7 +329,7 @@ def generate(
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
     if adapter is not None and not chat_template:
-        _say_trained_template(model, adapter)
+        _say_trained_template(m.path, adapter)
     _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, turn),
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed, mode=mode,
@@ -339,17 +340,17 @@ def generate(
                 tok, verbose, first_said=_adapter_said(m) if verbose else None)
 
 
-def _say_trained_template(model: Path | None, adapter: str) -> None:
+def _say_trained_template(model: Path, adapter: str) -> None:
     """Warn where the adapter was trained on prompts in the chat template and is given plain ones
     (its drafts, and a shared adapter's text, then go wrong)."""
     from mlx_specstream.adapter import resolve_adapter, trained_config
-    from mlx_specstream.api import DEFAULT_MODEL
     from mlx_specstream.machine import warn
 
-    config = trained_config(resolve_adapter(model or DEFAULT_MODEL, adapter))
+    config = trained_config(resolve_adapter(model, adapter))
     if config.get("chat_template") is True:
         system = config.get("system_prompt")
-        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}" if isinstance(system, str) else "")
+        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}"
+                                     if isinstance(system, str) else "")
         warn(f"adapter {adapter} was trained on prompts in the chat template: generate with {flags}")
 
 
