@@ -39,6 +39,8 @@ def greedy_batch(model, prompts: list[list[int]], budgets: list[int], eos: set[i
     for i, p in enumerate(prompts):
         tokens[i, pads[i]:] = p
     cache = make_cache(model)
+    for c in cache:  # each sequence's keys at its own positions: its padding's come first
+        c.start = mx.array(-pads)
     pos = np.maximum(np.arange(P)[None, :] - pads[:, None], 0)
     logits = model(mx.array(tokens), cache=cache, mask=_visible(pads, 0, P, P), positions=mx.array(pos))
     out: list[list[int]] = [[] for _ in range(B)]

@@ -15,6 +15,11 @@ STEP = 256
 
 
 class KVCache:
+    # The position of each sequence's first slot, (B,), where a batch's sequences are left-padded
+    # (:func:`~mlx_specstream.batch.greedy_batch`: minus each one's padding); None: slot i is at
+    # position i. Sliding windows measure distances by it (:func:`~.arch.base.window_mask`).
+    start: mx.array | None = None
+
     def __init__(self, step: int = STEP):
         self.keys: mx.array | None = None
         self.values: mx.array | None = None

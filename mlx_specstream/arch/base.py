@@ -242,20 +242,20 @@ def causal_mask(n_rows: int, offset: int) -> mx.array:
     return mx.arange(offset + n_rows)[None, :] <= rows
 
 
-def window_mask(mask: mx.array | None, positions: mx.array, n_earlier: int, window: int) -> mx.array:
+def window_mask(mask: mx.array | None, positions: mx.array, n_earlier: int, window: int,
+                start: mx.array | None = None) -> mx.array:
     """``mask`` further limited to keys fewer than ``window`` positions behind each row
     (``transformers``' ``kv > q - window``). Keys are the ``n_earlier`` cached ones, at positions
-    ``0..n_earlier-1``, then this pass's rows at ``positions`` ((T,), or (B, T) per sequence). Per
-    sequence, the cached keys are the positions just before the sequence's first row: a sequence of
-    a left-padded batch (:func:`~mlx_specstream.batch.greedy_batch`) whose first row is at
-    ``n_earlier - pad`` holds its keys ``pad`` slots late, at positions ``-pad..n_earlier-pad-1``
-    (the padding's, below 0, masked by the caller).
+    ``0..n_earlier-1`` (from ``start``, (B,), per sequence where given: the cache's
+    :attr:`~mlx_specstream.kv_cache.KVCache.start`), then this pass's rows at ``positions`` ((T,),
+    or (B, T) per sequence).
 
-    Example: window 4, a sequence padded by 2, decoding its row at position 6 (slot 8): the keys
-    of slots 0..7 are at positions -2..5, and it sees slots 5..8 (positions 3..6)."""
+    Example: window 4, a left-padded batch's sequence padded by 2 (start -2), decoding its row at
+    position 6 (slot 8): the keys of slots 0..7 are at positions -2..5 (the padding's, below 0,
+    masked by the caller), and it sees slots 5..8 (positions 3..6)."""
     earlier = mx.arange(n_earlier, dtype=positions.dtype)
-    if positions.ndim == 2:
-        earlier = earlier[None, :] + (positions[:, :1] - n_earlier)
+    if start is not None:
+        earlier = earlier[None, :] + start[:, None].astype(positions.dtype)
     keys = mx.concatenate([mx.broadcast_to(earlier, (*positions.shape[:-1], n_earlier)), positions], axis=-1)
     near = (positions[..., :, None] - keys[..., None, :]) < window
     if near.ndim == 3:
@@ -309,7 +309,7 @@ def attention(
     else:
         keys, values = k, v
     if window is not None:
-        mask = window_mask(mask, positions, keys.shape[2] - k.shape[2], window)
+        mask = window_mask(mask, positions, keys.shape[2] - k.shape[2], window, getattr(cache, "start", None))
     if mask is not None and mask.dtype != mx.bool_ and mask.dtype != q.dtype:
         mask = mask.astype(q.dtype)
     if softcap is not None:
