@@ -328,8 +328,8 @@ def generate(
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
-    if adapter is not None and not chat_template:
-        _say_trained_template(m.path, adapter)
+    if adapter is not None:
+        _say_trained_template(m.path, adapter, chat_template, system_prompt)
     _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, turn),
                                 max_tokens=max_tokens, temperature=temp, top_p=top_p, top_k=top_k,
                                 min_p=min_p, seed=seed, mode=mode,
@@ -340,18 +340,21 @@ def generate(
                 tok, verbose, first_said=_adapter_said(m) if verbose else None)
 
 
-def _say_trained_template(model: Path, adapter: str) -> None:
-    """Warn where the adapter was trained on prompts in the chat template and is given plain ones
-    (its drafts, and a shared adapter's text, then go wrong)."""
+def _say_trained_template(model: Path, adapter: str, chat_template: bool, system_prompt: str | None) -> None:
+    """Warn where the adapter was trained on prompts in the chat template (or after a system
+    prompt) and is given them otherwise: its drafts, and a shared adapter's text, then go wrong."""
     from mlx_specstream.adapter import resolve_adapter, trained_config
     from mlx_specstream.machine import warn
 
     config = trained_config(resolve_adapter(model, adapter))
-    if config.get("chat_template") is True:
-        system = config.get("system_prompt")
-        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}"
-                                     if isinstance(system, str) else "")
-        warn(f"adapter {adapter} was trained on prompts in the chat template: generate with {flags}")
+    system = config.get("system_prompt") if config.get("chat_template") is True else None
+    system = system if isinstance(system, str) else None
+    # (conversations bring their own system turns: any system prompt goes with them)
+    other_system = config.get("chat_template") is True and system_prompt != system
+    if config.get("chat_prompts") and (not chat_template or other_system):
+        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}" if system is not None else "")
+        after = f" after the system prompt {system!r}" if system is not None else ""
+        warn(f"adapter {adapter} was trained on prompts in the chat template{after}: generate with {flags}")
 
 
 def _adapter_said(model) -> str:

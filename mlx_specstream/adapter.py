@@ -451,12 +451,17 @@ def available_adapters(model_path: str | Path) -> list[str]:
 
 def trained_config(adapter_dir: Path) -> dict:
     """The settings the adapter's training report records (``config``: ``chat_template``,
-    ``system_prompt``, ``max_seq_len`` ...); {} where there is none, or it cannot be read."""
+    ``system_prompt``, ``max_seq_len`` ...), and whether its prompts were in the chat template
+    (``chat_prompts``: the option, or conversations; since 2026-11-29); {} where there is none,
+    or it cannot be read."""
     try:
-        config = json.loads((adapter_dir / REPORT_FILE).read_text()).get("config")
-    except (OSError, ValueError, AttributeError):  # none, unreadable or not an object
+        report = json.loads((adapter_dir / REPORT_FILE).read_text())
+    except (OSError, ValueError):  # none, or unreadable
         return {}
-    return config if isinstance(config, dict) else {}
+    config = report.get("config") if isinstance(report, dict) else None
+    if not isinstance(config, dict):
+        return {}
+    return {**config, "chat_prompts": report.get("chat_prompts", config.get("chat_template")) is True}
 
 
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:

@@ -47,6 +47,7 @@ class Example:
     n_prompt: int  # leading tokens that are context only; targets are tokens[n_prompt:]
     text: bool = False  # a "text" row: no prompt, its first token only before the targets
     line: int | None = None  # the file's line it came from (a conversation's replies share one)
+    chat: bool = False  # rendered by the chat template (a conversation, or a prompt as a user turn)
 
     @property
     def n_targets(self) -> int:
@@ -84,7 +85,8 @@ class Dataset:
         return {"path": str(self.path) if self.path else None, "lines": self.n_lines,
                 "read": self.n_read, "examples": len(self), "truncated": self.n_truncated,
                 "skipped": self.n_skipped, "empty_completions": self.n_empty,
-                "tokens": self.n_tokens, "target_tokens": self.n_target_tokens}
+                "tokens": self.n_tokens, "target_tokens": self.n_target_tokens,
+                "chat_examples": sum(e.chat for e in self.examples)}
 
 
 def _is_ids(x) -> bool:
@@ -391,7 +393,7 @@ def _chat_example(tokenizer, messages: list[dict], where: str, tools: list | Non
     # the end of turn: the last two tokens (ChatML's "<|im_end|>\n"), not an EOS the reply's text holds
     if add_eos and not set(c[-2:]) & set(getattr(tokenizer, "eos_token_ids", None) or _eos(tokenizer)):
         c += _eos(tokenizer)
-    return Example(p + c, len(p))
+    return Example(p + c, len(p), chat=True)
 
 
 def _writes_calls(tokenizer, reply: list[int], calls: list) -> bool:

@@ -835,6 +835,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         seconds, tokens_seen, val_seconds = train_steps(run, progress=progress and main_proc,
                                                         callback=callback)
         final_eval, kept = final_evaluation(run)
+        chat_prompts = bool(chat_template) or 0 < len(train_ds) <= 2 * sum(e.chat for e in train_ds.examples)
         report = {
             "adapter": str(out_dir) if out_dir is not None else None,
             "name": name,
@@ -847,6 +848,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "trainable_parameters": int(n_params),
             "base_fingerprint": base_fp,
             "config": asdict(tc),
+            # the prompts the adapter learnt after: in the chat template (asked, or most were conversations)
+            "chat_prompts": chat_prompts,
             "data": {"train": train_ds.summary(),
                      "valid": valid_ds.summary() if valid_ds is not None else None,
                      "notes": train_ds.notes + (valid_ds.notes if valid_ds is not None else [])},
@@ -882,7 +885,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                 write_text_atomic(out_dir / REPORT_FILE, json_text(report))
             # (lora: no streams)
             use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "") + (
-                " --chat-template" if chat_template else "") + (
+                " --chat-template" if chat_prompts else "") + (
                 f" --system-prompt {shlex.quote(system_prompt)}" if chat_template and system_prompt else "")
             if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
                 use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/

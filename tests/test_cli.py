@@ -224,13 +224,30 @@ def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path
     assert report["valid"]["stream_acc"][-1] is None and report["valid"]["stream_acc"][0] is not None
     assert json.loads(res.stdout, parse_constant=standard)["valid"]["stream_acc"][-1] is None
     assert report["config"]["system_prompt"] == "Answer in SQL."
-    # a warning where it is given plain prompts (found by a walkthrough)
-    res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2")
-    assert res.returncode == 0 and ("trained on prompts in the chat template: generate with --chat-template "
-                                    "--system-prompt 'Answer in SQL.'") in res.stderr, res.stderr
+    # a warning where it is given plain prompts, or another system prompt (found by a walkthrough)
+    assert report["chat_prompts"] is True and report["data"]["train"]["chat_examples"] == 4
+    for given in ((), ("--chat-template",), ("--chat-template", "--system-prompt", "Other.")):
+        res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2",
+                  *given)
+        assert res.returncode == 0 and ("trained on prompts in the chat template after the system prompt "
+                                        "'Answer in SQL.': generate with --chat-template --system-prompt "
+                                        "'Answer in SQL.'") in res.stderr, res.stderr
     res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2",
               "--chat-template", "--system-prompt", "Answer in SQL.")
     assert res.returncode == 0 and "trained on" not in res.stderr, res.stderr
+    # conversations are in the template whatever the options: so is the adapter trained on them
+    chats = [{"messages": [{"role": "user", "content": r["prompt"]},
+                           {"role": "assistant", "content": r["completion"]}]} for r in rows]
+    (tmp_path / "chats").mkdir()
+    (tmp_path / "chats" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in chats))
+    res = cli("train", "--model", str(d), "--data", str(tmp_path / "chats"), "--out", "chats",
+              "--iters", "1", "--batch-size", "2", "--no-self-distill", "--accept-prompts", "0",
+              "--val-every", "0", "-j", "1", "--quiet")
+    assert res.returncode == 0 and "(generate with --model" in res.stderr and \
+        "--adapter chats --chat-template)" in res.stderr, res.stderr
+    res = cli("generate", "--model", str(d), "--adapter", "chats", "-p", "x", "-n", "2")
+    said = "trained on prompts in the chat template: generate with --chat-template\n"
+    assert res.returncode == 0 and said in res.stderr, res.stderr
     tok = load_tokenizer(d)
     sent = [chat_prompt(tok, r["prompt"], system="Answer in SQL.") for r in rows]
     assert report["data"]["train"]["tokens"] - report["data"]["train"]["target_tokens"] == sum(map(len, sent))
