@@ -629,8 +629,8 @@ def load_datasets(data_dir: str | Path, tokenizer=None, *, require_valid: bool =
     train = load_jsonl(data_dir / TRAIN_FILE, tokenizer, **options)
     if valid and (data_dir / VALID_FILE).is_file():
         return train, load_jsonl(data_dir / VALID_FILE, tokenizer, **options)
-    if valid and others:
-        say(f"{data_dir}: no {VALID_FILE}; {', '.join(others)} not read (name validation data {VALID_FILE})")
+    if valid and (named := [n for n in others if n.startswith("val")]):  # (not a test split: it stays unseen)
+        say(f"{data_dir}: no {VALID_FILE}; {', '.join(named)} not read (name validation data {VALID_FILE})")
     if require_valid or valid and (data_dir / VALID_FILE).exists():  # a folder of that name is none
         raise no_file(data_dir, VALID_FILE)
     return train, None

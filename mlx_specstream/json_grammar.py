@@ -9,7 +9,8 @@ and integer with ``minimum``, ``maximum`` and their exclusive forms (then writte
 exponent); boolean, null, array with ``items``, ``minItems`` and ``maxItems``, object; a list of
 types), ``properties`` (each key once, in any order, only those named:
 ``additionalProperties`` is read as false there, as llama.cpp's schema grammars read it; none
-where ``properties`` is empty, as OpenAI writes a function without arguments) with
+where ``properties`` is empty, as OpenAI writes a function without arguments, unless
+``additionalProperties`` is true) with
 ``required``; an object of any keys whose values follow ``additionalProperties`` (Pydantic's
 ``dict[str, X]``), each key once there too, as in any object (a parser would keep only the
 last value; ``"a"`` and ``"\\u0061"`` are one key); ``enum`` and ``const`` (an object or array
@@ -216,7 +217,7 @@ class JSONGrammar(CharConstraint):
                                                     for k in props)), required))
         if not props and isinstance(extra, dict) and extra:
             return self._add(("map", self._read(extra, ctx)))
-        if props == {} or not props and extra is False:  # no property may be written (none is named)
+        if props == {} and extra is not True or not props and extra is False:  # no property may be written
             return self._add(EMPTY_OBJECT)
         return self._add(FREE_OBJECT)
 

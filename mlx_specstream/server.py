@@ -141,10 +141,12 @@ def _check_unicode(body: dict) -> None:
                 raise APIError(f"{where} holds {'a key' if key else 'text'} that is not valid Unicode text "
                                f"(a lone surrogate at position {e.start})", at or None) from None
         elif isinstance(value, dict):  # its keys first: a field's name is sound once said
-            todo += [(f"{at}.{k}" if at else k, v, False) for k, v in reversed(value.items())]
+            todo += [(f"{at}.{k}" if at else k, v, False) for k, v in reversed(value.items())
+                     if isinstance(v, str | list | dict)]
             todo += [(at, k, True) for k in reversed(value)]
-        elif isinstance(value, list):
-            todo += [(f"{at}[{i}]", v, False) for i, v in reversed(list(enumerate(value)))]
+        elif isinstance(value, list):  # (a prompt of token ids: nothing to walk)
+            todo += [(f"{at}[{i}]", v, False) for i, v in reversed(list(enumerate(value)))
+                     if isinstance(v, str | list | dict)]
 
 
 
