@@ -139,3 +139,32 @@ def test_low_precision_prefill_attention_keeps_fp32_accuracy(dtype):
     got = sdpa(q, k, v, mask, D**-0.5)
     assert got.dtype == dtype
     assert float(mx.abs(got.astype(mx.float32) - truth).max()) < (0.005 if dtype == mx.float16 else 0.02)
+
+
+def test_an_interrupt_leaves_the_workers_usable():
+    """A KeyboardInterrupt while a call waits for its parts (a notebook's "interrupt kernel")
+    leaves the workers serving the next call, and a part's error reaches the caller (a walkthrough
+    saw a thread pool's lock left taken hang every later call)."""
+    import signal
+    import threading
+    import time
+
+    from mlx_specstream.kernels import host_math
+
+    if host_math._pool is None or threading.current_thread() is not threading.main_thread():
+        pytest.skip("one core: no workers")
+    previous = signal.signal(signal.SIGALRM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    try:
+        for at in (1e-6, 0.01, 0.05):  # interrupted while parts are put, or while they run
+            with pytest.raises(KeyboardInterrupt):
+                signal.setitimer(signal.ITIMER_REAL, at)
+                host_math._pool.map(lambda i: time.sleep(0.05), list(range(40)))
+                time.sleep(1)  # (where the parts were all done before the signal came)
+            started = time.perf_counter()
+            assert host_math._pool.map(lambda i: i * 2, [1, 2, 3]) == [2, 4, 6]
+            assert time.perf_counter() - started < 30  # (the parts left behind: 40 × 0.05 s / threads)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    with pytest.raises(ZeroDivisionError):
+        host_math._pool.map(lambda i: 1 / i, [1, 0])

@@ -19,8 +19,9 @@ functions with MLX operations.
 from __future__ import annotations
 
 import os
+import queue
+import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 
 import mlx.core as mx
@@ -32,8 +33,41 @@ from .. import machine
 _enabled = False
 _allowed = os.environ.get("MLX_SPECSTREAM_HOST_MATH", "1") != "0"  # "0": MLX's operations everywhere
 _THREADS = min(8, machine.cores())
-_pool = ThreadPoolExecutor(_THREADS, thread_name_prefix="host-math") if _THREADS > 1 else None
 _MIN_SPLIT = 1 << 15  # elements below which one thread does the whole array
+
+
+class _Workers:
+    """Threads that run the parts of a call: the parts go through one queue, each call's results
+    through its own, both C-level (``queue.SimpleQueue``), so an interrupt of the caller at any
+    point (Ctrl-C, a notebook's "interrupt kernel") holds nothing the next call needs; parts it
+    left running finish into buffers no one reads. (``ThreadPoolExecutor``'s Python-level locks
+    can be left taken by one, which a walkthrough saw hang every later call.)"""
+
+    def __init__(self, n: int):
+        self.parts: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(n):
+            threading.Thread(target=self._work, name=f"host-math-{i}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            f, arg, done = self.parts.get()
+            try:
+                done.put((f(arg), None))
+            except BaseException as e:  # said in the caller's thread
+                done.put((None, e))
+
+    def map(self, f: Callable, args: list) -> list:
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        for arg in args:
+            self.parts.put((f, arg, done))
+        results = [done.get() for _ in args]
+        for _, error in results:
+            if error is not None:
+                raise error
+        return [r for r, _ in results]
+
+
+_pool = _Workers(_THREADS) if _THREADS > 1 else None
 
 
 @contextmanager
@@ -78,7 +112,7 @@ def _by_rows(f: Callable[..., None], out: np.ndarray, *inputs: np.ndarray, axis:
         sl = (*lead, slice(cuts[i], cuts[i + 1]))
         f(out[sl], *(x[sl] for x in inputs))
 
-    list(_pool.map(part, range(len(cuts) - 1)))
+    _pool.map(part, list(range(len(cuts) - 1)))
     return out
 
 
