@@ -19,7 +19,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from .arch.base import check_value
+from .arch.base import CausalLM, check_value
 from .errors import AdapterError, OptionError, check_keywords, check_path, check_seed
 from .loader import model_dir
 from .lora import LoRALinear
@@ -229,7 +229,7 @@ def _check_model(model) -> None:
     """The API's TypeError (``check_model``: what it is instead, and a hint) for an argument that is
     not an MLX model from ``load()``; a Core ML package's runner, which ``check_model`` takes for
     decoding, has its adapter fixed at export."""
-    if not isinstance(getattr(model, "layers", None), list):
+    if not isinstance(model, CausalLM):
         from .api import check_model  # api imports this module
 
         check_model(model, None)

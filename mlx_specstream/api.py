@@ -12,6 +12,7 @@ import numpy as np
 
 from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
+from .arch import CausalLM
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
 from .errors import OptionError, check_keywords, check_switch
 from .loader import load_model, model_dir
@@ -102,35 +103,64 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
         return tokenizer.encode(prompt)
-    if isinstance(prompt, mx.array):
-        prompt = np.array(prompt)
+    shape = getattr(prompt, "shape", None)  # an array: MLX's, NumPy's, torch's
+    if shape is not None and len(shape) != 1:
+        raise ValueError(f"a prompt is a 1-D sequence of token ids, not a {type(prompt).__name__} of shape "
+                         f"{tuple(shape)}" + (": pass its row, ids[0]" if len(shape) == 2 and shape[0] == 1
+                                              else ": generate decodes one prompt a call"))
+    if shape is not None and callable(getattr(prompt, "tolist", None)):
+        prompt = prompt.tolist()
     try:
-        items = [t.item() if isinstance(t, mx.array) and t.ndim == 0 else t for t in prompt]
+        items = [t.item() if getattr(t, "ndim", None) == 0 else t for t in prompt]  # (0-d arrays: ids)
     except TypeError:  # not iterable
         raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, "
-                         f"not {prompt!r}") from None
+                         f"not {_short(prompt)}") from None
     bad = [t for t in items if isinstance(t, bool) or not isinstance(t, int | np.integer)]
     if bad and all(isinstance(t, dict) for t in items):
         raise ValueError("a prompt is text or token ids: turn chat messages into the prompt's ids with "
                          "tokenizer.apply_chat_template(messages)")
+    if bad and all(isinstance(t, str | list | tuple) for t in items):
+        raise ValueError(f"a prompt is one text or one sequence of token ids, not a list of "
+                         f"{type(bad[0]).__name__}s: generate decodes one prompt a call")
     if bad:
         raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not "
-                         f"{type(prompt).__name__} holding {bad[0]!r}")
+                         f"{type(prompt).__name__} holding {_short(bad[0])}")
     return [int(t) for t in items]
+
+
+def _short(value) -> str:
+    """``repr(value)``, cut to 60 characters."""
+    said = repr(value)
+    return said if len(said) <= 60 else said[:57] + "..."
 
 
 def check_model(model, tokenizer, paths: bool = False) -> None:
     """A TypeError naming the argument that is not what :func:`load` returns (a path, the pair
     itself, the two swapped), before the engine would fail on it deep down. ``paths``: the caller
     also takes a model directory (``train``)."""
-    if not isinstance(model, Runner) and not isinstance(getattr(model, "layers", None), list):
+    if not isinstance(model, Runner | CausalLM):
         hint = (": load it first, model, tokenizer = load(PATH)" if isinstance(model, str | Path)
                 else ": give the model of model, tokenizer = load(PATH)" if isinstance(model, tuple)
+                else f": {_LIBRARIES[_library(model)]}'s model: load its directory with "
+                     "mlx_specstream.load(PATH) (the same directories load)" if _library(model)
                 else ": model and tokenizer swapped?" if callable(getattr(model, "encode", None)) else "")
         what = "a model directory or a model from load()" if paths else "a model from load()"
         raise TypeError(f"model must be {what}, not {type(model).__name__}{hint}")
-    if tokenizer is not None and not hasattr(tokenizer, "eos_token_ids"):  # what decoding reads of it
-        raise TypeError(f"tokenizer must be a tokenizer from load() or None, not {type(tokenizer).__name__}")
+    if tokenizer is not None and (_library(tokenizer) or not hasattr(tokenizer, "eos_token_ids")):
+        hint = (f": {_LIBRARIES[_library(tokenizer)]}'s tokenizer: take the one mlx_specstream.load(PATH) "
+                "gives" if _library(tokenizer) else "")
+        raise TypeError(f"tokenizer must be a tokenizer from load() or None, not "
+                        f"{type(tokenizer).__name__}{hint}")
+
+
+_LIBRARIES = {"mlx_lm": "mlx-lm", "transformers": "transformers", "tokenizers": "tokenizers"}  # whose
+# models and tokenizers look like ours (layers, eos_token_ids) and fail deep down in decoding
+
+
+def _library(obj) -> str | None:
+    """The top-level module of ``obj``'s class where it is one of :data:`_LIBRARIES`."""
+    top = type(obj).__module__.split(".")[0]
+    return top if top in _LIBRARIES else None
 
 
 def decoder(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt, *,

@@ -19,7 +19,7 @@ import pytest
 from helpers import deliverable_sigint, tiny_model
 from test_cli import assert_one_line_error, cli
 
-from mlx_specstream.adapter import new_adapter, save_adapter
+from mlx_specstream.adapter import load_adapter, new_adapter, save_adapter
 from mlx_specstream.api import DEFAULT_MODEL, generate, load, stream_generate
 from mlx_specstream.data import load_jsonl
 from mlx_specstream.errors import AdapterError, OptionError
@@ -167,9 +167,12 @@ def test_prompts_that_are_not_prompts():
             generate(model, None, prompt, max_tokens=2)
     with pytest.raises(ValueError, match="the prompt is empty"):
         generate(model, None, [], max_tokens=2)
-    for prompt, fragment in (([1.9, 4.2], "not list holding 1.9"), (["1", "2"], "not list holding '1'"),
+    for prompt, fragment in (([1.9, 4.2], "not list holding 1.9"),
+                             (["1", "2"], "not a list of strs: generate decodes one prompt a call"),
                              ([1, True], "not list holding True"), (None, "not None"), (5, "not 5"),
-                             (np.array([[1, 2]]), "not ndarray holding"),
+                             (np.array([[1, 2]]), "not a ndarray of shape (1, 2): pass its row, ids[0]"),
+                             (mx.array([[1, 2], [3, 4]]), "(2, 2): generate decodes one prompt a call"),
+                             ([[1, 2], [3]], "not a list of lists"),
                              ([{"role": "user", "content": "hi"}], "tokenizer.apply_chat_template")):
         with pytest.raises(ValueError, match=re.escape(fragment)):
             generate(model, None, prompt, max_tokens=2)
@@ -199,6 +202,32 @@ def test_a_model_or_tokenizer_that_is_not_one_is_named():
             generate(*args, [1, 2], max_tokens=2)
     with pytest.raises(TypeError, match="stop must be a string or a list of strings, not int"):
         generate(model, Tok(), [1, 2], max_tokens=2, stop=5)
+
+
+def test_mlx_lms_model_and_tokenizer_are_told_from_ours():
+    """mlx-lm's model and tokenizer (and transformers') look like ours to the engine and failed
+    deep down, or with advice that sent a user wrong; our model in mlx-lm's generate failed in our
+    attention (found by a notebook walkthrough): one TypeError each, saying what to do."""
+    import mlx_lm
+
+    from mlx_specstream.api import DEFAULT_MODEL
+    from mlx_specstream.trainer import train
+
+    if not (DEFAULT_MODEL / "config.json").exists():
+        pytest.skip("the default model is not built")
+    theirs, their_tok = mlx_lm.load(str(DEFAULT_MODEL))
+    ours, tok = load(DEFAULT_MODEL)
+    for call in (lambda: generate(theirs, tok, [1, 2], max_tokens=2, mode="ar"),
+                 lambda: load_adapter(theirs, "sql-lossless"), lambda: train(theirs, [], iters=1)):
+        with pytest.raises(TypeError, match=r"not Model: mlx-lm's model: load its directory with "
+                                            r"mlx_specstream.load\(PATH\)"):
+            call()
+    for other, library in ((their_tok, "mlx-lm"), (their_tok._tokenizer, "transformers")):
+        with pytest.raises(TypeError, match=f"tokenizer must be a tokenizer from load\\(\\) or None, "
+                                            f"not {type(other).__name__}: {library}'s tokenizer"):
+            generate(ours, other, [1, 2], max_tokens=2, mode="ar")
+    with pytest.raises(TypeError, match="mlx-lm's caches are not its own: decode it with mlx_specstream"):
+        mlx_lm.generate(ours, their_tok, "SELECT", max_tokens=2)
 
 
 def test_a_model_without_tokenizer_stops_at_the_eos_its_config_names(tmp_path):

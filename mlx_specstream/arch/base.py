@@ -431,6 +431,10 @@ class CausalLM(nn.Module):
     def __call__(self, tokens: mx.array, cache=None, mask=None, positions=None) -> mx.array:
         """Logits (B, T, vocab). Default positions continue the cache; default mask is causal."""
         T = tokens.shape[1]
+        if cache and hasattr(cache[0], "update_and_fetch") and not hasattr(cache[0], "append"):
+            raise TypeError("this model is mlx-specstream's, and mlx-lm's caches are not its own: decode it "
+                            "with mlx_specstream.generate or stream_generate (mlx-lm's load reads the same "
+                            "directory into mlx-lm's model)")
         offset = cache[0].offset if cache is not None else 0
         if positions is None:
             positions = mx.arange(offset, offset + T)
