@@ -326,7 +326,13 @@ def _fit(pieces: list[str], text: str) -> list[str]:
 MLX_LM_NAMES = {"temp": "{temperature}",
                 "verbose": "the result has the text and its stats; stream_generate gives it pass by pass",
                 "sampler": "give {temperature} and {top_p}: sampling must match the drafts' verification",
-                "logits_processors": "{constraint} takes a TokenConstraint ({sql_names=True} for SQL)"}
+                "logits_processors": "{constraint} takes a TokenConstraint ({sql_names=True} for SQL)",
+                "num_draft_tokens": "the streams draft: {gamma} of them, {tree_budget} nodes a pass",
+                "draft_model": "no draft model: the adapter's streams draft; load(PATH, adapter=NAME)",
+                "prompt_cache": "each call prefills its prompt: no prompt cache here",
+                "stop_strings": "{stop}",
+                "adapter_path": "an adapter is the model's: load(PATH, adapter=NAME) or "
+                                "load_adapter(model, NAME)"}
 
 
 # the options a request may give: the engine's, and sql_names (the constraint it makes)

@@ -124,7 +124,8 @@ MLX_LM_NAMES = {"learning_rate": "{lr}", "steps_per_eval": "{val_every}", "adapt
                                            "processes ({processes})",
                 "steps_per_report": "not needed here: the progress bar shows every step, {val_every} sets "
                                     "the validations",
-                "test": "not here: specstream-mlx bench --adapter NAME --data DIR judges an adapter"}
+                "test": "not here: specstream-mlx bench --adapter NAME --data DIR judges an adapter",
+                "verbose": "{progress} draws the bar; {log} takes the messages"}
 MODES = ("lossless", "shared", "lora")
 # Options a mode ignores: ``lora`` drafts nothing; only lossless self-distillation builds
 # stream states in segments and continues prompts given alone

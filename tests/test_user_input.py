@@ -155,6 +155,10 @@ def test_api_options_of_the_wrong_type_or_name():
         next(stream_generate(model, None, [1, 2, 3], verbose=True))
     with pytest.raises(TypeError, match=re.escape("'sampler' (give temperature and top_p")):
         generate(model, None, [1, 2, 3], sampler=None)
+    for name, hint in (("num_draft_tokens", "the streams draft: gamma of them, tree_budget nodes a pass"),
+                       ("stop_strings", "did you mean 'stop'?"), ("adapter_path", "load_adapter(model, NAME)")):
+        with pytest.raises(TypeError, match=re.escape(f"'{name}' ({hint}")):  # (a walkthrough's)
+            generate(model, None, [1, 2, 3], **{name: 1})
     with pytest.raises(TypeError, match=re.escape("load() got an unexpected keyword argument 'adapter_path' "
                                                   "(did you mean 'adapter'?)")):
         load(adapter_path="sql")
