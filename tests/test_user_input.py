@@ -156,7 +156,8 @@ def test_api_options_of_the_wrong_type_or_name():
     with pytest.raises(TypeError, match=re.escape("'sampler' (give temperature and top_p")):
         generate(model, None, [1, 2, 3], sampler=None)
     for name, hint in (("num_draft_tokens", "the streams draft: gamma of them, tree_budget nodes a pass"),
-                       ("stop_strings", "did you mean 'stop'?"), ("adapter_path", "load_adapter(model, NAME)")):
+                       ("stop_strings", "did you mean 'stop'?"),
+                       ("adapter_path", "an adapter is the model's: load(PATH, adapter=NAME) or load_adapter")):
         with pytest.raises(TypeError, match=re.escape(f"'{name}' ({hint}")):  # (a walkthrough's)
             generate(model, None, [1, 2, 3], **{name: 1})
     with pytest.raises(TypeError, match=re.escape("load() got an unexpected keyword argument 'adapter_path' "
