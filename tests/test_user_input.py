@@ -157,7 +157,7 @@ def test_api_options_of_the_wrong_type_or_name():
         generate(model, None, [1, 2, 3], sampler=None)
     for name, hint in (("num_draft_tokens", "the streams draft: gamma of them, tree_budget nodes a pass"),
                        ("stop_strings", "did you mean 'stop'?"),
-                       ("adapter_path", "an adapter is the model's: load(PATH, adapter=NAME) or load_adapter")):
+                       ("adapter_path", "an adapter is the model's: load(PATH, adapter=NAME) or")):
         with pytest.raises(TypeError, match=re.escape(f"'{name}' ({hint}")):  # (a walkthrough's)
             generate(model, None, [1, 2, 3], **{name: 1})
     with pytest.raises(TypeError, match=re.escape("load() got an unexpected keyword argument 'adapter_path' "
