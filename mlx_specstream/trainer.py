@@ -891,7 +891,22 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             if model_path is not None and Path(model_path).resolve() != DEFAULT_MODEL.resolve():
                 use = f"--model {shlex.quote(str(model_path))} {use}"  # as given: found under its adapters/
             say(f"saved adapter {out_dir}" + (f" (generate with {use})" if bare else ""))
-        return report
+        return Report(report)
+
+
+class Report(dict):
+    """The run's report (``training_report.json``'s contents), a dict, shown in a notebook as its
+    outline: its loss and validation histories hold one entry per step and evaluation."""
+
+    def __repr__(self) -> str:
+        best, valid = self.get("best") or {}, self.get("valid") or {}
+        said = [f"adapter={self.get('adapter')!r}", f"mode={self.get('mode')!r}",
+                f"iters={self.get('iters')}", f"kept_step={self.get('kept_step')}"]
+        if "mean_accepted_tokens" in best:
+            said.append(f"best=step {best.get('step')}: {best['mean_accepted_tokens']:.2f} tokens per pass")
+        if "loss" in valid:
+            said.append(f"valid loss={valid['loss']:.4f}")
+        return f"Report({', '.join(said)}; keys: {', '.join(self)})"
 
 
 def ngram_table(dataset: Dataset, eos_ids: set[int] = frozenset()) -> NgramTable:

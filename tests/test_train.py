@@ -359,6 +359,8 @@ def test_the_adapter_that_drafts_best_is_kept(synthetic, monkeypatch, scores, lo
                    callback=lambda step, info: seen.setdefault(step, {
                        k: np.array(v) for k, v in adapter_weights(model).items()}))
     assert report["best"]["step"] == report["kept_step"] == model.adapter_config.training["step"] == kept_step
+    shown = repr(report)  # a notebook cell's last value: its outline, not every step's loss
+    assert shown.startswith("Report(adapter=None, mode='lossless', iters=4, kept_step=") and len(shown) < 400
     assert [len(v["accepted_per_prompt"]) for v in report["val_history"]] == [4, 4]
     kept = {k: np.array(v) for k, v in adapter_weights(model).items()}
     other = 6 - kept_step
