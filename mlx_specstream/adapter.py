@@ -237,15 +237,21 @@ def _check_model(model) -> None:
                         "--adapter); give a model from load()")
 
 
+def check_swappable(model: nn.Module) -> None:
+    """An AdapterError where the model's adapter is fused into its weights: it cannot be detached,
+    so no other can be attached or trained."""
+    if getattr(model, "fused_lora", 0):
+        raise AdapterError(f"adapter '{model.adapter_config.name}' is fused into this model's "
+                           "weights: load the base model again to change adapters (load(..., fuse=False) "
+                           "keeps them swappable)")
+
+
 def detach(model: nn.Module) -> None:
     """Remove the attached adapter (if any), restoring the base layers."""
     _check_model(model)
     if getattr(model, "adapter", None) is None:
         return
-    if getattr(model, "fused_lora", 0):
-        raise AdapterError(f"adapter '{model.adapter_config.name}' is fused into this model's "
-                           "weights: load the base model again to change adapters (load(..., fuse=False) "
-                           "keeps them swappable)")
+    check_swappable(model)
     for block in model.layers:
         for parent, name in _linears(block, (LoRALinear,)):
             layer = getattr(parent, name)

@@ -40,6 +40,7 @@ from .adapter import (
     attach,
     check_fine_tune,
     check_made_for,
+    check_swappable,
     detach,
     fine_tune_keys,
     fingerprint,
@@ -682,6 +683,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             "quantized copies (docs/training.md)")
 
     # a bad setting is refused before any work, and before the attached adapter goes
+    check_swappable(model)
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
                   branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None

@@ -636,11 +636,16 @@ def test_an_adapter_over_a_fused_one_is_refused_as_the_fused_ones():
     from mlx_specstream.adapter import load_adapter
     from mlx_specstream.api import load
     from mlx_specstream.errors import AdapterError
+    from mlx_specstream.trainer import train
 
     model, _ = load(DEFAULT_MODEL, adapter="sql")  # shared mode: fused by default
     assert model.fused_lora
     with pytest.raises(AdapterError, match=r"^adapter 'sql' is fused into this model's weights: load"):
         load_adapter(model, "sql-lossless")
+    said = []  # and a training run over it, before it reads its data (a walkthrough saw its notices first)
+    with pytest.raises(AdapterError, match=r"^adapter 'sql' is fused into this model's weights: load"):
+        train(model, [{"prompt": "a", "completion": "b"}] * 8, iters=1, log=said.append, progress=False)
+    assert said == []
 
 
 @pytest.mark.parametrize("quantize", [(3, 7), "int4", (4,), (8, 48)])
