@@ -352,7 +352,8 @@ def _say_trained_template(model: Path, adapter: str, chat_template: bool, system
     # (conversations bring their own system turns: any system prompt goes with them)
     other_system = config.get("chat_template") is True and system_prompt != system
     if config.get("chat_prompts") and (not chat_template or other_system):
-        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}" if system is not None else "")
+        flags = "--chat-template" + (f" --system-prompt {shlex.quote(system)}" if system is not None
+                                     else " without --system-prompt" if system_prompt is not None else "")
         after = f" after the system prompt {system!r}" if system is not None else ""
         warn(f"adapter {adapter} was trained on prompts in the chat template{after}: generate with {flags}")
 

@@ -677,13 +677,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
         raise OptionError(f"{{fine_tune_lr}}: only shared mode trains an every-row LoRA beside its streams "
                           f"(this is {mode} mode: use {{lr}})")
 
+    check_swappable(model)  # before any notice: nothing else would be said of the run
     if not on_gpu() and any(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()):
         say("the base is quantized, and on a CPU MLX's quantized products are many times slower than "
             "float ones: an adapter trained on the float base is faster to train and works on its "
             "quantized copies (docs/training.md)")
 
     # a bad setting is refused before any work, and before the attached adapter goes
-    check_swappable(model)
     AdapterConfig(mode=mode, gamma=gamma, msa_layers=msa_layers, rank=rank, prune_rank=prune_rank,
                   branch=branch, tree_budget=tree_budget).fit(len(model.layers))
     init_cfg = read_config(resolve_adapter(model_path, init)) if init is not None else None
@@ -828,7 +828,7 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
                              "larger {iters} trains it further)", subject=str(out_dir)))
                     load_adapter(model, out_dir)  # the model holds what the run saved (its best)
-                    return {**saved, "process_rank": rank_id}
+                    return Report({**saved, "process_rank": rank_id})
                 say(f"resuming from {loaded[0]} (step {run.start} of {iters})")
             elif resumable:
                 say(f"no checkpoint in {ckpt_dir}: starting from step 0")

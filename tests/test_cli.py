@@ -186,6 +186,30 @@ def test_generate_with_the_chat_template_and_stop_strings(tmp_path):
     assert res.returncode == 0 and res.stdout == code[: code.index("\n")] + "\n", res.stderr
 
 
+@pytest.mark.parametrize("recorded,given,said", [
+    ({"chat_template": True, "system_prompt": None}, (True, "X"), "template: generate with --chat-template "
+                                                                  "without --system-prompt"),
+    ({"chat_template": True, "system_prompt": "S"}, (False, None),
+     "template after the system prompt 'S': generate with --chat-template --system-prompt S"),
+    ({"chat_template": False}, (False, None), None),
+    ({"chat_template": True, "system_prompt": None}, (True, None), None)])
+def test_generate_says_how_the_adapter_was_trained(tmp_path, recorded, given, said):
+    """generate's warning where an adapter meets prompts unlike those it was trained on, saying the
+    options that make them alike (a review found it advising --chat-template to one who gave it)."""
+    import json
+    import warnings
+
+    from mlx_specstream.cli import _say_trained_template
+
+    (tmp_path / "ad").mkdir()
+    (tmp_path / "ad" / "adapter_config.json").write_text("{}")
+    (tmp_path / "ad" / "training_report.json").write_text(json.dumps({"config": recorded}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _say_trained_template(tmp_path, str(tmp_path / "ad"), *given)
+    assert [str(w.message).split("chat ", 1)[1] for w in caught] == ([said] if said else [])
+
+
 def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path):
     """train --chat-template --system-prompt S reads each text prompt as generate --chat-template
     --system-prompt S sends it (the oracle: data.chat_prompt, generate's rendering), records S, and

@@ -168,3 +168,22 @@ def test_an_interrupt_leaves_the_workers_usable():
         signal.signal(signal.SIGALRM, previous)
     with pytest.raises(ZeroDivisionError):
         host_math._pool.map(lambda i: 1 / i, [1, 0])
+
+
+def test_a_forked_process_has_workers_of_its_own():
+    """The workers start in the process that first calls them: a child forked after the parent's
+    calls gets its own (threads do not survive a fork; a review saw the child wait for ever)."""
+    import os
+    import signal
+
+    from mlx_specstream.kernels import host_math
+
+    if host_math._pool is None or not hasattr(os, "fork"):
+        pytest.skip("one core, or no fork")
+    assert host_math._pool.map(lambda i: i + 1, [1, 2]) == [2, 3]  # started here
+    pid = os.fork()
+    if pid == 0:  # the child: a result within 10 s, or the alarm's status
+        signal.alarm(10)
+        os._exit(0 if host_math._pool.map(lambda i: i * 2, [1, 2]) == [2, 4] else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

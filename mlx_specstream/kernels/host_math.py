@@ -41,22 +41,30 @@ class _Workers:
     through its own, both C-level (``queue.SimpleQueue``), so an interrupt of the caller at any
     point (Ctrl-C, a notebook's "interrupt kernel") holds nothing the next call needs; parts it
     left running finish into buffers no one reads. (``ThreadPoolExecutor``'s Python-level locks
-    can be left taken by one, which a walkthrough saw hang every later call.)"""
+    can be left taken by one, which a walkthrough saw hang every later call.) The threads start at
+    the first call, in the process that makes it: a forked child starts its own."""
 
     def __init__(self, n: int):
-        self.parts: queue.SimpleQueue = queue.SimpleQueue()
-        for i in range(n):
-            threading.Thread(target=self._work, name=f"host-math-{i}", daemon=True).start()
+        self.n, self.parts, self.pid = n, queue.SimpleQueue(), None
 
-    def _work(self) -> None:
+    def _start(self) -> None:
+        self.parts, self.pid = queue.SimpleQueue(), os.getpid()  # (a fork's parent's queue: no one reads it)
+        for i in range(self.n):
+            threading.Thread(target=self._work, args=(self.parts,), name=f"host-math-{i}",
+                             daemon=True).start()
+
+    @staticmethod
+    def _work(parts: queue.SimpleQueue) -> None:
         while True:
-            f, arg, done = self.parts.get()
+            f, arg, done = parts.get()
             try:
                 done.put((f(arg), None))
             except BaseException as e:  # said in the caller's thread
                 done.put((None, e))
 
     def map(self, f: Callable, args: list) -> list:
+        if self.pid != os.getpid():
+            self._start()
         done: queue.SimpleQueue = queue.SimpleQueue()
         for arg in args:
             self.parts.put((f, arg, done))
