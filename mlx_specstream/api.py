@@ -103,11 +103,12 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
         if tokenizer is None:
             raise ValueError("a text prompt needs a tokenizer; pass token ids instead")
         return tokenizer.encode(prompt)
-    shape = getattr(prompt, "shape", None)  # an array: MLX's, NumPy's, torch's
+    shape, kind = getattr(prompt, "shape", None), type(prompt).__name__  # arrays: MLX's, NumPy's, torch's
     if shape is not None and len(shape) != 1:
-        raise ValueError(f"a prompt is a 1-D sequence of token ids, not a {type(prompt).__name__} of shape "
-                         f"{tuple(shape)}" + (": pass its row, ids[0]" if len(shape) == 2 and shape[0] == 1
-                                              else ": generate decodes one prompt a call"))
+        hint = (": pass its row, ids[0]" if len(shape) == 2 and shape[0] == 1 else ": pass a list, [id]"
+                if len(shape) == 0 else ": generate decodes one prompt a call")
+        raise ValueError(f"a prompt is a 1-D sequence of token ids, not a {kind} of shape "
+                         f"{tuple(shape)}{hint}")
     if shape is not None and callable(getattr(prompt, "tolist", None)):
         prompt = prompt.tolist()
     try:
@@ -123,8 +124,8 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
         raise ValueError(f"a prompt is one text or one sequence of token ids, not a list of "
                          f"{type(bad[0]).__name__}s: generate decodes one prompt a call")
     if bad:
-        raise ValueError("a prompt is text (str) or a 1-D sequence of int token ids, not "
-                         f"{type(prompt).__name__} holding {_short(bad[0])}")
+        raise ValueError(f"a prompt is text (str) or a 1-D sequence of int token ids, not {kind} holding "
+                         f"{_short(bad[0])}")
     return [int(t) for t in items]
 
 

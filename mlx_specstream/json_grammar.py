@@ -217,7 +217,7 @@ class JSONGrammar(CharConstraint):
                                                     for k in props)), required))
         if not props and isinstance(extra, dict) and extra:
             return self._add(("map", self._read(extra, ctx)))
-        if props == {} and extra is not True or not props and extra is False:  # no property may be written
+        if props == {} and extra not in (True, {}) or not props and extra is False:  # no property written
             return self._add(EMPTY_OBJECT)
         return self._add(FREE_OBJECT)
 

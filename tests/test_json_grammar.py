@@ -327,7 +327,8 @@ def test_what_is_not_enforced_is_said(tok):
                        {"type": "object", "properties": {}}):  # OpenAI's function without arguments
         closed = json_constraint(tok, none_named)
         assert reads(closed, tok, "{}") and not reads(closed, tok, '{"x": 1}')
-    for any_keys in ({"type": "object"}, {"type": "object", "properties": {}, "additionalProperties": True}):
+    for any_keys in ({"type": "object"}, {"type": "object", "properties": {}, "additionalProperties": True},
+                     {"type": "object", "properties": {}, "additionalProperties": {}}):
         assert reads(json_constraint(tok, any_keys), tok, '{"x": 1}')  # (Pydantic's extra="allow")
 
 

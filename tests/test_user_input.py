@@ -177,7 +177,8 @@ def test_prompts_that_are_not_prompts():
                              ([1, True], "not list holding True"), (None, "not None"), (5, "not 5"),
                              (np.array([[1, 2]]), "not a ndarray of shape (1, 2): pass its row, ids[0]"),
                              (mx.array([[1, 2], [3, 4]]), "(2, 2): generate decodes one prompt a call"),
-                             ([[1, 2], [3]], "not a list of lists"),
+                             ([[1, 2], [3]], "not a list of lists"), (np.array(5), "(): pass a list, [id]"),
+                             (mx.array([1.0, 2.0]), "not array holding 1.0"),
                              ([{"role": "user", "content": "hi"}], "tokenizer.apply_chat_template")):
         with pytest.raises(ValueError, match=re.escape(fragment)):
             generate(model, None, prompt, max_tokens=2)
