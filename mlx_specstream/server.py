@@ -149,7 +149,6 @@ def _check_unicode(body: dict) -> None:
                      if isinstance(v, str | list | dict)]
 
 
-
 def _tools(body: dict, tokenizer) -> tuple[list[dict] | None, ToolFormat | None, tuple[str, ...] | None]:
     """The request's ``tools`` for the template, the format its calls are read in (None, None:
     no tools, or ``tool_choice: "none"``, for which the model is not shown them), and the names of
