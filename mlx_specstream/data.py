@@ -516,11 +516,12 @@ def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str
     ``FILE:LINE``) or of a list (its name: ``NAME[i]``), applying the length policy
     (``chat_template``, ``system``: as :func:`encode_row` reads a row); what was cut or skipped is
     counted and said in the set's notes."""
-    if policy not in POLICIES:
-        raise ValueError(f"the length policy must be one of {', '.join(POLICIES)}, not '{policy}'")
-    if max_seq_len is not None and max_seq_len < 2:
-        from .errors import OptionError
+    from .errors import OptionError, verbatim
 
+    if policy not in POLICIES:
+        raise OptionError(f"{{length_policy}} must be one of {', '.join(POLICIES)}, "
+                          f"not {verbatim(repr(policy))}")
+    if max_seq_len is not None and max_seq_len < 2:
         raise OptionError(f"{{max_seq_len}} must be at least 2, not {max_seq_len}")
     file = isinstance(source, Path)
     ds = Dataset([], source if file else None)
