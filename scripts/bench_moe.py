@@ -8,9 +8,6 @@ matrix, and a prefill of a random Qwen3-MoE, interleaved, fastest of ``--reps`` 
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -22,8 +19,8 @@ import mlx_specstream  # noqa: E402,F401  (first: it loads the optimized BLAS be
 # isort: split
 import mlx.core as mx  # noqa: E402
 
+from mlx_specstream import outputs  # noqa: E402
 from mlx_specstream.arch import build_model, moe  # noqa: E402
-from mlx_specstream.outputs import write_text_atomic  # noqa: E402
 
 CONFIG = dict(model_type="qwen3_moe", hidden_size=512, num_attention_heads=8, num_key_value_heads=4,
               head_dim=64, intermediate_size=1024, moe_intermediate_size=256, num_experts=32,
@@ -44,8 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    args = outputs.parse_script_args(ap)
     mx.random.seed(0)
     model = build_model(CONFIG)
     mx.eval(model.parameters())
@@ -60,16 +56,13 @@ def main() -> None:
             times[f"experts {how}"].append(best(lambda: experts(x, chosen), args.reps))
             times[f"prefill {how}"].append(best(lambda: model(ids), args.reps))
     fastest = {k: min(v) for k, v in times.items()}
-    result = {
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": platform.platform(), "mlx": mx.__version__, "config": CONFIG, "tokens": args.tokens,
-        "best_s": fastest, "rounds_s": times,
-        "speedup": {what: fastest[f"{what} one by one"] / fastest[f"{what} grouped"]
-                    for what in ("experts", "prefill")},
-    }
-    write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
-    print(json.dumps(result["speedup"]))
+    speedup = {what: fastest[f"{what} one by one"] / fastest[f"{what} grouped"]
+               for what in ("experts", "prefill")}
+    print(speedup)
+    if args.out is not None:
+        meta = outputs.run_meta(config=CONFIG, tokens=args.tokens, reps=args.reps)
+        results = [{"best_s": fastest, "rounds_s": times, "speedup": speedup}]
+        outputs.write_results_file(args.out, meta, results)
 
 
 if __name__ == "__main__":

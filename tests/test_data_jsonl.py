@@ -95,7 +95,7 @@ def test_length_policy_counts(tmp_path):
     assert [len(e.tokens) for e in ds.examples] == [4] and ds.n_skipped == 3
     with pytest.raises(DataError, match="no usable examples"):
         load_jsonl(f, max_seq_len=3, policy="skip")
-    with pytest.raises(ValueError, match="length policy"):
+    with pytest.raises(ValueError, match="length_policy must be one of truncate, skip"):
         load_jsonl(f, policy="drop")
 
 
