@@ -42,7 +42,7 @@ class DecodeOptions:
     top_p: float = 1.0
     top_k: int = 0  # sampling: the k most likely tokens only (0: all)
     min_p: float = 0.0  # sampling: tokens at least min_p times as likely as the most likely one
-    seed: int | None = None  # sampling; None: a fresh seed from the OS each generation
+    seed: int | None = None  # sampling; None: a fresh seed each generation, from MLX's generator
     mode: str = "ss"  # "ss" | "ar" | "lookup" (prompt-lookup drafts, a model-free baseline)
     # ss: prompt-lookup candidates merged into the streams' draft tree (hybrid drafts); None: on
     lookup: bool | None = None
@@ -340,7 +340,11 @@ class Decoder:
         # tokens a pass from a three-node tree.
         self.stream_pass_cost = CPU_STREAM_PASS_COST if self.deferred else 0.0
         self.stream_rate = _Rate(2.0, pass_cost(3, self.node_cost) + self.stream_pass_cost)
-        self.rng = np.random.default_rng(opts.seed)
+        # no seed: one drawn from MLX's generator, which mx.random.seed makes repeatable (as mlx-lm's
+        # sampling is) and which starts from the clock in each process
+        drawn = opts.seed is None and opts.temperature > 0
+        seed = int(mx.random.randint(0, 2**31 - 1, ()).item()) if drawn else opts.seed
+        self.rng = np.random.default_rng(seed)
         self.stats = Stats(prompt_tokens=len(prompt))
         self.constraint_state = opts.constraint.start if opts.constraint is not None else None
 

@@ -311,6 +311,18 @@ def test_hybrid_drafts_are_lossless_and_add_lookup_candidates(llama):
     assert len(generate(llama, None, prompt, max_tokens=40, temperature=0.7, seed=1).tokens) == 40
 
 
+def test_without_a_seed_mlx_random_seed_repeats_a_sample(llama):
+    """No ``seed``: each sample draws one from MLX's generator, so ``mx.random.seed`` repeats it as
+    it repeats mlx-lm's sampling (a notebook walkthrough expected it), and the draws go on apart."""
+    new_adapter(llama, gamma=3, msa_layers=2, seed=4)
+    samples = []
+    for reseed in (True, True, False):
+        if reseed:
+            mx.random.seed(42)
+        samples.append(generate(llama, None, [1, 2, 3], max_tokens=40, temperature=1.0).tokens)
+    assert samples[0] == samples[1] != samples[2]
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.8])
 def test_lookup_chain_alone_skips_the_deferred_stream_pass_when_it_pays(llama, temperature):
     """With deferred streams, a step whose lookup chain promises more tokens per unit of cost than
