@@ -126,6 +126,9 @@ def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callabl
     try:
         if interruptible:  # Ctrl-C, ignored while the process started (run_local), stops it from here on
             signal.signal(signal.SIGINT, signal.default_int_handler)
+        # SIGTERM (to the whole group) outside the steps, which handle it themselves (self-distillation,
+        # say): as Ctrl-C, so the process ends through its finalizers, not with its semaphores leaked
+        signal.signal(signal.SIGTERM, signal.default_int_handler)
         blas.set_threads(threads_each(size))
         fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
     except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once
