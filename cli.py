@@ -235,7 +235,7 @@ def _show_stats(stats) -> None:
                 "accepted_length_histogram", "prefill_time_s", "decode_time_s", "tokens_per_second",
                 "bookkeeping_share", "mean_tree_nodes", "mean_kept_nodes"):
         typer.echo(f"{key:>26}: {d[key]}", err=True)
-    why = f" (the model's context limit, {d['context_limit']} tokens)" \
+    why = f" (the context limit, {d['context_limit']} tokens)" \
         if d["context_limit"] and d["finish_reason"] == "length" else ""
     typer.echo(f"{'finish_reason':>26}: {d['finish_reason']}{why}", err=True)
 
@@ -318,8 +318,8 @@ def generate(
                  if value is not None]
         if fixed:
             said = ", ".join(fixed[:-1]) + " and " + fixed[-1] if len(fixed) > 1 else fixed[0]
-            raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree size at "
-                             f"export: drop {said}")
+            raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree (size and node "
+                             f"cost) at export: drop {said}")
         _generate_coreml(model, text, verbose, chat_template, turn, forced, schema, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, mode=mode,
                          branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,

@@ -426,7 +426,7 @@ def test_a_core_ml_package_names_only_the_fixed_flags_given(tmp_path):
     """What a package fixes at export and the command line gave anyway: said by the flags given."""
     pkg = str(tmp_path / "sql.mlpackage")
     assert_one_line_error(cli("generate", "--model", pkg, "--adapter", "sql", "--gamma", "2", "-p", "x"),
-                          "pruning and tree size at export: drop --adapter and --gamma")
+                          "pruning and tree (size and node cost) at export: drop --adapter and --gamma")
     res = cli("generate", "--model", pkg, "--node-cost", "0.1", "-p", "x")
     assert res.stderr.rstrip().endswith("at export: drop --node-cost"), res.stderr
 
