@@ -135,9 +135,9 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> dict:
     ``quantization`` (with those per-layer settings, which a load, ours or mlx-lm's, reads). None
     allowed is an error; some left in float (input sizes that do not divide into groups) a warning."""
     check_quantization(bits, group_size)
-    per_layer = router_quantization(model)
+    per_layer, fitting = router_quantization(model), quantize_predicate(group_size)
     layers = [m for p, m in model.named_modules() if hasattr(m, "to_quantized") and p not in per_layer]
-    fits = sum(quantize_predicate(group_size)("", m) for m in layers)
+    fits = sum(fitting("", m) for m in layers)
     if not fits:
         raise OptionError(f"{{q_group_size={group_size}}}: no layer's input size divides into groups of "
                          f"{group_size}, so nothing would be quantized"
@@ -145,7 +145,6 @@ def quantize_model(model: nn.Module, bits: int, group_size: int) -> dict:
     if fits < len(layers):
         warn(f"{len(layers) - fits} of {len(layers)} layers stay in float: their input sizes do not divide "
              f"into groups of {group_size}")
-    fitting = quantize_predicate(group_size)
     nn.quantize(model, group_size=group_size, bits=bits,
                 class_predicate=lambda p, m: per_layer[p] if p in per_layer else fitting(p, m))
     return {"group_size": group_size, "bits": bits, **per_layer}

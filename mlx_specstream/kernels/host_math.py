@@ -45,7 +45,7 @@ class _Workers:
     the first call, in the process that makes it: a forked child starts its own."""
 
     def __init__(self, n: int):
-        self.n, self.parts, self.pid = n, queue.SimpleQueue(), None
+        self.n, self.parts, self.pid = n, None, None  # (started by the first map)
 
     def _start(self) -> None:
         self.parts, self.pid = queue.SimpleQueue(), os.getpid()  # (a fork's parent's queue: no one reads it)
