@@ -187,9 +187,9 @@ def weights_probe(model, per_matrix: int = 8) -> list[list[float]]:
     return [[float(f"{x:.6g}") for x in part.tolist()] for part in (mx.concatenate(rows), embedded)]
 
 
-# the correlation of two probes of one base: int4's rounding (a tenth of a weight's spread) keeps
-# 0.995, noise of a fifth of it 0.98; the shipped model with noise of 0.4 of it, which turns a shared
-# adapter's output to nonsense, 0.92 (measured 2026-11-29)
+# the correlation of two probes of one base: on the shipped model, int4's rounding keeps 0.995, noise
+# of 0.18 of a weight's spread 0.98, and of 0.37, which turns a shared adapter's output to nonsense,
+# 0.92 (scripts/probe_correlation.py, results/adapters/probe_correlation_2026-11-29.json)
 SAME_BASE = 0.97
 
 
