@@ -343,12 +343,11 @@ def generate(
 def _say_trained_template(model: Path, adapter: str, chat_template: bool, system_prompt: str | None) -> None:
     """Warn where the adapter was trained on prompts in the chat template (or after a system
     prompt) and is given them otherwise: its drafts, and a shared adapter's text, then go wrong."""
-    from mlx_specstream.adapter import resolve_adapter, trained_config
+    from mlx_specstream.adapter import resolve_adapter, trained_config, trained_system_prompt
     from mlx_specstream.machine import warn
 
     config = trained_config(resolve_adapter(model, adapter))
-    system = config.get("system_prompt") if config.get("chat_template") is True else None
-    system = system if isinstance(system, str) else None
+    system = trained_system_prompt(config)
     # (conversations bring their own system turns: any system prompt goes with them)
     other_system = config.get("chat_template") is True and system_prompt != system
     if config.get("chat_prompts") and (not chat_template or other_system):

@@ -30,6 +30,8 @@ from .tree import check_tree_sizes
 
 CONFIG_FILE, WEIGHTS_FILE = "adapter_config.json", "adapter.safetensors"
 REPORT_FILE = "training_report.json"  # train's record of the run (trainer.py writes it)
+# a run's settings that generate takes from its adapter: the prompts it learnt after, their length
+PROMPT_SETTINGS = ("chat_template", "system_prompt", "max_seq_len")
 
 
 @dataclass
@@ -458,16 +460,31 @@ def available_adapters(model_path: str | Path) -> list[str]:
 def trained_config(adapter_dir: Path) -> dict:
     """The settings the adapter's training report records (``config``: ``chat_template``,
     ``system_prompt``, ``max_seq_len`` ...), and whether its prompts were in the chat template
-    (``chat_prompts``: the option, or conversations; since 2026-11-29); {} where there is none,
-    or it cannot be read."""
+    (``chat_prompts``: the option, or conversations; since 2026-11-29). An adapter saved without
+    its report (trained in memory, then :func:`save_adapter`) has the prompt settings in its
+    config's training record; {} where neither says, or they cannot be read."""
     try:
         report = json.loads((adapter_dir / REPORT_FILE).read_text())
     except (OSError, ValueError):  # none, or unreadable
-        return {}
+        report = None
     config = report.get("config") if isinstance(report, dict) else None
-    if not isinstance(config, dict):
+    if isinstance(config, dict):
+        return {**config, "chat_prompts": report.get("chat_prompts", config.get("chat_template")) is True}
+    try:
+        training = json.loads((adapter_dir / CONFIG_FILE).read_text()).get("training")
+    except (OSError, ValueError, AttributeError):
         return {}
-    return {**config, "chat_prompts": report.get("chat_prompts", config.get("chat_template")) is True}
+    if not isinstance(training, dict):
+        return {}
+    return {**{k: training[k] for k in PROMPT_SETTINGS if k in training},
+            "chat_prompts": training.get("chat_prompts") is True}
+
+
+def trained_system_prompt(config: dict) -> str | None:
+    """The system prompt an adapter learnt after (:func:`trained_config`'s ``config``): only one
+    given with the chat template counts."""
+    system = config.get("system_prompt") if config.get("chat_template") is True else None
+    return system if isinstance(system, str) else None
 
 
 def resolve_adapter(model_path: str | Path | None, name_or_path: str | Path) -> Path:

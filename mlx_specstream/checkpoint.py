@@ -263,6 +263,7 @@ def check_same_run(path: Path, recorded: dict, compat: dict, recorded_only: tupl
 
 
 _ZERO_IS_NONE = ("segment_len", "val_batches")  # None said as the options' 0: all at once, all batches
+_ON_BY_DEFAULT = ("self_distill", "group_by_length")  # switches whose False is said as their --no- form
 
 
 def said_value(name: str, value: object) -> object:
@@ -275,8 +276,11 @@ def said_value(name: str, value: object) -> object:
 def setting_said(name: str, value) -> str:
     """A setting as its option says it, in :class:`~mlx_specstream.errors.SaidInOptions`' notation:
     ``{batch_size=4}``, ``{chat_template=True}``, ``without {fine_tune_lr}`` (None, False),
-    ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None."""
+    ``{alphas=1,0.1,0.1}``, ``{segment_len=0}`` for its None, ``{self_distill=False}`` (a switch
+    that may be on by default: ``--no-self-distill``)."""
     value = said_value(name, value)
+    if value is False and name in _ON_BY_DEFAULT:
+        return f"{{{name}=False}}"
     if value is None or value is False:
         return f"without {{{name}}}"
     if isinstance(value, str) and not re.fullmatch(r"[\w.,:/+-]+", value):  # free text (a system prompt)

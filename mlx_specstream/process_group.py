@@ -129,6 +129,10 @@ def _worker(rank: int, size: int, link: Connection, why: Connection, fn: Callabl
         # SIGTERM (to the whole group) outside the steps, which handle it themselves (self-distillation,
         # say): as Ctrl-C, so the process ends through its finalizers, not with its semaphores leaked
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        # progress bars' lock a thread's: tqdm's own is a semaphore, which a process killed outright
+        # (kill -9, out of memory) leaves to the resource tracker, which warns of it at exit
+        from tqdm import tqdm
+        tqdm.set_lock(threading.RLock())
         blas.set_threads(threads_each(size))
         fn(**kwargs, distributed=LocalGroup(rank, size, [link]))
     except (PeerStopped, KeyboardInterrupt):  # rank 0 says why, once

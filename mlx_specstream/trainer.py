@@ -33,6 +33,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from .adapter import (
+    PROMPT_SETTINGS,
     REPORT_FILE,
     AdapterConfig,
     adapter_destination,
@@ -54,6 +55,7 @@ from .adapter import (
     resolve_adapter,
     save_adapter,
     trained_config,
+    trained_system_prompt,
 )
 from .checkpoint import (
     RUN_LOCK,
@@ -464,9 +466,9 @@ def _trained_settings(adapter_dir: Path, limit: int | None, *, max_seq_len, chat
         taken["max_seq_len"] = length
     if chat_template is None and config.get("chat_template") is True:
         taken["chat_template"] = True
-    if system_prompt is None and (chat_template or taken.get("chat_template")) \
-            and isinstance(config.get("system_prompt"), str):
-        taken["system_prompt"] = config["system_prompt"]
+    system = trained_system_prompt(config)
+    if system_prompt is None and (chat_template or taken.get("chat_template")) and system is not None:
+        taken["system_prompt"] = system
     return taken
 
 
@@ -879,9 +881,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             model.adapter_ngrams = ngram_table(train_ds, run.eos)
         base = recorded_path(model_path) if model_path is not None else None  # where it was trained
         # the run's record, in memory too: save_adapter writes it
+        # and the prompts it learnt after, which generate takes from it (adapter.trained_config)
         model.adapter_config.training = {"iters": tc.iters, "step": kept, "mode": mode,
                                          "self_distill": self_distill, "over": tc.over, "init": tc.init,
-                                         "base_model": base}
+                                         "base_model": base, **{k: getattr(tc, k) for k in PROMPT_SETTINGS},
+                                         "chat_prompts": chat_prompts}
         if out_dir is not None and main_proc:
             with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
                 save_adapter(model, out_dir, overwrite=True)

@@ -275,6 +275,11 @@ def test_an_adapter_trains_after_the_system_prompt_it_will_decode_after(tmp_path
     tok = load_tokenizer(d)
     sent = [chat_prompt(tok, r["prompt"], system="Answer in SQL.") for r in rows]
     assert report["data"]["train"]["tokens"] - report["data"]["train"]["target_tokens"] == sum(map(len, sent))
+    # an adapter saved without its report (trained in memory, then save_adapter): its config says them
+    (tmp_path / "ad" / "training_report.json").unlink()
+    res = cli("generate", "--model", str(d), "--adapter", str(tmp_path / "ad"), "-p", "x", "-n", "2")
+    assert res.returncode == 0 and "generate with --chat-template --system-prompt 'Answer in SQL.'" \
+        in res.stderr, res.stderr
     res = cli("ngrams", "--model", str(d), "--adapter", str(tmp_path / "ad"), "--data",
               str(tmp_path / "data"), "--overwrite")
     assert res.returncode == 0, res.stderr

@@ -77,6 +77,9 @@ def test_a_failing_process_is_reported_not_waited_for(error, says):
 
 def _killed_job(distributed) -> None:
     if distributed.rank() == 1:
+        from tqdm import tqdm
+
+        tqdm(total=2, disable=True)  # as training's steps hold one
         os.kill(os.getpid(), signal.SIGKILL)  # as the out-of-memory killer ends a process: no word
     for _ in range(3):
         distributed.all_sum(mx.ones(4))
@@ -85,6 +88,18 @@ def _killed_job(distributed) -> None:
 def test_a_killed_process_is_said_in_one_line():
     with pytest.raises(PeerStopped, match="process 1 of 2 ended without saying why"):
         run_local(2, _killed_job, {})
+
+
+def test_a_killed_process_leaves_no_semaphore_behind(tmp_path):
+    """A process killed outright cannot free a semaphore (tqdm's lock was one): the resource
+    tracker then warns of it under the one-line error when the run's process exits."""
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+                      "import mlx_specstream\nfrom mlx_specstream.process_group import run_local\n"
+                      "from test_process_group import _killed_job\n"
+                      "try:\n    run_local(2, _killed_job, {})\nexcept Exception as e:\n    print(e)\n")
+    res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert "ended without saying why" in res.stdout and "leaked" not in res.stderr, res.stderr
 
 
 def _first_fails_job(distributed) -> None:

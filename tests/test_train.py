@@ -1157,6 +1157,11 @@ def test_the_settings_a_resume_takes_and_says(tmp_path, capsys):
     assert "batch_size=4 (now 8)" in str(e.value) and "chat_template=True" in str(e.value)
     with pytest.raises(OptionError, match=r"segment_len=0 \(now 32\)"):
         check_same_run(step, {"segment_len": None}, {"segment_len": 32}, ())
+    with pytest.raises(OptionError) as e:  # a switch that is on by default is said by its --no- form
+        check_same_run(step, {"self_distill": False, "group_by_length": False},
+                       {"self_distill": True, "group_by_length": True}, ())
+    assert "--no-self-distill (now --self-distill); --no-group-by-length (now --group-by-length)" \
+        in e.value.render("cli")
 
 
 def test_cli_train_saves_named_adapter(tmp_path):
