@@ -589,7 +589,8 @@ def convert(
     q_bits: int | None = typer.Option(None, "--q-bits", help="bits per weight: 4 or 8 (quantizes; "
                                                               "-q alone: 4)"),
     q_group_size: int | None = typer.Option(None, "--q-group-size",
-                                            help="quantization group: 32, 64 or 128 (default 64)"),
+                                            help="quantization group: 32, 64 or 128 (default 64; "
+                                                 "quantizes: 4 bits unless --q-bits)"),
     dtype: str | None = typer.Option(None, "--dtype", help="float32, float16 or bfloat16 "
                                                             "(default: keep the checkpoint's)"),
     overwrite: bool = _flag(False, "--overwrite", help="replace an existing --mlx-path, or --out "

@@ -170,7 +170,7 @@ def decoder(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prom
     :class:`~mlx_specstream.engine.DecodeOptions` and their defaults); ``model`` is an MLX model
     or any :class:`~.runner.Runner` (a Core ML package's). EOS is the tokenizer's, else the
     runner's own (a package's metadata), else the model directory's (its config files).
-    ``batched``: the server's, whose scheduler runs the passes (:class:`~.engine.PassRequest`)."""
+    ``batched``: the server's, whose scheduler runs the passes (:class:`~.runner.PassRequest`)."""
     check_model(model, tokenizer)
     check_switch("sql_names", sql_names)
     ids = _prompt_ids(tokenizer, prompt)
@@ -361,9 +361,10 @@ def stream_generate(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
     ``streams`` ("auto", "tree", "deferred") and ``node_cost`` (the cost of one more tree node
     relative to a one-node pass: each tree is cut to the size with the most expected tokens per unit
     of cost; 0 runs the whole budget; default: the CPU costs measured in docs/engine.md, 0 on a GPU),
-    ``lookup`` and ``ngrams`` (hybrid drafts: prompt lookup, and the adapter's n-gram drafts where
-    it has them; both on by default in "ss" mode) and ``sql_names`` (write SQL whose identifiers are
-    only the tables and columns of the prompt's ``CREATE TABLE`` statements, keywords and aliases:
+    ``lookup`` and ``ngrams`` (hybrid drafts: prompt lookup, on by default in "ss" mode, and the
+    adapter's n-gram drafts where it has them, on by default in "ss" and "lookup" modes) and
+    ``sql_names`` (write SQL whose identifiers are only the tables and columns of the prompt's
+    ``CREATE TABLE`` statements, keywords and aliases:
     :mod:`~mlx_specstream.sql_names`), or any other ``constraint`` (a
     :class:`~mlx_specstream.constraint.TokenConstraint`); see
     :class:`~mlx_specstream.engine.DecodeOptions`. Decoding stops at EOS, at ``max_tokens`` or at a

@@ -4,9 +4,9 @@ last 1-3 tokens in an adapter's training completions (a small datastore, as in R
 one another, which the prompt does not hold: the SQL words and punctuation around the names
 that prompt lookup copies (docs/engine.md, "Hybrid drafts").
 
-A table keeps, for every context of 1..``max_n`` tokens seen at least ``min_count`` times before
-a completion token, the token that followed it most often, if it did at least ``min_prob`` of
-the time, and that share. :meth:`NgramTable.walk` drafts greedily from the longest context
+A table keeps, for every context of 1..``max_n`` tokens before a completion token, the token
+that followed it most often, if it did so at least ``min_count`` times and at least ``min_prob``
+of the time, and that share. :meth:`NgramTable.walk` drafts greedily from the longest context
 present. Example, with ``min_count=1`` and word-level tokens: trained on the completions
 ``SELECT name FROM t`` and ``SELECT name FROM u``, ``walk(["SELECT"], 3)`` gives ``["name",
 "FROM", "t"]`` with shares 1.0, 1.0, 0.5 (``FROM`` was followed by ``t`` and ``u`` alike: a tie

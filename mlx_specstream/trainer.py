@@ -627,8 +627,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     ``keep_checkpoints`` stay (0: all).
     ``branch``, ``tree_budget``: the decoding defaults saved with the adapter (candidates per
     stream, nodes per tree; decoding may override them), also those the acceptance is measured with.
-    ``group_by_length``: batch examples of similar prompt and total length together (shuffled
-    within pools of 16 batches).
+    ``group_by_length``: batch examples of similar length together, by completion (lossless) or
+    prompt (shared, lora), then total length (shuffled within pools of 16 batches).
     ``resume``: continue from the last checkpoint of the same ``out``. ``callback(step, info)``
     is called after every step (``info``: its loss, learning rate and tokens per second); returning
     False ends the run there, as a run of that many steps (validated, saved and reported as one;

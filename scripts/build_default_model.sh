@@ -31,12 +31,14 @@ if [ "${SKIP_TRAIN:-0}" != 1 ]; then
   # the shipped weights keep theirs (the generator has changed since it was trained: a tokenizer
   # trained now would cut the text otherwise than the weights read it)
   [ "${RESUME:-0}" = 1 ] || "$PY" scripts/train_base.py tokenizer --out "$HF"
+  DEVICE=gpu
   if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "build_default_model: no CUDA GPU; training on the CPU (slow: see the header)" >&2
+    DEVICE=cpu
   fi
   # shellcheck disable=SC2086
   "$PY" scripts/train_base.py train --out "$HF" $([ "${RESUME:-0}" = 1 ] && echo --resume) ${TRAIN_ARGS:-}
-  "$PY" scripts/train_base.py eval --model "$HF" --split test --n 500 --json "$MODEL/eval_test.json"
+  "$PY" scripts/train_base.py eval --model "$HF" --split test --n 500 --json "$MODEL/eval_test_$DEVICE.json"
 fi
 # the MLX model the project's CLI loads by default (same fp16 weights, MLX layout)
 if command -v specstream-mlx >/dev/null || [ -x .venv/bin/specstream-mlx ]; then

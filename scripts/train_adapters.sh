@@ -85,8 +85,9 @@ for what in $ONLY; do
       "$PY" scripts/train_base.py train --out runs/draft/hf --work runs/draft/work \
         --tokenizer models/specstream-tiny/hf --hidden 128 --layers 2 --heads 4 --kv-heads 2 \
         --intermediate 352 --max-minutes "${DRAFT_MINUTES:-12}"
-      "$SS" convert --hf-path runs/draft/hf --mlx-path "$M/draft" --dtype float32 \
-        --overwrite ;;
+      # converted beside the old one, then swapped in: convert replaces only what it wrote itself
+      "$SS" convert --hf-path runs/draft/hf --mlx-path "$M/draft.new" --dtype float32 --overwrite
+      rm -rf "$M/draft" && mv "$M/draft.new" "$M/draft" ;;
     *) echo "train_adapters: unknown part '$what'" >&2; exit 2 ;;
   esac
 done
