@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import sys
 import time
@@ -495,19 +496,27 @@ def export_coreml(model_path: str | Path, out: str | Path, *, adapter: str | Pat
 @contextmanager
 def _write_errors_as_os_errors(out: Path) -> Iterator[None]:
     """coremltools' failures to write a file (a full disk: its MIL FileWriter raises RuntimeError,
-    its copy of a package shutil.Error, a list of the files not copied) as the OSError any other
-    write failure is, naming the package: one line on the command line."""
+    its copy of a package shutil.Error, a list of the files not copied, its C++ copy a
+    "filesystem error") as the OSError any other write failure is, naming the package, not the
+    temporary files: one line on the command line."""
     try:
         yield
     except shutil.Error as e:
         failed = e.args[0] if e.args and isinstance(e.args[0], list) else []
         why = failed[0][2] if failed and len(failed[0]) == 3 else str(e)
-        raise OSError(f"cannot write {out}: {why}") from None
+        raise OSError(f"cannot write {out}: {_without_paths(why)}") from None
     except RuntimeError as e:
         said = str(e).splitlines()[0] if str(e) else type(e).__name__
-        if "FileWriter" not in said and "writing" not in said:
+        if not any(word in said for word in ("FileWriter", "writing", "filesystem error")):
             raise
-        raise OSError(f"cannot write {out}: {said} (is the disk full?)") from None
+        raise OSError(f"cannot write {out}: {_without_paths(said)} (is the disk full?)") from None
+
+
+def _without_paths(said: str) -> str:
+    """An error's words without the paths it names ("[Errno 28] No space left on device:
+    '/tmp/x'", "cannot copy: Input/output error [/tmp/a -> /tmp/b]"): temporary files of the
+    export, which the user never asked for."""
+    return re.sub(r"(: )?'/[^']*'( -> '/[^']*')?|\s*\[/[^\]]*\]", "", said)
 
 
 def _write_with_metadata(ct, src: Path, dest: Path, meta: dict[str, str], model_path) -> None:

@@ -61,8 +61,10 @@ from .outputs import (
     check_replaceable_file,
     check_writable,
     is_results_json,
+    make_parents,
     markdown_table,
     recorded_path,
+    remove_empty,
     results_text,
     run_meta,
     terminate_cleanly,
@@ -570,7 +572,7 @@ def run_bench(model_path: str | Path, task: str | None, n: int, max_tokens: int,
         prompts=len(prompts), max_tokens=max_tokens, repeats=repeats, reference=reference(methods).name,
         bootstrap=BOOTSTRAP, skipped=skipped,
         node_cost=default_node_costs(), prune_threshold=PRUNE_THRESHOLD)
-    meta = write_results(out_dir, meta, results)
+    meta = write_results(out_dir, meta, results, overwrite=overwrite)
     return {"meta": meta, "results": results}
 
 
@@ -696,20 +698,28 @@ LEGEND = """
   method is not lossless."""
 
 
-def write_results(out_dir: Path, meta: dict, results: list[dict]) -> dict:
+def write_results(out_dir: Path, meta: dict, results: list[dict], *, overwrite: bool) -> dict:
     """``results.json``, ``results.md`` and ``results.png`` (with matplotlib), written together
     (:func:`~mlx_specstream.outputs.write_files_atomic`: an interrupted or failed write leaves the
-    earlier set); ``results.json`` records the others' sha256, by which a later ``--overwrite``
-    knows them for this project's (:func:`is_our_result`). Returns the meta written."""
+    earlier set, and no folder it made); ``results.json`` records the others' sha256, by which a
+    later ``--overwrite`` knows them for this project's (:func:`is_our_result`). What is there is
+    judged again as the files go in place (:func:`check_out_dir` ran before the run, which may
+    take minutes). Returns the meta written."""
     files = {"results.md": results_markdown(meta, results).encode()}
     png = results_plot(meta, results)
     if png is not None:
         files["results.png"] = png
     meta = {**meta, "files": {name: hashlib.sha256(data).hexdigest() for name, data in files.items()}}
-    out_dir.mkdir(parents=True, exist_ok=True)
-    # an earlier run's plot goes with the rest of its set (check_out_dir found it ours)
-    write_files_atomic(out_dir, {"results.json": results_text(meta, results).encode(), **files},
-                       remove=[n for n in RESULT_FILES if n not in files and n != "results.json"])
+    if out_dir.exists() and not out_dir.is_dir():
+        raise FileExistsError(f"{out_dir} exists and is not a directory")
+    created = make_parents(out_dir)
+    try:  # an earlier run's plot goes with the rest of its set
+        write_files_atomic(out_dir, {"results.json": results_text(meta, results).encode(), **files},
+                           remove=[n for n in RESULT_FILES if n not in files and n != "results.json"],
+                           check=lambda path: check_replaceable_file(path, overwrite, is_our_result))
+    except BaseException:
+        remove_empty(created)
+        raise
     return meta
 
 

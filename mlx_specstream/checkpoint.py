@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import fnmatch
 import hashlib
 import json
 import os
@@ -28,7 +29,7 @@ from mlx.utils import tree_flatten
 from .adapter import CONFIG_FILE, WEIGHTS_FILE, adapter_weights
 from .data import Dataset
 from .errors import OptionError, OutputExistsError, verbatim
-from .outputs import json_text, save_safetensors
+from .outputs import CHECKPOINT_NAMES, json_text, save_safetensors
 
 
 def _set_path(tree, path: list[str], value) -> None:
@@ -45,6 +46,10 @@ def run_dir(out_dir: Path) -> Path:
     """Where the run that writes the adapter ``out_dir`` keeps its checkpoints (``checkpoints/``)
     and the data it made (``distilled/``): ``OUT.train`` beside it."""
     return out_dir.with_name(out_dir.name + ".train")
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:07d}"
 
 
 RUN_LOCK = "lock"  # in a run's folder: held (flock) by the process whose run writes the adapter
@@ -88,7 +93,13 @@ def _lock(work: Path) -> int | None:
     ended (:func:`run_held`) while this one opened it is opened again: a lock on it keeps no one out."""
     path = work / RUN_LOCK
     for _ in range(8):
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # a link by that name is not followed (it would be written through), a folder not taken
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as e:
+            if e.errno not in (errno.ELOOP, errno.EISDIR):
+                raise
+            raise OutputExistsError(": not the lock file of a training run: refusing to use its folder; "
+                                    "choose another {out}", subject=str(path)) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as e:
@@ -154,9 +165,12 @@ def clear_run(work: Path) -> None:
 
 
 def checkpoints(ckpt_dir: Path) -> list[Path]:
+    """The checkpoints in ``ckpt_dir``, by step: folders named as :func:`save_checkpoint` names them
+    (:data:`CHECKPOINT_NAMES`), whole (their ``state.json`` is written last)."""
     if not ckpt_dir.is_dir():
         return []
-    found = [p for p in ckpt_dir.glob("step-*") if (p / "state.json").is_file()]
+    found = [p for p in ckpt_dir.iterdir() if not p.is_symlink() and (p / "state.json").is_file()
+             and any(fnmatch.fnmatchcase(p.name, pat) for pat in CHECKPOINT_NAMES)]
     return sorted(found, key=lambda p: int(p.name.split("-")[1]))
 
 
@@ -169,7 +183,7 @@ def save_checkpoint(model, optimizer, ckpt_dir: Path, step: int, state: dict, ke
     far, by acceptance), written atomically."""
     from .loader import atomic_dir
 
-    dest = ckpt_dir / f"step-{step:07d}"
+    dest = ckpt_dir / checkpoint_name(step)
     with atomic_dir(dest, "checkpoint", overwrite=True) as tmp:
         save_safetensors(tmp / WEIGHTS_FILE, adapter_weights(model))
         # its config beside them: a checkpoint is an adapter too (generate --adapter .../step-N)

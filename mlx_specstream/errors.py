@@ -173,12 +173,15 @@ def check_path(value, what: str, error: type[Exception], give: str) -> None:
     """A path (or an adapter's name) is a str or a Path, said by ``what`` it stands for where it is
     another type (``load(5)``: not by pathlib deep down), and not empty: an unset variable would
     read as the current directory (``error``, saying what to ``give``). ``what`` may be an option
-    (``"{out}"``), said in the caller's terms by an :class:`OptionError`."""
+    (``"{out}"``), said in the caller's terms by an :class:`OptionError`. A control character (a
+    newline pasted along) is refused too: an adapter named so would be a model id of two lines."""
     if not isinstance(value, str | os.PathLike):
         said = f"{what} must be a str or a Path, not {type(value).__name__}"
         raise TypeError(render_options(said, "python"))
     if str(value) == "":
         raise error(f"{what} is empty: {give}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in str(value)):
+        raise error(f"{what} holds a control character ({verbatim(repr(str(value)))}): {give}")
 
 
 SEED_MAX = 2**64 - 1  # MLX's keys and NumPy's generators take 64-bit seeds

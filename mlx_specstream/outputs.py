@@ -62,11 +62,14 @@ OS_LITTER = (".DS_Store",)
 # What the project keeps in a model's folder besides the model: work that replacing it would lose
 MODEL_WORK = ("adapters", "draft")
 
+# A checkpoint's folder (step-0000042): a copy under another name (step-0000042-keep) is the user's
+CHECKPOINT_NAMES = ("step-" + "[0-9]" * 7, "step-" + "[0-9]" * 8)
+
 # kind -> {subdirectory: (the names of its entries, the kind of directory each entry is or None
 # for files, and the names of what an interrupted write of ours leaves there)}: what the project
 # writes inside a directory of that kind, checked as deep as it goes.
 NESTED: dict[str, dict[str, tuple[tuple[str, ...], str | None, tuple[str, ...]]]] = {
-    "training run": {"checkpoints": (("step-*",), "checkpoint", (".step-*",)),
+    "training run": {"checkpoints": (CHECKPOINT_NAMES, "checkpoint", (".step-*",)),
                      "distilled": (("train.jsonl", "valid.jsonl"), None, (".*.jsonl.tmp*",))},
 }
 
@@ -100,6 +103,10 @@ def _package_marked(path: Path) -> bool:
         return False
 
 
+def _plain_file(path: Path) -> bool:
+    return path.is_file() and not path.is_symlink()
+
+
 def foreign_entries(path: Path, kind: str) -> list[str]:
     """Entries of directory ``path`` that the project would not have written for ``kind``
     (all of them when the marker is missing; for a model, weights without :data:`WEIGHTS_MARK`).
@@ -113,7 +120,9 @@ def foreign_entries(path: Path, kind: str) -> list[str]:
     if kind == "Core ML package" and not _package_marked(path):
         return entries
     foreign = [e for e in entries if not any(fnmatch.fnmatchcase(e, pat) for pat in (*names, *OS_LITTER))
-               or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))]
+               or (kind == "model" and e.endswith(".safetensors") and not _weights_marked(path / e))
+               # a run's lock is a file it made: a link by that name would be written through
+               or (kind == "training run" and e == "lock" and not _plain_file(path / e))]
     for sub, (patterns, inner, leftovers) in NESTED.get(kind, {}).items():
         d = path / sub
         if sub in foreign or not (d.exists() or d.is_symlink()):
@@ -165,6 +174,9 @@ def check_replaceable(dest: str | Path, kind: str, overwrite: bool) -> None:
         raise FileExistsError(f"{dest} is a mount point: it cannot be replaced; give a new folder inside it")
     if not overwrite and any(dest.iterdir()):  # an empty folder holds nothing to lose
         raise _exists(dest)
+    if not os.access(dest, os.W_OK):  # said before the work: moving a folder aside rewrites its ".."
+        raise PermissionError(f"{dest}: not writable, so it cannot be replaced (make it writable, or "
+                              "choose another path)")
 
 
 def copy_tokenizer(src: Path, dest: Path) -> None:
@@ -497,14 +509,18 @@ def _cannot_write(e: OSError, path: Path) -> OSError:
     return said
 
 
-def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[str] = ()) -> None:
+def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[str] = (),
+                       check: Callable[[Path], None] | None = None) -> None:
     """Write several files of ``directory`` together, and remove the ``remove`` ones (an earlier
     set's that the new one lacks): each new file goes to a temporary file beside it, then with
     Ctrl-C and SIGTERM held the earlier files are renamed aside and the new ones into place; if a
     rename fails, what was placed goes and the earlier files come back. So a failed or interrupted
-    write leaves the earlier set as it was, and no temporary file."""
+    write leaves the earlier set as it was, and no temporary file. ``check(path)``, for each file
+    there to be replaced or removed, raises if it may not be, just before any is (a check made
+    before a long run does not see a file that appeared during it)."""
     pid = os.getpid()
     temps = {name: directory / f".{name}.tmp{pid}" for name in files}
+    name = None
     try:
         with terminate_cleanly() as interrupts:
             for name, data in files.items():
@@ -513,7 +529,6 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
     except OSError as e:
         for t in temps.values():
             t.unlink(missing_ok=True)
-        name = next((n for n, t in temps.items() if t.name in str(e)), None)
         if e.errno is None or name is None:
             raise
         raise _cannot_write(e, directory / name) from None
@@ -526,6 +541,9 @@ def write_files_atomic(directory: Path, files: dict[str, bytes], remove: list[st
     dest = directory
     with signals_held():
         try:
+            for name in (*files, *remove) if check is not None else ():
+                if (directory / name).exists() or (directory / name).is_symlink():
+                    check(directory / name)
             for name in (*files, *remove):
                 dest = directory / name
                 if dest.exists():

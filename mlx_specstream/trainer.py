@@ -701,6 +701,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
     if out_dir is not None and main_proc:  # before anything is written there
         check_run_free(work)  # first: what a run under way holds is not an earlier run's
         _check_out(out_dir, resume, overwrite, bare)
+        if overwrite and not resume:  # what the run starts from is not among what it clears
+            for option, given in (("init", init), ("over", over)):
+                if given is not None and resolve_adapter(model_path, given).resolve().is_relative_to(
+                        work.resolve()):
+                    raise OptionError(f"{{{option}}} {verbatim(str(given))} is in the folder of the run "
+                                      f"that {{overwrite}} clears ({verbatim(str(work))}): copy it out of "
+                                      "there first")
     with run_held(work if main_proc else None):  # one run writes an adapter at a time
         if out_dir is not None and main_proc:  # again, held: another run may have ended meanwhile
             _check_out(out_dir, resume, overwrite, bare)
@@ -888,7 +895,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                          "chat_prompts": chat_prompts}
         if out_dir is not None and main_proc:
             with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
-                save_adapter(model, out_dir, overwrite=True)
+                # (an adapter put there during the run by someone else is not replaced unasked)
+                save_adapter(model, out_dir, overwrite=overwrite or resume)
                 write_text_atomic(out_dir / REPORT_FILE, json_text(report))
             # (lora: no streams)
             use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "") + (

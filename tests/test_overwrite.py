@@ -684,7 +684,7 @@ def test_bench_results_are_written_together_and_judged_one_by_one(tmp_path, monk
     results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
     monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
     out = tmp_path / "r"
-    bench.write_results(out, meta, results)
+    bench.write_results(out, meta, results, overwrite=True)
     assert sorted(p.name for p in out.iterdir()) == ["results.json", "results.md", "results.png"]
     check_out_dir(out, overwrite=True)  # all ours
     before = {p.name: p.read_bytes() for p in out.iterdir()}
@@ -694,7 +694,7 @@ def test_bench_results_are_written_together_and_judged_one_by_one(tmp_path, monk
 
     monkeypatch.setattr(bench, "results_plot", failing)
     with pytest.raises(OSError):
-        bench.write_results(out, {**meta, "date": "later"}, results)
+        bench.write_results(out, {**meta, "date": "later"}, results, overwrite=True)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # the earlier set, whole
     (out / "results.md").write_text("my own notes, not a table")
     with pytest.raises(FileExistsError, match="results.md: not a file mlx-specstream wrote"):
@@ -721,6 +721,12 @@ def test_a_core_ml_write_failure_is_an_oserror_naming_the_package(tmp_path):
     with pytest.raises(RuntimeError, match="a bug"):
         with _write_errors_as_os_errors(out):
             raise RuntimeError("a bug")
+    # its C++ copy's, naming temporary paths the user never gave: said without them
+    said = f"^cannot write {out}: filesystem error: cannot copy: Input/output error " + r"\(is the disk full"
+    with pytest.raises(OSError, match=said):
+        with _write_errors_as_os_errors(out):
+            raise RuntimeError("filesystem error: cannot copy: Input/output error [/tmp/.x.mlpackage.1/a] "
+                               "[/tmp/tmp1.mlpackage/b]")
 
 
 def test_results_of_earlier_versions_a_failed_rename_and_a_plot_the_new_set_lacks(tmp_path, monkeypatch):
@@ -748,11 +754,11 @@ def test_results_of_earlier_versions_a_failed_rename_and_a_plot_the_new_set_lack
     monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
     monkeypatch.setattr(outputs.os, "replace", failing)
     with pytest.raises(OSError, match=f"^cannot write {shipped / 'results.md'}: No space"):
-        bench.write_results(shipped, meta, results)
+        bench.write_results(shipped, meta, results, overwrite=True)
     assert {p.name: p.read_bytes() for p in shipped.iterdir()} == before
     monkeypatch.setattr(outputs.os, "replace", os_replace)
     monkeypatch.setattr(bench, "results_plot", lambda m, r: None)  # no matplotlib
-    bench.write_results(shipped, meta, results)
+    bench.write_results(shipped, meta, results, overwrite=True)
     assert sorted(p.name for p in shipped.iterdir()) == ["results.json", "results.md"]
     check_out_dir(shipped, overwrite=True)
 
@@ -800,3 +806,119 @@ def test_an_existing_output_is_said_in_the_callers_terms(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse_script_args(argparse.ArgumentParser(prog="script"), ["--out", str(tmp_path / "r.json")])
     assert capsys.readouterr().err.endswith("r.json already exists (use --overwrite to replace it)\n")
+
+
+def test_train_touches_no_file_through_a_lock_link_nor_a_checkpoint_copy(tmp_path):
+    """A ``lock`` in a run folder that links elsewhere is not the run's: it was opened and
+    truncated through the link. A checkpoint copied under another name (``step-0000002-keep``)
+    is the user's: rotation deleted it and --resume started from it; now the folder is refused,
+    as any holding what the project did not write."""
+    from mlx_specstream.checkpoint import checkpoints
+
+    model = tiny_model()
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    (tmp_path / "lk.train").mkdir()
+    (tmp_path / "lk.train" / "lock").symlink_to(victim)
+    with pytest.raises(FileExistsError, match="lock"):
+        train(model, (ds, None), out=tmp_path / "lk", iters=1, progress=False)
+    with pytest.raises(FileExistsError, match="lock"):
+        train(model, (ds, None), out=tmp_path / "lk", iters=1, overwrite=True, progress=False)
+    assert victim.read_text() == "precious"
+
+    import shutil
+
+    out = tmp_path / "a"
+    train(model, (ds, None), out=out, iters=2, save_every=1, progress=False)
+    ckpts = tmp_path / "a.train" / "checkpoints"
+    keep = ckpts / "step-0000002-keep"
+    shutil.copytree(ckpts / "step-0000002", keep)
+    for given in ({"resume": True}, {"overwrite": True}):
+        with pytest.raises(FileExistsError, match="step-0000002-keep"):
+            train(model, (ds, None), out=out, iters=4, save_every=1, progress=False, **given)
+    assert keep.is_dir() and [p.name for p in checkpoints(ckpts)] == ["step-0000001", "step-0000002"]
+
+
+def test_train_replaces_no_adapter_it_was_not_asked_to(tmp_path):
+    """An adapter put at ``out`` while the run trains is not replaced at its end unless
+    ``overwrite`` (or ``resume``) was given; ``--overwrite`` does not clear the run folder that
+    holds the checkpoint the run starts from (``init``)."""
+    from mlx_specstream.errors import OptionError, OutputExistsError
+
+    model = tiny_model()
+    ds = Dataset([Example(list(range(1, 20)), 4)] * 4)
+    theirs = tmp_path / "theirs"
+    train(model, (ds, None), out=theirs, iters=1, progress=False)
+    out = tmp_path / "b"
+
+    def meanwhile(step, info):
+        if not out.exists():
+            shutil.copytree(theirs, out)
+
+    import shutil
+
+    with pytest.raises(OutputExistsError, match="already exists"):
+        train(model, (ds, None), out=out, iters=2, progress=False, callback=meanwhile)
+    assert (out / "adapter.safetensors").read_bytes() == (theirs / "adapter.safetensors").read_bytes()
+    init = tmp_path / "theirs.train" / "checkpoints" / "step-0000001"
+    with pytest.raises(OptionError, match="init .*step-0000001 is in the folder of the run that overwrite"):
+        train(model, (ds, None), out=theirs, iters=1, overwrite=True, init=init, progress=False)
+    assert init.is_dir()
+
+
+def test_bench_results_judged_again_as_they_are_written(tmp_path, monkeypatch):
+    """A results file that appears while the benchmark runs (after its first check) is not
+    replaced: a user's notes, or another run's results without --overwrite. A write that fails
+    leaves no folder it made."""
+    from mlx_specstream import bench
+    from mlx_specstream.errors import OutputExistsError
+
+    meta = {"command": "bench", "reference": "ar", "task": "sql", "model": "m", "prompts": 1,
+            "date": "today", "machine": "Linux", "blas": "x"}
+    results = [{"method": "ar", "speedup": 1.0, "speedup_ci95": [1.0, 1.0], "mean_accepted_tokens": 1.0}]
+    monkeypatch.setattr(bench, "results_markdown", lambda m, r: "a table\n")
+    monkeypatch.setattr(bench, "results_plot", lambda m, r: None)
+    out = tmp_path / "r"
+    out.mkdir()
+    (out / "results.md").write_text("USER NOTES")
+    with pytest.raises(FileExistsError, match="results.md: not a file mlx-specstream wrote"):
+        bench.write_results(out, meta, results, overwrite=True)
+    assert [p.name for p in out.iterdir()] == ["results.md"]
+    assert (out / "results.md").read_text() == "USER NOTES"
+    other = tmp_path / "s"
+    bench.write_results(other, meta, results, overwrite=False)
+    with pytest.raises(OutputExistsError, match="already exists"):
+        bench.write_results(other, {**meta, "date": "later"}, results, overwrite=False)
+    assert "today" in (other / "results.json").read_text()
+
+    def full_disk(self, data):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(OSError, match=f"^cannot write {tmp_path / 'x' / 'y' / 'results.json'}: No space"):
+        bench.write_results(tmp_path / "x" / "y", meta, results, overwrite=False)
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_read_only_folder_is_refused_before_the_work(tmp_path, monkeypatch):
+    """Replacing a folder moves it aside, which needs write permission on it: said at the check,
+    not after the work as a rename between temporary paths. (As root every folder is writable,
+    so the permission is what os.access says.)"""
+    from mlx_specstream import outputs
+
+    with atomic_dir(tmp_path / "m", "model") as tmp:
+        save_model(tiny_model(), {}, tmp)
+    monkeypatch.setattr(outputs.os, "access", lambda path, mode: Path(path) != tmp_path / "m")
+    with pytest.raises(PermissionError, match="m: not writable, so it cannot be replaced"):
+        outputs.check_replaceable(tmp_path / "m", "model", overwrite=True)
+
+
+def test_a_name_with_a_control_character_is_refused(tmp_path):
+    from mlx_specstream.errors import AdapterError
+
+    model = tiny_model()
+    new_adapter(model, gamma=2, msa_layers=1)
+    with pytest.raises(AdapterError, match="control character"):
+        save_adapter(model, tmp_path / "a\nb")
+    assert list(tmp_path.iterdir()) == []
