@@ -849,7 +849,7 @@ def main() -> None:
         from mlx_specstream.errors import USER_ERRORS, SaidInOptions
         from mlx_specstream.machine import one_line_warning
         from mlx_specstream.outputs import Terminated, terminate_cleanly
-        from mlx_specstream.process_group import PeerStopped
+        from mlx_specstream.process_group import PeerStopped, peer_lost
     except KeyboardInterrupt:  # Ctrl-C while starting up
         sys.exit(130)
 
@@ -867,6 +867,12 @@ def main() -> None:
         sys.exit(1)
     except (*USER_ERRORS, PeerStopped) as e:
         typer.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    except RuntimeError as e:
+        if not peer_lost(e):
+            raise
+        # under mlx.launch, where another process stopped (and said why)
+        typer.echo("error: another process of the run stopped (see its error)", err=True)
         sys.exit(1)
     except (KeyboardInterrupt, SystemExit) as e:  # Typer turns Ctrl-C and SIGTERM into exit 130
         stop = _interrupt(e)

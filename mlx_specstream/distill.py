@@ -13,7 +13,6 @@ import numpy as np
 
 from .data import Dataset, Example
 from .outputs import write_text_atomic
-from .process_group import barrier
 from .tokenizer import eos_ids
 
 
@@ -22,6 +21,17 @@ def distill_budget(e: Example, max_seq_len: int, distill_tokens: int) -> int:
     for a prompt given alone (an empty completion holds only EOS); within ``max_seq_len``."""
     want = e.n_targets if e.n_targets > 1 else distill_tokens
     return max(1, min(want, max_seq_len - e.n_prompt))
+
+
+def _gathered(group, rows: dict[int, list[int]], n: int, width: int) -> dict[int, list[int]]:
+    """Every process's ``rows`` (example index -> tokens, at most ``width - 1``; each index held by
+    one process at most), on every process: one table summed over the processes, a row's first
+    column its length + 1."""
+    table = np.zeros((n, width), np.int32)
+    for i, c in rows.items():  # each row is written by one process: the sum is that row
+        table[i, 0], table[i, 1: len(c) + 1] = len(c) + 1, c  # (0: no row)
+    table = np.array(group.all_sum(mx.array(table)))
+    return {int(i): table[i, 1: table[i, 0]].tolist() for i in np.flatnonzero(table[:, 0])}
 
 
 def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distill_tokens: int = 64, *,
@@ -34,7 +44,9 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     With ``cache`` (a JSON-lines file), each finished batch is appended to it, and continuations
     it already holds are reused, by an interrupted run resumed or a longer run of the same data:
     its first line is a digest of ``key`` (the base model, settings), the prompts and the budgets.
-    With several processes (``group``) the batches are shared out and gathered (the first writes).
+    With several processes (``group``) the first reads and writes the cache, the others take what it
+    read (under ``mlx.launch`` another machine's disk may hold none), and the batches are shared
+    out and gathered.
     """
     from tqdm import tqdm
 
@@ -47,7 +59,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
     digest = hashlib.sha256(json.dumps([key, prompts, budgets]).encode()).hexdigest()
     done: dict[int, list[int]] = {}
     torn = False
-    if cache is not None and cache.is_file():
+    if cache is not None and rank == 0 and cache.is_file():
         lines = cache.read_text().splitlines()
         if lines and lines[0] == digest:
             for line in lines[1:]:
@@ -57,8 +69,9 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                     torn = True
                     break
                 done[row["i"]] = row["completion"]
-    if size > 1:  # every process has read the cache before the first one writes to it
-        barrier(group)
+    width = max(budgets, default=0) + 1  # a row of the tables below: length, tokens
+    if size > 1:  # what the first process read, on every process
+        done = _gathered(group, done, len(prompts), width)
     write = cache is not None and rank == 0
     if write and (torn or not done):  # rows appended after a torn line would never be read
         cache.parent.mkdir(parents=True, exist_ok=True)
@@ -89,11 +102,8 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
             keep([(mine[j], out) for j, out in zip(ids, outs)])
             bar.update(sum(budgets[mine[j]] for j in ids))
     if size > 1:  # gather every process's continuations
-        table = np.zeros((len(prompts), max([budgets[i] for i in todo] or [1]) + 1), np.int32)
-        for i, c in fresh.items():  # each row is written by one process: the sum is that row
-            table[i, 0], table[i, 1: len(c) + 1] = len(c), c
-        table = np.array(group.all_sum(mx.array(table)))
-        keep([(i, table[i, 1: table[i, 0] + 1].tolist()) for i in todo if i not in fresh])
+        gathered = _gathered(group, fresh, len(prompts), width)
+        keep([(i, gathered[i]) for i in todo if i not in fresh])
     done.update(fresh)
     wanted = set(wanted)
     examples = [replace(e, tokens=prompts[i] + done[i]) if i in wanted else e

@@ -21,6 +21,8 @@ raises :class:`PeerStopped` (on rank 0 with the failed process's error) instead 
 
 from __future__ import annotations
 
+import hashlib
+import json
 import multiprocessing
 import signal
 import sys
@@ -38,6 +40,35 @@ from .machine import cores
 
 class PeerStopped(RuntimeError):
     """Another process of the group stopped (it failed, or was interrupted)."""
+
+
+class ProcessesDiffer(ValueError):
+    """The processes of a run read different inputs (under ``mlx.launch``: machines whose disks
+    hold other data, or no checkpoint), which would send them into different collectives."""
+
+
+def check_same(group, what: str, value) -> None:
+    """Raise :class:`ProcessesDiffer` on every process of ``group`` unless ``value`` (JSON, or
+    said by ``str``) is the same on all of them: what each process read for itself, checked
+    before the work it decides, where processes that disagree would wait on each other forever.
+    Example: rank 1 resuming from step 0 while rank 0 resumes from step 7."""
+    if group is None:
+        return
+    digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).digest()
+    rows = np.zeros((group.size(), 8), np.int32)  # one row each: the sum is every process's digest
+    rows[group.rank()] = np.frombuffer(digest[:16], np.uint16)
+    rows = np.array(group.all_sum(mx.array(rows)))
+    other = next((r for r in range(1, group.size()) if not np.array_equal(rows[r], rows[0])), None)
+    if other is not None:
+        raise ProcessesDiffer(f"the run's processes do not agree on {what}: process {other} read otherwise "
+                              "than process 0 (under mlx.launch every machine needs the same model, data "
+                              "and run folder: a shared disk)")
+
+
+def peer_lost(e: BaseException) -> bool:
+    """Whether ``e`` is MLX's distributed backend losing another process of the run (it stopped):
+    a RuntimeError from ``mlx.launch``'s ring or MPI, raised where a collective is evaluated."""
+    return isinstance(e, RuntimeError) and str(e).startswith(("[ring]", "[mpi]"))
 
 
 class DistributedGroup:

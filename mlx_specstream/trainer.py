@@ -108,7 +108,7 @@ from .outputs import (
     signals_held,
     write_text_atomic,
 )
-from .process_group import DistributedGroup, barrier, run_local, threads_each
+from .process_group import DistributedGroup, barrier, check_same, run_local, threads_each
 from .project import DEFAULT_MODEL
 from .tokenizer import eos_ids
 from .train_batches import HOLD_OUT_MIN, Batch, default_iters, epoch_batches, hold_out, length_keys
@@ -511,8 +511,8 @@ def _train_local(processes: int, arguments: dict) -> dict:
     if not isinstance(arguments["model"], (str, Path)):
         raise ValueError("processes > 1 needs the model as a directory (each process loads it)")
     if processes > arguments["batch_size"]:
-        raise ValueError(f"processes ({processes}) must not exceed the batch size "
-                         f"({arguments['batch_size']}): each process takes a share of every batch")
+        raise OptionError(f"{{processes}} ({processes}) must not exceed {{batch_size}} "
+                          f"({arguments['batch_size']}): each process takes a share of every batch")
     out_dir, _, bare = _resolve_out(arguments["out"], Path(arguments["model"]))
     if out_dir is not None:  # before the processes start: they load the model first
         _check_out(out_dir, arguments["resume"], arguments["overwrite"], bare)
@@ -778,6 +778,10 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
             # resumed run's weights are the checkpoint's (its --init may be its own --out)
             compat = {k: v for k, v in asdict(tc).items() if k not in NOT_COMPARED}
             compat.update(digests, over_weights=weights_digest(fine_tune) if fine_tune else None)
+            # each process read these itself: under mlx.launch, maybe from another disk
+            check_same(group, "the run (its settings, data, base model and the checkpoint it resumes)",
+                       {"resumes": last[1].get("step") if last is not None else None, "base": base_fp,
+                        **compat})
             if resumed is not None:  # refused before the work below (self-distillation: minutes)
                 check_resumable(*last, base_fp, compat, iters, length)
 

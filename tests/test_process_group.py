@@ -172,3 +172,64 @@ def test_a_script_without_the_main_guard_runs(tmp_path):
                       f"run_local(2, _sum_job, {{'out': Mine({str(tmp_path)!r})}})\n")
     res = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert res.returncode == 1 and "an object defined in the calling script" in res.stderr, res.stderr
+
+
+def _differ_job(out: str, distributed) -> None:
+    from mlx_specstream.process_group import ProcessesDiffer, check_same
+
+    check_same(distributed, "the same", {"a": 1})  # alike: nothing said
+    try:
+        check_same(distributed, "the step to resume", {"step": 7 if distributed.rank() == 0 else None})
+    except ProcessesDiffer as e:
+        with open(os.path.join(out, f"rank{distributed.rank()}"), "w") as f:
+            f.write(str(e))
+        raise
+
+
+def test_processes_that_read_otherwise_all_stop_saying_so(tmp_path):
+    """Under mlx.launch each process reads its own disk: one that finds no checkpoint where the
+    first resumes from step 7 would wait in other collectives forever. Every process stops."""
+    from mlx_specstream.process_group import ProcessesDiffer
+
+    with pytest.raises(ProcessesDiffer, match="do not agree on the step to resume: process 1 read otherwise"):
+        run_local(2, _differ_job, {"out": str(tmp_path)})
+    time.sleep(1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+
+
+def _distill_job(out: str, cache_on: int, distributed) -> None:
+    """Self-distillation where only process ``cache_on`` finds the cache of an earlier run."""
+    from helpers import tiny_model
+
+    from mlx_specstream.data import Dataset, Example
+    from mlx_specstream.distill import distill_dataset
+
+    model = tiny_model()
+    ds = Dataset([Example(list(range(1 + i, 9 + i)), 4) for i in range(6)])
+    cache = Path(out) / f"cache{distributed.rank()}.jsonl"
+    if distributed.rank() != cache_on:
+        cache.unlink(missing_ok=True)
+    got = distill_dataset(model, ds, None, 32, 4, key={"k": 1}, cache=cache, group=distributed,
+                          progress=False)
+    np.save(os.path.join(out, f"tokens{distributed.rank()}.npy"), np.array([e.tokens for e in got.examples]))
+
+
+def test_self_distillation_takes_the_first_process_cache(tmp_path):
+    """The first process reads the cache of continuations and the others take it: under
+    mlx.launch another machine's disk holds none (the first writes it), and processes that
+    disagree on what is left to make would sum tables of other shapes."""
+    import shutil
+
+    from helpers import tiny_model
+
+    from mlx_specstream.data import Dataset, Example
+    from mlx_specstream.distill import distill_dataset
+
+    ds = Dataset([Example(list(range(1 + i, 9 + i)), 4) for i in range(6)])
+    want = distill_dataset(tiny_model(), ds, None, 32, 4, key={"k": 1}, cache=tmp_path / "cache0.jsonl",
+                           progress=False)
+    shutil.copy(tmp_path / "cache0.jsonl", tmp_path / "cache1.jsonl")
+    for cache_on in (0, 1):
+        run_local(2, _distill_job, {"out": str(tmp_path), "cache_on": cache_on})
+        for r in (0, 1):
+            assert np.load(tmp_path / f"tokens{r}.npy").tolist() == [e.tokens for e in want.examples]

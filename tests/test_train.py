@@ -1269,7 +1269,7 @@ def test_processes_bad_input(tmp_path):
     model_dir = make_model_dir(tmp_path)
     args = [a if a is not None else str(tmp_path / "data") for a in ARGS]
     for n, says in (("0", "--processes must be a whole number >= 1, not 0"),
-                    ("7", "must not exceed the batch size (6)")):
+                    ("7", "--processes (7) must not exceed --batch-size (6)")):
         r = cli("--model", str(model_dir), "--out", "x", *args, "--processes", n)
         assert r.returncode == 1 and says in r.stderr and "Traceback" not in r.stderr, r.stderr
     # bad input every process meets: one line (rank 0's), not one traceback per process
