@@ -14,7 +14,7 @@ from .adapter import fuse as fuse_adapter
 from .adapter import load_adapter
 from .arch import CausalLM
 from .engine import DecodeOptions, Decoder, Stats, check_prompt_ids
-from .errors import OptionError, check_keywords, check_switch
+from .errors import ContextLengthError, OptionError, check_keywords, check_switch
 from .loader import load_model, model_dir
 from .logprobs import TokenLogprob
 from .project import DEFAULT_MODEL as DEFAULT_MODEL  # the shipped model, for callers of the API
@@ -129,6 +129,19 @@ def _prompt_ids(tokenizer, prompt) -> list[int]:
     return [int(t) for t in items]
 
 
+def check_text_size(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prompt) -> None:
+    """A :class:`ContextLengthError` for a text prompt that cannot fit the context whatever its
+    tokens, before it is encoded (megabytes take a minute and gigabytes of memory to encode, and
+    hold up a server's other requests): more characters than the context's tokens at the
+    tokenizer's longest. A shorter one is measured in tokens once encoded (the engine)."""
+    limit = model.limit if isinstance(model, Runner) else getattr(model, "max_positions", None)
+    if isinstance(prompt, str) and tokenizer is not None and limit \
+            and len(prompt) > limit * tokenizer.max_token_chars:
+        holder = model.limit_source if isinstance(model, Runner) else "the model's context"
+        raise ContextLengthError(f"the prompt ({len(prompt)} characters) is longer than {holder} of {limit} "
+                                 "tokens")
+
+
 def _short(value) -> str:
     """``repr(value)``, cut to 60 characters."""
     said = repr(value)
@@ -173,6 +186,7 @@ def decoder(model: nn.Module | Runner, tokenizer: Tokenizer | None, prompt: Prom
     ``batched``: the server's, whose scheduler runs the passes (:class:`~.runner.PassRequest`)."""
     check_model(model, tokenizer)
     check_switch("sql_names", sql_names)
+    check_text_size(model, tokenizer, prompt)
     ids = _prompt_ids(tokenizer, prompt)
     if tokenizer is not None:
         eos = frozenset(tokenizer.eos_token_ids)

@@ -563,7 +563,9 @@ def encode_rows(rows: list[tuple[int, object]], tokenizer, *, source: Path | str
         ds.notes.append(f"{name}: truncated {ds.n_truncated} of {ds.n_read} examples "
                         f"to {max_seq_len} tokens")
     if ds.n_skipped:
-        why = f"longer than {max_seq_len} tokens" if ds.n_skipped > no_target else "nothing to predict"
+        long = (f"longer than {max_seq_len} tokens" if policy == "skip"  # (truncate cuts the others)
+                else f"a prompt of {max_seq_len} tokens or more, no room for its completion")
+        why = long if ds.n_skipped > no_target else "nothing to predict"
         if ds.n_skipped > no_target and no_target:
             why += f" ({no_target} with nothing to predict)"
         ds.notes.append(f"{name}: skipped {ds.n_skipped} of {ds.n_read} examples ({why})")

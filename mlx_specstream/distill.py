@@ -95,7 +95,8 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
             with cache.open("a") as f:
                 f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
 
-    with tqdm(total=sum(budgets[i] for i in mine), desc=desc, unit="tok", leave=False,  # closed on Ctrl-C too
+    shown = desc + (f" (the share of process 1 of {size})" if size > 1 else "")  # its own bar
+    with tqdm(total=sum(budgets[i] for i in mine), desc=shown, unit="tok", leave=False,  # closed on Ctrl-C
               disable=not progress or rank != 0 or not mine) as bar:  # no empty bar where all is reused
         for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],
                                         eos, batch):

@@ -27,7 +27,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from .api import StreamResponse, decoder, responses
+from .api import StreamResponse, check_text_size, decoder, responses
 from .data import DataError, chat_messages
 from .engine import Stats
 from .errors import ContextLengthError, OptionError
@@ -399,12 +399,12 @@ def chat_prompt_tokens(body: dict, pool: ModelPool) -> int:
 
 
 def _check_size(prompt, model, tok: Tokenizer, field: str) -> None:
-    """A text prompt far longer than the context is refused unencoded: encoding megabytes would
-    hold up every other request."""
-    limit = getattr(model, "max_positions", None)
-    if isinstance(prompt, str) and limit and len(prompt) > limit * tok.max_token_chars:
-        raise APIError(f"the prompt ({len(prompt)} characters) is longer than the model's context of "
-                       f"{limit} tokens", field, "context_length_exceeded")
+    """A text prompt far longer than the context is refused unencoded (:func:`check_text_size`):
+    encoding megabytes would hold up every other request."""
+    try:
+        check_text_size(model, tok, prompt)
+    except ContextLengthError as e:
+        raise APIError(str(e), field, "context_length_exceeded") from None
 
 
 def parse(body: dict, pool: ModelPool, chat: bool) -> Generation:

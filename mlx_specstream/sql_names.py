@@ -116,22 +116,33 @@ def _statements(text: str) -> Iterator[str]:
 
 def schema(text: str) -> dict[str, list[str]]:
     """Each table of the ``CREATE TABLE`` statements in ``text`` (:func:`_statements`) with its
-    columns, as SQLite reads them (each statement under a bound on SQLite's steps)."""
+    columns, as SQLite reads them. A table made twice (a few-shot prompt's examples, each with its
+    context) has the columns of both: every name the prompt defines may be written."""
+    tables: dict[str, list[str]] = {}
+    for i, statement in enumerate(_statements(text), 1):
+        for table, columns in _created(statement, i).items():
+            same = next((t for t in tables if t.lower() == table.lower()), table)  # (SQLite ignores case)
+            tables[same] = list(dict.fromkeys([*tables.get(same, []), *columns]))
+    if not tables:
+        raise ValueError("the prompt has no CREATE TABLE statement to take names from")
+    return tables
+
+
+def _created(statement: str, i: int) -> dict[str, list[str]]:
+    """The table statement ``i`` makes, with its columns, as SQLite reads it (under a bound on
+    SQLite's steps)."""
     con = sqlite3.connect(":memory:")
     try:
-        for i, statement in enumerate(_statements(text), 1):
-            steps = iter(range(_SQLITE_STEPS // 100))  # the handler runs every 100 steps; True stops
-            con.set_progress_handler(lambda steps=steps: next(steps, None) is None, 100)
-            try:
-                con.execute(statement)
-            except sqlite3.Error as e:
-                raise ValueError(f"CREATE TABLE statement {i} of the prompt is not valid SQL ({e})") from None
+        steps = iter(range(_SQLITE_STEPS // 100))  # the handler runs every 100 steps; True stops
+        con.set_progress_handler(lambda: next(steps, None) is None, 100)
+        try:
+            con.execute(statement)
+        except sqlite3.Error as e:
+            raise ValueError(f"CREATE TABLE statement {i} of the prompt is not valid SQL ({e})") from None
         con.set_progress_handler(None, 0)
         tables = [r[0] for r in con.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' "
             "UNION ALL SELECT name FROM sqlite_temp_master WHERE type = 'table'")]
-        if not tables:
-            raise ValueError("the prompt has no CREATE TABLE statement to take names from")
         return {t: [c[1] for c in con.execute("SELECT * FROM pragma_table_info(?)", (t,))] for t in tables}
     finally:
         con.close()

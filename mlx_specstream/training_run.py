@@ -143,6 +143,8 @@ def plan_line(run: Run, n_params: int, steps_per_epoch: int, progress: bool) -> 
     examples = len(run.train_ds.examples)
     batch = f"{tc.batch_size}" if tc.batch_size <= examples else \
         f"{examples} (all the examples: fewer than the batch size, {tc.batch_size})"
+    if run.group is not None:  # data-parallel: each process takes its share of every batch
+        batch += f", shared by {run.group.size()} processes"
     said = [f"{tc.mode}" + (f", γ = {tc.gamma}" if tc.gamma else ""), f"{n_params:,} trainable parameters",
             f"{tc.iters} step{'s' * (tc.iters != 1)} ({epochs:.3g} epoch{'s' * (epochs != 1)} of "
             f"{steps_per_epoch} "

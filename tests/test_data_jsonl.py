@@ -90,9 +90,12 @@ def test_length_policy_counts(tmp_path):
     ds = load_jsonl(f, max_seq_len=6, policy="truncate")
     assert [len(e.tokens) for e in ds.examples] == [4, 6, 6]
     assert (ds.n_truncated, ds.n_skipped) == (2, 1)
-    assert any("truncated 2 of 4" in n for n in ds.notes) and any("skipped 1 of 4" in n for n in ds.notes)
+    assert any("truncated 2 of 4" in n for n in ds.notes)
+    assert "train.jsonl: skipped 1 of 4 examples (a prompt of 6 tokens or more, no room for its completion)" \
+        in ds.notes
     ds = load_jsonl(f, max_seq_len=6, policy="skip")
     assert [len(e.tokens) for e in ds.examples] == [4] and ds.n_skipped == 3
+    assert ds.notes[-1] == "train.jsonl: skipped 3 of 4 examples (longer than 6 tokens)"
     with pytest.raises(DataError, match="no usable examples"):
         load_jsonl(f, max_seq_len=3, policy="skip")
     with pytest.raises(ValueError, match="length_policy must be one of truncate, skip"):

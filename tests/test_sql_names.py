@@ -68,6 +68,10 @@ def test_schema_names_as_sqlite_reads_them():
     columns = ", ".join(f"c{j} INTEGER" for j in range(8))
     big = "\n".join(f"CREATE TABLE t{i} ({columns});" for i in range(400))
     assert len(schema(big)) == 400  # the bound on SQLite's steps is per statement
+    # a few-shot prompt makes a table once per example: every column either makes may be written
+    shots = ("### Context:\nCREATE TABLE t (a INTEGER);\n### SQL:\nSELECT a FROM t\n\n"
+             "### Context:\nCREATE TABLE T (a INTEGER, b TEXT);\n### SQL:\n")
+    assert schema(shots) == {"t": ["a", "b"]}
     assert schema("Given the CREATE TABLE statements below, write SQL.\n-- CREATE TABLE old (zz INT)\n"
                   "CREATE TABLE t (a INT, b TEXT DEFAULT ')', c TEXT DEFAULT '(' -- an id (primary\n"
                   ", d INT /* ( */); CREATE TEMP TABLE tmp (x INT)") == {"t": ["a", "b", "c", "d"],

@@ -56,6 +56,20 @@ def test_context_limit(arch, limit):
     assert short.finish_reason == "length" and short.stats.context_limit is None
 
 
+def test_a_text_far_past_the_context_is_refused_before_it_is_encoded(monkeypatch):
+    """Megabytes of text took a minute and gigabytes to encode before the prompt's length was
+    told; more characters than the context's tokens at the longest token's cannot fit."""
+    from mlx_specstream import load
+    from mlx_specstream.errors import ContextLengthError
+
+    model, tok = load(adapter="sql-lossless")
+    text = "x" * (model.max_positions * tok.max_token_chars + 1)
+    monkeypatch.setattr(type(tok), "encode", lambda self, *a, **k: pytest.fail("encoded"))
+    said = f"the prompt \\({len(text)} characters\\) is longer than the model's context of 2048 tokens"
+    with pytest.raises(ContextLengthError, match=said):
+        generate(model, tok, text)
+
+
 @pytest.mark.parametrize("options,fragment", [
     ({"gamma": 0}, "gamma must be in 1..3"), ({"gamma": 99}, "gamma must be in 1..3"),
     ({"branch": 0}, "branch must be >= 1"), ({"tree_budget": 0}, "tree_budget must be >= 1"),
