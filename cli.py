@@ -272,6 +272,13 @@ def generate(
                                            "node, measured in docs/engine.md; 0 on a GPU)"),
     lookup: bool | None = _flag(None, "--lookup/--no-lookup",
                                 help="ss: prompt-lookup candidates beside the streams' (default on)"),
+    ngrams: bool | None = _flag(None, "--ngrams/--no-ngrams",
+                                help="ss and lookup: the adapter's n-gram drafts lead the lookup chain where "
+                                "it has them (default on with lookup)"),
+    streams: str | None = typer.Option(None, "--streams", help="where the streams run: 'tree' (on every "
+                                       "tree node, in the pass), 'deferred' (lossless adapters: the last "
+                                       "accepted node's, in a small pass after verification) or 'auto' "
+                                       "(the default: deferred on a CPU, tree on a GPU)"),
     sql_names: bool = _flag(False, "--sql-names",
                             help="write SQL naming only the tables and columns of the prompt's "
                             "CREATE TABLE statements (besides keywords, literals and aliases)"),
@@ -309,21 +316,24 @@ def generate(
         turn["tools"] = None
     schema = _read_schema(json_schema, sql_names, forced)
     text = _read_prompt(prompt, prompt_file, turn=chat_template)
+    placed = {"streams": streams} if streams is not None else {}  # (DecodeOptions' default otherwise)
     check_used(DecodeOptions(mode=mode, gamma=gamma, branch=branch, tree_budget=tree_budget,
                              prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                             temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed))
+                             ngrams=ngrams, temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p,
+                             seed=seed, **placed))
     if model is not None and model.name.endswith(".mlpackage"):
         fixed = [flag for flag, value in (("--adapter", adapter), ("--gamma", gamma),
-                                          ("--prune-threshold", prune_threshold), ("--node-cost", node_cost))
+                                          ("--prune-threshold", prune_threshold), ("--node-cost", node_cost),
+                                          ("--streams", streams))
                  if value is not None]
         if fixed:
             said = ", ".join(fixed[:-1]) + " and " + fixed[-1] if len(fixed) > 1 else fixed[0]
-            raise ValueError("a Core ML package fixes its adapter, gamma, pruning and tree (size and node "
-                             f"cost) at export: drop {said}")
+            raise ValueError("a Core ML package fixes its adapter, gamma, pruning, streams and tree (size "
+                             f"and node cost) at export: drop {said}")
         _generate_coreml(model, text, verbose, chat_template, turn, forced, schema, max_tokens=max_tokens,
                          temperature=temp, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed, mode=mode,
-                         branch=branch, tree_budget=tree_budget, lookup=lookup, sql_names=sql_names,
-                         stop=stop)
+                         branch=branch, tree_budget=tree_budget, lookup=lookup, ngrams=ngrams,
+                         sql_names=sql_names, stop=stop)
         return
     m, tok = load(model, adapter=adapter)
     if tok is None:
@@ -335,7 +345,7 @@ def generate(
                                 min_p=min_p, seed=seed, mode=mode,
                                 gamma=gamma, branch=branch, tree_budget=tree_budget,
                                 prune_threshold=prune_threshold, node_cost=node_cost, lookup=lookup,
-                                sql_names=sql_names, stop=stop,
+                                ngrams=ngrams, sql_names=sql_names, stop=stop, **placed,
                                 constraint=_shaped(tok, turn["tools"], forced, schema)),
                 tok, verbose, first_said=_adapter_said(m) if verbose else None)
 

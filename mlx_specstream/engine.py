@@ -482,8 +482,7 @@ class Decoder:
             accepted = kept.tokens[path[1:]].tolist()
             if draft.chain:
                 self._learn_lookup(draft, kept, accepted)
-            rejected = ([lv[0] for lv in draft.levels[len(path) - 1:]] if draft.levels
-                        else draft.chain[len(path) - 1:])
+            rejected = kept.best_below(path[-1])
             runner.commit(path)
             self._advance_constraint(accepted + [root])
             self.history += accepted + [root]

@@ -52,6 +52,23 @@ class Tree:
         """The child of node ``v`` that holds ``token`` (the first, should there be two), or None."""
         return self._child_index.get((v, token))
 
+    def best_below(self, v: int) -> list[int]:
+        """The tokens under node ``v`` through each node's first child, the best-scored one
+        (:func:`build_tree` lays children out best first): after a pass whose accepted path ended at
+        ``v``, the best draft it ran and rejected (none where ``v`` is a leaf)."""
+        first = self._first_child
+        out = []
+        while (v := first.get(v)) is not None:
+            out.append(int(self.tokens[v]))
+        return out
+
+    @cached_property
+    def _first_child(self) -> dict[int, int]:
+        first: dict[int, int] = {}
+        for v, parent in enumerate(self.parents.tolist()):
+            first.setdefault(parent, v)
+        return first
+
     @cached_property
     def _child_index(self) -> dict[tuple[int, int], int]:
         index: dict[tuple[int, int], int] = {}

@@ -431,9 +431,11 @@ def test_a_core_ml_package_names_only_the_fixed_flags_given(tmp_path):
     """What a package fixes at export and the command line gave anyway: said by the flags given."""
     pkg = str(tmp_path / "sql.mlpackage")
     assert_one_line_error(cli("generate", "--model", pkg, "--adapter", "sql", "--gamma", "2", "-p", "x"),
-                          "pruning and tree (size and node cost) at export: drop --adapter and --gamma")
+                          "streams and tree (size and node cost) at export: drop --adapter and --gamma")
     res = cli("generate", "--model", pkg, "--node-cost", "0.1", "-p", "x")
     assert res.stderr.rstrip().endswith("at export: drop --node-cost"), res.stderr
+    res = cli("generate", "--model", pkg, "--streams", "tree", "-p", "x")
+    assert res.stderr.rstrip().endswith("at export: drop --streams"), res.stderr
 
 
 def test_a_second_sigterm_acts_at_once_inside_nested_blocks():
@@ -456,3 +458,20 @@ def test_a_second_sigterm_acts_at_once_inside_nested_blocks():
             assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
         assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
     assert signal.getsignal(signal.SIGTERM) == before
+
+
+def test_generate_takes_the_engine_draft_options():
+    """--streams and --no-ngrams, which the Python API and the docs' tables name, on the command
+    line too; lossless either way; a mode that does not use them refuses them."""
+    import json
+
+    from mlx_specstream.project import REPOSITORY
+
+    prompt = json.loads((REPOSITORY / "data" / "sql" / "test.jsonl").read_text().splitlines()[0])["prompt"]
+    ar = cli("generate", "--adapter", "sql-lossless", "--mode", "ar", "-p", prompt, "-n", "24")
+    assert ar.returncode == 0, ar.stderr
+    for flags in (("--streams", "tree", "--no-ngrams"), ("--streams", "deferred", "--ngrams")):
+        res = cli("generate", "--adapter", "sql-lossless", "-p", prompt, "-n", "24", *flags)
+        assert res.returncode == 0 and res.stdout == ar.stdout, res.stderr
+    assert_one_line_error(cli("generate", "--mode", "ar", "--no-ngrams", "-p", "x"),
+                          "--mode ar does not use --no-ngrams: drop it")

@@ -62,6 +62,24 @@ def test_tree_size_follows_node_cost(llama):
         generate(llama, None, [1], max_tokens=2, node_cost=-1.0)
 
 
+def test_the_rejected_draft_is_one_the_pass_ran():
+    """--verbose's red draft is the best branch of the tree below the last accepted node: a
+    verified and rejected draft, never the token just written (it once was the streams' top
+    candidates, whether or not the cut tree held them), and none where the tree ended there."""
+    from mlx_specstream.api import stream_generate
+
+    model = tiny_model()  # (whose drafts are often wrong)
+    new_adapter(model, gamma=4, msa_layers=2, seed=5)
+    for cost in (0.0, 100.0):
+        steps = list(stream_generate(model, None, [2, 8], max_tokens=60, branch=3, tree_budget=16,
+                                     node_cost=cost, lookup=False))
+        assert all(s.rejected[0] != s.tokens[-1] for s in steps if s.rejected and s.finish_reason is None)
+        if cost == 100.0:  # the root alone: nothing below it was run
+            assert all(not s.rejected for s in steps)
+        else:
+            assert any(s.rejected for s in steps)
+
+
 def test_default_node_cost_is_the_machines():
     from mlx_specstream.engine import CPU_NODE_COST
 

@@ -206,3 +206,11 @@ def _path(t, v):
     while t.parents[out[-1]] >= 0:
         out.append(int(t.parents[out[-1]]))
     return out[::-1]
+
+
+def test_best_below_follows_the_best_children():
+    tree = build_tree(7, [[1, 2], [3, 4]], [[-0.1, -2.0], [-0.2, -3.0]], budget=7)
+    assert tree.best_below(0) == [1, 3]  # the root's best child, then its best
+    v = tree.child(0, 2)
+    assert tree.best_below(v) == [3]
+    assert tree.best_below(tree.child(v, 4)) == []  # a leaf: nothing ran below it
