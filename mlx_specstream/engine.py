@@ -335,6 +335,9 @@ class Decoder:
             raise OptionError("{ngrams} drafts lead the prompt-lookup chain: drop {lookup=False}")
         self.lookup_score, self.ngram_score = LookupScore(), LookupScore()
         self.ngrams = runner.ngrams if self.lookup and opts.ngrams is not False else None
+        if opts.ngrams and self.lookup and self.ngrams is None:  # asked for, not merely on by default
+            raise OptionError("{ngrams=True}: there are no n-gram drafts here (the adapter's ngrams.npz): "
+                              "write them with specstream-mlx ngrams --adapter NAME --data DIR")
         # Deferred streams cost a pass of their own: tokens per unit of cost of the steps drafted
         # with them, against which a prompt-lookup chain alone is weighed (_draft). Prior: two
         # tokens a pass from a three-node tree.

@@ -80,6 +80,10 @@ def test_lossless_decoding_with_ngrams_is_plain_ar_and_uses_them(model):
         assert all(len(t) == 20 for t in sampled)
     finally:
         model.adapter_ngrams = None
+    # asked for where there are none: said, not decoded without them
+    for mode in ("ss", "lookup"):
+        with pytest.raises(ValueError, match="ngrams=True: there are no n-gram drafts here"):
+            generate(model, None, PROMPT, max_tokens=4, mode=mode, ngrams=True)
 
 
 def test_the_adapter_carries_its_table(tmp_path):
