@@ -133,7 +133,7 @@ class _OneLineErrors:
             where = e.ctx.command_path if isinstance(e, USAGE_ERROR) and e.ctx is not None else None
             said = " ".join(e.format_message().split())
             if said:  # (no words: the command list, shown for a command line without a command)
-                typer.echo(f"error: {said}" + (f" (see {where} -h)" if where else ""), err=True)
+                typer.echo(f"{_error()} {said}" + (f" (see {where} -h)" if where else ""), err=True)
             sys.exit(e.exit_code)
         except typer.Abort:
             typer.echo("Aborted!", err=True)
@@ -867,22 +867,22 @@ def main() -> None:
     sys.argv[1:] = expand_home(sys.argv[1:])
     said = mlx_lm_flag(sys.argv[1:]) or empty_path(sys.argv[1:])
     if said:
-        typer.echo(f"error: {said}", err=True)
+        typer.echo(f"{_error()} {said}", err=True)
         sys.exit(2)  # a usage error, as an unknown option's
     try:
         with terminate_cleanly():  # SIGTERM stops any command as Ctrl-C does, said (serve: its own drain)
             app()
     except SaidInOptions as e:  # said in the command line's terms
-        typer.echo("error: " + e.render("cli"), err=True)
+        typer.echo(f"{_error()} {e.render('cli')}", err=True)
         sys.exit(1)
     except (*USER_ERRORS, PeerStopped) as e:
-        typer.echo(f"error: {e}", err=True)
+        typer.echo(f"{_error()} {e}", err=True)
         sys.exit(1)
     except RuntimeError as e:
         if not peer_lost(e):
             raise
         # under mlx.launch, where another process stopped (and said why)
-        typer.echo("error: another process of the run stopped (see its error)", err=True)
+        typer.echo(f"{_error()} another process of the run stopped (see its error)", err=True)
         sys.exit(1)
     except (KeyboardInterrupt, SystemExit) as e:  # Typer turns Ctrl-C and SIGTERM into exit 130
         stop = _interrupt(e)
@@ -893,6 +893,13 @@ def main() -> None:
             typer.echo("interrupted", err=True)
             sys.exit(130)
         raise
+
+
+def _error() -> str:
+    """How an error line begins: "error:", and under ``mlx.launch`` in processes other than the first
+    (rank 0) "error (process 1):", so that what every process says is told apart from what one says."""
+    rank = os.environ.get("MLX_RANK", "0")
+    return "error:" if rank in ("", "0") else f"error (process {rank}):"
 
 
 def _interrupt(e: BaseException) -> KeyboardInterrupt | None:

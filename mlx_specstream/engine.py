@@ -284,7 +284,8 @@ class Decoder:
         cfg = runner.adapter_config
         if opts.mode == "ss" and cfg is None:
             raise OptionError("speculative decoding needs an adapter with streams: load one "
-                              "({adapter}) or use {mode=ar}")
+                              "({adapter}), or use {mode=ar} (plain decoding) or {mode=lookup} "
+                              "(prompt-lookup drafts, no adapter needed)")
         if opts.mode == "ss" and cfg.gamma == 0:
             which = f"adapter '{cfg.name}'" if cfg.name else "the adapter"  # said as it is (braces too)
             raise OptionError(f" has no streams (mode {cfg.mode}): use {{mode=ar}} or {{mode=lookup}}, or an "

@@ -475,3 +475,17 @@ def test_generate_takes_the_engine_draft_options():
         assert res.returncode == 0 and res.stdout == ar.stdout, res.stderr
     assert_one_line_error(cli("generate", "--mode", "ar", "--no-ngrams", "-p", "x"),
                           "--mode ar does not use --no-ngrams: drop it")
+
+
+def test_an_error_says_which_process_under_mlx_launch():
+    """Every process of an mlx.launch run says its errors; those beyond the first say whose, so a
+    line every process writes is told apart from one process's."""
+    import os
+
+    command = [sys.executable, "-m", "mlx_specstream.cli", "generate", "--mode", "ar", "--gamma", "2",
+               "-p", "x"]
+    for rank, head in (("0", "error: "), ("1", "error (process 1): ")):
+        res = subprocess.run(command, capture_output=True, text=True, timeout=120,
+                             env={**os.environ, "MLX_RANK": rank})
+        said = head + "--mode ar does not use --gamma: drop it\n"
+        assert res.returncode == 1 and res.stderr == said, res.stderr

@@ -360,8 +360,9 @@ def test_option_errors_name_the_requests_fields(server):
         {"model": "specstream-tiny", "prompt": "x", "mode": "ss"}).encode())
     assert code == 400 and reply["error"]["param"] == "mode"
     assert reply["error"]["message"] == ("speculative decoding needs an adapter with streams: load one "
-                                         "('model': an id with an adapter, GET /v1/models) or use "
-                                         "'mode': \"ar\"")
+                                         "('model': an id with an adapter, GET /v1/models), or use "
+                                         "'mode': \"ar\" (plain decoding) or 'mode': \"lookup\" "
+                                         "(prompt-lookup drafts, no adapter needed)")
     code, reply = server.post_raw("/v1/chat/completions", json.dumps(
         {"model": "specstream-tiny", "messages": [{"role": "user", "content": "x"}],
          "max_completion_tokens": 0}).encode())
