@@ -292,8 +292,11 @@ class Decoder:
                               "adapter with streams", subject=which)
         self.shared = cfg is not None and cfg.mode == "shared"
         self.gamma = 0
-        if opts.mode != "ss" and not self.shared and opts.gamma is not None and opts.gamma < 1:
-            raise OptionError(f"{{gamma}} must be >= 1, not {opts.gamma}")  # unused, but no mode takes it
+        most = cfg.gamma if cfg is not None and cfg.gamma else None  # the adapter's streams
+        if opts.mode != "ss" and not self.shared and opts.gamma is not None and (
+                opts.gamma < 1 or (most is not None and opts.gamma > most)):  # unused, but no mode takes it
+            raise OptionError(f"{{gamma}} must be in 1..{most} (the adapter's streams), not {opts.gamma}"
+                              if most else f"{{gamma}} must be >= 1, not {opts.gamma}")
         if opts.mode == "ss" or self.shared:
             self.gamma = cfg.gamma if opts.gamma is None else opts.gamma
             if not 1 <= self.gamma <= cfg.gamma:

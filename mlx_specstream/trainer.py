@@ -844,7 +844,8 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                     return Report({**saved, "process_rank": rank_id})
                 say(f"resuming from {loaded[0]} (step {run.start} of {iters})")
             elif resumable:
-                say(f"no checkpoint in {ckpt_dir}: starting from step 0")
+                say(f"no checkpoint in {ckpt_dir}: starting from step 0, with the settings given now (a run "
+                    "records its own with its first checkpoint)")
 
         if main_proc and run.start < iters:  # what the run will do, once
             say(plan_line(run, n_params, steps_per_epoch, progress))

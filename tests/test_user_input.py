@@ -140,7 +140,9 @@ def test_api_options_of_the_wrong_type_or_name():
                                "seed must be a whole number in 0..2**64 - 1, not '1'"),
                               ({"seed": 2**64}, "seed must be a whole number in 0..2**64 - 1"),
                               ({"lookup": 0}, "lookup must be True or False (or None), not 0"),
-                              ({"mode": "ar", "gamma": 0}, "gamma must be >= 1, not 0"),  # any mode
+                              ({"mode": "ar", "gamma": 0}, "gamma must be in 1..3 (the adapter's streams), "
+                               "not 0"),  # any mode
+                              ({"mode": "lookup", "gamma": 9}, "gamma must be in 1..3"),
                               ({"ngrams": "false"}, "ngrams must be True or False (or None), not 'false'"),
                               ({"sql_names": "yes"}, "sql_names must be True or False, not 'yes'"),
                               ({"ngrams": True, "lookup": False}, "drop lookup=False")):
