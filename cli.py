@@ -303,7 +303,7 @@ def generate(
                           "drafts; statistics"),
 ) -> None:
     """Generate text with Speculative Streaming, streaming it as it is accepted."""
-    from mlx_specstream.api import load, stop_strings, stream_generate
+    from mlx_specstream.api import check_text_size, load, stop_strings, stream_generate
     from mlx_specstream.data import check_system_prompt
     from mlx_specstream.engine import DecodeOptions, check_used
 
@@ -338,6 +338,7 @@ def generate(
     m, tok = load(model, adapter=adapter)
     if tok is None:
         raise ValueError(f"{model}: the model has no tokenizer files")
+    check_text_size(m, tok, text)  # before the chat template encodes it
     if adapter is not None:
         _say_trained_template(m.path, adapter, chat_template, system_prompt)
     _echo_steps(stream_generate(m, tok, _as_sent(tok, text, chat_template, turn),
@@ -513,6 +514,7 @@ def _coloured(step, tok) -> str:
 def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: bool, turn: dict,
                      forced: tuple[str, ...] | None, schema: dict | None, **options) -> None:
     """``generate --model X.mlpackage``: the host decode loop over an exported Core ML package."""
+    from mlx_specstream.api import check_text_size
     from mlx_specstream.convert.coreml_export import tokenizer_dir
     from mlx_specstream.coreml_driver import load_package, stream_package
 
@@ -521,6 +523,7 @@ def _generate_coreml(package: Path, text: str, verbose: bool, chat_template: boo
         raise ValueError(f"{package}: no tokenizer directory beside the package "
                          f"({tokenizer_dir(package).name}; export writes one where the model has tokenizer "
                          "files): the Python API's stream_package takes token ids")
+    check_text_size(runner, tok, text)  # before the chat template encodes it
     _echo_steps(stream_package(runner, tok, _as_sent(tok, text, chat_template, turn),
                                constraint=_shaped(tok, turn["tools"], forced, schema), **options),
                 tok, verbose,
@@ -898,8 +901,8 @@ def main() -> None:
 def _error() -> str:
     """How an error line begins: "error:", and under ``mlx.launch`` in processes other than the first
     (rank 0) "error (process 1):", so that what every process says is told apart from what one says."""
-    rank = os.environ.get("MLX_RANK", "0")
-    return "error:" if rank in ("", "0") else f"error (process {rank}):"
+    rank = os.environ.get("MLX_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"  # (mpirun's)
+    return "error:" if rank == "0" else f"error (process {rank}):"
 
 
 def _interrupt(e: BaseException) -> KeyboardInterrupt | None:

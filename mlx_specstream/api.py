@@ -135,8 +135,8 @@ def check_text_size(model: nn.Module | Runner, tokenizer: Tokenizer | None, prom
     hold up a server's other requests): more characters than the context's tokens at the
     tokenizer's longest. A shorter one is measured in tokens once encoded (the engine)."""
     limit = model.limit if isinstance(model, Runner) else getattr(model, "max_positions", None)
-    if isinstance(prompt, str) and tokenizer is not None and limit \
-            and len(prompt) > limit * tokenizer.max_token_chars:
+    longest = getattr(tokenizer, "max_token_chars", None)  # (ours; another tokenizer: not said here)
+    if isinstance(prompt, str) and longest and limit and len(prompt) > limit * longest:
         holder = model.limit_source if isinstance(model, Runner) else "the model's context"
         raise ContextLengthError(f"the prompt ({len(prompt)} characters) is longer than {holder} of {limit} "
                                  "tokens")

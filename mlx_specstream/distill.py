@@ -70,7 +70,8 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
                     break
                 done[row["i"]] = row["completion"]
     width = max(budgets, default=0) + 1  # a row of the tables below: length, tokens
-    if size > 1:  # what the first process read, on every process
+    # what the first process read, on every process (where it read any: a fresh run's is none)
+    if size > 1 and cache is not None and group.all_sum(mx.array([len(done)])).item():
         done = _gathered(group, done, len(prompts), width)
     write = cache is not None and rank == 0
     if write and (torn or not done):  # rows appended after a torn line would never be read
@@ -95,7 +96,7 @@ def distill_dataset(model, dataset: Dataset, tokenizer, max_seq_len: int, distil
             with cache.open("a") as f:
                 f.write("".join(json.dumps({"i": i, "completion": c}) + "\n" for i, c in rows))
 
-    shown = desc + (f" (the share of process 1 of {size})" if size > 1 else "")  # its own bar
+    shown = desc + (f" (process 0's share, of {size})" if size > 1 else "")  # its own bar
     with tqdm(total=sum(budgets[i] for i in mine), desc=shown, unit="tok", leave=False,  # closed on Ctrl-C
               disable=not progress or rank != 0 or not mine) as bar:  # no empty bar where all is reused
         for ids, outs in greedy_batches(model, [prompts[i] for i in mine], [budgets[i] for i in mine],

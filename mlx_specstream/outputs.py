@@ -62,8 +62,9 @@ OS_LITTER = (".DS_Store",)
 # What the project keeps in a model's folder besides the model: work that replacing it would lose
 MODEL_WORK = ("adapters", "draft")
 
-# A checkpoint's folder (step-0000042): a copy under another name (step-0000042-keep) is the user's
-CHECKPOINT_NAMES = ("step-" + "[0-9]" * 7, "step-" + "[0-9]" * 8)
+# A checkpoint's folder (step-0000042, the step in 7 digits or more): a copy under another name
+# (step-0000042-keep) is the user's
+CHECKPOINT_NAMES = tuple("step-" + "[0-9]" * n for n in range(7, 13))
 
 # kind -> {subdirectory: (the names of its entries, the kind of directory each entry is or None
 # for files, and the names of what an interrupted write of ours leaves there)}: what the project

@@ -67,8 +67,10 @@ def check_same(group, what: str, value) -> None:
 
 def peer_lost(e: BaseException) -> bool:
     """Whether ``e`` is MLX's distributed backend losing another process of the run (it stopped):
-    a RuntimeError from ``mlx.launch``'s ring or MPI, raised where a collective is evaluated."""
-    return isinstance(e, RuntimeError) and str(e).startswith(("[ring]", "[mpi]"))
+    a RuntimeError from ``mlx.launch``'s backends ("[ring] connection to a peer was lost"), raised
+    where a collective is evaluated."""
+    said = str(e) if isinstance(e, RuntimeError) else ""
+    return said.startswith(("[ring]", "[mpi]", "[jaccl]")) and "peer" in said
 
 
 class DistributedGroup:

@@ -444,15 +444,16 @@ def run_settings(model_path: str | Path, out: str | Path) -> dict:
     return settings
 
 
-def _finished_report(out_dir: Path | None, iters: int) -> dict | None:
-    """The report of the adapter in ``out_dir`` if it is the finished run of ``iters`` steps (not
-    an earlier stage's, saved before the run was taken further)."""
+def _finished_report(out_dir: Path | None, iters: int, ckpt_dir: Path) -> dict | None:
+    """The report of the adapter in ``out_dir`` if it is the finished run of ``iters`` steps whose
+    checkpoints are ``ckpt_dir`` (not an earlier stage's, saved before the run was taken further,
+    nor another run's adapter put there)."""
     try:
         report = json.loads((out_dir / REPORT_FILE).read_text()) if out_dir is not None else None
     except (OSError, ValueError):
         return None
     done = isinstance(report, dict) and report.get("iters") == iters and bool(report.get("history")) \
-        and report["history"][-1].get("step") == iters
+        and report["history"][-1].get("step") == iters and report.get("checkpoints") == str(ckpt_dir)
     return report if done else None
 
 
@@ -834,9 +835,11 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                       accept_set=accept_set)
             resumable = resume and ckpt_dir is not None
             loaded = load_last_checkpoint(model, optimizer, ckpt_dir, say) if resumable else None
+            # (one that does not read here is passed over: so might another process's be)
+            check_same(group, "the checkpoint resumed", loaded[0].name if loaded is not None else None)
             if loaded is not None:
                 run.restore(*loaded)
-                saved = _finished_report(out_dir, iters) if run.start == iters else None
+                saved = _finished_report(out_dir, iters, ckpt_dir) if run.start == iters else None
                 if saved is not None:
                     say(Said(f": the run is already complete (step {iters} of {iters}); nothing to do (a "
                              "larger {iters} trains it further)", subject=str(out_dir)))
@@ -900,8 +903,13 @@ def train(model, data, *, mode: str = "lossless", out: str | Path | None = None,
                                          "chat_prompts": chat_prompts}
         if out_dir is not None and main_proc:
             with signals_held():  # Ctrl-C or SIGTERM acts once the adapter has its report
-                # (an adapter put there during the run by someone else is not replaced unasked)
-                save_adapter(model, out_dir, overwrite=overwrite or resume)
+                try:  # an adapter put there during the run by someone else is not replaced unasked
+                    save_adapter(model, out_dir, overwrite=overwrite or resume)
+                except OutputExistsError:
+                    raise OutputExistsError(
+                        ": appeared during the run and is not replaced: move it away and run the same "
+                        "command with {resume=True} to save the adapter trained (its checkpoints are in "
+                        f"{verbatim(str(ckpt_dir))})", subject=str(out_dir)) from None
                 write_text_atomic(out_dir / REPORT_FILE, json_text(report))
             # (lora: no streams)
             use = f"--adapter {shlex.quote(name)}" + (" --mode ar" if mode == "lora" else "") + (

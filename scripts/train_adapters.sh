@@ -30,8 +30,9 @@ ONLY=${ONLY:-"sql-lossless sql-lora sql sql-tuned sql-split code draft"}
 AGAIN=$([ "${RESUME:-0}" = 1 ] && echo "--resume --overwrite" || echo --overwrite)
 further_begun() {  # NAME: its last checkpoint is a `further` run's (one started with --init)
   local last
-  last=$({ ls -d "$M/adapters/$1.train/checkpoints"/step-* 2>/dev/null || true; } | sort | tail -1)
-  [ -n "$last" ] && grep -q '"init": "' "$last/state.json"
+  last=$({ ls "$M/adapters/$1.train/checkpoints" 2>/dev/null || true; } | grep -E '^step-[0-9]{7,}$' |
+    sort | tail -1)  # (a checkpoint's name; a copy under another name is the user's)
+  [ -n "$last" ] && grep -q '"init": "' "$M/adapters/$1.train/checkpoints/$last/state.json"
 }
 # the sql adapters' decoding tree: 5 candidates a stream, 64 nodes (more tokens a pass where the
 # whole tree runs, the same speed on a CPU: results/adapters/base4/tree/)
@@ -41,7 +42,7 @@ train() {  # NAME "iters [iters ...]" lr args...: later stages resume the run (a
   shift 3
   if [ "${RESUME:-0}" = 1 ]; then
     further_begun "$name" && return  # the stages are done: the checkpoints are the next run's
-    done=$({ ls "$M/adapters/$name.train/checkpoints" 2>/dev/null || true; } |
+    done=$({ ls "$M/adapters/$name.train/checkpoints" 2>/dev/null || true; } | grep -E '^step-[0-9]{7,}$' |
       sed -n 's/^step-0*//p' | sort -n | tail -1)
   fi
   for iters in $stages; do

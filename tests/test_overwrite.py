@@ -858,7 +858,7 @@ def test_train_replaces_no_adapter_it_was_not_asked_to(tmp_path):
 
     import shutil
 
-    with pytest.raises(OutputExistsError, match="already exists"):
+    with pytest.raises(OutputExistsError, match="appeared during the run and is not replaced: move it away"):
         train(model, (ds, None), out=out, iters=2, progress=False, callback=meanwhile)
     assert (out / "adapter.safetensors").read_bytes() == (theirs / "adapter.safetensors").read_bytes()
     init = tmp_path / "theirs.train" / "checkpoints" / "step-0000001"
@@ -922,3 +922,31 @@ def test_a_name_with_a_control_character_is_refused(tmp_path):
     with pytest.raises(AdapterError, match="control character"):
         save_adapter(model, tmp_path / "a\nb")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_run_lock_is_never_opened_through_a_link_nor_a_folder(tmp_path):
+    """The lock itself refuses a link or a folder by its name, whatever checked the folder
+    before (a link made between the check and the lock)."""
+    from mlx_specstream.checkpoint import _lock
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious")
+    for name, make in (("linked", lambda p: p.symlink_to(victim)), ("folder", lambda p: p.mkdir())):
+        work = tmp_path / f"{name}.train"
+        work.mkdir()
+        make(work / "lock")
+        with pytest.raises(FileExistsError, match="not the lock file of a training run"):
+            _lock(work)
+    assert victim.read_text() == "precious"
+
+
+def test_checkpoint_names_past_seven_digits():
+    """Steps past 9,999,999 are written in more digits: still checkpoints, not the user's."""
+    import fnmatch
+
+    from mlx_specstream.checkpoint import checkpoint_name
+    from mlx_specstream.outputs import CHECKPOINT_NAMES
+
+    for step in (1, 9_999_999, 123_456_789):
+        assert any(fnmatch.fnmatchcase(checkpoint_name(step), pat) for pat in CHECKPOINT_NAMES)
+    assert not any(fnmatch.fnmatchcase("step-0000002-keep", pat) for pat in CHECKPOINT_NAMES)

@@ -201,9 +201,18 @@ def _distill_job(out: str, cache_on: int, distributed) -> None:
     """Self-distillation where only process ``cache_on`` finds the cache of an earlier run."""
     from helpers import tiny_model
 
+    from mlx_specstream import batch
     from mlx_specstream.data import Dataset, Example
     from mlx_specstream.distill import distill_dataset
 
+    decoded = []
+    real = batch.greedy_batches
+
+    def counted(model, prompts, *args):  # the prompts this process has the model continue
+        decoded.extend(prompts)
+        return real(model, prompts, *args)
+
+    batch.greedy_batches = counted
     model = tiny_model()
     ds = Dataset([Example(list(range(1 + i, 9 + i)), 4) for i in range(6)])
     cache = Path(out) / f"cache{distributed.rank()}.jsonl"
@@ -212,6 +221,7 @@ def _distill_job(out: str, cache_on: int, distributed) -> None:
     got = distill_dataset(model, ds, None, 32, 4, key={"k": 1}, cache=cache, group=distributed,
                           progress=False)
     np.save(os.path.join(out, f"tokens{distributed.rank()}.npy"), np.array([e.tokens for e in got.examples]))
+    np.save(os.path.join(out, f"decoded{distributed.rank()}.npy"), np.array(len(decoded)))
 
 
 def test_self_distillation_takes_the_first_process_cache(tmp_path):
@@ -229,7 +239,16 @@ def test_self_distillation_takes_the_first_process_cache(tmp_path):
     want = distill_dataset(tiny_model(), ds, None, 32, 4, key={"k": 1}, cache=tmp_path / "cache0.jsonl",
                            progress=False)
     shutil.copy(tmp_path / "cache0.jsonl", tmp_path / "cache1.jsonl")
-    for cache_on in (0, 1):
+    for cache_on, decoded in ((0, 0), (1, 6)):  # rank 0's cache counts: with none, all is made again
         run_local(2, _distill_job, {"out": str(tmp_path), "cache_on": cache_on})
         for r in (0, 1):
             assert np.load(tmp_path / f"tokens{r}.npy").tolist() == [e.tokens for e in want.examples]
+        assert sum(int(np.load(tmp_path / f"decoded{r}.npy")) for r in (0, 1)) == decoded
+
+
+def test_a_lost_peer_is_told_from_other_errors():
+    from mlx_specstream.process_group import peer_lost
+
+    assert peer_lost(RuntimeError("[ring] connection to a peer was lost"))
+    assert not peer_lost(RuntimeError("[ring] invalid group size"))
+    assert not peer_lost(ValueError("[ring] peer"))
