@@ -867,6 +867,7 @@ def main() -> None:
         sys.exit(130)
 
     warnings.formatwarning = one_line_warning  # a warning is one line, as an error is
+    sys.stderr = _Unread(sys.stderr)
     sys.argv[1:] = expand_home(sys.argv[1:])
     said = mlx_lm_flag(sys.argv[1:]) or empty_path(sys.argv[1:])
     if said:
@@ -896,6 +897,37 @@ def main() -> None:
             typer.echo("interrupted", err=True)
             sys.exit(130)
         raise
+
+
+class _Unread:
+    """Standard error whose reader may go away (``2>&1 | head``, a launcher stopped): what is written
+    after is dropped, so the command goes on to its end. A progress bar's write raised
+    BrokenPipeError, which stopped a training run without saving its steps since the last checkpoint."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def _gone(self) -> None:  # the descriptor itself, which Python flushes again at exit
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):  # no descriptor (a notebook's stream): nothing at exit either
+            self._stream = open(os.devnull, "w")
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._gone()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _error() -> str:

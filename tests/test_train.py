@@ -1577,3 +1577,20 @@ def test_rows_given_in_python_train_as_the_same_file_does(tmp_path):
     model = tiny_model("llama", seed=0)  # a Dataset alone: validation held out of it, as of its rows
     train(model, rows_dataset(rows), **quiet)
     assert all(np.array_equal(np.array(v), weights[0][k]) for k, v in adapter_weights(model).items())
+
+
+def test_a_run_whose_stderr_reader_goes_away_trains_to_its_end(tmp_path):
+    """``train ... 2>&1 | head``: the progress bar's next write raised BrokenPipeError, which stopped
+    the run without saving the steps since its last checkpoint. What is written after is dropped."""
+    model_dir = make_model_dir(tmp_path)
+    args = [a if a is not None else str(tmp_path / "data") for a in ARGS]
+    args[args.index("--iters") + 1] = "8"
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_specstream.cli", "train", "--model", str(model_dir),
+                             "--out", "x", *args, "-j", "1", "--no-self-distill"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc.stderr.read(1)  # the run has begun: its reader goes away
+    proc.stderr.close()
+    assert proc.wait(timeout=300) == 0
+    assert (model_dir / "adapters" / "x" / "adapter.safetensors").is_file()
+    report = json.loads((model_dir / "adapters" / "x" / "training_report.json").read_text())
+    assert report["history"][-1]["step"] == 8
