@@ -426,12 +426,22 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
     ``src`` to ``dest``; ``src`` None removes ``dest``, a stale output of the same job. An existing
     ``dest`` must be replaceable (:func:`check_replaceable`); it is first renamed aside and deleted
     only once every move has succeeded, and put back if one fails, so a failed rename or an
-    interruption never leaves the user with neither the old output nor the new one."""
+    interruption never leaves the user with neither the old output nor the new one. An empty
+    folder given as ``dest`` is filled, not replaced: it keeps its permissions, and a shell inside
+    it its place."""
     aside: list[tuple[Path, Path]] = []  # (old output renamed aside, where it was)
     placed: list[Path] = []
+    filled: list[Path] = []  # entries moved into an empty folder of the user's
     with signals_held():  # Ctrl-C or SIGTERM acts once the outputs are whole again
         try:
             for src, dest, kind in moves:
+                if src is not None and dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
+                    check_replaceable(dest, kind, overwrite)
+                    for entry in sorted(src.iterdir()):
+                        os.replace(entry, dest / entry.name)
+                        filled.append(dest / entry.name)
+                    src.rmdir()
+                    continue
                 if dest.exists() or dest.is_symlink():
                     check_replaceable(dest, kind, overwrite)
                     old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
@@ -443,6 +453,11 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
         except BaseException:
             for dest in placed:
                 shutil.rmtree(dest, ignore_errors=True)
+            for path in filled:  # the folder as it was: empty
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path, ignore_errors=True)
+                else:
+                    path.unlink(missing_ok=True)
             lost = []
             for old, dest in aside:
                 try:

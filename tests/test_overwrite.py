@@ -950,3 +950,35 @@ def test_checkpoint_names_past_seven_digits():
     for step in (1, 9_999_999, 123_456_789):
         assert any(fnmatch.fnmatchcase(checkpoint_name(step), pat) for pat in CHECKPOINT_NAMES)
     assert not any(fnmatch.fnmatchcase("step-0000002-keep", pat) for pat in CHECKPOINT_NAMES)
+
+
+def test_an_empty_folder_given_is_filled_not_replaced(tmp_path, monkeypatch):
+    """An empty folder as the output keeps its permissions (and a shell inside it its place): it
+    was replaced by a new one. A failure leaves it empty, as it was."""
+    import os
+    import stat
+
+    from mlx_specstream import outputs
+
+    model = tiny_model()
+    new_adapter(model, gamma=2, msa_layers=1)
+    d = tmp_path / "mine"
+    d.mkdir(mode=0o700)
+    inode = d.stat().st_ino
+    save_adapter(model, d)
+    assert d.stat().st_ino == inode and stat.S_IMODE(d.stat().st_mode) == 0o700
+    assert (d / "adapter_config.json").is_file() and (d / "adapter.safetensors").is_file()
+    e = tmp_path / "empty"
+    e.mkdir()
+    real = os.replace
+
+    def failing(src, dst):
+        if Path(dst).name == "adapter_config.json":
+            raise OSError(28, "No space left on device")
+        return real(src, dst)
+
+    monkeypatch.setattr(outputs.os, "replace", failing)
+    with pytest.raises(OSError, match="No space"):
+        save_adapter(model, e)
+    assert e.is_dir() and list(e.iterdir()) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "mine"]  # no temporary folder left
