@@ -435,15 +435,15 @@ def replace_dirs(moves: list[tuple[Path | None, Path, str]], overwrite: bool) ->
     with signals_held():  # Ctrl-C or SIGTERM acts once the outputs are whole again
         try:
             for src, dest, kind in moves:
-                if src is not None and dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir()):
-                    check_replaceable(dest, kind, overwrite)
-                    for entry in sorted(src.iterdir()):
-                        os.replace(entry, dest / entry.name)
-                        filled.append(dest / entry.name)
-                    src.rmdir()
-                    continue
                 if dest.exists() or dest.is_symlink():
                     check_replaceable(dest, kind, overwrite)
+                    empty = dest.is_dir() and not dest.is_symlink() and not any(dest.iterdir())
+                    if src is not None and empty:  # filled, not replaced
+                        for entry in sorted(src.iterdir()):
+                            os.replace(entry, dest / entry.name)
+                            filled.append(dest / entry.name)
+                        src.rmdir()
+                        continue
                     old = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old.", dir=dest.parent))
                     aside.append((old, dest))
                     os.replace(dest, old / dest.name)
